@@ -1,0 +1,41 @@
+# dptune: `make demo` installs and tunes a built-in example on the simulated cluster;
+# `make test` installs and runs the test suite. Both work on a fresh machine without a GPU.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.dptune-installed
+
+.PHONY: install demo test bench validate-gpu clean
+
+install: $(STAMP)
+
+# The venv sees the system site-packages, so a CUDA torch already installed there is kept.
+# Without any torch, the CPU wheel torch==2.13.0 is taken (never a multi-GB CUDA build)
+# unless an NVIDIA driver is present, in which case the default (CUDA) build is installed.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+	    echo "keeping installed torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	    $(PY) -m pip install -q torch; \
+	else \
+	    $(PY) -m pip install -q torch==2.13.0; \
+	fi
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: install
+	$(PY) -m dptune search --model dptune.examples.models:TinyGPT --batch-size 64 \
+	    --simulate 4x24GB --out reports/TinyGPT-4x24GB
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: install
+	$(PY) -m benchmarks
+
+validate-gpu: install
+	$(PY) benchmarks/validate_gpu.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

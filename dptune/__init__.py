@@ -1,0 +1,67 @@
+"""dptune: measure per-GPU memory of a DataParallel training step and balance the split.
+
+Importing dptune is cheap: it imports neither torch's CUDA runtime, NVML, pandas nor
+matplotlib, and prints nothing. Public names are loaded on first use.
+
+Public API (grouped):
+
+- Tuning: :class:`Tuner`, :class:`TuneResult`
+- Wrapping: :class:`BalancedDataParallel`
+- Simulation: :func:`estimate_memory`, :class:`Cluster`, :func:`parse_cluster`
+- Devices: :func:`devices`, :class:`Device`, :class:`ProbeResult`
+- Checkpoints: :func:`state_dict`, :func:`load_state_dict`
+- Units: :func:`parse_bytes`, :func:`format_bytes`
+- Errors: :class:`DptuneError` and its subclasses (see :mod:`dptune.errors`)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    # tuning
+    "Tuner": "dptune.tuner",
+    "TuneResult": "dptune.result",
+    # wrapping
+    "BalancedDataParallel": "dptune.parallel",
+    # simulation
+    "estimate_memory": "dptune.backends.simulated",
+    "Cluster": "dptune.backends.simulated",
+    "parse_cluster": "dptune.backends.simulated",
+    # devices
+    "devices": "dptune.devices",
+    "Device": "dptune.backends.base",
+    "ProbeResult": "dptune.backends.base",
+    # checkpoints
+    "state_dict": "dptune.checkpoint",
+    "load_state_dict": "dptune.checkpoint",
+    # units
+    "parse_bytes": "dptune.units",
+    "format_bytes": "dptune.units",
+    # errors
+    "DptuneError": "dptune.errors",
+    "UsageError": "dptune.errors",
+    "SpecError": "dptune.errors",
+    "ImportStringError": "dptune.errors",
+    "NoFeasibleSplitError": "dptune.errors",
+    "BackendUnavailableError": "dptune.errors",
+    "UserCodeError": "dptune.errors",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dptune' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

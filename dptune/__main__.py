@@ -1,0 +1,5 @@
+import sys
+
+from dptune.cli import main
+
+sys.exit(main())

@@ -1,0 +1,79 @@
+"""dptune's exceptions and the command line's exit codes.
+
+Every error a user can cause is one of these, with a message that says what is wrong
+and what to do. The tree::
+
+    DptuneError                      exit 1
+    ├── UsageError (ValueError)      exit 2  bad argument, bad cluster spec, bad import string
+    │   ├── SpecError                        a cluster spec that does not parse
+    │   └── ImportStringError                "module:attr" that is malformed or names nothing
+    ├── NoFeasibleSplitError         exit 3  no split of the batch fits every card's budget
+    ├── BackendUnavailableError      exit 4  GPUs asked for are missing, NVML/CUDA unusable
+    └── UserCodeError (RuntimeError) exit 1  the user's model, loss or optimizer raised;
+                                             chained (``raise ... from``) to their exception
+
+Out-of-memory during a probe is not an error: the probe records which card ran out.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_USER_CODE = 1
+EXIT_USAGE = 2
+EXIT_NO_FIT = 3
+EXIT_BACKEND = 4
+
+__all__ = [
+    "EXIT_OK", "EXIT_USER_CODE", "EXIT_USAGE", "EXIT_NO_FIT", "EXIT_BACKEND",
+    "DptuneError", "UsageError", "SpecError", "ImportStringError",
+    "NoFeasibleSplitError", "BackendUnavailableError", "UserCodeError",
+]
+
+
+class DptuneError(Exception):
+    """Base class of every dptune error."""
+
+    exit_code: int = EXIT_USER_CODE
+
+
+class UsageError(DptuneError, ValueError):
+    """An argument is malformed or inconsistent."""
+
+    exit_code = EXIT_USAGE
+
+
+class SpecError(UsageError):
+    """A simulated-cluster spec that does not parse."""
+
+
+class ImportStringError(UsageError):
+    """An import string such as ``mymod:Net`` that is malformed or names nothing."""
+
+
+class NoFeasibleSplitError(DptuneError, RuntimeError):
+    """No split of the batch fits every card's budget.
+
+    ``shortfall_bytes`` is how much memory is missing on the tightest card for the best
+    split found (``None`` when unknown).
+    """
+
+    exit_code = EXIT_NO_FIT
+
+    def __init__(self, message: str, shortfall_bytes: int | None = None):
+        super().__init__(message)
+        self.shortfall_bytes = shortfall_bytes
+
+
+class BackendUnavailableError(DptuneError, RuntimeError):
+    """The requested backend cannot run here (e.g. GPUs asked for are not visible)."""
+
+    exit_code = EXIT_BACKEND
+
+
+class UserCodeError(DptuneError, RuntimeError):
+    """The user's model, batch builder, loss or optimizer raised during a probe.
+
+    The original exception is the ``__cause__``; the message says where (card, split).
+    """
+
+    exit_code = EXIT_USER_CODE

@@ -1,0 +1,74 @@
+"""Pure arithmetic on per-device chunk sizes (no torch)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+__all__ = ["even_split", "scale_split", "weighted_mean", "validate_chunk_sizes"]
+
+
+def even_split(batch_size: int, n: int) -> list[int]:
+    """Split like ``torch.chunk`` does in DataParallel's scatter.
+
+    ``torch.chunk`` gives ``ceil(B/n)`` to each device until the batch runs out, so the
+    last devices may get less, or nothing (B=5 on 4 devices: 2, 2, 1, 0).
+    """
+    if n < 1:
+        raise ValueError("need at least one device")
+    if batch_size < 0:
+        raise ValueError(f"batch size must be >= 0, got {batch_size}")
+    if batch_size == 0:
+        return [0] * n
+    step = -(-batch_size // n)
+    out, left = [], batch_size
+    for _ in range(n):
+        c = min(step, left)
+        out.append(c)
+        left -= c
+    return out
+
+
+def validate_chunk_sizes(chunk_sizes: Sequence[int], n_devices: int | None = None) -> list[int]:
+    """Check chunk sizes are non-negative ints (one per device) and return them as a list."""
+    sizes = list(chunk_sizes)
+    if not sizes:
+        raise ValueError("chunk_sizes is empty; give one non-negative int per device")
+    for c in sizes:
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise ValueError(f"chunk_sizes must be non-negative ints, got {sizes!r}")
+    if n_devices is not None and len(sizes) != n_devices:
+        raise ValueError(f"chunk_sizes has {len(sizes)} entries for {n_devices} devices: {sizes!r}")
+    if sum(sizes) == 0:
+        raise ValueError(f"chunk_sizes sum to 0: {sizes!r}; give at least one device a sample")
+    return sizes
+
+
+def scale_split(chunk_sizes: Sequence[int], batch_size: int) -> list[int]:
+    """Scale a split to another batch size in proportion (largest-remainder rounding).
+
+    Zeros stay zero and the result sums exactly to ``batch_size``. Ties in the remainders
+    go to the earlier device.
+    """
+    sizes = validate_chunk_sizes(chunk_sizes)
+    if batch_size < 0:
+        raise ValueError(f"batch size must be >= 0, got {batch_size}")
+    total = sum(sizes)
+    if batch_size == total:
+        return sizes
+    quotas = [c * batch_size for c in sizes]  # exact, as numerators over `total`
+    out = [q // total for q in quotas]
+    left = batch_size - sum(out)
+    order = sorted(range(len(sizes)), key=lambda i: (-(quotas[i] % total), i))
+    for i in order[:left]:
+        out[i] += 1
+    return out
+
+
+def weighted_mean(values: Sequence[float], weights: Sequence[int]) -> float:
+    """Mean of per-chunk means weighted by chunk sizes: the mean over the whole batch."""
+    if len(values) != len(weights):
+        raise ValueError(f"{len(values)} values for {len(weights)} weights")
+    total = sum(weights)
+    if total <= 0:
+        raise ValueError("weights sum to 0")
+    return sum(v * w for v, w in zip(values, weights)) / total
