@@ -1,0 +1,882 @@
+"""The simulated cluster: per-card memory of a DataParallel training step, without GPUs.
+
+The user's real model runs under ``FakeTensorMode`` on the CPU: shapes, dtypes, storages and
+autograd are real, but no arithmetic is done and no memory of the model's size is taken. A
+dispatch mode sees every new storage and charges it to the virtual card that makes it:
+
+- an op's outputs live where its inputs live (as on real devices); factory ops (``arange``,
+  ``zeros``...) on the card whose replica is running;
+- DataParallel's copies are explicit, autograd-aware moves between cards: the scatter of the
+  input chunks, the broadcast of the weights to cards 1..n-1 (and, in the backward, the
+  reduction of every replica's gradients onto card 0), the gather of the outputs onto card 0
+  (and, in the backward, the scatter of their gradient).
+
+A storage is freed when Python frees it, so what autograd saves stays alive and what it does
+not (a replica's weights not needed by the backward, say) is freed after the forward, exactly
+as on a GPU. Peaks are per card over the whole step. Sizes are rounded up to multiples of
+512 bytes as the CUDA caching allocator rounds them, so a peak compares with
+``torch.cuda.max_memory_allocated`` after a warm-up step and ``reset_peak_memory_stats``.
+
+One simulated probe is a steady-state training step: master weights and buffers on card 0,
+the optimizer's state already created (as after a warm-up step), gradients set to ``None``
+(as after ``zero_grad()``), then forward, loss, backward and ``optimizer.step()``.
+
+Known limitations (what is not modelled):
+
+- cuDNN/cuBLAS workspace choice: one cuBLAS workspace per card that runs a replica
+  (``Cluster.workspace_bytes``, 32 MiB on Hopper cards and 8 MiB on others, as torch's
+  defaults) is charged as ``other``; cuDNN's per-algorithm workspaces are not.
+- NCCL buffers, the CUDA context beyond the fixed ``context_bytes`` per card, fragmentation
+  and reserved-but-free memory (``max_memory_reserved`` is larger than the peak given here).
+- The allocator's rounding of large blocks that it does not split (a few hundred KiB at most
+  per block above 1 MiB).
+- DataParallel's coalesced buckets: the broadcast and the gradient reduction are modelled per
+  tensor; the transient flattened bucket buffers (10 MiB each) are not.
+- Everything runs on the CPU in one thread, so kernels that exist only on CUDA (fused or
+  flash attention) are replaced by the CPU/meta kernels of the same op; their outputs and
+  saved tensors have the same sizes, except that memory-efficient attention saves less than
+  the math kernel assumed here.
+- Autocast (mixed precision) is not modelled; models whose forward reads tensor values
+  (``.item()``, ``nonzero``, data-dependent shapes) cannot be simulated.
+- Optimizers are stepped with ``foreach=True`` where they accept it (torch's default on
+  CUDA), whatever the CPU default would be.
+- The batch is built on the host (CPU) and scattered from there, unless ``batch_on_card0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import re
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+
+from dptune._torch_private import dispatch_mode_base, fake_tensor_mode
+from dptune.backends.base import CATEGORIES, Device, ProbeResult
+from dptune.errors import SpecError, UsageError, UserCodeError
+from dptune.split import validate_chunk_sizes
+from dptune.units import GiB, MiB, format_bytes, parse_bytes
+from dptune.workload import Workload, batch_to_args, has_batchnorm, model_name
+
+__all__ = ["Cluster", "CARD_TYPES", "DEFAULT_CLUSTER", "parse_cluster", "SimulatedBackend",
+           "MemoryEstimate", "estimate_memory"]
+
+DEFAULT_CLUSTER = "4x24GB"
+DEFAULT_CONTEXT_BYTES = 384 * MiB     # a CUDA context with torch's kernels loaded
+ROUND_BYTES = 512                     # the caching allocator's minimum block size
+HOST = -1                             # "card" of tensors on the host: not charged
+
+# Total memory of common cards as torch.cuda.get_device_properties reports it (in bytes).
+CARD_TYPES: dict[str, int] = {
+    "V100-16GB": int(15.77 * GiB), "V100-32GB": int(31.74 * GiB),
+    "T4": int(14.75 * GiB), "A10": int(22.06 * GiB), "A30": int(23.50 * GiB),
+    "A100-40GB": int(39.39 * GiB), "A100-80GB": int(79.15 * GiB),
+    "L4": int(22.03 * GiB), "L40S": int(44.39 * GiB),
+    "RTX3090": int(23.68 * GiB), "RTX4090": int(23.99 * GiB), "A6000": int(47.53 * GiB),
+    "H100-80GB": int(79.10 * GiB), "H200": int(139.80 * GiB),
+}
+_ALIASES = {"V100": "V100-16GB", "A100": "A100-80GB", "H100": "H100-80GB", "H200-141GB": "H200",
+            "RTXA6000": "A6000", "3090": "RTX3090", "4090": "RTX4090"}
+_HOPPER = ("H100", "H200")
+
+_SPEC_HELP = (
+    "accepted forms: '4x24GB', '2x80GB,2x40GB', '8xA100-80GB', '4xV100-16GB', 'RTX4090', "
+    "with optional items 'used=0:6GB' (memory taken on card 0 by other processes; repeatable) "
+    "and 'context=384MiB' (CUDA context per card). Known cards: " + ", ".join(CARD_TYPES))
+
+
+def _norm_card(name: str) -> str:
+    return re.sub(r"[\s_\-]", "", name).upper()
+
+
+_CARD_LOOKUP = {_norm_card(k): k for k in CARD_TYPES}
+_CARD_LOOKUP.update({_norm_card(a): k for a, k in _ALIASES.items()})
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Virtual cards: names, total memory, memory taken by others, per-card context cost."""
+
+    names: tuple[str, ...]
+    total_bytes: tuple[int, ...]
+    used_bytes: tuple[int, ...]
+    context_bytes: int = DEFAULT_CONTEXT_BYTES
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if not (len(self.names) == len(self.total_bytes) == len(self.used_bytes)):
+            raise SpecError("cluster fields have different lengths")
+        if not self.names:
+            raise SpecError("a cluster needs at least one card; " + _SPEC_HELP)
+
+    @property
+    def devices(self) -> list[Device]:
+        return [Device(index=i, name=n, total_bytes=t, used_bytes=u, context_bytes=self.context_bytes)
+                for i, (n, t, u) in enumerate(zip(self.names, self.total_bytes, self.used_bytes))]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def workspace_bytes(self, card: int) -> int:
+        """The cuBLAS workspace torch allocates per card (32 MiB on Hopper, else 8 MiB)."""
+        hopper = any(h in self.names[card].upper() for h in _HOPPER)
+        return 32 * MiB if hopper else 4096 * 1024 * 2 + 16 * 1024 * 8
+
+    def describe(self) -> str:
+        return self.spec or ",".join(self.names)
+
+    @classmethod
+    def uniform(cls, n: int, total_bytes: int, name: Optional[str] = None,
+                context_bytes: int = DEFAULT_CONTEXT_BYTES) -> "Cluster":
+        name = name or format_bytes(total_bytes, precision=0).replace(" ", "")
+        return cls(names=(name,) * n, total_bytes=(total_bytes,) * n, used_bytes=(0,) * n,
+                   context_bytes=context_bytes, spec=f"{n}x{name}")
+
+
+def parse_cluster(spec: Union[str, Cluster]) -> Cluster:
+    """Parse a cluster spec such as ``'4x24GB'``, ``'2xA100-80GB,2x40GB,used=0:6GB'``.
+
+    Sizes in a spec are GPU marketing sizes: ``24GB`` is read as 24 GiB. Raises
+    :class:`dptune.errors.SpecError` with the accepted forms when the spec is malformed.
+    """
+    if isinstance(spec, Cluster):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecError(f"empty cluster spec {spec!r}; " + _SPEC_HELP)
+    names: list[str] = []
+    totals: list[int] = []
+    used: dict[int, int] = {}
+    context = DEFAULT_CONTEXT_BYTES
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            raise SpecError(f"empty item in cluster spec {spec!r}; " + _SPEC_HELP)
+        key, eq, value = item.partition("=")
+        if eq:
+            key = key.strip().lower()
+            try:
+                if key == "used":
+                    idx, colon, size = value.partition(":")
+                    if not colon:
+                        raise ValueError("missing ':'")
+                    used[int(idx)] = used.get(int(idx), 0) + parse_bytes(size, gb_is_gib=True)
+                elif key == "context":
+                    context = parse_bytes(value, gb_is_gib=True)
+                else:
+                    raise ValueError(f"unknown option {key!r}")
+            except ValueError as e:
+                raise SpecError(f"bad item {item!r} in cluster spec {spec!r} ({e}); " + _SPEC_HELP) from None
+            continue
+        m = re.fullmatch(r"(?:(\d+)\s*[xX×]\s*)?(.+)", item)
+        count = int(m.group(1)) if m and m.group(1) else 1
+        card = m.group(2).strip() if m else item
+        if count < 1:
+            raise SpecError(f"card count must be >= 1 in {item!r}; " + _SPEC_HELP)
+        known = _CARD_LOOKUP.get(_norm_card(card))
+        if known is not None:
+            name, total = known, CARD_TYPES[known]
+        else:
+            try:
+                total = parse_bytes(card, gb_is_gib=True)
+            except ValueError:
+                raise SpecError(f"unknown card {card!r} in cluster spec {spec!r}; " + _SPEC_HELP) from None
+            if total <= 0:
+                raise SpecError(f"card size must be > 0 in {item!r}; " + _SPEC_HELP)
+            name = card.replace(" ", "")
+        names += [name] * count
+        totals += [total] * count
+    if not names:
+        raise SpecError(f"cluster spec {spec!r} names no card; " + _SPEC_HELP)
+    for idx, b in used.items():
+        if not 0 <= idx < len(names):
+            raise SpecError(f"used={idx}:... names card {idx}, but the cluster has cards "
+                            f"0..{len(names) - 1}; " + _SPEC_HELP)
+        if b + context >= totals[idx]:
+            raise SpecError(f"card {idx} has {format_bytes(totals[idx])} in all, "
+                            f"{format_bytes(b)} used by others leaves nothing; " + _SPEC_HELP)
+    return Cluster(names=tuple(names), total_bytes=tuple(totals),
+                   used_bytes=tuple(used.get(i, 0) for i in range(len(names))),
+                   context_bytes=context, spec=spec.replace(" ", ""))
+
+
+# --------------------------------------------------------------------------------------------
+# The ledger: which card holds each storage, live bytes and peaks per card and category.
+# --------------------------------------------------------------------------------------------
+def _rounded(nbytes: int) -> int:
+    return -(-nbytes // ROUND_BYTES) * ROUND_BYTES
+
+
+class _Record:
+    __slots__ = ("card", "nbytes", "category", "ref", "seq")
+
+    def __init__(self, card: int, nbytes: int, category: str, seq: int):
+        self.card, self.nbytes, self.category, self.seq = card, nbytes, category, seq
+        self.ref: Any = None
+
+
+class _Ledger:
+    """Live and peak bytes per virtual card, by category."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.live = [0] * n
+        self.peak = [0] * n
+        self.by_cat = [dict.fromkeys(CATEGORIES, 0) for _ in range(n)]
+        self.peak_breakdown = [dict(b) for b in self.by_cat]
+        self._records: dict[int, _Record] = {}
+        self._seq = 0                  # allocations so far
+        self._peak_seq = [0] * n       # allocations made when each card reached its peak
+        # what the dispatch mode consults
+        self.current_card = HOST       # the replica running (factory ops go there)
+        self.forced_card: Optional[int] = None
+        self.category = "other"
+
+    # -- storages ------------------------------------------------------------------------
+    def record_of(self, t: torch.Tensor) -> Optional[_Record]:
+        st = t.untyped_storage()
+        rec = self._records.get(id(st))
+        if rec is not None and rec.ref() is st:
+            return rec
+        return None
+
+    def card_of(self, t: torch.Tensor) -> int:
+        rec = self.record_of(t)
+        return HOST if rec is None else rec.card
+
+    def charge(self, t: torch.Tensor, card: int, category: str) -> None:
+        """Charge ``t``'s storage to ``card`` if it is not known yet."""
+        st = t.untyped_storage()
+        key = id(st)
+        old = self._records.get(key)
+        if old is not None and old.ref() is st:
+            return
+        self._seq += 1
+        rec = _Record(card, _rounded(st.nbytes()), category, self._seq)
+        records = self._records
+
+        def release(_ref: Any, key: int = key, rec: _Record = rec) -> None:
+            if records.get(key) is rec:
+                del records[key]
+            self._free(rec)
+
+        rec.ref = weakref.ref(st, release)
+        records[key] = rec
+        if card != HOST and rec.nbytes:
+            self.live[card] += rec.nbytes
+            self.by_cat[card][category] += rec.nbytes
+            if self.live[card] > self.peak[card]:
+                self.peak[card] = self.live[card]
+                self.peak_breakdown[card] = dict(self.by_cat[card])
+                self._peak_seq[card] = self._seq
+
+    def _free(self, rec: _Record) -> None:
+        if rec.card != HOST and rec.nbytes:
+            self.live[rec.card] -= rec.nbytes
+            self.by_cat[rec.card][rec.category] -= rec.nbytes
+
+    def retag(self, t: torch.Tensor, category: str) -> None:
+        rec = self.record_of(t)
+        if rec is None or rec.category == category:
+            return
+        card = rec.card
+        if card != HOST:
+            self.by_cat[card][rec.category] -= rec.nbytes
+            self.by_cat[card][category] += rec.nbytes
+            if rec.seq <= self._peak_seq[card]:
+                # alive now and allocated before the peak, so it was live at the peak
+                self.peak_breakdown[card][rec.category] -= rec.nbytes
+                self.peak_breakdown[card][category] += rec.nbytes
+        rec.category = category
+
+    def to_host(self, t: torch.Tensor) -> None:
+        """Stop charging ``t``'s storage to a card (it lives on the host on real GPUs)."""
+        rec = self.record_of(t)
+        if rec is not None and rec.card != HOST:
+            self._free(rec)
+            rec.card = HOST
+
+    def reset_peaks(self) -> None:
+        """Like ``torch.cuda.reset_peak_memory_stats``: peaks restart from what is live."""
+        self.peak = list(self.live)
+        self.peak_breakdown = [dict(b) for b in self.by_cat]
+        self._peak_seq = [self._seq] * self.n
+
+    # -- context -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def on(self, card: int, category: Optional[str] = None) -> Iterator[None]:
+        """Run code as the replica on ``card`` (factory ops land there)."""
+        prev = self.current_card, self.category
+        self.current_card = card
+        if category is not None:
+            self.category = category
+        try:
+            yield
+        finally:
+            self.current_card, self.category = prev
+
+    @contextlib.contextmanager
+    def forced(self, card: int, category: Optional[str] = None) -> Iterator[None]:
+        """Every new storage goes to ``card`` (a copy between cards)."""
+        prev = self.forced_card, self.category
+        self.forced_card = card
+        if category is not None:
+            self.category = category
+        try:
+            yield
+        finally:
+            self.forced_card, self.category = prev
+
+    @contextlib.contextmanager
+    def phase(self, category: str) -> Iterator[None]:
+        prev = self.category
+        self.category = category
+        try:
+            yield
+        finally:
+            self.category = prev
+
+
+def _tensor_leaves(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensor_leaves(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensor_leaves(x)
+
+
+def _make_accountant(ledger: _Ledger) -> Any:
+    base = dispatch_mode_base()
+
+    class _Accountant(base):  # type: ignore[misc, valid-type]
+        """Charges every new storage an op makes to a virtual card."""
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            card = ledger.forced_card
+            if card is None:
+                card = HOST
+                for t in _tensor_leaves(args):
+                    c = ledger.card_of(t)
+                    if c != HOST:
+                        card = c
+                        break
+                else:
+                    if kwargs:
+                        for t in _tensor_leaves(kwargs):
+                            c = ledger.card_of(t)
+                            if c != HOST:
+                                card = c
+                                break
+                if card == HOST:
+                    card = ledger.current_card
+            for t in _tensor_leaves(out):
+                ledger.charge(t, card, ledger.category)
+            return out
+
+    return _Accountant()
+
+
+# --------------------------------------------------------------------------------------------
+# DataParallel's copies, as autograd functions that move storages between virtual cards.
+# --------------------------------------------------------------------------------------------
+class _Move(torch.autograd.Function):
+    """Copy ``x`` from card ``src`` to card ``dst``; the gradient goes back to ``src``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, ledger: _Ledger, src: int, dst: int, category: str) -> torch.Tensor:
+        ctx.ledger, ctx.src = ledger, src
+        with ledger.forced(dst, category):
+            return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        with ctx.ledger.forced(ctx.src):
+            return g.clone(), None, None, None, None
+
+
+class _Broadcast(torch.autograd.Function):
+    """Replicate the master weights (on card 0) to ``cards``; reduce the gradients onto card 0.
+
+    Card 0's replica uses the master weights themselves (aliases, no copy), as
+    ``comm.broadcast_coalesced`` does for the source device. The backward runs once every
+    replica's gradients exist, as ``ReduceAddCoalesced`` does, and writes the sum into a new
+    buffer on card 0.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, ledger: _Ledger, cards: tuple, *params: torch.Tensor) -> tuple:
+        ctx.ledger, ctx.n_params, ctx.n_cards = ledger, len(params), len(cards)
+        outs: list[torch.Tensor] = []
+        for card in cards:
+            if card == 0:
+                outs += [p.view_as(p) for p in params]
+            else:
+                with ledger.forced(card, "weights"):
+                    outs += [p.clone() for p in params]
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        ledger, n = ctx.ledger, ctx.n_params
+        reduced: list[Optional[torch.Tensor]] = []
+        with ledger.forced(0, "gradients"):
+            for j in range(n):
+                gs = [grads[k * n + j] for k in range(ctx.n_cards) if grads[k * n + j] is not None]
+                if not gs:
+                    reduced.append(None)
+                    continue
+                total = torch.empty_like(gs[0])
+                total.copy_(gs[0])
+                for g in gs[1:]:
+                    total.add_(g)
+                reduced.append(total)
+        return (None, None, *reduced)
+
+
+class _Gather(torch.autograd.Function):
+    """Concatenate the replicas' outputs on card 0; scatter the gradient back."""
+
+    @staticmethod
+    def forward(ctx: Any, ledger: _Ledger, cards: tuple, dim: int, *outs: torch.Tensor) -> torch.Tensor:
+        ctx.ledger, ctx.cards = ledger, cards
+        scalar = outs[0].dim() == 0
+        ctx.scalar = scalar
+        ctx.sizes = [1 if scalar else o.shape[dim] for o in outs]
+        ctx.dim = 0 if scalar else dim
+        with ledger.forced(0, "outputs"):
+            if scalar:
+                return torch.stack(outs)
+            return torch.cat(outs, dim)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        ledger, grads, start = ctx.ledger, [], 0
+        for card, size in zip(ctx.cards, ctx.sizes):
+            piece = g.narrow(ctx.dim, start, size)
+            if ctx.scalar:
+                piece = piece.squeeze(0)
+            start += size
+            if card == 0:
+                grads.append(piece)
+            else:
+                with ledger.forced(card, "activations"):
+                    grads.append(piece.clone())
+        return (None, None, None, *grads)
+
+
+def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0) -> Any:
+    """DataParallel's ``gather`` over tensors nested in dicts, lists, tuples, dataclasses."""
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        return _Gather.apply(ledger, cards, dim, *outputs)
+    if first is None:
+        return None
+    if isinstance(first, dict):
+        return type(first)((k, _gather(ledger, cards, [o[k] for o in outputs], dim)) for k in first)
+    if dataclasses.is_dataclass(first) and not isinstance(first, type):
+        return dataclasses.replace(first, **{
+            f.name: _gather(ledger, cards, [getattr(o, f.name) for o in outputs], dim)
+            for f in dataclasses.fields(first) if f.init})
+    if isinstance(first, tuple) and hasattr(first, "_fields"):  # namedtuple
+        return type(first)(*(_gather(ledger, cards, list(x), dim) for x in zip(*outputs)))
+    if isinstance(first, (list, tuple)):
+        return type(first)(_gather(ledger, cards, list(x), dim) for x in zip(*outputs))
+    return first
+
+
+def _split(obj: Any, chunk_sizes: Sequence[int], batch: int, path: str) -> list:
+    """Split the tensors of ``obj`` along dim 0 into ``chunk_sizes`` (views, on the host)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.dim() == 0 or obj.shape[0] != batch:
+            got = "a 0-dim tensor" if obj.dim() == 0 else f"size {obj.shape[0]} along dim 0"
+            raise UsageError(f"batch tensor {path} has {got}, but the batch has {batch} samples; "
+                             "every tensor of a batch must have the batch along dim 0")
+        out, start = [], 0
+        for c in chunk_sizes:
+            out.append(obj.narrow(0, start, c))
+            start += c
+        return out
+    if isinstance(obj, dict):
+        parts = {k: _split(v, chunk_sizes, batch, f"{path}[{k!r}]") for k, v in obj.items()}
+        return [type(obj)((k, parts[k][i]) for k in obj) for i in range(len(chunk_sizes))]
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        parts = [_split(v, chunk_sizes, batch, f"{path}[{j}]") for j, v in enumerate(obj)]
+        return [type(obj)(p[i] for p in parts) for i in range(len(chunk_sizes))]
+    return [obj] * len(chunk_sizes)
+
+
+def _first_batch_size(obj: Any) -> Optional[int]:
+    for t in _tensor_leaves(obj):
+        if t.dim() > 0:
+            return int(t.shape[0])
+    return None
+
+
+def _move_tree(obj: Any, ledger: _Ledger, src: int, dst: int) -> Any:
+    if isinstance(obj, torch.Tensor):
+        if src == dst:
+            return obj
+        return _Move.apply(obj, ledger, src, dst, "inputs")
+    if isinstance(obj, dict):
+        return type(obj)((k, _move_tree(v, ledger, src, dst)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_move_tree(v, ledger, src, dst) for v in obj)
+    return obj
+
+
+
+def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool) -> tuple[dict, list]:
+    """Each busy card's parameters and buffers, by name, as DataParallel's ``replicate`` makes them.
+
+    Returns the replicas and the hooks to remove after the backward. Every gradient that
+    reaches a replica's weights is tagged ``gradients`` when autograd produces it.
+    """
+    named = dict(module.named_parameters())
+    buffers = dict(module.named_buffers())
+    names = [n for n, p in named.items() if p.requires_grad]
+    frozen = {n: p for n, p in named.items() if not p.requires_grad}
+
+    def tag(g: torch.Tensor) -> None:
+        ledger.retag(g, "gradients")
+
+    if single:  # DataParallel on one device runs the module itself
+        hooks = [named[n].register_hook(tag) for n in names]
+        return {0: {**named, **buffers}}, hooks
+    flat = _Broadcast.apply(ledger, cards, *[named[n] for n in names])
+    replicas: dict[int, dict] = {}
+    for k, card in enumerate(cards):
+        rep = dict(zip(names, flat[k * len(names):(k + 1) * len(names)]))
+        for t in rep.values():
+            if t.requires_grad:
+                t.register_hook(tag)
+        if card == 0:
+            rep.update(frozen)
+            rep.update(buffers)
+        else:
+            with ledger.forced(card, "weights"):
+                rep.update({n: t.detach().clone() for n, t in frozen.items()})
+                rep.update({n: t.detach().clone() for n, t in buffers.items()})
+        replicas[card] = rep
+    return replicas, []
+
+
+def _retag_tree(ledger: _Ledger, obj: Any, category: str) -> None:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    for t in _tensor_leaves(obj):
+        ledger.retag(t, category)
+
+
+def _run_replica(ledger: _Ledger, module: nn.Module, params: dict, card: int, source: int,
+                 args: Any, kwargs: Any, sizes: Sequence[int]) -> Any:
+    """Scatter one chunk to ``card`` and run the replica's forward there."""
+    a = _move_tree(args, ledger, source, card)
+    kw = _move_tree(kwargs, ledger, source, card)
+    with ledger.on(card, "activations"):
+        try:
+            out = torch.func.functional_call(module, params, a, kw, strict=False)
+        except Exception as e:
+            raise _user_error(e, f"in the forward of replica {card} on virtual card {card}", sizes) from e
+    _retag_tree(ledger, out, "outputs")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Building a fake copy of the user's model
+# --------------------------------------------------------------------------------------------
+def _fake_like(t: torch.Tensor) -> torch.Tensor:
+    """A fake CPU tensor with ``t``'s shape, strides and dtype (no data is read)."""
+    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
+
+
+def _fake_module(model: Union[nn.Module, Callable[[], nn.Module]]) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are fake; call under FakeTensorMode.
+
+    A factory is called on the ``meta`` device (its initialisation allocates nothing and may
+    not read values); a real module is deep-copied with its tensors replaced by fake ones, so
+    the user's module is never touched and no weight data is copied. Tied weights stay tied.
+    """
+    if isinstance(model, nn.Module):
+        memo: dict[int, Any] = {}
+        for p in model.parameters():
+            memo[id(p)] = nn.Parameter(_fake_like(p), requires_grad=p.requires_grad)
+        for b in model.buffers():
+            memo[id(b)] = _fake_like(b)
+        try:
+            return copy.deepcopy(model, memo)
+        except Exception as e:
+            raise UsageError(
+                f"could not copy the model for simulation ({type(e).__name__}: {e}); pass a "
+                "zero-argument factory instead (e.g. model=lambda: Net()), which dptune builds "
+                "on the meta device") from e
+    try:
+        with torch.device("meta"):
+            module = model()
+    except Exception as e:
+        raise UserCodeError(f"the model factory {model_name(model)!r} raised while building the "
+                            f"model on the meta device: {type(e).__name__}: {e}") from e
+    if not isinstance(module, nn.Module):
+        raise UsageError(f"the model factory returned {type(module).__name__}, not an nn.Module")
+    new: dict[int, Any] = {}
+    for mod in module.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                if id(p) not in new:
+                    new[id(p)] = nn.Parameter(_fake_like(p), requires_grad=p.requires_grad)
+                mod._parameters[name] = new[id(p)]
+        for name, b in list(mod._buffers.items()):
+            if b is not None:
+                if id(b) not in new:
+                    new[id(b)] = _fake_like(b)
+                mod._buffers[name] = new[id(b)]
+    return module
+
+
+def _accepts_foreach(group: Mapping[str, Any]) -> bool:
+    return "foreach" in group and group["foreach"] is None and not group.get("fused")
+
+
+# --------------------------------------------------------------------------------------------
+# The estimate
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-card peak of one simulated training step.
+
+    ``peak_bytes[i]`` is comparable with ``torch.cuda.max_memory_allocated(i)`` over a step;
+    ``breakdown[i]`` maps a category (weights, gradients, optimizer, activations, inputs,
+    outputs, other) to the bytes it held at card i's peak.
+    """
+
+    chunk_sizes: tuple[int, ...]
+    peak_bytes: list[int]
+    breakdown: list[dict[str, int]]
+    baseline_bytes: list[int]          # live before the step: weights, buffers, optimizer state
+    cluster: Cluster
+    seconds: float = 0.0
+
+    @property
+    def oom_devices(self) -> list[int]:
+        """Cards whose peak exceeds what the allocator can use on them."""
+        return [i for i, (p, d) in enumerate(zip(self.peak_bytes, self.cluster.devices))
+                if p > d.available_bytes]
+
+
+class SimulatedBackend:
+    """The probe interface over a virtual cluster; see the module docstring.
+
+    The fake model and optimizer are built once and reused by every probe. The user's
+    model, its weights, buffers and the RNG state are left untouched.
+    """
+
+    kind = "simulated"
+
+    def __init__(self, workload: Workload, cluster: Union[str, Cluster] = DEFAULT_CLUSTER, *,
+                 batch_on_card0: bool = False):
+        self.workload = workload
+        self.cluster = parse_cluster(cluster)
+        self.devices = self.cluster.devices
+        self.batch_on_card0 = batch_on_card0
+        self._fake_mode = fake_tensor_mode(allow_non_fake_inputs=True)
+        self._ledger: Optional[_Ledger] = None
+        self._module: Optional[nn.Module] = None
+        self._optimizer: Any = None
+        self._params: list[nn.Parameter] = []
+        self._setup_bytes: list[int] = []
+        self.has_batchnorm: Optional[bool] = (
+            has_batchnorm(workload.model) if isinstance(workload.model, nn.Module) else None)
+
+    def describe(self) -> str:
+        return f"{self.cluster.describe()} (simulated)"
+
+    # -- set-up ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _modes(self, ledger: _Ledger) -> Iterator[None]:
+        rng = torch.get_rng_state()
+        try:
+            with self._fake_mode, _make_accountant(ledger):
+                yield
+        finally:
+            torch.set_rng_state(rng)
+
+    def _setup(self) -> None:
+        if self._ledger is not None:
+            return
+        ledger = _Ledger(len(self.cluster))
+        with self._modes(ledger):
+            with ledger.on(0, "weights"):
+                module = _fake_module(self.workload.model)
+            module.train(self.workload.model.training if isinstance(self.workload.model, nn.Module) else True)
+            self.has_batchnorm = has_batchnorm(module)
+            with ledger.on(0, "weights"):
+                for t in list(module.parameters()) + list(module.buffers()):
+                    ledger.charge(t, 0, "weights")
+            params = [p for p in module.parameters() if p.requires_grad]
+            optimizer = None
+            if self.workload.optimizer is not None:
+                try:
+                    optimizer = self.workload.optimizer(params)
+                except Exception as e:
+                    raise UserCodeError(f"the optimizer factory raised: {type(e).__name__}: {e}") from e
+                for group in getattr(optimizer, "param_groups", []):
+                    if _accepts_foreach(group):
+                        group["foreach"] = True
+                # Create the optimizer's state as a warm-up step would.
+                with ledger.on(0, "optimizer"):
+                    for p in params:
+                        with ledger.forced(0, "gradients"):
+                            p.grad = torch.zeros_like(p)
+                    try:
+                        optimizer.step()
+                    except Exception as e:
+                        raise UserCodeError(
+                            f"optimizer.step() raised in the simulated warm-up: {type(e).__name__}: {e}") from e
+                    optimizer.zero_grad(set_to_none=True)
+                    # torch keeps the step counters of non-capturable, non-fused optimizers
+                    # on the host even when the parameters are on a GPU
+                    for group in optimizer.param_groups:
+                        if group.get("capturable") or group.get("fused"):
+                            continue
+                        for p in group["params"]:
+                            step = optimizer.state.get(p, {}).get("step")
+                            if isinstance(step, torch.Tensor) and step.dim() == 0:
+                                ledger.to_host(step)
+        self._ledger, self._module, self._optimizer, self._params = ledger, module, optimizer, params
+        self._setup_bytes = list(ledger.live)
+
+    # -- one step ----------------------------------------------------------------------
+    def estimate(self, chunk_sizes: Sequence[int]) -> MemoryEstimate:
+        """Simulate one training step with this split and return per-card peaks."""
+        sizes = validate_chunk_sizes(chunk_sizes, len(self.cluster))
+        t0 = time.perf_counter()
+        self._setup()
+        ledger = self._ledger
+        assert ledger is not None and self._module is not None
+        with self._modes(ledger):
+            baseline = list(ledger.live)
+            ledger.reset_peaks()
+            try:
+                self._step(sizes)
+            finally:
+                if self._optimizer is not None:
+                    self._optimizer.zero_grad(set_to_none=True)
+                for p in self._module.parameters():
+                    p.grad = None
+        return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=list(ledger.peak),
+                              breakdown=[dict(b) for b in ledger.peak_breakdown],
+                              baseline_bytes=baseline, cluster=self.cluster,
+                              seconds=time.perf_counter() - t0)
+
+    def _step(self, sizes: list[int]) -> None:
+        ledger, module, wl = self._ledger, self._module, self.workload
+        assert ledger is not None and module is not None
+        batch_size = sum(sizes)
+        cards = tuple(i for i, c in enumerate(sizes) if c > 0)
+        source = 0 if self.batch_on_card0 else HOST
+        ws_keep = []   # cuBLAS workspace, created by the warm-up step on each busy card
+        for card in cards:
+            with ledger.forced(card, "other"):
+                ws_keep.append(torch.empty(self.cluster.workspace_bytes(card), dtype=torch.uint8))
+
+        with ledger.on(source, "inputs"):
+            try:
+                batch = wl.sample(batch_size)
+            except Exception as e:
+                raise UserCodeError(f"sample({batch_size}) raised: {type(e).__name__}: {e}") from e
+        args, kwargs = batch_to_args(batch)
+        found = _first_batch_size((args, kwargs))
+        if found is not None and found != batch_size:
+            raise UsageError(f"sample({batch_size}) returned a batch of {found} samples; "
+                             "sample(n) must build a batch of n samples along dim 0")
+        split_args = _split(args, sizes, batch_size, "args")
+        split_kwargs = _split(kwargs, sizes, batch_size, "kwargs")
+
+        single = len(self.cluster) == 1
+        replicas, hooks = _replicate(ledger, module, cards, single)
+        outputs = []
+        for card in cards:
+            outputs.append(_run_replica(ledger, module, replicas.pop(card), card, source,
+                                        split_args[card], split_kwargs[card], sizes))
+        del replicas, split_args, split_kwargs
+        with ledger.on(0, "outputs"):
+            gathered = outputs[0] if single else _gather(ledger, cards, outputs)
+            del outputs
+            try:
+                loss = wl.loss(gathered, batch)
+            except Exception as e:
+                raise _user_error(e, "in the loss on virtual card 0", sizes) from e
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise UsageError("the loss must be a scalar tensor; got "
+                                 f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}")
+        del gathered
+        with ledger.on(0, "activations"):
+            try:
+                loss.backward()
+            except Exception as e:
+                raise _user_error(e, "in the backward", sizes) from e
+            finally:
+                for h in hooks:
+                    h.remove()
+        del loss, batch, args, kwargs
+        if self._optimizer is not None:
+            with ledger.on(0, "optimizer"):
+                try:
+                    self._optimizer.step()
+                except Exception as e:
+                    raise _user_error(e, "in optimizer.step() on virtual card 0", sizes) from e
+        del ws_keep
+
+    # -- the probe interface -----------------------------------------------------------
+    def probe(self, chunk_sizes: Sequence[int]) -> ProbeResult:
+        est = self.estimate(chunk_sizes)
+        over = [(p - d.available_bytes) / d.available_bytes
+                for p, d in zip(est.peak_bytes, self.devices)]
+        worst = max(range(len(over)), key=lambda i: over[i])
+        oom = worst if over[worst] > 0 else None
+        return ProbeResult(chunk_sizes=est.chunk_sizes, peak_bytes=tuple(est.peak_bytes),
+                           oom_device=oom, breakdown=tuple(est.breakdown), seconds=est.seconds,
+                           note="simulated")
+
+    def close(self) -> None:
+        self._ledger = self._module = self._optimizer = None
+        self._params = []
+
+
+def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
+    if isinstance(e, (UsageError, UserCodeError)):
+        return e
+    hint = ""
+    name = type(e).__name__
+    if "DataDependent" in name or "DynamicOutputShape" in name or "item()" in str(e):
+        hint = (" (the model reads tensor values, e.g. .item() or nonzero(), which the simulated "
+                "cluster cannot do since it computes no values; run on real GPUs with --devices)")
+    return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}{hint}")
+
+
+def estimate_memory(model: Union[nn.Module, Callable[[], nn.Module]], sample: Callable[[int], Any],
+                    chunk_sizes: Sequence[int], cluster: Union[str, Cluster] = DEFAULT_CLUSTER, *,
+                    loss_fn: Optional[Callable[[Any, Any], Any]] = None,
+                    optimizer: Optional[Callable[..., Any]] = None) -> MemoryEstimate:
+    """Per-card peak memory (bytes) of one DataParallel training step on a simulated cluster.
+
+    ``model`` is an ``nn.Module`` or a zero-argument factory (built on the meta device);
+    ``sample(batch_size)`` builds a batch; ``loss_fn(output, batch)`` the loss (default: the
+    output's ``loss``, else its sum); ``optimizer`` a factory ``params -> Optimizer`` (default
+    none). ``chunk_sizes`` has one entry per card of ``cluster`` (a spec such as ``'4x24GB'``
+    or a :class:`Cluster`). Nothing of the model's size is allocated and the model, its weights
+    and buffers are left untouched. See the module docstring for what is not modelled.
+    """
+    backend = SimulatedBackend(Workload(model, sample, loss_fn, optimizer), cluster)
+    try:
+        return backend.estimate(chunk_sizes)
+    finally:
+        backend.close()

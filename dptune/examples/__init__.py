@@ -1,0 +1,1 @@
+"""Built-in example models for the demo, the tests and the benchmarks."""
