@@ -289,7 +289,7 @@ def test_batch_of_the_wrong_size_is_a_usage_error():
 
 def test_probe_reports_oom_card():
     backend = SimulatedBackend(Workload(mlp(), sample), Cluster.uniform(2, 40 * MiB, context_bytes=0))
-    r = backend.probe([10, 1000])
+    r = backend.probe([10, 2000])
     assert r.oom_device == 1 and not r.feasible
     assert backend.probe([2, 2]).feasible
 
