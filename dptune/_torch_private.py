@@ -22,11 +22,14 @@ __all__ = ["scatter_chunks", "fake_tensor_mode", "dispatch_mode_base"]
 def scatter_chunks(tensor: Any, device_ids: list, chunk_sizes: list, dim: int) -> tuple:
     """Split ``tensor`` along ``dim`` into ``chunk_sizes`` pieces on ``device_ids``.
 
-    Autograd-aware: the backward gathers the gradient back to the input's device.
+    Autograd-aware: the backward gathers the gradient back to the input's device. Every
+    chunk size must be positive (the CUDA scatter rejects empty chunks): leave devices that
+    get nothing out of ``device_ids``.
     """
     from torch.nn.parallel._functions import Scatter
 
-    return Scatter.apply(device_ids, chunk_sizes, dim, None, tensor)
+    # Scatter.forward(ctx, target_gpus, chunk_sizes, dim, input)
+    return Scatter.apply(list(device_ids), list(chunk_sizes), dim, tensor)
 
 
 def fake_tensor_mode(**kwargs: Any) -> Any:
