@@ -1,0 +1,1013 @@
+"""Real-GPU probes: one DataParallel training step per probe, measured by the CUDA allocator.
+
+:class:`CudaBackend` has the probe interface of :mod:`dptune.backends.base`: ``devices`` and
+``probe(chunk_sizes) -> ProbeResult``. A probe runs a real training step through
+:class:`dptune.parallel.BalancedDataParallel` with the split: the batch from
+``workload.sample(B)`` is built on the host and scattered from there (as the simulated backend
+assumes; ``batch_on_card0=True`` moves it to ``device_ids[0]`` first, as a loop that calls
+``x.cuda()`` does), then the forward, the workload's loss on ``device_ids[0]``, the backward
+and ``optimizer.step()`` (when the workload has an optimizer factory). Gradients are set to
+``None`` before each step (``zero_grad(set_to_none=True)``, torch's default). When a
+``loss_fn`` is given and the batch is on the host, the batch's tensors are copied to
+``device_ids[0]`` for the loss (the loss's targets must live where the output is).
+
+How a probe measures, in order:
+
+1. Per-probe state is saved (RNGs, cuDNN flags, grad mode; see :mod:`dptune.state`),
+   ``torch.backends.cudnn.benchmark`` is turned off (cuDNN itself is left as the user set it)
+   and grad mode on.
+2. **Warm-up.** One unmeasured step creates what a training loop creates once and keeps:
+   the optimizer's state, cuBLAS/cuDNN handles and workspaces, lazily loaded kernels. It runs
+   on the first probe, and again on any later probe that gives samples to a card that has
+   not run a step yet (each card's cuBLAS workspace is made by its first step). The
+   optimizer (built from the workload's factory) lives as long as the backend, so its state
+   is created once.
+3. For each of ``repeats`` measured steps: gradients dropped, ``gc.collect()``, every card
+   synchronised, ``torch.cuda.empty_cache()``, ``reset_peak_memory_stats`` on every card, a
+   baseline read (``memory_allocated`` and the ``num_alloc_retries`` counter) on every card,
+   the step, a synchronise, then per card: ``max_memory_allocated`` (``peak_bytes``, the
+   primary figure), ``max_memory_reserved``, NVML's used bytes for the whole card (at the
+   end of the step) and the number of allocation retries during the step.
+4. Figures are the maximum over the repeats; ``repeat_spread_bytes`` is max - min of the
+   peaks per card. ``seconds`` is the wall time of the whole probe (warm-up included).
+5. After the step (also after a failure): gradients dropped, ``gc.collect()``,
+   ``empty_cache()``, peaks reset; the per-probe state is restored.
+
+**Out of memory** on any card (see :mod:`dptune.oom`) makes the probe infeasible: the
+result has ``oom_device`` set (a position in ``device_ids``) and peaks that are lower
+bounds. The card comes from the message ("GPU 1 has a total capacity..." / "in replica 1 on
+device 1"); when the message does not say, the card whose allocator had reserved the largest
+share of its available memory is named, and the note says it was inferred. The exception is
+not kept (its frames hold the step's tensors): recovery runs after the ``except`` block and
+is itself guarded. **Any other exception** from the user's model, batch builder, loss or
+optimizer is raised as :class:`~dptune.errors.UserCodeError`, chained to the original, with
+the stage, the split and the card ("in replica 1 on device 1") in the message; its
+traceback's frames are cleared (lines kept, locals dropped) so its tensors are freed.
+
+**Model placement.** A model object is moved to ``device_ids[0]`` for probing (a no-op when
+it is already there; DataParallel needs the master weights there) and, on :meth:`close`,
+put back exactly as it was: same ``Parameter`` objects, same device, values, ``.grad``,
+``requires_grad``, buffers and ``training`` flags (:mod:`dptune.state`; the snapshot is a
+host copy of its weights and gradients). Between probes the model stays on
+``device_ids[0]`` and its weights are those the probe steps left. Its train/eval mode is
+used as it is (as the simulated backend does). A model factory is called once, under
+``torch.device(device_ids[0])``, and the model is dropped on :meth:`close`. The optimizer is
+built fresh from the workload's factory over the model's parameters; the user's own
+optimizer is never touched.
+
+**Budgets.** ``Device.total_bytes`` is the card's total (``mem_get_info``);
+``Device.context_bytes`` is this process's memory on the card that the allocator does not
+count (NVML's figure for this process minus ``memory_reserved``; 0 where NVML cannot say,
+e.g. in a container whose PID namespace hides our PID, in which case the context counts as
+used by others); ``Device.used_bytes`` = ``(total - free) - memory_reserved - context``:
+memory taken by others.
+
+**Isolation.** ``isolate=True`` runs each probe in a spawned child process (so a sticky CUDA
+error, e.g. an illegal memory access, costs only that child). The child must rebuild the
+workload, so isolation needs a picklable :class:`WorkloadSpec` (import strings, as the
+command line has); a model object or closure given to ``Tuner(model=...)`` does not pickle
+reliably (lambdas, local classes, a model on a card) and is refused with a
+:class:`~dptune.errors.UsageError`. In the child every probe warms up (a fresh process), and
+the parent's CUDA context stays on the cards while the child runs, so isolated probes are a
+little pessimistic at the edge.
+
+**Testability.** Every ``torch.cuda`` and NVML call goes through a :class:`CudaRuntime`;
+the step itself is ``step_fn(ctx, chunk_sizes)`` (:func:`default_step` by default). Tests
+pass a fake runtime with a memory model and a step that allocates from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+from dptune.backends.base import Device, ProbeResult
+from dptune.errors import BackendUnavailableError, DptuneError, UsageError, UserCodeError
+from dptune.oom import is_oom, oom_device, oom_summary, replica_where
+from dptune.split import validate_chunk_sizes
+from dptune.state import Snapshot, restore, snapshot
+from dptune.workload import Workload, batch_to_args
+
+__all__ = ["CudaBackend", "CudaRuntime", "WorkloadSpec", "StepContext", "default_step"]
+
+_STICKY = ("illegal memory access", "device-side assert", "misaligned address",
+           "unspecified launch failure", "illegal instruction", "uncorrectable ecc",
+           "an illegal", "hardware stack error")
+
+
+# --------------------------------------------------------------------------------------------
+# The runtime: every torch.cuda / NVML call of the backend
+# --------------------------------------------------------------------------------------------
+class CudaRuntime:
+    """The real CUDA runtime and NVML, as the backend uses them (device indices are torch's).
+
+    NVML figures come from :mod:`dptune._nvml` (cards matched by UUID, never by index);
+    where NVML is missing, or a card does not answer a query, the ``nvml_*`` methods return
+    ``None`` (one warning per runtime for a failed query; :mod:`dptune._nvml` warns once for
+    a missing library).
+    """
+
+    #: whether state snapshots should include the CUDA generators
+    cuda_rng = True
+
+    def __init__(self) -> None:
+        self._handles: dict[int, Any] = {}
+        self._warned = False
+
+    def __getstate__(self) -> dict:   # NVML handles do not pickle; a child finds its own
+        return {"_handles": {}, "_warned": False}
+
+    # -- torch.cuda ------------------------------------------------------------------------
+    def is_available(self) -> bool:
+        import torch
+
+        return bool(torch.cuda.is_available())
+
+    def device_count(self) -> int:
+        import torch
+
+        return int(torch.cuda.device_count())
+
+    def torch_device(self, d: int) -> Any:
+        import torch
+
+        return torch.device("cuda", d)
+
+    def name(self, d: int) -> str:
+        import torch
+
+        return str(torch.cuda.get_device_name(d))
+
+    def total(self, d: int) -> int:
+        import torch
+
+        return int(torch.cuda.get_device_properties(d).total_memory)
+
+    def uuid(self, d: int) -> Optional[str]:
+        import torch
+
+        from dptune import _nvml
+
+        norm = _nvml.normalize_uuid(getattr(torch.cuda.get_device_properties(d), "uuid", None))
+        if norm is None or norm.startswith("mig-") or len(norm) != 32:
+            return None if norm is None else norm
+        return "GPU-" + "-".join((norm[:8], norm[8:12], norm[12:16], norm[16:20], norm[20:]))
+
+    def mem_get_info(self, d: int) -> tuple[int, int]:
+        import torch
+
+        free, total = torch.cuda.mem_get_info(d)
+        return int(free), int(total)
+
+    def memory_allocated(self, d: int) -> int:
+        import torch
+
+        return int(torch.cuda.memory_allocated(d))
+
+    def memory_reserved(self, d: int) -> int:
+        import torch
+
+        return int(torch.cuda.memory_reserved(d))
+
+    def max_memory_allocated(self, d: int) -> int:
+        import torch
+
+        return int(torch.cuda.max_memory_allocated(d))
+
+    def max_memory_reserved(self, d: int) -> int:
+        import torch
+
+        return int(torch.cuda.max_memory_reserved(d))
+
+    def reset_peak_memory_stats(self, d: int) -> None:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(d)
+
+    def memory_stats(self, d: int) -> Mapping[str, Any]:
+        import torch
+
+        return torch.cuda.memory_stats(d)
+
+    def empty_cache(self) -> None:
+        import torch
+
+        torch.cuda.empty_cache()
+
+    def synchronize(self, d: int) -> None:
+        import torch
+
+        torch.cuda.synchronize(d)
+
+    def gc_collect(self) -> None:
+        gc.collect()
+
+    # -- NVML ------------------------------------------------------------------------------
+    def _warn(self, what: str, exc: BaseException) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"NVML could not {what} ({type(exc).__name__}: {exc}); dptune goes on "
+                          "with the CUDA allocator's figures only", RuntimeWarning, stacklevel=3)
+
+    def _handle(self, d: int) -> Any:
+        if d in self._handles:
+            return self._handles[d]
+        handle = None
+        try:
+            from dptune import _nvml
+
+            if _nvml.nvml() is not None:
+                uuid = self.uuid(d)
+                handle = _nvml.handle_by_uuid(uuid) if uuid and not uuid.lower().startswith("mig-") else None
+        except Exception as exc:  # noqa: BLE001 - NVML must never break a probe
+            self._warn(f"find card {d} by UUID", exc)
+            handle = None
+        self._handles[d] = handle
+        return handle
+
+    def nvml_used(self, d: int) -> Optional[int]:
+        """Bytes in use on the whole card (every process), NVML's view; ``None`` if unknown."""
+        handle = self._handle(d)
+        if handle is None:
+            return None
+        try:
+            from dptune import _nvml
+
+            info = _nvml.memory_info(handle)
+        except Exception as exc:  # noqa: BLE001
+            self._warn(f"read card {d}'s memory", exc)
+            return None
+        return None if info is None else int(info.used)
+
+    def nvml_process_used(self, d: int) -> Optional[int]:
+        """Bytes this process holds on the card (context + allocator), NVML's view, or ``None``."""
+        handle = self._handle(d)
+        if handle is None:
+            return None
+        try:
+            from dptune import _nvml
+
+            m = _nvml.nvml()
+            if m is None:
+                return None
+            procs = m.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception:  # noqa: BLE001 - unsupported query: context unknown, no warning
+            return None
+        pid = os.getpid()
+        for p in procs or ():
+            if getattr(p, "pid", None) == pid:
+                used = getattr(p, "usedGpuMemory", None)
+                return int(used) if isinstance(used, int) and used >= 0 else None
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# A rebuildable workload (for isolated probes and the command line)
+# --------------------------------------------------------------------------------------------
+def _resolve(import_str: str) -> Any:
+    from dptune.importer import import_from_string
+
+    return import_from_string(import_str)
+
+
+class _ModelFactory:
+    """``Net(**kwargs)``, remembering the last model built (for ``.method`` samplers)."""
+
+    def __init__(self, import_str: str, kwargs: Mapping[str, Any]):
+        self.import_str, self.kwargs = import_str, dict(kwargs)
+        obj = _resolve(import_str)
+        self.__name__ = getattr(obj, "__name__", import_str.rpartition(":")[2])
+        self.last: Any = None
+
+    def __call__(self) -> Any:
+        import torch
+
+        obj = _resolve(self.import_str)
+        model = obj if isinstance(obj, torch.nn.Module) else obj(**self.kwargs)
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"{self.import_str!r} built a {type(model).__name__}, not an nn.Module")
+        self.last = model
+        return model
+
+
+class _MethodSample:
+    """``model.<name>(batch_size)`` on the model the factory built last."""
+
+    def __init__(self, factory: _ModelFactory, name: str, kwargs: Mapping[str, Any]):
+        self.factory, self.name, self.kwargs = factory, name, dict(kwargs)
+
+    def __call__(self, batch_size: int) -> Any:
+        model = self.factory.last if self.factory.last is not None else self.factory()
+        return getattr(model, self.name)(batch_size, **self.kwargs)
+
+
+class _FunctionSample:
+    def __init__(self, import_str: str, kwargs: Mapping[str, Any]):
+        self.import_str, self.kwargs = import_str, dict(kwargs)
+
+    def __call__(self, batch_size: int) -> Any:
+        return _resolve(self.import_str)(batch_size, **self.kwargs)
+
+
+class _ShapeSample:
+    """A batch of ``(B, *shape)``: ``randn`` for floating dtypes, ``randint(0, high)`` else."""
+
+    def __init__(self, shape: Sequence[int], dtype: str, high: int):
+        self.shape, self.dtype, self.high = tuple(int(s) for s in shape), dtype, int(high)
+
+    def __call__(self, batch_size: int) -> Any:
+        import torch
+
+        dtype = getattr(torch, self.dtype)
+        if dtype.is_floating_point:
+            return torch.randn((batch_size, *self.shape), dtype=dtype)
+        return torch.randint(0, self.high, (batch_size, *self.shape), dtype=dtype)
+
+
+class _OptimizerFactory:
+    def __init__(self, import_str: str, kwargs: Mapping[str, Any]):
+        self.import_str, self.kwargs = import_str, dict(kwargs)
+
+    def __call__(self, params: Iterable[Any]) -> Any:
+        return _resolve(self.import_str)(params, **self.kwargs)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A workload given by import strings, so a spawned child process can rebuild it.
+
+    - ``model``: ``"mymod:Net"``, a class or zero-argument-compatible factory called with
+      ``model_kwargs`` (or an ``nn.Module`` instance at module level).
+    - the batch, in this order of preference: ``sample`` (``"mymod:make_batch"``, called as
+      ``make_batch(batch_size, **sample_kwargs)``, or ``".method"``: that method of the built
+      model, e.g. ``".sample_with_targets"``); else ``input_shape`` (per-sample shape; a
+      ``randn`` batch for floating ``input_dtype``, ``randint(0, input_high)`` for integer
+      ones, e.g. token ids); else the model's own ``sample(batch_size)`` method.
+    - ``loss_fn``: ``"mymod:loss"`` called as ``loss(output, batch)``; ``None``: the default.
+    - ``optimizer``: ``"torch.optim:AdamW"`` called as ``AdamW(params, **optimizer_kwargs)``.
+    """
+
+    model: str
+    model_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    sample: Optional[str] = None
+    sample_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    input_shape: Optional[tuple[int, ...]] = None
+    input_dtype: str = "float32"
+    input_high: int = 2
+    loss_fn: Optional[str] = None
+    optimizer: Optional[str] = None
+    optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def build(self) -> Workload:
+        """The :class:`~dptune.workload.Workload` (the model as a factory, not yet built).
+
+        Raises :class:`~dptune.errors.ImportStringError` for a string that names nothing and
+        :class:`~dptune.errors.UsageError` for an inconsistent spec.
+        """
+        import torch
+
+        factory = _ModelFactory(self.model, self.model_kwargs)
+        sample: Callable[[int], Any]
+        if self.sample is not None:
+            if self.sample.startswith("."):
+                sample = _MethodSample(factory, self.sample[1:], self.sample_kwargs)
+            else:
+                _resolve(self.sample)  # fail now, not in the first probe
+                sample = _FunctionSample(self.sample, self.sample_kwargs)
+        elif self.input_shape is not None:
+            dtype = getattr(torch, self.input_dtype, None)
+            if not isinstance(dtype, torch.dtype):
+                raise UsageError(f"input_dtype {self.input_dtype!r} is not a torch dtype; use e.g. "
+                                 "'float32', 'float16', 'int64'")
+            sample = _ShapeSample(self.input_shape, self.input_dtype, self.input_high)
+        else:
+            target = _resolve(self.model)
+            if not callable(getattr(target, "sample", None)):
+                raise UsageError(
+                    f"{self.model!r} has no sample(batch_size) method, so the batch cannot be "
+                    "built; give an input shape (--input-shape 3,224,224) or a batch builder "
+                    "(--sample mymod:make_batch)")
+            sample = _MethodSample(factory, "sample", self.sample_kwargs)
+        loss_fn = None
+        if self.loss_fn is not None:
+            loss_fn = _resolve(self.loss_fn)
+        optimizer = None
+        if self.optimizer is not None:
+            _resolve(self.optimizer)
+            optimizer = _OptimizerFactory(self.optimizer, self.optimizer_kwargs)
+        return Workload(model=factory, sample=sample, loss_fn=loss_fn, optimizer=optimizer)
+
+
+# --------------------------------------------------------------------------------------------
+# The step
+# --------------------------------------------------------------------------------------------
+@dataclass
+class StepContext:
+    """What a step function gets: the placed model, the probe's optimizer, the cards."""
+
+    workload: Workload
+    model: Any
+    optimizer: Any
+    device_ids: list[int]
+    devices: list[Any]               # torch.device per entry of device_ids
+    runtime: Any
+    batch_on_card0: bool = False
+    wrapper: Any = None              # BalancedDataParallel for this probe (default step)
+    stage: str = ""                  # what the step is doing, for error messages
+
+    def zero_grad(self) -> None:
+        """Drop every gradient (``set_to_none``), as ``zero_grad()`` does by default."""
+        if self.model is not None:
+            self.model.zero_grad(set_to_none=True)
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+
+
+def _to_device(obj: Any, device: Any) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return type(obj)((k, _to_device(v, device)) for k, v in obj.items())
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_to_device(v, device) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_device(v, device) for v in obj)
+    return obj
+
+
+def default_step(ctx: StepContext, chunk_sizes: Sequence[int]) -> None:
+    """One training step through ``BalancedDataParallel`` with ``chunk_sizes`` (see module doc)."""
+    wl = ctx.workload
+    ctx.stage = "zero_grad"
+    ctx.zero_grad()
+    ctx.stage = f"sample({sum(chunk_sizes)})"
+    batch = wl.sample(sum(chunk_sizes))
+    if ctx.batch_on_card0:
+        ctx.stage = "moving the batch to card 0"
+        batch = _to_device(batch, ctx.devices[0])
+    args, kwargs = batch_to_args(batch)
+    wrapper = ctx.wrapper
+    if wrapper is None:
+        from dptune.parallel import BalancedDataParallel
+
+        wrapper = BalancedDataParallel(ctx.model, device_ids=ctx.device_ids,
+                                       output_device=ctx.device_ids[0], dim=0,
+                                       chunk_sizes=list(chunk_sizes))
+    ctx.stage = "the forward"
+    output = wrapper(*args, **kwargs)
+    del args, kwargs
+    ctx.stage = "the loss"
+    if wl.loss_fn is not None and not ctx.batch_on_card0:
+        batch = _to_device(batch, ctx.devices[0])
+    loss = wl.loss(output, batch)
+    del output, batch
+    ctx.stage = "the backward"
+    loss.backward()
+    del loss
+    if ctx.optimizer is not None:
+        ctx.stage = "optimizer.step()"
+        ctx.optimizer.step()
+    ctx.stage = "done"
+
+
+# --------------------------------------------------------------------------------------------
+# The backend
+# --------------------------------------------------------------------------------------------
+@dataclass
+class _Failure:
+    kind: str                          # "oom", "user" or "dptune"
+    stage: str
+    exc: Optional[BaseException] = None   # None for OOM: its frames hold the step's tensors
+    torch_index: Optional[int] = None
+    summary: str = ""
+    where: Optional[tuple[int, int]] = None   # (replica, torch device) of a replica thread
+
+
+@dataclass
+class _Figures:
+    peak: list[int]
+    reserved: list[int]
+    nvml: list[Optional[int]]
+    retries: list[int]
+
+
+def _ids_text(ids: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in ids)
+
+
+class CudaBackend:
+    """Probes on real CUDA cards (see the module docstring for what a probe does).
+
+    Args:
+        workload: a :class:`~dptune.workload.Workload`, or a :class:`WorkloadSpec` (needed
+            for ``isolate=True``).
+        device_ids: torch device indices; default all visible cards. ``device_ids[0]``
+            holds the master weights.
+        repeats: measured steps per probe (>= 1); figures are their maximum.
+        isolate: run each probe in a spawned child process (needs a :class:`WorkloadSpec`).
+        runtime: a :class:`CudaRuntime` (tests pass a fake).
+        step_fn: ``step_fn(ctx, chunk_sizes)`` runs one step; default :func:`default_step`.
+        batch_on_card0: move the batch to ``device_ids[0]`` before the forward.
+
+    Raises :class:`~dptune.errors.BackendUnavailableError` when the cards asked for are not
+    visible. Use as a context manager, or call :meth:`close`, to put the model back.
+    """
+
+    kind = "cuda"
+
+    def __init__(self, workload: Union[Workload, WorkloadSpec], device_ids: Optional[Sequence[int]] = None,
+                 *, repeats: int = 2, isolate: bool = False, runtime: Any = None,
+                 step_fn: Optional[Callable[[StepContext, Sequence[int]], None]] = None,
+                 batch_on_card0: bool = False):
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise UsageError(f"repeats must be an int >= 1, got {repeats!r}")
+        if isinstance(workload, WorkloadSpec):
+            self.spec: Optional[WorkloadSpec] = workload
+            self.workload: Optional[Workload] = None
+        elif isinstance(workload, Workload):
+            self.spec, self.workload = None, workload
+        else:
+            raise UsageError(f"workload must be a Workload or a WorkloadSpec, got {type(workload).__name__}")
+        if isolate and self.spec is None:
+            raise UsageError(
+                "isolate=True runs each probe in a new process, which must rebuild the model, the "
+                "batch builder, the loss and the optimizer; objects given to Tuner(model=...) "
+                "(a model instance, lambdas, closures) cannot be sent there reliably. Give the "
+                "workload as import strings instead: the command line's --model mymod:Net "
+                "[--model-kwargs ...] [--input-shape ...] --isolate, or "
+                "CudaBackend(WorkloadSpec('mymod:Net', ...), isolate=True)")
+        self.runtime = runtime if runtime is not None else CudaRuntime()
+        self.repeats = repeats
+        self.isolate = bool(isolate)
+        self.batch_on_card0 = bool(batch_on_card0)
+        self._step_fn = step_fn if step_fn is not None else default_step
+        self._custom_step = step_fn is not None
+        self.device_ids = self._check_devices(device_ids)
+        self.devices: list[Device] = [self._device(d) for d in self.device_ids]
+        self._ctx: Optional[StepContext] = None
+        self._model_snap: Optional[Snapshot] = None
+        self._warmed: set[int] = set()
+        self._closed = False
+        self.last_baseline_bytes: Optional[list[int]] = None
+
+    # -- devices -----------------------------------------------------------------------
+    def _check_devices(self, device_ids: Optional[Sequence[int]]) -> list[int]:
+        rt = self.runtime
+        if device_ids is not None:
+            ids = list(device_ids)
+            if not ids:
+                raise UsageError("device_ids is empty; give at least one CUDA device index, e.g. [0, 1]")
+            for d in ids:
+                if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+                    raise UsageError(f"device_ids must be non-negative ints (torch device indices), got {ids!r}")
+            if len(set(ids)) != len(ids):
+                raise UsageError(f"device_ids {ids} names a card twice")
+        else:
+            ids = None
+        asked = f"GPUs {_ids_text(ids)} were" if ids else "real GPUs (all visible ones) were"
+        hint = ("; to tune without GPUs, simulate a cluster: Tuner(..., simulate='4x24GB') or "
+                "`dptune search ... --simulate 4x24GB`")
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+        cvd_text = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "CUDA_VISIBLE_DEVICES is not set"
+        if not rt.is_available():
+            why = "torch.cuda.is_available() is False"
+            if isinstance(rt, CudaRuntime):
+                import torch
+
+                if getattr(torch.version, "cuda", None) is None:
+                    why += f"; this torch build has no CUDA support: torch {torch.__version__}"
+            why += f"; {cvd_text}"
+            raise BackendUnavailableError(f"{asked} asked for but torch sees none ({why}){hint}")
+        count = rt.device_count()
+        if ids is None:
+            if count < 1:
+                raise BackendUnavailableError(f"{asked} asked for but torch sees none ({cvd_text}){hint}")
+            return list(range(count))
+        missing = [d for d in ids if d >= count]
+        if missing:
+            raise BackendUnavailableError(
+                f"GPU{'s' if len(missing) > 1 else ''} {_ids_text(missing)} "
+                f"{'were' if len(missing) > 1 else 'was'} asked for but only {count} "
+                f"{'is' if count == 1 else 'are'} visible ({cvd_text}); torch numbers the visible "
+                f"cards 0..{count - 1}{hint}")
+        return ids
+
+    def _device(self, d: int) -> Device:
+        rt = self.runtime
+        free, total = rt.mem_get_info(d)
+        reserved = rt.memory_reserved(d)
+        context = 0
+        mine = rt.nvml_process_used(d)
+        if mine is not None:
+            context = max(0, mine - reserved)
+        used = max(0, (total - free) - reserved - context)
+        return Device(index=d, name=rt.name(d), total_bytes=int(total), used_bytes=int(used),
+                      context_bytes=int(context), uuid=rt.uuid(d))
+
+    @property
+    def has_batchnorm(self) -> Optional[bool]:
+        """Whether the model has BatchNorm (``None`` for a factory not built yet)."""
+        from dptune.workload import has_batchnorm
+
+        if self._ctx is not None:
+            return has_batchnorm(self._ctx.model)
+        if self.workload is not None and not self.workload.is_factory:
+            return has_batchnorm(self.workload.model)
+        return None
+
+    def describe(self) -> str:
+        names = [d.name for d in self.devices]
+        if len(set(names)) == 1:
+            return f"{len(names)}x {names[0]}"
+        return " + ".join(names)
+
+    # -- life cycle --------------------------------------------------------------------
+    def __enter__(self) -> "CudaBackend":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop the probe's optimizer and wrapper and put the user's model back as it was."""
+        if self._closed:
+            return
+        self._closed = True
+        ctx, self._ctx = self._ctx, None
+        snap, self._model_snap = self._model_snap, None
+        if ctx is not None:
+            ctx.wrapper = ctx.optimizer = ctx.model = None
+        del ctx
+        error: Optional[BaseException] = None
+        if snap is not None:
+            try:
+                restore(snap, consume=True)
+            except Exception as exc:  # noqa: BLE001 - cleanup below still runs
+                error = exc
+        self._cleanup()
+        if error is not None:
+            raise error
+
+    def _prepare(self) -> StepContext:
+        """Build the workload, place the model on device_ids[0], build the optimizer (once)."""
+        if self._ctx is not None:
+            return self._ctx
+        import torch
+
+        if self.workload is None:
+            assert self.spec is not None
+            self.workload = self.spec.build()
+        wl = self.workload
+        dev0 = self.runtime.torch_device(self.device_ids[0])
+        if wl.is_factory:
+            try:
+                with torch.device(dev0):
+                    model = wl.model()
+            except DptuneError:
+                raise
+            except Exception as exc:
+                raise UserCodeError(
+                    f"the model factory raised {type(exc).__name__} while building the model on "
+                    f"{dev0}: {exc}") from exc
+            if not isinstance(model, torch.nn.Module):
+                raise UsageError(f"the model factory returned a {type(model).__name__}, not an nn.Module")
+            snap = None
+        else:
+            model = wl.model
+            snap = snapshot(model, rng=False, backends=False)
+        try:
+            model.to(dev0)
+            optimizer = None
+            if wl.optimizer is not None:
+                try:
+                    optimizer = wl.optimizer(model.parameters())
+                except Exception as exc:
+                    raise UserCodeError(
+                        f"the optimizer factory raised {type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            if snap is not None:
+                restore(snap)
+            raise
+        self._model_snap = snap
+        self._ctx = StepContext(workload=wl, model=model, optimizer=optimizer,
+                                device_ids=list(self.device_ids),
+                                devices=[self.runtime.torch_device(d) for d in self.device_ids],
+                                runtime=self.runtime, batch_on_card0=self.batch_on_card0)
+        return self._ctx
+
+    # -- probing -----------------------------------------------------------------------
+    def probe(self, chunk_sizes: Sequence[int]) -> ProbeResult:
+        """One training step with this split on the real cards; OOM is a result."""
+        if self._closed:
+            raise UsageError("this CudaBackend is closed; make a new one to probe again")
+        try:
+            sizes = validate_chunk_sizes(chunk_sizes, len(self.device_ids))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if self.isolate:
+            return self._probe_isolated(sizes)
+        return self._probe_here(sizes)
+
+    def _probe_here(self, sizes: list[int]) -> ProbeResult:
+        import torch
+
+        t0 = time.perf_counter()
+        probe_snap = snapshot(None, cuda=bool(getattr(self.runtime, "cuda_rng", False)))
+        ok = False
+        try:
+            torch.backends.cudnn.benchmark = False
+            torch.set_grad_enabled(True)
+            ctx = self._prepare()
+            result = self._measure(ctx, sizes, t0)
+            ok = True
+            return result
+        finally:
+            try:
+                restore(probe_snap)
+            except Exception as exc:  # noqa: BLE001
+                if ok:
+                    raise
+                warnings.warn(f"dptune could not restore the RNG/cuDNN state after a failed probe: "
+                              f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3)
+
+    def _reset_and_baseline(self, ctx: StepContext) -> tuple[list[int], list[int]]:
+        rt = self.runtime
+        ctx.zero_grad()
+        rt.gc_collect()
+        for d in self.device_ids:
+            rt.synchronize(d)
+        rt.empty_cache()
+        for d in self.device_ids:
+            rt.reset_peak_memory_stats(d)
+        baseline = [rt.memory_allocated(d) for d in self.device_ids]
+        retries = [int(rt.memory_stats(d).get("num_alloc_retries", 0)) for d in self.device_ids]
+        return baseline, retries
+
+    def _run_step(self, ctx: StepContext, sizes: list[int]) -> Optional[_Failure]:
+        """The step; an exception becomes a :class:`_Failure` (an OOM keeps no reference)."""
+        ctx.stage = "the step"
+        failure: Optional[_Failure] = None
+        try:
+            self._step_fn(ctx, sizes)
+            ctx.stage = "synchronize (errors of kernels launched by the step)"
+            for d in self.device_ids:
+                self.runtime.synchronize(d)
+        except DptuneError as exc:
+            traceback.clear_frames(exc.__traceback__)
+            failure = _Failure("dptune", ctx.stage, exc=exc)
+        except Exception as exc:
+            if is_oom(exc):
+                failure = _Failure("oom", ctx.stage, torch_index=oom_device(exc),
+                                   summary=oom_summary(exc), where=replica_where(exc))
+            else:
+                # Keep the printable traceback, drop the frames' locals (the step's tensors).
+                traceback.clear_frames(exc.__traceback__)
+                failure = _Failure("user", ctx.stage, exc=exc, where=replica_where(exc))
+        return failure
+
+    def _read(self, baseline_retries: list[int], guarded: bool) -> _Figures:
+        rt = self.runtime
+
+        def safe(fn: Callable[[], Any], default: Any) -> Any:
+            if not guarded:
+                return fn()
+            try:
+                return fn()
+            except Exception:  # noqa: BLE001 - after a failed step the card may not answer
+                return default
+
+        peak = [int(safe(lambda d=d: rt.max_memory_allocated(d), 0)) for d in self.device_ids]
+        reserved = [int(safe(lambda d=d: rt.max_memory_reserved(d), 0)) for d in self.device_ids]
+        nvml = [safe(lambda d=d: rt.nvml_used(d), None) for d in self.device_ids]
+        retries = [max(0, int(safe(lambda d=d: rt.memory_stats(d).get("num_alloc_retries", 0), r0)) - r0)
+                   for d, r0 in zip(self.device_ids, baseline_retries)]
+        return _Figures(peak, reserved, nvml, retries)
+
+    def _recover(self, ctx: Optional[StepContext]) -> Optional[str]:
+        """Free what a step left (guarded: returns a note instead of raising)."""
+        problems = []
+        rt = self.runtime
+        steps: list[tuple[str, Callable[[], Any]]] = []
+        if ctx is not None:
+            steps.append(("zero_grad", ctx.zero_grad))
+        steps.append(("gc.collect", rt.gc_collect))
+        steps.append(("empty_cache", rt.empty_cache))
+        for d in self.device_ids:
+            steps.append((f"reset_peak_memory_stats({d})", lambda d=d: rt.reset_peak_memory_stats(d)))
+        for what, fn in steps:
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"{what}: {type(exc).__name__}: {exc}")
+        return "; ".join(problems) or None
+
+    def _cleanup(self) -> None:
+        note = self._recover(None)
+        if note:
+            warnings.warn(f"dptune's cleanup after probing failed: {note}", RuntimeWarning, stacklevel=3)
+
+    def _measure(self, ctx: StepContext, sizes: list[int], t0: float) -> ProbeResult:
+        active = {i for i, c in enumerate(sizes) if c > 0} | {0}
+        warm_up = not active <= self._warmed
+        plan = (["warm-up"] if warm_up else []) + ["measure"] * self.repeats
+        if not self._custom_step:
+            from dptune.parallel import BalancedDataParallel
+
+            ctx.wrapper = BalancedDataParallel(ctx.model, device_ids=ctx.device_ids,
+                                               output_device=ctx.device_ids[0], dim=0,
+                                               chunk_sizes=list(sizes))
+        runs: list[_Figures] = []
+        failure: Optional[_Failure] = None
+        failed_figures: Optional[_Figures] = None
+        failed_in = ""
+        baseline: list[int] = []
+        try:
+            for what in plan:
+                baseline, retries0 = self._reset_and_baseline(ctx)
+                failure = self._run_step(ctx, sizes)
+                if failure is not None:
+                    failed_figures = self._read(retries0, guarded=True)
+                    failed_in = what
+                    break
+                figures = self._read(retries0, guarded=False)
+                self._warmed |= active
+                if what == "measure":
+                    runs.append(figures)
+        finally:
+            ctx.wrapper = None
+            recover_note = self._recover(ctx)
+        self.last_baseline_bytes = baseline
+
+        notes = ["warm-up step before measuring" if warm_up else "warm (no warm-up step)"]
+        if recover_note:
+            notes.append(f"cleanup failed: {recover_note}")
+        if failure is not None and failure.kind == "dptune":
+            assert failure.exc is not None
+            raise failure.exc
+        if failure is not None and failure.kind == "user":
+            raise self._user_error(failure, sizes) from failure.exc
+
+        n = len(self.device_ids)
+        all_runs = runs + ([failed_figures] if failed_figures is not None else [])
+        peak = [max(r.peak[i] for r in all_runs) for i in range(n)]
+        reserved = [max(r.reserved[i] for r in all_runs) for i in range(n)]
+        retries = [max(r.retries[i] for r in all_runs) for i in range(n)]
+        nvml_cards: list[Optional[int]] = []
+        for i in range(n):
+            vals = [r.nvml[i] for r in all_runs if r.nvml[i] is not None]
+            nvml_cards.append(max(vals) if vals else None)
+        nvml = None if all(v is None for v in nvml_cards) else tuple(nvml_cards)
+        spread = (tuple(max(r.peak[i] for r in runs) - min(r.peak[i] for r in runs) for i in range(n))
+                  if runs else None)
+        oom_pos = None
+        if failure is not None:
+            oom_pos, how = self._oom_position(failure, peak, reserved)
+            stage = "" if failure.stage == "the step" else f", during {failure.stage}"
+            notes.append(f"out of memory on card {oom_pos} ({how}) in the {failed_in} step"
+                         f"{stage}: {failure.summary}; peaks are lower bounds")
+        return ProbeResult(chunk_sizes=tuple(sizes), peak_bytes=tuple(peak), oom_device=oom_pos,
+                           breakdown=None, reserved_bytes=tuple(reserved), nvml_used_bytes=nvml,
+                           alloc_retries=tuple(retries), repeat_spread_bytes=spread,
+                           seconds=time.perf_counter() - t0, note="; ".join(notes))
+
+    def _oom_position(self, failure: _Failure, peak: list[int], reserved: list[int]) -> tuple[int, str]:
+        idx = failure.torch_index
+        if idx is None and len(self.device_ids) == 1:
+            return 0, f"cuda:{self.device_ids[0]}, the only card"
+        if idx is not None and idx in self.device_ids:
+            return self.device_ids.index(idx), f"cuda:{idx}, from the error message"
+
+        def share(i: int) -> float:
+            avail = max(1, self.devices[i].available_bytes)
+            return max(reserved[i], peak[i]) / avail
+
+        pos = max(range(len(self.device_ids)), key=share)
+        why = "the message names no card" if idx is None else f"the message names cuda:{idx}, not probed"
+        return pos, (f"cuda:{self.device_ids[pos]}, inferred: {why}, so the card with the largest "
+                     "share of its memory in use was taken")
+
+    def _user_error(self, failure: _Failure, sizes: list[int]) -> UserCodeError:
+        from dptune.oom import original_message
+
+        exc = failure.exc
+        assert exc is not None
+        where = ""
+        if failure.where is not None:
+            replica, dev = failure.where
+            pos = self.device_ids.index(dev) if dev in self.device_ids else None
+            card = f" (card {pos} of device_ids {self.device_ids})" if pos is not None else ""
+            where = f" in replica {replica} on device {dev}{card}"
+        elif failure.stage in ("the loss", "optimizer.step()") or len(self.device_ids) == 1:
+            where = f" on device {self.device_ids[0]}"
+        if failure.where is not None:
+            # "Caught KeyError in replica 1 on device 1.\nOriginal Traceback ...\nKeyError: 'a'"
+            lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+            last_frame = max((i for i, ln in enumerate(lines) if ln.startswith("  ")), default=0)
+            first = lines[last_frame + 1] if last_frame + 1 < len(lines) else lines[-1]
+        else:
+            text = original_message(exc).strip().split("\n", 1)[0]
+            first = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        hint = ""
+        if any(k in str(exc).lower() for k in _STICKY):
+            hint = (". This CUDA error leaves the process's CUDA context unusable: rerun with "
+                    "isolate=True (command line: --isolate) so each probe runs in its own process, "
+                    "and debug the model with CUDA_LAUNCH_BLOCKING=1")
+        stage = "" if failure.stage == "the step" else f" during {failure.stage}"
+        return UserCodeError(
+            f"the user's code raised {first}{stage}{where} in a probe with chunk_sizes "
+            f"{sizes} on devices {self.device_ids}{hint}")
+
+    # -- isolation ---------------------------------------------------------------------
+    def _probe_isolated(self, sizes: list[int]) -> ProbeResult:
+        import multiprocessing
+        import pickle
+
+        payload = {"spec": self.spec, "device_ids": list(self.device_ids), "repeats": self.repeats,
+                   "runtime": None if type(self.runtime) is CudaRuntime else self.runtime,
+                   "step_fn": self._step_fn if self._custom_step else None,
+                   "batch_on_card0": self.batch_on_card0, "chunk_sizes": list(sizes)}
+        try:
+            pickle.dumps(payload)
+        except Exception as exc:
+            raise UsageError(f"isolate=True needs a picklable workload spec, runtime and step "
+                             f"function: {type(exc).__name__}: {exc}") from exc
+        mp = multiprocessing.get_context("spawn")
+        recv, send = mp.Pipe(duplex=False)
+        proc = mp.Process(target=_child_main, args=(payload, send), daemon=True,
+                          name="dptune-probe")
+        proc.start()
+        send.close()
+        msg = None
+        try:
+            while True:
+                if recv.poll(0.1):
+                    msg = recv.recv()
+                    break
+                if not proc.is_alive():
+                    if recv.poll(0.5):
+                        msg = recv.recv()
+                    break
+        except EOFError:
+            msg = None
+        finally:
+            recv.close()
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        if msg is None:
+            raise UserCodeError(
+                f"the probe's child process (chunk_sizes {sizes} on devices {self.device_ids}) "
+                f"exited with code {proc.exitcode} without a result: a crash in native code "
+                "(a CUDA extension, a driver fault) or the host running out of memory")
+        status = msg[0]
+        if status == "ok":
+            result = ProbeResult.from_dict(msg[1])
+            note = (result.note + "; " if result.note else "") + "isolated child process"
+            return ProbeResult.from_dict({**result.to_dict(), "note": note})
+        if status == "user":
+            raise UserCodeError(f"{msg[1]}\n\nin the probe's child process:\n{msg[2]}")
+        if status == "dptune":
+            import dptune.errors as errors
+
+            cls = getattr(errors, msg[1], None)
+            if isinstance(cls, type) and issubclass(cls, DptuneError):
+                try:
+                    raise cls(msg[2])
+                except TypeError:
+                    pass
+            raise DptuneError(f"{msg[1]}: {msg[2]}")
+        raise DptuneError(f"the isolated probe failed with {msg[1]}: {msg[2]}\n{msg[3]}")
+
+
+def _child_main(payload: dict, conn: Any) -> None:
+    """Entry point of an isolated probe's child: one probe, its result sent back as a dict."""
+    try:
+        try:
+            backend = CudaBackend(payload["spec"], payload["device_ids"], repeats=payload["repeats"],
+                                  runtime=payload["runtime"], step_fn=payload["step_fn"],
+                                  batch_on_card0=payload["batch_on_card0"])
+            try:
+                result = backend.probe(payload["chunk_sizes"])
+            finally:
+                with contextlib.suppress(Exception):
+                    backend.close()
+            conn.send(("ok", result.to_dict()))
+        except UserCodeError as exc:
+            conn.send(("user", str(exc), "".join(traceback.format_exception(
+                type(exc), exc, exc.__traceback__))))
+        except DptuneError as exc:
+            conn.send(("dptune", type(exc).__name__, str(exc)))
+        except BaseException as exc:  # noqa: BLE001 - report anything to the parent
+            conn.send(("error", type(exc).__name__, str(exc), "".join(traceback.format_exception(
+                type(exc), exc, exc.__traceback__))))
+    finally:
+        conn.close()
