@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import logging
 import re
 import time
 import weakref
@@ -702,11 +703,16 @@ class SimulatedBackend:
     @contextlib.contextmanager
     def _modes(self, ledger: _Ledger) -> Iterator[None]:
         rng = torch.get_rng_state()
+        # torch logs every op that fails under fake mode; the error reaches the user anyway
+        log = logging.getLogger("torch._subclasses.fake_tensor")
+        level = log.level
+        log.setLevel(logging.CRITICAL)
         try:
             with self._fake_mode, _make_accountant(ledger):
                 yield
         finally:
             torch.set_rng_state(rng)
+            log.setLevel(level)
 
     def _setup(self) -> None:
         if self._ledger is not None:

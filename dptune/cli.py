@@ -1,0 +1,646 @@
+"""dptune's command line: a thin layer over :class:`dptune.Tuner` (parse, build, call, show, write).
+
+Commands::
+
+    dptune search --model mymodels:Net --batch-size 64 [--simulate 4x24GB | --devices 0,1]
+    dptune show reports/NAME       print a saved report's summary
+    dptune plot reports/NAME       redraw a saved report's plots
+    dptune devices                 list the visible GPUs
+
+Exit codes (also in ``dptune --help``)::
+
+    0    success
+    1    an error in the user's code (model, batch, loss, optimizer): its traceback is shown
+    2    usage: bad flags, cluster spec, import string, JSON, or report folder
+    3    no split of the batch fits every card's budget
+    4    the backend is unavailable (e.g. --devices on a machine without a visible GPU)
+    130  interrupted (Ctrl-C)
+
+Errors dptune diagnoses are one line on stderr, ``dptune: error: <message>``, with no
+traceback. Each subcommand is registered by a ``*_parser(subparsers)`` function; the work
+is done by plain functions that take and return values (:func:`search`, :func:`load_workload`),
+and printing is kept apart from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import pathlib
+import re
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+
+from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
+                           BackendUnavailableError, DptuneError, UsageError, UserCodeError)
+from dptune.importer import import_from_string
+from dptune.units import parse_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from dptune.result import TuneResult
+
+__all__ = ["main", "build_parser", "search", "load_workload", "LoadedWorkload",
+           "LOSSES", "OPTIMIZERS", "DTYPES"]
+
+EXIT_INTERRUPTED = 130
+
+EPILOG = f"""\
+exit codes:
+  {EXIT_OK}    success
+  {EXIT_USER_CODE}    an error in your model, batch, loss or optimizer (its traceback is shown)
+  {EXIT_USAGE}    usage: bad flags, cluster spec, import string, JSON or report folder
+  {EXIT_NO_FIT}    no split of the batch fits every card's budget
+  {EXIT_BACKEND}    backend unavailable (e.g. --devices with no visible GPU)
+  {EXIT_INTERRUPTED}  interrupted
+"""
+
+# Frames left out of the traceback of the user's error: dptune's own, and the import machinery.
+_HIDDEN_FRAMES = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+                  os.path.dirname(os.path.abspath(importlib.__file__)) + os.sep,
+                  "<frozen importlib")
+
+
+# ---- building blocks: batch, loss, optimizer ---------------------------------------------
+
+DTYPES = ("float32", "float16", "bfloat16", "long")
+
+
+@dataclass(frozen=True)
+class RandomBatch:
+    """``sample(batch_size)`` for ``--input-shape``: random floats, or token ids below
+    ``vocab_size`` for ``long``. The values do not matter for memory, only shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    vocab_size: Optional[int] = None
+
+    def __call__(self, batch_size: int) -> "torch.Tensor":
+        import torch
+
+        size = (batch_size, *self.shape)
+        if self.dtype == "long":
+            return torch.randint(0, self.vocab_size or 2, size, dtype=torch.long)
+        return torch.randn(size, dtype=getattr(torch, self.dtype))
+
+
+def _float_leaves(output: Any) -> list:
+    from dptune.workload import _tensor_leaves
+
+    leaves = [t for t in _tensor_leaves(output) if t.is_floating_point()]
+    if not leaves:
+        raise UsageError("the model's output holds no floating-point tensor to compute a loss on")
+    return leaves
+
+
+def sum_loss(output: Any, batch: Any = None) -> "torch.Tensor":
+    """``--loss sum``: the sum of every floating-point tensor of the output."""
+    return sum(t.sum() for t in _float_leaves(output))
+
+
+def mean_loss(output: Any, batch: Any = None) -> "torch.Tensor":
+    """``--loss mean``: the mean of each floating-point tensor of the output, added up."""
+    return sum(t.mean() for t in _float_leaves(output))
+
+
+def cross_entropy_loss(output: Any, batch: Any = None) -> "torch.Tensor":
+    """``--loss cross_entropy``: the output's logits, shape (B, ..., classes), against
+    class-0 targets (the targets' values do not change memory)."""
+    import torch
+    import torch.nn.functional as F
+
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, dict):
+        logits = output.get("logits")
+    if logits is None:
+        logits = _float_leaves(output)[0]
+    if logits.dim() < 2:
+        raise UsageError(f"--loss cross_entropy needs logits of shape (batch, ..., classes); "
+                         f"the model returned shape {tuple(logits.shape)}")
+    targets = torch.zeros(logits.shape[:-1].numel(), dtype=torch.long, device=logits.device)
+    return F.cross_entropy(logits.flatten(0, -2), targets)
+
+
+def mse_loss(output: Any, batch: Any = None) -> "torch.Tensor":
+    """``--loss mse``: mean squared error of each floating-point output against zeros."""
+    import torch
+    import torch.nn.functional as F
+
+    return sum(F.mse_loss(t, torch.zeros_like(t)) for t in _float_leaves(output))
+
+
+def sgd(params: Any) -> Any:
+    """``--optimizer sgd``: SGD with momentum 0.9 (one buffer per parameter)."""
+    import torch
+
+    return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+
+
+def adam(params: Any) -> Any:
+    """``--optimizer adam``: Adam (two buffers per parameter)."""
+    import torch
+
+    return torch.optim.Adam(params, lr=1e-3)
+
+
+def adamw(params: Any) -> Any:
+    """``--optimizer adamw`` (the default, what most models train with): two buffers per
+    parameter."""
+    import torch
+
+    return torch.optim.AdamW(params, lr=1e-3)
+
+
+_Named = Optional[Callable[..., Any]]
+
+LOSSES: dict[str, _Named] = {  # None: the tuner's default
+    "default": None, "sum": sum_loss, "mean": mean_loss,
+    "cross_entropy": cross_entropy_loss, "mse": mse_loss,
+}
+OPTIMIZERS: dict[str, _Named] = {
+    "adamw": adamw, "adam": adam, "sgd": sgd, "none": None,
+}
+
+
+# ---- user code -----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _users_code(what: str) -> Iterator[None]:
+    """Exceptions raised by the user's code in this block become :class:`UserCodeError`
+    (exit 1) chained to the original, whose traceback ``main`` shows."""
+    try:
+        yield
+    except DptuneError:
+        raise
+    except Exception as e:
+        raise UserCodeError(f"{what} raised {type(e).__name__}: {e}") from e
+
+
+def _import(import_str: str, flag: str) -> Any:
+    with _users_code(f"importing {import_str!r} ({flag})"):
+        return import_from_string(import_str)
+
+
+def _named(table: dict[str, _Named], value: str, flag: str) -> _Named:
+    """A built-in name from ``table``, or ``module:attribute`` imported."""
+    if ":" in value:
+        fn = _import(value, flag)
+        if not callable(fn):
+            raise UsageError(f"{flag} {value!r} names a {type(fn).__name__}, not a function")
+        return fn
+    if value not in table:
+        raise UsageError(f"{flag} {value!r}: choose one of {', '.join(table)} or give "
+                         '"module:function"')
+    return table[value]
+
+
+def parse_model_kwargs(text: Optional[str]) -> dict[str, Any]:
+    """``--model-kwargs '{"depth": 12}'`` -> ``{"depth": 12}``."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--model-kwargs is not valid JSON ({e.msg} at column {e.colno}): "
+                         f"{text!r}; e.g. --model-kwargs '{{\"depth\": 12}}'") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"--model-kwargs must be a JSON object, got {text!r}; "
+                         "e.g. --model-kwargs '{\"depth\": 12}'")
+    return value
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"3,224,224"`` -> ``(3, 224, 224)`` (one sample's shape, without the batch)."""
+    try:
+        shape = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        shape = ()
+    if not shape or any(d <= 0 for d in shape):
+        raise UsageError(f"--input-shape {text!r}: give one sample's shape as positive ints "
+                         "separated by commas, e.g. 3,224,224 (the batch dimension is added)")
+    return shape
+
+
+def _model_factory(target: Callable[..., Any], kwargs: dict[str, Any]) -> Callable[[], Any]:
+    """``lambda: target(**kwargs)``, named after ``target`` so reports name the model."""
+    def build() -> Any:
+        return target(**kwargs)
+
+    build.__name__ = build.__qualname__ = getattr(target, "__name__", type(target).__name__)
+    return build
+
+
+def _build(factory: Callable[[], Any], on_meta: bool) -> Any:
+    import torch
+
+    where = " on the meta device" if on_meta else ""
+    with _users_code(f"building the model {factory.__name__}{where}"):
+        if on_meta:
+            with torch.device("meta"):
+                model = factory()
+        else:
+            model = factory()
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"--model {factory.__name__} returned a {type(model).__name__}, "
+                         "not a torch.nn.Module")
+    return model
+
+
+@dataclass
+class LoadedWorkload:
+    """What ``dptune search`` hands the tuner: the model (a module, or a zero-argument
+    factory when simulating), the batch builder, the loss and the optimizer factory."""
+
+    model: Any
+    sample: Callable[[int], Any]
+    loss_fn: Optional[Callable[..., Any]]
+    optimizer: Optional[Callable[..., Any]]
+    name: str
+
+
+def load_workload(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
+                  sample: Optional[str] = None, input_shape: Optional[Sequence[int]] = None,
+                  dtype: Optional[str] = None, vocab_size: Optional[int] = None,
+                  loss: str = "default", optimizer: str = "adamw",
+                  simulated: bool = True) -> LoadedWorkload:
+    """Import and assemble the user's training step from command-line values.
+
+    The batch comes from ``sample`` (``"module:function"``, ``function(batch_size)``), else
+    from ``input_shape`` (+ ``dtype``, ``vocab_size``), else from the model's own
+    ``sample(batch_size)`` method. When ``simulated`` the model is returned as a factory, so
+    the simulated backend builds it on the meta device and no weights are allocated.
+    """
+    target = _import(model, "--model")
+    if not callable(target):
+        raise UsageError(f"--model {model!r} names a {type(target).__name__}; give a model "
+                         "class or a function that returns an nn.Module")
+    factory = _model_factory(target, dict(model_kwargs or {}))
+    module = None if simulated else _build(factory, on_meta=False)
+
+    if sample is not None:
+        if input_shape is not None:
+            raise UsageError("give --sample or --input-shape, not both")
+        sample_fn = _import(sample, "--sample")
+        if not callable(sample_fn):
+            raise UsageError(f"--sample {sample!r} names a {type(sample_fn).__name__}, "
+                             "not a function batch_size -> batch")
+    elif input_shape is not None:
+        kind = dtype or ("long" if vocab_size is not None else "float32")
+        if kind == "long" and vocab_size is None:
+            raise UsageError("--dtype long (token ids) needs --vocab-size N: ids are drawn "
+                             "from 0..N-1")
+        if kind != "long" and vocab_size is not None:
+            raise UsageError(f"--vocab-size is for token ids (--dtype long), not {kind}")
+        sample_fn = RandomBatch(tuple(input_shape), kind, vocab_size)
+    else:
+        if dtype is not None or vocab_size is not None:
+            raise UsageError("--dtype and --vocab-size describe --input-shape; give it too")
+        # The model's own sample(batch_size), read from an instance (it may use the model's
+        # settings, e.g. its vocabulary); when simulating the instance is built on the meta
+        # device, which allocates nothing.
+        instance = module if module is not None else _build(factory, on_meta=True)
+        sample_fn = getattr(instance, "sample", None)
+        if not callable(sample_fn):
+            raise UsageError(f"{factory.__name__} has no sample(batch_size) method, so dptune "
+                             "cannot build a batch: pass --input-shape (e.g. 3,224,224, with "
+                             "--dtype/--vocab-size for token ids) or --sample module:function")
+
+    return LoadedWorkload(
+        model=factory if simulated else module, sample=sample_fn,
+        loss_fn=_named(LOSSES, loss, "--loss"),
+        optimizer=_named(OPTIMIZERS, optimizer, "--optimizer"), name=factory.__name__)
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
+           sample: Optional[str] = None, input_shape: Optional[Sequence[int]] = None,
+           dtype: Optional[str] = None, vocab_size: Optional[int] = None,
+           batch_size: int = 256, loss: str = "default", optimizer: str = "adamw",
+           devices: Optional[Sequence[int]] = None, simulate: Optional[str] = None,
+           objective: str = "balance", headroom_bytes: int = 2**30, max_probes: int = 12,
+           verbose: bool = True, announce: Callable[[str], None] = lambda line: None,
+           ) -> "TuneResult":
+    """``dptune search`` without the printing: build the workload, run the tuner, return
+    its result. With neither ``devices`` nor ``simulate``, all visible GPUs are used, or
+    the default simulated cluster when none is visible (said through ``announce``)."""
+    from dptune.backends.simulated import DEFAULT_CLUSTER, parse_cluster
+    from dptune.tuner import Tuner
+
+    if devices is not None and simulate is not None:
+        raise UsageError("give --devices or --simulate, not both")
+    if devices is not None and _visible_gpus() == 0:
+        raise BackendUnavailableError(
+            f"--devices {','.join(map(str, devices))}: no CUDA GPU is visible here; use "
+            f"--simulate SPEC (e.g. --simulate {DEFAULT_CLUSTER}) to tune for virtual cards")
+    defaulted = devices is None and simulate is None and _visible_gpus() == 0
+    if defaulted:
+        simulate = DEFAULT_CLUSTER
+        announce(f"no GPU is visible: simulating {DEFAULT_CLUSTER} "
+                 "(choose cards with --simulate SPEC)")
+    # A bad spec is a usage error before the user's code is imported; the tuner gets the
+    # parsed cluster.
+    cluster = parse_cluster(simulate) if simulate is not None else None
+    wl = load_workload(model, model_kwargs=model_kwargs, sample=sample, input_shape=input_shape,
+                       dtype=dtype, vocab_size=vocab_size, loss=loss, optimizer=optimizer,
+                       simulated=cluster is not None)
+    tuner = Tuner(wl.model, wl.sample, batch_size=batch_size, loss_fn=wl.loss_fn,
+                  optimizer=wl.optimizer, device_ids=list(devices) if devices else None,
+                  simulate=cluster, objective=objective, headroom=headroom_bytes,
+                  verbose=verbose, max_probes=max_probes)
+    result = tuner.fit()
+    if defaulted:
+        result.notes.append(f"no GPU was visible, so the default simulated cluster "
+                            f"{DEFAULT_CLUSTER} was used")
+    return result
+
+
+def default_report_dir(result: "TuneResult") -> pathlib.Path:
+    """``reports/<Model>-<cluster>``, e.g. ``reports/TinyGPT-4x24GB`` (the cluster's
+    description without its parenthesised remark, in characters safe for a file name)."""
+    cluster = re.sub(r"\s*\(.*\)\s*$", "", result.cluster)
+    slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", cluster).strip("_") or "cluster"
+    name = re.sub(r"[^A-Za-z0-9.+-]+", "_", result.model_name).strip("_") or "model"
+    return pathlib.Path("reports") / f"{name}-{slug}"
+
+
+# ---- argument types ----------------------------------------------------------------------
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _byte_size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _device_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(
+            f"expected distinct GPU indices separated by commas, e.g. 0,1,2,3, got {text!r}")
+    return ids
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        return parse_shape(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("--input-shape ", "", 1)) from None
+
+
+# ---- subcommands -----------------------------------------------------------------------
+
+def search_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "search", help="find the per-GPU split of the batch that balances memory",
+        description="Probe the training step of a model at a few splits of the batch, fit\n"
+                    "per-card memory and pick the split that balances it (or fits the largest\n"
+                    "batch); print a table and write a report folder.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("model and batch")
+    g.add_argument("--model", required=True, metavar="MODULE:ATTR",
+                   help="model class or factory, e.g. mymodels:Net (imported from the working "
+                        "directory or installed packages)")
+    g.add_argument("--model-kwargs", metavar="JSON", default=None,
+                   help='keyword arguments for the model, as a JSON object, e.g. \'{"depth": 12}\'')
+    batch = g.add_mutually_exclusive_group()
+    batch.add_argument("--sample", metavar="MODULE:FUNC",
+                       help="function batch_size -> batch (tensor, tuple or dict)")
+    batch.add_argument("--input-shape", type=_shape, metavar="D1,D2,...",
+                       help="one sample's shape, e.g. 3,224,224; random data of --dtype")
+    g.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="dtype of --input-shape data (default float32; long with --vocab-size)")
+    g.add_argument("--vocab-size", type=_positive_int, metavar="N",
+                   help="token ids for --input-shape are drawn from 0..N-1 (dtype long)")
+    g.add_argument("--batch-size", type=_positive_int, default=256, metavar="N",
+                   help="total batch size over all cards (default 256; for --objective "
+                        "max-batch, where the search starts)")
+    g.add_argument("--loss", default="default", metavar="NAME",
+                   help="default (the output's .loss, else the sum of the output), sum, mean, "
+                        "cross_entropy, mse, or MODULE:FUNC taking (output, batch)")
+    g.add_argument("--optimizer", default="adamw", metavar="NAME",
+                   help="adamw (default), adam, sgd (momentum 0.9), none, or MODULE:FUNC "
+                        "taking the parameters")
+    c = p.add_argument_group("cards")
+    where = c.add_mutually_exclusive_group()
+    where.add_argument("--devices", type=_device_ids, metavar="I,J,...",
+                       help="real GPUs to use, e.g. 0,1,2,3 (default: all visible)")
+    where.add_argument("--simulate", metavar="SPEC",
+                       help="virtual cards, e.g. 4x24GB, 2xA100-80GB,2xA100-40GB or "
+                            "4x24GB,used=0:6GB (default when no GPU is visible: 4x24GB)")
+    c.add_argument("--headroom", type=_byte_size, default=parse_bytes("1GiB"), metavar="SIZE",
+                   help="memory kept free on every card, e.g. 1GiB (default), 512MiB")
+    t = p.add_argument_group("search and output")
+    t.add_argument("--objective", choices=("balance", "max-batch"), default="balance",
+                   type=lambda s: s.replace("_", "-"),
+                   help="balance: even out memory at --batch-size (default); max-batch: the "
+                        "largest batch that fits")
+    t.add_argument("--max-probes", type=_positive_int, default=12, metavar="N",
+                   help="at most this many training steps are probed (default 12)")
+    t.add_argument("--out", metavar="DIR",
+                   help="report folder (default reports/<Model>-<cluster>)")
+    t.add_argument("--no-plots", action="store_true", help="write the report without PNG plots")
+    t.add_argument("--json", action="store_true",
+                   help="print the result as JSON on stdout, and nothing else there")
+    t.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar and no table; only where the report went")
+    p.set_defaults(func=_search_command)
+
+
+def _search_command(args: argparse.Namespace) -> int:
+    from dptune.report import render_table, write_report
+
+    out = sys.stderr if args.json else sys.stdout
+
+    def announce(line: str) -> None:
+        if not args.quiet:
+            print(f"dptune: {line}", file=sys.stderr)
+
+    # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
+    redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    with redirect:
+        result = search(
+            args.model, model_kwargs=parse_model_kwargs(args.model_kwargs), sample=args.sample,
+            input_shape=args.input_shape, dtype=args.dtype, vocab_size=args.vocab_size,
+            batch_size=args.batch_size, loss=args.loss, optimizer=args.optimizer,
+            devices=args.devices, simulate=args.simulate,
+            objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
+            max_probes=args.max_probes, verbose=not args.quiet, announce=announce)
+        folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
+        write_report(result, folder, plots=not args.no_plots)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    elif not args.quiet:
+        print(render_table(result))
+        for line in result.advice:
+            print(f"advice: {line}")
+    print(f"report written to {folder}{os.sep}", file=out)
+    return EXIT_OK
+
+
+def show_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("show", help="print a saved report's summary",
+                              description="Print the summary of a report folder written by "
+                                          "`dptune search`.", epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("report", metavar="REPORT", help="report folder (or its report.json)")
+    p.add_argument("--json", action="store_true", help="print report.json's content instead")
+    p.set_defaults(func=_show_command)
+
+
+def _report_folder(path: str) -> pathlib.Path:
+    p = pathlib.Path(path)
+    return p.parent if p.is_file() else p
+
+
+def _show_command(args: argparse.Namespace) -> int:
+    from dptune.report import PLOT_KINDS, read_report, render_summary
+
+    result = read_report(args.report)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return EXIT_OK
+    folder = _report_folder(args.report)
+    plots = [k for k in PLOT_KINDS if (folder / f"{k}.png").exists()]
+    print(render_summary(result, plots=plots))
+    return EXIT_OK
+
+
+def plot_parser(subparsers: Any) -> None:
+    from dptune.report import PLOT_KINDS
+
+    p = subparsers.add_parser("plot", help="redraw a saved report's plots",
+                              description="Redraw the PNG plots of a report folder written by "
+                                          "`dptune search`.", epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("report", metavar="REPORT", help="report folder (or its report.json)")
+    p.add_argument("--kind", choices=PLOT_KINDS, action="append",
+                   help="which plot (repeatable; default: every plot the report has)")
+    p.add_argument("--out", metavar="DIR",
+                   help="where to write the PNGs (default: the report folder)")
+    p.set_defaults(func=_plot_command)
+
+
+def _plot_command(args: argparse.Namespace) -> int:
+    from dptune.report import plot_kinds, plot_result, read_report
+
+    result = read_report(args.report)
+    folder = pathlib.Path(args.out) if args.out else _report_folder(args.report)
+    folder.mkdir(parents=True, exist_ok=True)
+    for kind in args.kind or plot_kinds(result):
+        path = folder / f"{kind}.png"
+        plot_result(result, kind=kind).savefig(path, dpi=120)
+        print(f"wrote {path}")
+    return EXIT_OK
+
+
+def devices_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("devices", help="list the visible GPUs",
+                              description="List the CUDA GPUs this process can see, with the "
+                                          "memory others use on them (from NVML).")
+    p.set_defaults(func=_devices_command)
+
+
+def _devices_command(args: argparse.Namespace) -> int:
+    from dptune.devices import devices, format_devices
+
+    print(format_devices(devices()))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dptune import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="dptune",
+        description="Measure per-GPU memory of a DataParallel training step and balance\n"
+                    "the split of the batch across the cards.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"dptune {__version__}")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for register in (search_parser, show_parser, plot_parser, devices_parser):
+        register(subparsers)
+    return parser
+
+
+# ---- errors ------------------------------------------------------------------------------
+
+def _is_dptune_frame(frame: traceback.FrameSummary) -> bool:
+    return frame.filename.startswith(_HIDDEN_FRAMES)
+
+
+def format_user_traceback(exc: BaseException) -> str:
+    """The traceback of an exception raised by the user's code, without dptune's own frames
+    (and importlib's), so what is left is the user's code and the libraries it called.
+
+    ``""`` when no frame is left (e.g. a ``TypeError`` for a wrong keyword argument, raised
+    at the call itself): the one-line message then says it all.
+    """
+    te = traceback.TracebackException.from_exception(exc)
+    link: Optional[traceback.TracebackException] = te
+    while link is not None:
+        link.stack = traceback.StackSummary.from_list(
+            [f for f in link.stack if not _is_dptune_frame(f)])
+        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
+    return "".join(te.format()) if te.stack else ""
+
+
+def _error(message: str) -> None:
+    print(f"dptune: error: {message}", file=sys.stderr)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the exit code (see the module docstring)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse's own errors (2), --help and --version (0)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    if not hasattr(args, "func"):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return EXIT_INTERRUPTED
+    except UserCodeError as e:
+        shown = format_user_traceback(e.__cause__) if e.__cause__ is not None else ""
+        sys.stderr.write(shown)
+        _error(f"{e}" + (" (traceback above)" if shown else ""))
+        return e.exit_code
+    except DptuneError as e:
+        _error(str(e))
+        return e.exit_code
+    except Exception as e:  # not diagnosed: show everything
+        traceback.print_exc()
+        _error(f"unexpected {type(e).__name__}: {e}; if the traceback above ends in dptune's "
+               "own code, please report it as a bug")
+        return EXIT_USER_CODE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

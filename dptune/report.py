@@ -1,0 +1,541 @@
+"""Tables, plots and report folders for a :class:`~dptune.result.TuneResult`.
+
+Render functions are pure: they return text, a ``pandas.DataFrame`` or a matplotlib
+``Figure``; :func:`write_report` is the one that writes files. pandas and matplotlib are
+imported inside the functions that need them, so importing this module is cheap. Plots are
+drawn on a bare ``matplotlib.figure.Figure`` (no pyplot, no global backend change) unless
+``show=True`` asks for a window.
+
+A report folder holds::
+
+    report.json    result.to_dict(), versioned (read back with read_report / TuneResult.load)
+    probes.csv     one row per probe: split, per-card peaks in bytes, OOM card, seconds
+    summary.md     the Markdown summary (render_summary)
+    peaks.png      per-card peak memory, even split beside dptune's, against each budget
+    fits.png       per-card memory against chunk size: probes, fitted lines, chosen split
+    max_batch.png  (objective max_batch) largest batch that fits, even split vs dptune
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from dptune.backends.base import CATEGORIES
+from dptune.result import TuneResult, shares
+from dptune.units import GiB, format_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "PLOT_KINDS", "plot_kinds", "device_label", "result_table", "probes_table", "render_table",
+    "render_summary", "plot_result", "write_report", "read_report",
+]
+
+PLOT_KINDS = ("peaks", "fits", "max_batch")
+
+# Colours: one per breakdown category (in CATEGORIES order), and the two splits.
+_CATEGORY_COLORS = dict(zip(CATEGORIES, (
+    "#4c72b0", "#55a868", "#c44e52", "#dd8452", "#8172b3", "#937860", "#b0b0b0")))
+_EVEN_COLOR = "#9e9e9e"
+_DPTUNE_COLOR = "#1f77b4"
+_BUDGET_COLOR = "#d62728"
+#: Budgets are drawn when the highest peak is at least this share of the smallest budget.
+_BUDGET_SCALE_SHARE = 0.3
+
+
+# ---- data -------------------------------------------------------------------------------
+
+def plot_kinds(result: TuneResult) -> list[str]:
+    """The plots that make sense for this result (``max_batch`` only for that objective)."""
+    return [k for k in PLOT_KINDS if k != "max_batch" or result.objective == "max_batch"]
+
+
+def device_label(result: TuneResult, i: int) -> str:
+    """``"0: RTX 4090"``: the card's index and name."""
+    d = result.devices[i]
+    return f"{d.index}: {d.name}"
+
+
+def result_table(result: TuneResult) -> "pandas.DataFrame":
+    """One row per card: even split and its peak, dptune's split and its peak, budget, shares.
+
+    Memory columns are ``int`` bytes; shares are fractions of the budget (1.0 = full).
+    """
+    import pandas as pd
+
+    even = result.even
+    even_shares = shares(even.peak_bytes, result.budget_bytes)
+    rows = []
+    for i, d in enumerate(result.devices):
+        rows.append(dict(
+            device=d.index, name=d.name,
+            even_chunk=even.chunk_sizes[i], even_peak_bytes=even.peak_bytes[i],
+            even_oom=even.oom_device == i,
+            chunk=result.chunk_sizes[i], peak_bytes=result.peak_bytes[i],
+            budget_bytes=result.budget_bytes[i], total_bytes=d.total_bytes,
+            even_share=even_shares[i], share=result.shares[i],
+        ))
+    return pd.DataFrame(rows).set_index("device")
+
+
+_PROBE_ARRAYS = ("reserved_bytes", "nvml_used_bytes", "alloc_retries", "repeat_spread_bytes")
+
+
+def probes_table(result: TuneResult) -> "pandas.DataFrame":
+    """One row per probe, in the order run: why, the split, per-card peaks (bytes), OOM card.
+
+    Per-card columns are ``chunk_<i>`` and ``peak_bytes_<i>``, plus the optional per-card
+    figures (``reserved_bytes_<i>``, ...) that the backend measured.
+    """
+    import pandas as pd
+
+    n = len(result.devices)
+    present = [k for k in _PROBE_ARRAYS if any(getattr(p, k) is not None for p in result.probes)]
+    rows = []
+    for index, p in enumerate(result.probes):
+        row: dict[str, Any] = dict(index=index, purpose=p.purpose, batch_size=p.batch_size,
+                                   feasible=p.feasible, oom_device=p.oom_device,
+                                   seconds=round(p.seconds, 4))
+        row.update({f"chunk_{i}": p.chunk_sizes[i] for i in range(n)})
+        row.update({f"peak_bytes_{i}": p.peak_bytes[i] for i in range(n)})
+        for k in present:
+            values = getattr(p, k)
+            row.update({f"{k}_{i}": (values[i] if values is not None else None) for i in range(n)})
+        row["note"] = p.note
+        rows.append(row)
+    columns = (["index", "purpose", "batch_size", "feasible", "oom_device", "seconds"]
+               + [f"chunk_{i}" for i in range(n)] + [f"peak_bytes_{i}" for i in range(n)]
+               + [f"{k}_{i}" for k in present for i in range(n)] + ["note"])
+    df = pd.DataFrame(rows, columns=columns)
+    # Keep integer columns integer where values are missing (oom_device, optional figures).
+    for col in columns:
+        if col == "oom_device" or any(col.startswith(k) for k in present):
+            df[col] = df[col].astype("Int64")
+    return df
+
+
+# ---- text -------------------------------------------------------------------------------
+
+def _pct(share: float) -> str:
+    return "inf" if math.isinf(share) else f"{share:.0%}"
+
+
+def _ratio(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.2f}"
+
+
+def _gain(result: TuneResult) -> str:
+    g = result.batch_gain
+    return "" if math.isinf(g) else f" ({g:+.0%})"
+
+
+def _table_rows(result: TuneResult) -> tuple[list[str], list[list[str]]]:
+    header = ["device", "even split", "peak", "dptune split", "peak", "budget", "share used"]
+    even = result.even
+    even_shares = shares(even.peak_bytes, result.budget_bytes)
+    rows = []
+    for i in range(len(result.devices)):
+        even_peak = "OOM" if even.oom_device == i else format_bytes(even.peak_bytes[i])
+        rows.append([device_label(result, i), str(even.chunk_sizes[i]), even_peak,
+                     str(result.chunk_sizes[i]), format_bytes(result.peak_bytes[i]),
+                     format_bytes(result.budget_bytes[i]),
+                     f"{_pct(even_shares[i])} -> {_pct(result.shares[i])}"])
+    return header, rows
+
+
+def _footer(result: TuneResult) -> list[str]:
+    even = result.even
+    lines = []
+    if not even.feasible:
+        card = device_label(result, even.oom_device) if even.oom_device is not None else "a card"
+        lines.append(f"the even split runs out of memory on {card} "
+                     "(its peaks are lower bounds)")
+    lines.append(f"imbalance (max/min share of budget): even {_ratio(even.imbalance)} "
+                 f"-> dptune {_ratio(result.imbalance)}")
+    if result.objective == "max_batch":
+        lines.append(f"max batch that fits: even {even.batch_size} -> balanced "
+                     f"{result.batch_size}{_gain(result)}")
+    return lines
+
+
+def _title(result: TuneResult) -> str:
+    return (f"{result.model_name} on {result.cluster}: batch {result.batch_size}, "
+            f"objective {result.objective}, headroom {format_bytes(result.headroom_bytes)}")
+
+
+def render_table(result: TuneResult) -> str:
+    """The terminal table: per card the even split and its peak, dptune's split and its
+    peak, the budget and the share of it used (even -> dptune); then the imbalance before
+    and after and, for ``max_batch``, the largest batch each split fits."""
+    header, rows = _table_rows(result)
+    numeric = [False, True, True, True, True, True, True]
+    widths = [max(len(r[c]) for r in [header] + rows) for c in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if num else c.ljust(w)
+                         for c, w, num in zip(cells, widths, numeric)).rstrip()
+
+    out = [_title(result), line(header)] + [line(r) for r in rows] + _footer(result)
+    return "\n".join(out)
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]],
+              numeric: Sequence[bool]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---:" if num else "---" for num in numeric) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def render_summary(result: TuneResult, plots: Optional[Sequence[str]] = None) -> str:
+    """The Markdown summary that ``summary.md`` holds.
+
+    ``plots`` are the kinds of plot embedded (files ``<kind>.png`` beside the summary);
+    ``None`` means every kind :func:`plot_kinds` gives for this result, ``()`` none.
+    """
+    plots = plot_kinds(result) if plots is None else list(plots)
+    md = [f"# dptune report: {result.model_name} on {result.cluster}", ""]
+    requested = ("" if result.requested_batch_size in (None, result.batch_size)
+                 else f" (asked for {result.requested_batch_size})")
+    md += [
+        f"- objective: `{result.objective}`; backend: `{result.backend}`",
+        f"- batch size: {result.batch_size}{requested}",
+        f"- split: `{list(result.chunk_sizes)}` (`gpu0_bsz={result.gpu0_bsz}`); "
+        f"even split: `{list(result.even.chunk_sizes)}`",
+        f"- headroom: {format_bytes(result.headroom_bytes)} per card",
+        f"- probes: {result.num_probes} in {result.seconds:.1f} s",
+        "",
+        "## Per card",
+        "",
+    ]
+    header, rows = _table_rows(result)
+    md += _md_table(header, rows, [False] + [True] * 6)
+    md += [""] + [f"- {line}" for line in _footer(result)] + [""]
+
+    md += ["## Fits", "",
+           "Memory of card *i* with chunk *c* at batch *B*: "
+           "intercept + per sample x *c* + per batch sample x *B*.", ""]
+    fit_rows = [[device_label(result, i), format_bytes(f.intercept_bytes),
+                 format_bytes(f.slope_bytes, precision=2),
+                 format_bytes(f.batch_slope_bytes, precision=2),
+                 format_bytes(f.max_error_bytes), str(f.points)]
+                for i, f in enumerate(result.fits)]
+    md += _md_table(["device", "intercept", "per sample", "per batch sample", "max error",
+                     "points"], fit_rows, [False, True, True, True, True, True])
+    md += [""]
+
+    md += ["## Probes", ""]
+    probe_rows = [[str(k), p.purpose or "-", str(list(p.chunk_sizes)),
+                   ", ".join(format_bytes(b) for b in p.peak_bytes),
+                   "yes" if p.feasible else f"OOM on card {p.oom_device}", f"{p.seconds:.2f}"]
+                  for k, p in enumerate(result.probes)]
+    md += _md_table(["#", "purpose", "split", "peaks", "fits", "seconds"], probe_rows,
+                    [True, False, False, False, False, True])
+    md += [""]
+
+    for title, items in (("Advice", result.advice), ("Notes", result.notes)):
+        if items:
+            md += [f"## {title}", ""] + [f"- {x}" for x in items] + [""]
+    if plots:
+        md += ["## Plots", ""] + [f"![{kind}]({kind}.png)" for kind in plots] + [""]
+    md += ["Files: `report.json` (everything above, reload with `dptune show`), "
+           "`probes.csv` (one row per probe, bytes).", ""]
+    return "\n".join(md)
+
+
+# ---- plots ------------------------------------------------------------------------------
+
+def _new_figure(figsize: tuple[float, float], show: bool) -> "Figure":
+    if show:
+        import matplotlib.pyplot as plt
+
+        return plt.figure(figsize=figsize)
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=figsize, layout="constrained")
+
+
+def _stack(breakdown: Optional[dict[str, int]], peak: int) -> list[tuple[str, int]]:
+    """(category, bytes) to stack for one bar; what the breakdown misses goes to "other"."""
+    if not breakdown:
+        return []
+    parts = {c: int(breakdown.get(c, 0)) for c in CATEGORIES}
+    for k, v in breakdown.items():  # categories a backend adds beyond the known ones
+        if k not in parts:
+            parts["other"] += int(v)
+    missing = peak - sum(parts.values())
+    if missing > 0:
+        parts["other"] += missing
+    return [(c, v) for c, v in parts.items() if v > 0]
+
+
+def _budgets_on_scale(result: TuneResult, data_top: float) -> bool:
+    """Draw the budgets only where the peaks reach a fair part of them: a model that uses
+    3% of its cards would otherwise be a row of slivers under the budget lines."""
+    return data_top >= _BUDGET_SCALE_SHARE * min(result.budget_bytes)
+
+
+def _budgets_off_scale_text(result: TuneResult, data_top: float) -> str:
+    lo, hi = min(result.budget_bytes), max(result.budget_bytes)
+    budgets = format_bytes(lo) if lo == hi else f"{format_bytes(lo)} to {format_bytes(hi)}"
+    return (f"budgets ({budgets}) are off the scale: the highest peak is "
+            f"{_pct(data_top / lo)} of the smallest")
+
+
+def _note_budgets_off_scale(result: TuneResult, data_top: float, ax: "Axes") -> None:
+    ax.text(0.01, 0.98, _budgets_off_scale_text(result, data_top), transform=ax.transAxes,
+            ha="left", va="top", fontsize=8, color=_BUDGET_COLOR)
+
+
+def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
+    from matplotlib.patches import Patch
+
+    n = len(result.devices)
+    width = 0.38
+    even = result.even
+    bars = (("even", even.chunk_sizes, even.peak_bytes, even.breakdown, -width / 2),
+            ("dptune", result.chunk_sizes, result.peak_bytes, result.breakdown, width / 2))
+    used_categories: set[str] = set()
+    ticks: list[tuple[float, str]] = []  # under each bar: which split, its chunk, share used
+    data_top = max(max(even.peak_bytes), max(result.peak_bytes))
+    budgets_shown = _budgets_on_scale(result, data_top)
+    for label, chunks, peaks, breakdown, dx in bars:
+        is_even = label == "even"
+        bar_shares = shares(peaks, result.budget_bytes)
+        for i in range(n):
+            x = i + dx
+            stack = _stack(breakdown[i] if breakdown else None, peaks[i])
+            if stack:
+                bottom = 0.0
+                for cat, b in stack:
+                    ax.bar(x, b / GiB, width, bottom=bottom, color=_CATEGORY_COLORS[cat],
+                           alpha=0.55 if is_even else 1.0, hatch="//" if is_even else None,
+                           edgecolor="white", linewidth=0.5)
+                    bottom += b / GiB
+                    used_categories.add(cat)
+            else:
+                ax.bar(x, peaks[i] / GiB, width, color=_EVEN_COLOR if is_even else _DPTUNE_COLOR)
+            oom = is_even and even.oom_device == i
+            if oom:
+                ax.bar(x, peaks[i] / GiB, width, fill=False, edgecolor=_BUDGET_COLOR, linewidth=2)
+            used = "OOM" if oom else _pct(bar_shares[i])
+            ticks.append((x, f"{label}\n{chunks[i]} smp\n{used}"))
+    if budgets_shown:
+        for i, budget in enumerate(result.budget_bytes):
+            ax.hlines(budget / GiB, i - 0.48, i + 0.48, colors=_BUDGET_COLOR, linestyles="--",
+                      linewidth=1.5, label="budget" if i == 0 else None)
+            ax.hlines(result.devices[i].total_bytes / GiB, i - 0.48, i + 0.48, colors="black",
+                      linestyles=":", linewidth=1, label="card memory" if i == 0 else None)
+        top = max(data_top, *result.budget_bytes, *(d.total_bytes for d in result.devices))
+        ax.set_ylim(0, top / GiB * 1.08)
+    else:
+        _note_budgets_off_scale(result, data_top, ax)
+        ax.set_ylim(0, data_top / GiB * 1.15)
+    ticks.sort()
+    ax.set_xticks([t[0] for t in ticks], [t[1] for t in ticks], minor=True, fontsize=7)
+    ax.set_xticks(range(n), [device_label(result, i) for i in range(n)], fontsize=8)
+    ax.tick_params(axis="x", which="major", length=0, pad=34)
+    ax.set_xlim(-0.6, n - 0.4)
+    ax.set_ylabel("peak memory (GiB)")
+    batches = (f"batch {result.batch_size}" if even.batch_size == result.batch_size
+               else f"even at batch {even.batch_size}, dptune at batch {result.batch_size}")
+    ax.set_title(f"{result.model_name} on {result.cluster}: peak memory per card\n"
+                 f"even split (hatched, left) vs dptune (right), {batches}", fontsize=10)
+    handles, labels = ax.get_legend_handles_labels()
+    if used_categories:
+        handles += [Patch(color=_CATEGORY_COLORS[c], label=c)
+                    for c in CATEGORIES if c in used_categories]
+    else:
+        handles += [Patch(color=_EVEN_COLOR, label="even split"),
+                    Patch(color=_DPTUNE_COLOR, label="dptune split")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def _draw_fit(result: TuneResult, i: int, ax: "Axes", color: str = _DPTUNE_COLOR,
+              one_card: bool = True, budget_shown: bool = True) -> None:
+    """Card i's probes and fitted line at the chosen batch size.
+
+    On the card that gathers the outputs the fit also grows with the whole batch; its probes
+    (run at other batch sizes) are shifted to the chosen batch by that term, so they can be
+    read against the line, and the title says so.
+    """
+    B = result.batch_size
+    fit = result.fits[i]
+    probes = result.probes
+    shift = fit.batch_slope_bytes != 0 and any(p.batch_size != B for p in probes)
+
+    def y(p: Any) -> float:
+        return (p.peak_bytes[i] + fit.batch_slope_bytes * (B - p.batch_size)) / GiB
+
+    chunks = [p.chunk_sizes[i] for p in probes] + [result.chunk_sizes[i]]
+    xs = [0, max(1, max(chunks)) * 1.15]
+    name = device_label(result, i)
+    ax.plot(xs, [fit.predict(c, B) / GiB for c in xs], color=color, linewidth=1.5,
+            label=f"fit at batch {B}" if one_card else f"{name}: fit")
+    ok = [p for p in probes if p.feasible]
+    bad = [p for p in probes if not p.feasible]
+    ax.scatter([p.chunk_sizes[i] for p in ok], [y(p) for p in ok], s=22,
+               color=color, edgecolors="black", linewidths=0.5, zorder=3,
+               label="probe" if one_card else None)
+    here = [p for p in bad if p.oom_device == i]
+    elsewhere = [p for p in bad if p.oom_device != i]
+    if here:
+        ax.scatter([p.chunk_sizes[i] for p in here], [y(p) for p in here],
+                   s=40, marker="x", color=_BUDGET_COLOR, zorder=3,
+                   label="ran out of memory here" if one_card else None)
+    if elsewhere:
+        ax.scatter([p.chunk_sizes[i] for p in elsewhere], [y(p) for p in elsewhere], s=22,
+                   facecolors="none", edgecolors=color, linewidths=1, zorder=3,
+                   label="stopped by OOM on another card (lower bound)" if one_card else None)
+    ax.scatter([result.chunk_sizes[i]], [result.peak_bytes[i] / GiB], s=160, marker="*",
+               color="gold", edgecolors="black", linewidths=0.7, zorder=4,
+               label="dptune split" if one_card else None)
+    if budget_shown:
+        ax.axhline(result.budget_bytes[i] / GiB, color=_BUDGET_COLOR if one_card else color,
+                   linestyle="--", linewidth=1, label="budget" if one_card else None)
+    if one_card:
+        ax.set_title(name + (f"\n(probes shifted to batch {B})" if shift else ""), fontsize=9)
+
+
+def _draw_fits(result: TuneResult, fig: "Figure", ax: Optional["Axes"]) -> None:
+    n = len(result.devices)
+    data_top = max([max(p.peak_bytes) for p in result.probes] + result.peak_bytes)
+    shown = _budgets_on_scale(result, data_top)
+    if ax is not None:  # one axes given: every card on it, one colour each
+        colors = [f"C{k % 10}" for k in range(n)]
+        for i in range(n):
+            _draw_fit(result, i, ax, color=colors[i], one_card=False, budget_shown=shown)
+        if not shown:
+            _note_budgets_off_scale(result, data_top, ax)
+        ax.set_xlabel("samples on the card")
+        ax.set_ylabel("peak memory (GiB)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        return
+    ncols = min(n, 4)
+    nrows = math.ceil(n / ncols)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
+    for k, a in enumerate(axes.flat):
+        if k >= n:
+            a.set_visible(False)
+            continue
+        _draw_fit(result, k, a, budget_shown=shown)
+        a.grid(alpha=0.3)
+        if k // ncols == nrows - 1:
+            a.set_xlabel("samples on the card")
+        if k % ncols == 0:
+            a.set_ylabel("peak memory (GiB)")
+    first = axes.flat[0]
+    first.set_ylim(0, first.get_ylim()[1] * 1.05)  # shared by every card
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    seen = dict(zip(labels, handles))
+    for a in axes.flat[1:n]:  # an OOM probe may only show on some cards
+        for h, lab in zip(*a.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    fig.legend(list(seen.values()), list(seen.keys()), loc="outside lower center",
+               ncol=min(len(seen), 6), fontsize=8)
+    off_scale = "" if shown else "\n" + _budgets_off_scale_text(result, data_top)
+    fig.suptitle(f"{result.model_name} on {result.cluster}: memory against chunk size "
+                 f"({result.num_probes} probes){off_scale}", fontsize=10)
+
+
+def _draw_max_batch(result: TuneResult, ax: "Axes") -> None:
+    n = len(result.devices)
+    bars = (("even split", result.even.chunk_sizes), ("dptune", result.chunk_sizes))
+    for x, (_, chunks) in enumerate(bars):
+        bottom = 0
+        for i, c in enumerate(chunks):
+            if c == 0:
+                continue
+            ax.bar(x, c, 0.6, bottom=bottom, color=f"C{i % 10}", edgecolor="white",
+                   label=device_label(result, i) if x == 1 or result.chunk_sizes[i] == 0 else None)
+            if c >= 0.06 * max(result.batch_size, 1):
+                ax.text(x, bottom + c / 2, str(c), ha="center", va="center", fontsize=8,
+                        color="white")
+            bottom += c
+        ax.text(x, bottom, f"{bottom}", ha="center", va="bottom", fontsize=11, fontweight="bold")
+    ax.set_xticks([0, 1], [b[0] for b in bars])
+    ax.set_xlim(-0.7, 1.7)
+    ax.set_ylim(0, max(result.batch_size, result.even.batch_size, 1) * 1.25)
+    ax.set_ylabel("largest batch that fits (samples)")
+    ax.set_title(f"{result.model_name} on {result.cluster}: largest batch that fits\n"
+                 f"even {result.even.batch_size} -> dptune {result.batch_size}{_gain(result)}",
+                 fontsize=10)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, labels, title="samples per card", fontsize=7, title_fontsize=7,
+              loc="upper left", ncol=2 if n > 4 else 1)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def plot_result(result: TuneResult, kind: str = "peaks", ax: Optional["Axes"] = None,
+                show: bool = False) -> "Figure":
+    """Draw one of the report's plots and return its ``Figure``.
+
+    ``kind``: ``"peaks"`` (per-card peaks, even vs dptune, stacked by category where the
+    backend knows them, each card's budget), ``"fits"`` (memory against chunk size per card:
+    probes, fitted lines, the chosen split) or ``"max_batch"`` (largest batch, even vs
+    dptune). With ``ax`` the plot is drawn into it (``fits`` then puts every card on it);
+    ``show=True`` opens it with pyplot.
+    """
+    if kind not in PLOT_KINDS:
+        from dptune.errors import UsageError
+
+        raise UsageError(f"unknown plot kind {kind!r}; choose one of {', '.join(PLOT_KINDS)}")
+    n = len(result.devices)
+    if ax is not None:
+        fig = ax.figure
+    elif kind == "fits":
+        ncols = min(n, 4)
+        fig = _new_figure((3.2 * ncols + 0.6, 3.0 * math.ceil(n / ncols) + 1.0), show)
+    else:
+        fig = _new_figure((max(6.5, 1.9 * n + 2.5) if kind == "peaks" else 6.0, 5.2), show)
+    if kind == "fits":
+        _draw_fits(result, fig, ax)
+    else:
+        target = ax if ax is not None else fig.add_subplot()
+        (_draw_peaks if kind == "peaks" else _draw_max_batch)(result, target)
+    if show:
+        import matplotlib.pyplot as plt
+
+        plt.show()
+    return fig
+
+
+# ---- files ------------------------------------------------------------------------------
+
+def write_report(result: TuneResult, directory: str | pathlib.Path, *,
+                 plots: bool = True) -> pathlib.Path:
+    """Write report.json, probes.csv, summary.md and (unless ``plots=False``) the PNG plots
+    into ``directory`` (created if missing); returns the folder."""
+    out = pathlib.Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n",
+                                     encoding="utf-8")
+    probes_table(result).to_csv(out / "probes.csv", index=False)
+    kinds = write_plots(result, out) if plots else []
+    (out / "summary.md").write_text(render_summary(result, plots=kinds), encoding="utf-8")
+    return out
+
+
+def write_plots(result: TuneResult, directory: str | pathlib.Path) -> list[str]:
+    """Draw every plot of :func:`plot_kinds` into ``<directory>/<kind>.png``; returns the kinds."""
+    out = pathlib.Path(directory)
+    kinds = plot_kinds(result)
+    for kind in kinds:
+        fig = plot_result(result, kind=kind)
+        fig.savefig(out / f"{kind}.png", dpi=120)
+    return kinds
+
+
+def read_report(path: str | pathlib.Path) -> TuneResult:
+    """Read a result back from a report folder or its ``report.json``."""
+    return TuneResult.load(str(path))

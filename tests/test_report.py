@@ -1,0 +1,256 @@
+"""Reports from a hand-built TuneResult: table, summary, files, plots (no tuner needed)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dptune.backends.base import CATEGORIES, Device, ProbeResult
+from dptune.errors import UsageError
+from dptune.report import (plot_kinds, plot_result, probes_table, read_report, render_summary,
+                           render_table, result_table, write_report)
+from dptune.result import Fit, SplitFigures, TuneResult, imbalance
+from dptune.units import GiB
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A synthetic DataParallel step on 4 x 24 GiB cards: every card holds a replica's weights and
+# gradients and pays ACT bytes per sample; card 0 also holds the optimizer state and the
+# outputs gathered from the whole batch.
+W = int(1.5 * GiB)
+ACT = int(0.25 * GiB)
+INP = int(0.02 * GiB)
+OUT = int(0.03 * GiB)
+GATHER = int(0.05 * GiB)
+HEADROOM = GiB
+
+
+def _breakdown(card: int, chunk: int, batch: int) -> dict[str, int]:
+    b = dict(weights=W, gradients=W, optimizer=0, activations=ACT * chunk, inputs=INP * chunk,
+             outputs=OUT * chunk, other=64 * 2**20)
+    if card == 0:
+        b["optimizer"] = 2 * W
+        b["outputs"] += GATHER * batch
+    return b
+
+
+def _peaks(chunks) -> tuple[tuple[int, ...], tuple[dict[str, int], ...]]:
+    batch = sum(chunks)
+    bd = tuple(_breakdown(i, c, batch) for i, c in enumerate(chunks))
+    return tuple(sum(b.values()) for b in bd), bd
+
+
+def _probe(chunks, purpose, devices, seconds=0.4) -> ProbeResult:
+    peaks, bd = _peaks(chunks)
+    oom = next((i for i, (p, d) in enumerate(zip(peaks, devices))
+                if p > d.available_bytes), None)
+    if oom is not None:  # the step stopped at the first card that ran out: lower bounds
+        peaks = tuple(min(p, d.available_bytes) for p, d in zip(peaks, devices))
+    return ProbeResult(chunk_sizes=tuple(chunks), peak_bytes=peaks, oom_device=oom,
+                       breakdown=bd if oom is None else None, seconds=seconds, purpose=purpose,
+                       reserved_bytes=tuple(p + 20 * 2**20 for p in peaks))
+
+
+def make_result(objective: str = "balance", with_breakdown: bool = True) -> TuneResult:
+    """A realistic result: 4 cards, probes (one out of memory), per-card fits, breakdowns."""
+    devices = [Device(index=i, name="NVIDIA GeForce RTX 4090", total_bytes=24 * GiB,
+                      context_bytes=300 * 2**20, used_bytes=2 * GiB if i == 3 else 0)
+               for i in range(4)]
+    budgets = [d.budget_bytes(HEADROOM) for d in devices]
+    if objective == "balance":
+        even_chunks, chunks, requested = (16, 16, 16, 16), (1, 22, 22, 19), 64
+        probes = [_probe(even_chunks, "even split", devices),
+                  _probe((4, 20, 20, 20), "second point for the fit", devices),
+                  _probe(chunks, "verify", devices)]
+    else:
+        even_chunks, chunks, requested = (33, 33, 33, 33), (20, 65, 65, 58), None
+        probes = [_probe((16, 16, 16, 16), "first point", devices),
+                  _probe((4, 20, 20, 20), "second point for the fit", devices),
+                  _probe((40, 40, 40, 40), "largest even split", devices),
+                  _probe(even_chunks, "largest even split", devices),
+                  _probe((24, 70, 70, 62), "verify", devices),
+                  _probe(chunks, "verify", devices)]
+    even_peaks, even_bd = _peaks(even_chunks)
+    even = SplitFigures(chunk_sizes=even_chunks, peak_bytes=even_peaks,
+                        imbalance=imbalance(even_peaks, budgets, even_chunks),
+                        breakdown=even_bd if with_breakdown else None)
+    peaks, bd = _peaks(chunks)
+    fits = []
+    for i in range(4):
+        fixed = sum(_breakdown(i, 0, 0).values())
+        fits.append(Fit(intercept_bytes=float(fixed), slope_bytes=float(ACT + INP + OUT),
+                        batch_slope_bytes=float(GATHER if i == 0 else 0), max_error_bytes=2e6,
+                        points=3))
+    return TuneResult(
+        objective=objective, backend="simulated", cluster="4x24GB (simulated)",
+        model_name="TinyGPT", devices=devices, headroom_bytes=HEADROOM, budget_bytes=budgets,
+        chunk_sizes=list(chunks), peak_bytes=list(peaks), even=even, probes=probes, fits=fits,
+        breakdown=list(bd) if with_breakdown else None, requested_batch_size=requested,
+        seconds=2.5,
+        advice=["card 0 holds the optimizer state: give it fewer samples (gpu0_bsz=1)"],
+        notes=["simulated: the CUDA context is counted as 300 MiB per card"],
+    )
+
+
+@pytest.fixture(params=["balance", "max_batch"])
+def result(request) -> TuneResult:
+    return make_result(request.param)
+
+
+def test_fixture_is_consistent(result):
+    assert result.even.batch_size > 0 and len(result.fits) == len(result.devices) == 4
+    assert all(p <= b for p, b in zip(result.peak_bytes, result.budget_bytes))
+    assert any(not p.feasible for p in result.probes) == (result.objective == "max_batch")
+
+
+def test_result_table_has_bytes_per_card(result):
+    df = result_table(result)
+    assert list(df.index) == [0, 1, 2, 3]
+    assert list(df["chunk"]) == result.chunk_sizes
+    assert list(df["even_chunk"]) == list(result.even.chunk_sizes)
+    assert list(df["peak_bytes"]) == result.peak_bytes
+    assert list(df["budget_bytes"]) == result.budget_bytes
+    assert df["share"].tolist() == pytest.approx(result.shares)
+    assert result.table.equals(df)
+
+
+def test_render_table_balance():
+    r = make_result("balance")
+    text = render_table(r)
+    lines = text.splitlines()
+    assert "device" in lines[1] and "even split" in lines[1] and "dptune split" in lines[1]
+    assert lines[2].startswith("0: NVIDIA GeForce RTX 4090")
+    assert len(lines) == 2 + 4 + 1
+    assert f"even {r.even.imbalance:.2f} -> dptune {r.imbalance:.2f}" in lines[-1]
+    assert "max batch" not in text
+    assert str(r) == text
+
+
+def test_render_table_max_batch_shows_gain():
+    r = make_result("max_batch")
+    text = render_table(r)
+    gain = r.batch_size / r.even.batch_size - 1
+    assert f"max batch that fits: even 132 -> balanced 208 ({gain:+.0%})" in text
+    assert "+58%" in text
+
+
+def test_render_table_marks_even_oom():
+    r = make_result("balance")
+    r.even = SplitFigures(chunk_sizes=r.even.chunk_sizes, peak_bytes=r.even.peak_bytes,
+                          imbalance=r.even.imbalance, feasible=False, oom_device=0)
+    text = render_table(r)
+    assert "OOM" in text.splitlines()[2]
+    assert "even split runs out of memory on 0: NVIDIA GeForce RTX 4090" in text
+
+
+def test_probes_table_one_row_per_probe(result):
+    df = probes_table(result)
+    assert len(df) == result.num_probes
+    assert list(df["chunk_1"]) == [p.chunk_sizes[1] for p in result.probes]
+    assert list(df["peak_bytes_0"]) == [p.peak_bytes[0] for p in result.probes]
+    assert list(df["purpose"]) == [p.purpose for p in result.probes]
+
+
+def test_summary_is_markdown_with_everything(result):
+    md = render_summary(result)
+    assert md.startswith("# dptune report: TinyGPT on 4x24GB (simulated)")
+    assert "card 0 holds the optimizer state" in md          # advice
+    assert "counted as 300 MiB per card" in md               # notes
+    assert f"probes: {result.num_probes} in 2.5 s" in md
+    assert "## Fits" in md and "| device | even split |" in md
+    assert "![peaks](peaks.png)" in md and "![fits](fits.png)" in md
+    assert ("![max_batch](max_batch.png)" in md) == (result.objective == "max_batch")
+    assert "![" not in render_summary(result, plots=())
+
+
+def test_write_report_writes_every_file(tmp_path, result):
+    out = write_report(result, tmp_path / "reports" / "run")
+    assert out == tmp_path / "reports" / "run"
+    expected = {"report.json", "probes.csv", "summary.md", "peaks.png", "fits.png"}
+    if result.objective == "max_batch":
+        expected.add("max_batch.png")
+    assert {p.name for p in out.iterdir()} == expected
+    for png in out.glob("*.png"):
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    import pandas as pd
+
+    csv = pd.read_csv(out / "probes.csv")
+    assert len(csv) == result.num_probes
+    assert list(csv["peak_bytes_2"]) == [p.peak_bytes[2] for p in result.probes]
+    oom = [p.oom_device for p in result.probes]
+    assert [None if math.isnan(x) else int(x) for x in csv["oom_device"]] == oom
+    assert (out / "summary.md").read_text() == render_summary(result)
+
+
+def test_report_json_round_trips(tmp_path, result):
+    out = write_report(result, tmp_path / "r", plots=False)
+    data = json.loads((out / "report.json").read_text())
+    assert data["version"] == 1 and data["chunk_sizes"] == result.chunk_sizes
+    back = read_report(out)
+    assert back == result
+    assert back.to_dict() == result.to_dict() == data
+    assert read_report(out / "report.json") == result
+    assert not (out / "peaks.png").exists()
+    assert "![" not in (out / "summary.md").read_text()
+
+
+def test_read_report_missing_folder_is_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="no report at"):
+        read_report(tmp_path / "nothing")
+
+
+def test_plots_without_breakdown(tmp_path):
+    r = make_result("balance", with_breakdown=False)
+    fig = plot_result(r, "peaks")
+    fig.savefig(tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+    labels = {t.get_text() for t in fig.axes[0].get_legend().get_texts()}
+    assert {"even split", "dptune split", "budget"} <= labels
+
+
+def test_peaks_legend_names_categories():
+    fig = plot_result(make_result("balance"), "peaks")
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert [c for c in CATEGORIES if c in labels] == [c for c in labels if c in CATEGORIES]
+    assert {"weights", "gradients", "optimizer", "activations"} <= set(labels)
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()][0] == "0: NVIDIA GeForce RTX 4090"
+
+
+def test_fits_has_one_subplot_per_card():
+    fig = plot_result(make_result("max_batch"), "fits")
+    titles = [a.get_title() for a in fig.axes if a.get_visible()]
+    assert [t.splitlines()[0] for t in titles] == [f"{i}: NVIDIA GeForce RTX 4090"
+                                                   for i in range(4)]
+    # card 0's memory also grows with the whole batch: its probes are shifted to the answer's
+    assert titles[0].endswith("(probes shifted to batch 208)") and "\n" not in titles[1]
+
+
+def test_plot_into_given_axes(result):
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    ax = fig.add_subplot()
+    for kind in plot_kinds(result):
+        ax.clear()
+        assert plot_result(result, kind, ax=ax) is fig
+    assert result.plot("fits", ax=ax) is fig
+
+
+def test_unknown_plot_kind():
+    with pytest.raises(UsageError, match="unknown plot kind"):
+        plot_result(make_result(), "pie")
+
+
+def test_import_is_cheap():
+    code = ("import sys, dptune.report; "
+            "heavy = [m for m in ('matplotlib', 'pandas', 'torch') if m in sys.modules]; "
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "[]"
