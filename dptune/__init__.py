@@ -32,7 +32,7 @@ _LAZY = {
     "Cluster": "dptune.backends.simulated",
     "parse_cluster": "dptune.backends.simulated",
     # devices
-    "devices": "dptune.devices",
+    "devices": "dptune.gpus",
     "Device": "dptune.backends.base",
     "ProbeResult": "dptune.backends.base",
     # checkpoints

@@ -330,7 +330,7 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
            devices: Optional[Sequence[int]] = None, simulate: Optional[str] = None,
            objective: str = "balance", headroom_bytes: int = 2**30, max_probes: int = 12,
            verbose: bool = True, announce: Callable[[str], None] = lambda line: None,
-           ) -> "TuneResult":
+           isolate: bool = False) -> "TuneResult":
     """``dptune search`` without the printing: build the workload, run the tuner, return
     its result. With neither ``devices`` nor ``simulate``, all visible GPUs are used, or
     the default simulated cluster when none is visible (said through ``announce``)."""
@@ -354,15 +354,48 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
     wl = load_workload(model, model_kwargs=model_kwargs, sample=sample, input_shape=input_shape,
                        dtype=dtype, vocab_size=vocab_size, loss=loss, optimizer=optimizer,
                        simulated=cluster is not None)
+    backend = None
+    if isolate:
+        if cluster is not None:
+            raise UsageError("--isolate runs each probe on real GPUs in a child process; it does "
+                             "not apply to --simulate")
+        backend = _isolated_backend(model, model_kwargs, sample, input_shape, dtype, vocab_size,
+                                    loss, optimizer, devices)
     tuner = Tuner(wl.model, wl.sample, batch_size=batch_size, loss_fn=wl.loss_fn,
                   optimizer=wl.optimizer, device_ids=list(devices) if devices else None,
                   simulate=cluster, objective=objective, headroom=headroom_bytes,
-                  verbose=verbose, max_probes=max_probes)
-    result = tuner.fit()
+                  verbose=verbose, max_probes=max_probes, backend=backend)
+    try:
+        result = tuner.fit()
+    finally:
+        if backend is not None:
+            backend.close()
     if defaulted:
         result.notes.append(f"no GPU was visible, so the default simulated cluster "
                             f"{DEFAULT_CLUSTER} was used")
     return result
+
+
+def _isolated_backend(model: str, model_kwargs: Optional[dict[str, Any]], sample: Optional[str],
+                      input_shape: Optional[Sequence[int]], dtype: Optional[str],
+                      vocab_size: Optional[int], loss: str, optimizer: str,
+                      devices: Optional[Sequence[int]]) -> Any:
+    """A CUDA backend that runs each probe in a spawned child, which rebuilds the workload
+    from the same import strings (built-in losses and optimizers are named in this module)."""
+    from dptune.backends.cuda import CudaBackend, WorkloadSpec
+
+    def named(value: str, table: dict[str, _Named]) -> Optional[str]:
+        if ":" in value:
+            return value
+        fn = table[value]
+        return None if fn is None else f"{__name__}:{fn.__name__}"
+
+    kind = dtype or ("long" if vocab_size is not None else "float32")
+    spec = WorkloadSpec(model=model, model_kwargs=dict(model_kwargs or {}), sample=sample,
+                        input_shape=tuple(input_shape) if input_shape is not None else None,
+                        input_dtype=kind, input_high=vocab_size or 2,
+                        loss_fn=named(loss, LOSSES), optimizer=named(optimizer, OPTIMIZERS))
+    return CudaBackend(spec, device_ids=list(devices) if devices else None, isolate=True)
 
 
 def default_report_dir(result: "TuneResult") -> pathlib.Path:
@@ -463,6 +496,9 @@ def search_parser(subparsers: Any) -> None:
     t.add_argument("--out", metavar="DIR",
                    help="report folder (default reports/<Model>-<cluster>)")
     t.add_argument("--no-plots", action="store_true", help="write the report without PNG plots")
+    c.add_argument("--isolate", action="store_true",
+                   help="with --devices: run each probe in a spawned child process, so a sticky "
+                        "CUDA error costs only that child")
     t.add_argument("--json", action="store_true",
                    help="print the result as JSON on stdout, and nothing else there")
     t.add_argument("--quiet", "-q", action="store_true",
@@ -488,7 +524,8 @@ def _search_command(args: argparse.Namespace) -> int:
             batch_size=args.batch_size, loss=args.loss, optimizer=args.optimizer,
             devices=args.devices, simulate=args.simulate,
             objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
-            max_probes=args.max_probes, verbose=not args.quiet, announce=announce)
+            max_probes=args.max_probes, verbose=not args.quiet, announce=announce,
+            isolate=args.isolate)
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
     if args.json:
@@ -565,7 +602,7 @@ def devices_parser(subparsers: Any) -> None:
 
 
 def _devices_command(args: argparse.Namespace) -> int:
-    from dptune.devices import devices, format_devices
+    from dptune.gpus import devices, format_devices
 
     print(format_devices(devices()))
     return EXIT_OK

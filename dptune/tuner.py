@@ -166,24 +166,44 @@ class Tuner:
         finally:
             if owned:
                 backend.close()
-        result.model = self._wrap(backend, result.chunk_sizes)
+        result.model = self._wrap(backend, result.chunk_sizes, result.notes)
         result.seconds = time.perf_counter() - start
         return result
 
     # ---- the wrapped model ------------------------------------------------------------
-    def _wrap(self, backend: Backend, chunk_sizes: list[int]) -> Any:
+    def _wrap(self, backend: Backend, chunk_sizes: list[int], notes: list[str]) -> Any:
+        """The user's model in a ``BalancedDataParallel`` with the split found.
+
+        On real cards the model is moved to ``device_ids[0]`` (where DataParallel needs its
+        parameters). On the simulated cluster it is wrapped for the cards that exist here (a
+        plain pass-through on a CPU-only machine), and a model given as a factory is not
+        built at all: it may be far larger than this machine's memory.
+        """
+        import warnings
+
         import torch
 
         from dptune.parallel import BalancedDataParallel
 
-        model = self.workload.model() if self.workload.is_factory else self.workload.model
         if getattr(backend, "kind", "") == "cuda":
             ids = [d.index for d in backend.devices]
-            return BalancedDataParallel(model, device_ids=ids, chunk_sizes=chunk_sizes)
+            model = self.workload.model() if self.workload.is_factory else self.workload.model
+            return BalancedDataParallel(model.to(torch.device("cuda", ids[0])), device_ids=ids,
+                                        chunk_sizes=chunk_sizes)
+        if self.workload.is_factory:
+            notes.append("the model was given as a factory and simulated, so result.model is None; "
+                         "wrap the real model with BalancedDataParallel(model, chunk_sizes=...) "
+                         "or BalancedDataParallel.from_report(model, report_dir)")
+            return None
         n = len(chunk_sizes)
         if torch.cuda.is_available() and torch.cuda.device_count() >= n:
-            return BalancedDataParallel(model, device_ids=list(range(n)), chunk_sizes=chunk_sizes)
-        return BalancedDataParallel(model, chunk_sizes=chunk_sizes)
+            first = next(self.workload.model.parameters(), None)
+            if first is not None and first.device == torch.device("cuda", 0):
+                return BalancedDataParallel(self.workload.model, device_ids=list(range(n)),
+                                            chunk_sizes=chunk_sizes)
+        with warnings.catch_warnings():   # the pass-through is expected after a simulation
+            warnings.simplefilter("ignore", UserWarning)
+            return BalancedDataParallel(self.workload.model, chunk_sizes=chunk_sizes)
 
     def _has_batchnorm(self, backend: Backend) -> bool:
         flag = getattr(backend, "has_batchnorm", None)

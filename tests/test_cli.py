@@ -475,3 +475,41 @@ def test_default_report_dir():
     assert cli.default_report_dir(r) == Path("reports", "TinyGPT-2xA100-80GB_used_0_6GB")
     r.cluster = "2x NVIDIA H100 80GB HBM3"
     assert cli.default_report_dir(r) == Path("reports", "TinyGPT-2x_NVIDIA_H100_80GB_HBM3")
+
+
+def test_isolate_is_for_real_gpus(capsys):
+    from dptune.cli import main
+
+    code = main(["search", "--model", "dptune.examples.models:MLP", "--simulate", "2x24GB",
+                 "--batch-size", "8", "--isolate", "--quiet", "--no-plots"])
+    assert code == 2
+    assert "--isolate" in capsys.readouterr().err
+
+
+def test_isolated_backend_spec_names_builtins_by_import_string():
+    from dptune.backends.cuda import WorkloadSpec
+    from dptune.cli import LOSSES, OPTIMIZERS, _isolated_backend
+    from dptune.importer import import_from_string
+
+    captured = {}
+
+    class FakeBackend:
+        def __init__(self, spec, device_ids=None, isolate=False):
+            captured.update(spec=spec, device_ids=device_ids, isolate=isolate)
+
+    import dptune.backends.cuda as cuda
+
+    orig = cuda.CudaBackend
+    cuda.CudaBackend = FakeBackend
+    try:
+        _isolated_backend("dptune.examples.models:TinyGPT", {"vocab_size": 100}, None, (16,), None,
+                          100, "cross_entropy", "adamw", [0, 1])
+    finally:
+        cuda.CudaBackend = orig
+    spec = captured["spec"]
+    assert isinstance(spec, WorkloadSpec) and captured["isolate"] and captured["device_ids"] == [0, 1]
+    assert import_from_string(spec.loss_fn) is LOSSES["cross_entropy"]
+    assert import_from_string(spec.optimizer) is OPTIMIZERS["adamw"]
+    assert spec.input_dtype == "long" and spec.input_high == 100
+    wl = spec.build()   # the child's view: rebuilds the same workload from strings
+    assert wl.sample(3).shape == (3, 16)

@@ -41,7 +41,7 @@ def test_import_loads_nothing_heavy():
     assert info == {"heavy": [], "torch": False, "cuda_initialised": False}
 
 
-@pytest.mark.parametrize("module", ["dptune.parallel", "dptune.checkpoint", "dptune.devices",
+@pytest.mark.parametrize("module", ["dptune.parallel", "dptune.checkpoint", "dptune.gpus",
                                     "dptune._nvml", "dptune.split", "dptune.result"])
 def test_modules_are_lazy_about_cuda_nvml_pandas(module):
     # torch itself may import pynvml (torch.cuda does, where it is installed): only what the

@@ -113,7 +113,9 @@ def test_factory_model_on_a_mixed_cluster():
     r = Tuner(small_lm, lambda n: torch.randint(0, 8000, (n, 64)), batch_size=48,
               simulate="1x4GB,3x2GB", headroom="256MiB", verbose=False).fit()
     assert r.model_name == "small_lm" and len(r.chunk_sizes) == 4
-    assert r.chunk_sizes[0] > 0 and type(r.model).__name__ == "BalancedDataParallel"
+    assert r.chunk_sizes[0] > 0
+    # a factory may describe a model larger than this machine: it is not built for real
+    assert r.model is None and any("from_report" in n for n in r.notes)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA GPUs")

@@ -12,8 +12,6 @@ whole card's), so its ``used_bytes`` is ``None``.
 
 from __future__ import annotations
 
-import sys
-import types
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -121,17 +119,3 @@ def format_devices(gpus: Sequence[GpuInfo]) -> str:
         lines.append("used: n/a where NVML cannot say (see the warning, if any)")
     return "\n".join(lines)
 
-
-class _CallableModule(types.ModuleType):
-    """``dptune.devices`` is both this module and the function :func:`devices`.
-
-    Importing the submodule (``from dptune.devices import GpuInfo``) makes Python bind
-    ``dptune.devices`` to the module, hiding the lazily exported function; calling the module
-    calls the function, so ``dptune.devices()`` works whichever came first.
-    """
-
-    def __call__(self) -> list[GpuInfo]:
-        return devices()
-
-
-sys.modules[__name__].__class__ = _CallableModule
