@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(PY) -m dptune search --model dptune.examples.models:TinyGPT --batch-size 64 \
-	    --simulate 4x24GB --out reports/TinyGPT-4x24GB
+	$(PY) -m dptune search --model dptune.examples.models:TinyGPT --batch-size 256 \
+	    --simulate 4x24GB --objective max-batch --out reports/TinyGPT-4x24GB
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider
