@@ -310,28 +310,24 @@ class _Ledger:
 
     # -- context -------------------------------------------------------------------------
     @contextlib.contextmanager
-    def on(self, card: int, category: Optional[str] = None) -> Iterator[None]:
-        """Run code as the replica on ``card`` (factory ops land there)."""
-        prev = self.current_card, self.category
-        self.current_card = card
+    def _setting(self, attr: str, card: Optional[int], category: Optional[str]) -> Iterator[None]:
+        prev = getattr(self, attr), self.category
+        setattr(self, attr, card)
         if category is not None:
             self.category = category
         try:
             yield
         finally:
-            self.current_card, self.category = prev
+            setattr(self, attr, prev[0])
+            self.category = prev[1]
 
-    @contextlib.contextmanager
-    def forced(self, card: int, category: Optional[str] = None) -> Iterator[None]:
+    def on(self, card: int, category: Optional[str] = None) -> contextlib.AbstractContextManager:
+        """Run code as the replica on ``card`` (factory ops land there)."""
+        return self._setting("current_card", card, category)
+
+    def forced(self, card: int, category: Optional[str] = None) -> contextlib.AbstractContextManager:
         """Every new storage goes to ``card`` (a copy between cards)."""
-        prev = self.forced_card, self.category
-        self.forced_card = card
-        if category is not None:
-            self.category = category
-        try:
-            yield
-        finally:
-            self.forced_card, self.category = prev
+        return self._setting("forced_card", card, category)
 
     @contextlib.contextmanager
     def phase(self, category: str) -> Iterator[None]:
