@@ -2,8 +2,11 @@
 
 Each configuration runs in a fresh subprocess (``python -m benchmarks.scale --one NAME``) so
 that its peak resident memory (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) is the
-estimate's own footprint plus the imports, which are reported separately. The model is a
-factory (built on the meta device), so a 7B model needs no memory of its size. Wall time is
+estimate's own footprint plus the imports, which are reported separately. Linux carries
+``ru_maxrss`` over ``fork``/``exec`` from the parent, so :func:`benchmarks.run.main` runs these
+before it builds any model, and ``VmHWM`` (which restarts at ``exec``) is reported beside it.
+The model is a factory (built on the meta device), so a 7B model needs no memory of its size.
+Wall time is
 the median of ``repeats`` estimates for the configuration with a time target (GPT-2 small),
 a single estimate for the others, each from scratch (building the fake model included).
 """
@@ -31,6 +34,18 @@ def _rss_bytes() -> int:
 
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB on Linux
     return int(kib) * (1 if sys.platform == "darwin" else 1024)
+
+
+def _hwm_bytes() -> Optional[int]:
+    """Peak RSS of this process image (``VmHWM``; unlike ``ru_maxrss`` it restarts at exec)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def measure_one(name: str, repeats: int = 3) -> dict[str, Any]:
@@ -64,7 +79,8 @@ def measure_one(name: str, repeats: int = 3) -> dict[str, Any]:
             "oom_cards": " ".join(map(str, est.oom_devices)),
             "rss_after_imports_gib": round(rss_imports / 2**30, 3),
             "peak_rss_first_estimate_gib": round(rss_first / 2**30, 3),
-            "peak_rss_gib": round(_rss_bytes() / 2**30, 3)}
+            "peak_rss_gib": round(_rss_bytes() / 2**30, 3),
+            "vm_hwm_gib": round(hwm / 2**30, 3) if (hwm := _hwm_bytes()) is not None else ""}
 
 
 def measure_all(repeats: int = 3, log: Any = None, names: Optional[Sequence[str]] = None
@@ -95,7 +111,7 @@ def measure_all(repeats: int = 3, log: Any = None, names: Optional[Sequence[str]
 def scale_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "Not run (`--quick` or `--no-scale`)."
-    out = ["| configuration | params | cluster, split | one estimate (median) | peak RSS (after imports) | card 0 / card 1 peak | target |",
+    out = ["| configuration | params | cluster, split | one estimate (median) | peak RSS: ru_maxrss, VmHWM (ru_maxrss after imports) | card 0 / card 1 peak | target |",
            "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
@@ -110,8 +126,8 @@ def scale_table(rows: list[dict[str, Any]]) -> str:
             target.append(f"RSS < {g:.0f} GiB: {'met' if r['peak_rss_gib'] < g else 'MISSED'}")
         out.append(
             f"| {r['config']} | {r['params'] / 1e6:,.0f}M | {r['cluster']}, [{r['chunk_sizes']}] | "
-            f"{r['estimate_seconds_median']:.2f} s ({r['runs']} runs) | {r['peak_rss_gib']:.2f} GiB "
-            f"({r['rss_after_imports_gib']:.2f} GiB) | {r['card0_peak_gib']} / {r['card1_peak_gib']} GiB"
+            f"{r['estimate_seconds_median']:.2f} s ({r['runs']} run{'s' if r['runs'] > 1 else ''}) | "
+            f"{r['peak_rss_gib']:.2f} GiB, VmHWM {r['vm_hwm_gib']} GiB ({r['rss_after_imports_gib']:.2f} GiB) | {r['card0_peak_gib']} / {r['card1_peak_gib']} GiB"
             f"{' (OOM on ' + r['oom_cards'] + ')' if r['oom_cards'] else ''} | {'; '.join(target)} |")
     return "\n".join(out)
 
