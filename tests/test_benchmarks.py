@@ -141,7 +141,7 @@ def test_run_case_tiny_dptune_near_the_optimum(setup):
     assert row.bal_max_share >= row.opt_bal_max_share
     assert row.bal_max_share <= row.even_max_share
     # its largest batch: never below the even split's nor above the optimum (how far below the
-    # optimum is a figure of the report; see the xfail below)
+    # optimum is a figure of the report: max_batch can stop short, see the note)
     assert row.even_max_batch <= row.max_batch <= row.opt_max_batch
     assert row.grid_points == math.ceil(row.even_max_batch / 3) + 1
     assert row.bal_probes <= 12 and row.max_probes <= 12
