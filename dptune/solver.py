@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from dptune.errors import NoFeasibleSplitError
 from dptune.result import Fit
@@ -41,6 +41,18 @@ Caps = Optional[Sequence[Optional[int]]]
 
 
 # ---- fitting ---------------------------------------------------------------------------
+
+
+def _bisect_last(pred: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The largest x in [lo, hi] with ``pred(x)``, for ``pred`` true up to a point then false
+    (``lo`` itself is not tested; ``lo`` is returned when ``hi <= lo``)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if pred(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 def _solve_linear(a: list[list[float]], b: list[float]) -> Optional[list[float]]:
     """Gaussian elimination with partial pivoting; ``None`` when (nearly) singular."""
@@ -335,12 +347,7 @@ def solve_max_batch(fits: Sequence[Fit], budgets: Sequence[int], *, min_chunk_no
     lo, hi = 0, upper
     if not loose(lo):
         hi = -1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if loose(mid):
-            lo = mid
-        else:
-            hi = mid - 1
+    lo = _bisect_last(loose, lo, hi)
     best = 0
     b = lo
     while b >= m:  # exact check (the BatchNorm rule can leave gaps)
@@ -384,12 +391,7 @@ def max_even_batch(fits: Sequence[Fit], budgets: Sequence[int], *, min_chunk_non
     upper = solve_max_batch(fits, budgets, min_chunk_nonzero=m, caps=caps, limit=limit)[0] \
         if _feasible_batch(fits, budgets, m, caps, m) else 0
     lo, hi = 0, upper
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if every_card_full(mid):
-            lo = mid
-        else:
-            hi = mid - 1
+    lo = _bisect_last(every_card_full, lo, hi)
     best = lo
     for b in range(lo + 1, min(upper, lo + 2 * n + 2) + 1):  # last cards may get less
         if _even_fits(fits, budgets, b, caps, m):

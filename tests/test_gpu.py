@@ -180,6 +180,7 @@ def test_runtime_uuid_matches_nvml_when_available():
     from dptune import _nvml
 
     rt = CudaRuntime()
-    if _nvml.nvml() is None:
-        pytest.skip("NVML not available")
-    assert rt.nvml_used(0) is not None and rt.nvml_used(0) > 0
+    if _nvml.nvml() is None:   # no NVML: allocator-only figures, never a crash
+        assert rt.nvml_used(0) is None
+    else:
+        assert rt.nvml_used(0) is not None and rt.nvml_used(0) > 0
