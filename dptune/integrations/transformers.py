@@ -394,10 +394,14 @@ class BalancedTrainerMixin:
 
     def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
-        out = super().compute_loss(model, inputs, return_outputs=return_outputs,  # type: ignore[misc]
-                                   num_items_in_batch=num_items_in_batch)
         if not self.balanced:
-            return out
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,  # type: ignore[misc]
+                                        num_items_in_batch=num_items_in_batch)
+        with warnings.catch_warnings():
+            # the wrapper's advice to weight per-replica losses: combine_replica_losses does
+            warnings.filterwarnings("ignore", message="BalancedDataParallel: forward returned a scalar")
+            out = super().compute_loss(model, inputs, return_outputs=return_outputs,  # type: ignore[misc]
+                                       num_items_in_batch=num_items_in_batch)
         loss, outputs = out if return_outputs else (out, None)
         loss = self.combine_replica_losses(model, loss, num_items_in_batch)
         return (loss, outputs) if return_outputs else loss

@@ -1,0 +1,295 @@
+"""The Hugging Face Trainer integration: tune_trainer, BalancedTrainer, the loss weighting.
+
+All on the CPU with models built from a transformers config (no download) and datasets held in
+memory. The multi-GPU path of BalancedTrainer runs on the CPU through ``fake_gpus``: the
+TrainingArguments report 4 GPUs and BalancedDataParallel's CUDA steps (scatter, replicate,
+parallel_apply, gather) are replaced by CPU ones that run each replica in turn, so the
+wrapping, the batch drawn and the loss combination are the real code.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import warnings
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+from dptune.errors import UsageError
+from dptune.integrations.transformers import (
+    BalancedTrainer, TrainerSample, trainer_optimizer, trainer_sample, trainer_step_settings,
+)
+from dptune.parallel import BalancedDataParallel, narrow_scatter
+
+VOCAB, SEQ = 64, 12
+
+
+def tiny_gpt2() -> nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB,
+                                  n_positions=SEQ, resid_pdrop=0.0, embd_pdrop=0.0,
+                                  attn_pdrop=0.0, use_cache=False, bos_token_id=0,
+                                  eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+class TokenData(torch.utils.data.Dataset):
+    """Token ids and labels; example i has its last ``i % 5`` labels masked (-100), so
+    examples carry different numbers of loss items."""
+
+    def __init__(self, n: int = 24):
+        g = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, VOCAB, (n, SEQ), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        labels = self.ids[i].clone()
+        masked = i % 5
+        if masked:
+            labels[-masked:] = -100
+        return {"input_ids": self.ids[i], "labels": labels, "unused_column": "text"}
+
+
+class MeanLossNet(nn.Module):
+    """A model whose forward returns the mean loss over its own samples (no loss kwargs);
+    every sample has SEQ loss items (masked labels count as class 0)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(VOCAB, 16)
+        self.head = nn.Linear(16, VOCAB)
+
+    def forward(self, input_ids, labels):
+        logits = self.head(self.emb(input_ids))
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten())
+        return {"loss": loss, "logits": logits}
+
+
+def training_args(tmp_path, **kw) -> transformers.TrainingArguments:
+    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=3,
+                learning_rate=1e-2, logging_steps=1, save_strategy="no", report_to=[],
+                use_cpu=True, seed=0, disable_tqdm=True, dataloader_pin_memory=False)
+    base.update(kw)
+    return transformers.TrainingArguments(**base)
+
+
+def make_trainer(cls, model, args, data=None, **kw):
+    return cls(model=model, args=args, train_dataset=data if data is not None else TokenData(),
+               data_collator=transformers.default_data_collator, **kw)
+
+
+def logged_losses(trainer) -> list:
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+# ---- the loss weighting (the reduction itself, by hand) -----------------------------------
+
+def test_weighting_gives_the_batch_mean_for_uneven_replica_losses():
+    """Replicas of 1, 3 and 4 samples with mean losses 2.0, 1.0, 0.5: the batch mean is
+    (1*2.0 + 3*1.0 + 4*0.5) / 8 = 7/8; the unweighted mean would be 3.5/3."""
+    w = BalancedDataParallel.__new__(BalancedDataParallel)
+    nn.Module.__init__(w)
+    w._last_used_sizes = [1, 3, 4]
+    losses = torch.tensor([2.0, 1.0, 0.5], requires_grad=True)
+    batch = w.reduce(losses)
+    assert batch.item() == pytest.approx(7 / 8)
+    assert losses.mean().item() == pytest.approx(3.5 / 3)
+    batch.backward()
+    assert losses.grad.tolist() == pytest.approx([1 / 8, 3 / 8, 4 / 8])
+
+
+# ---- building the workload from a Trainer ----------------------------------------------------
+
+def test_sample_cycles_the_dataset_and_drops_unused_columns(tmp_path):
+    trainer = make_trainer(transformers.Trainer, tiny_gpt2(), training_args(tmp_path),
+                           data=TokenData(3))
+    sample = trainer_sample(trainer)
+    batch = sample(7)
+    assert type(batch) is dict and set(batch) == {"input_ids", "labels"}
+    assert batch["input_ids"].shape == (7, SEQ)
+    ids = TokenData(3).ids
+    assert torch.equal(batch["input_ids"], ids[[0, 1, 2, 0, 1, 2, 0]])
+
+
+def test_sample_from_an_iterable_dataset_cycles_what_it_yielded():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for i in range(2):
+                yield {"x": torch.tensor([float(i)])}
+
+    sample = TrainerSample(Stream(), transformers.default_data_collator)
+    assert sample(5)["x"].flatten().tolist() == [0.0, 1.0, 0.0, 1.0, 0.0]
+    with pytest.raises(UsageError, match="empty"):
+        TrainerSample([], transformers.default_data_collator)(2)
+
+
+def test_optimizer_and_settings_come_from_the_args(tmp_path):
+    args = training_args(tmp_path, optim="sgd", gradient_accumulation_steps=3,
+                         max_grad_norm=0.5, bf16=True, activation_checkpointing=True)
+    trainer = make_trainer(transformers.Trainer, tiny_gpt2(), args)
+    opt = trainer_optimizer(trainer)
+    assert opt.cls is torch.optim.SGD and opt.name == "sgd"
+    assert isinstance(opt([nn.Parameter(torch.zeros(2))]), torch.optim.SGD)
+    s = trainer_step_settings(args)
+    assert (s.amp, s.accumulate, s.clip_grad_norm, s.checkpointing) == ("bf16", 3, 0.5, True)
+    plain = trainer_step_settings(training_args(tmp_path, max_grad_norm=0.0))
+    assert (plain.amp, plain.accumulate, plain.clip_grad_norm, plain.checkpointing) == (
+        None, 1, None, False)
+    adamw = make_trainer(transformers.Trainer, tiny_gpt2(), training_args(tmp_path))
+    assert trainer_optimizer(adamw).cls is torch.optim.AdamW
+    # an optimizer handed to the Trainer is rebuilt with its own class and defaults
+    net = tiny_gpt2()
+    given = torch.optim.Adagrad(net.parameters(), lr=0.1)
+    own = make_trainer(transformers.Trainer, net, training_args(tmp_path),
+                       optimizers=(given, None))
+    assert trainer_optimizer(own).cls is torch.optim.Adagrad
+    assert trainer_optimizer(own).kwargs["lr"] == 0.1
+
+
+# ---- BalancedTrainer without several GPUs: exactly the Trainer -----------------------------
+
+def test_single_device_is_the_plain_trainer(tmp_path):
+    plain = make_trainer(transformers.Trainer, tiny_gpt2(), training_args(tmp_path))
+    with pytest.warns(UserWarning, match=r"split \[1, 3, 4, 0\] is not used"):
+        balanced = make_trainer(BalancedTrainer, tiny_gpt2(), training_args(tmp_path),
+                                tuned=[1, 3, 4, 0])
+    assert not balanced.balanced and balanced._train_batch_size == 4
+
+    # one training step by hand: the same loss and the same gradients
+    batch = trainer_sample(plain)(4)
+    for t in (plain, balanced):
+        t.current_gradient_accumulation_steps = 1   # set by train(); read by training_step
+    losses = [t.training_step(t.model, dict(batch)) for t in (plain, balanced)]
+    assert torch.equal(losses[0], losses[1])
+    for (n, p), (_, q) in zip(plain.model.named_parameters(), balanced.model.named_parameters()):
+        assert torch.equal(p.grad, q.grad), n
+        p.grad = q.grad = None
+
+    plain.train()
+    balanced.train()
+    assert len(logged_losses(plain)) == 3
+    assert logged_losses(plain) == logged_losses(balanced)
+    assert not isinstance(balanced.model_wrapped, BalancedDataParallel)
+    for p, q in zip(plain.model.parameters(), balanced.model.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_without_tuned_it_is_the_trainer_and_says_nothing(tmp_path, recwarn):
+    t = make_trainer(BalancedTrainer, tiny_gpt2(), training_args(tmp_path))
+    assert t.tuned_chunk_sizes is None and not t.balanced
+    assert not [w for w in recwarn if "BalancedTrainer" in str(w.message)]
+
+
+# ---- BalancedTrainer on (fake) several GPUs ------------------------------------------------
+
+def _cpu_gather(outputs, dim=0):
+    """torch's gather on the CPU: 0-dim tensors become a vector, others are concatenated,
+    containers are rebuilt with their own type."""
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        if first.dim() == 0:
+            return torch.stack(list(outputs))
+        return torch.cat(list(outputs), dim=dim)
+    if first is None:
+        return None
+    if isinstance(first, dict):
+        return type(first)((k, _cpu_gather([o[k] for o in outputs], dim)) for k in first)
+    return type(first)(map(lambda xs: _cpu_gather(list(xs), dim), zip(*outputs)))
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """4 'GPUs' for DataParallel and BalancedDataParallel, all of them this CPU."""
+    dp_module = importlib.import_module("torch.nn.parallel.data_parallel")
+    monkeypatch.setattr(dp_module, "_get_available_device_type", lambda: "cuda")
+    monkeypatch.setattr(dp_module, "_get_all_device_indices", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(dp_module, "_check_balance", lambda ids: None)
+    runs: list = []
+
+    def parallel_apply(self, replicas, inputs, kwargs, device_ids):
+        runs.append([next(iter(k.values())).shape[0] for k in kwargs])
+        return [r(*a, **k) for r, a, k in zip(replicas, inputs, kwargs)]
+
+    B = BalancedDataParallel
+    monkeypatch.setattr(B, "_check_module_device", lambda self: None)
+    monkeypatch.setattr(B, "_scatter_tensor", lambda self, t, ids, sizes, dim:
+                        narrow_scatter(t, ids, sizes, dim))
+    monkeypatch.setattr(B, "replicate", lambda self, module, ids: [module] * len(ids))
+    monkeypatch.setattr(B, "_parallel_apply", parallel_apply)
+    monkeypatch.setattr(B, "gather", lambda self, outputs, device: _cpu_gather(outputs, self.dim))
+    return runs
+
+
+def four_gpu_args(tmp_path, **kw):
+    args = training_args(tmp_path, **kw)
+    _ = args.device          # set up devices (the CPU), then report 4 GPUs
+    args._n_gpu = 4
+    return args
+
+
+@pytest.mark.parametrize("case", ["gpt2-token-count", "mean-loss-model"])
+def test_several_gpus_train_like_one_device_on_the_whole_batch(tmp_path, fake_gpus, case,
+                                                              recwarn):
+    """Uneven split [0, 4, 4, 2] (card 0 gets nothing): the loss and the weights after the
+    steps equal those of the plain Trainer on one device with the whole batch of 10."""
+    build = tiny_gpt2 if case == "gpt2-token-count" else MeanLossNet
+    # SGD: the weights move by lr x gradient (Adam's division would magnify float noise)
+    extra = dict(optim="sgd", learning_rate=0.5)
+    if case == "gpt2-token-count":
+        extra["gradient_accumulation_steps"] = 2
+    ref = make_trainer(transformers.Trainer, build(),
+                       training_args(tmp_path, per_device_train_batch_size=10, **extra),
+                       data=TokenData(20))
+    bal = make_trainer(BalancedTrainer, build(),
+                       four_gpu_args(tmp_path, per_device_train_batch_size=3, **extra),
+                       data=TokenData(20), tuned=[0, 4, 4, 2])
+    assert bal.balanced and bal.args.n_gpu == 4
+    assert bal._train_batch_size == 10            # not 3 x 4
+    assert bal.get_train_dataloader().total_batch_size == 10
+    assert bal.model_accepts_loss_kwargs is (case == "gpt2-token-count")
+    ref.train()
+    bal.train()
+    assert isinstance(bal.model_wrapped, BalancedDataParallel)
+    assert bal.model_wrapped.chunk_sizes == [0, 4, 4, 2]
+    assert fake_gpus and all(r == [4, 4, 2] for r in fake_gpus)   # card 0 got no samples
+    # the wrapper's advice to weight per-replica losses is not needed: the Trainer does
+    assert not [w for w in recwarn if "scalar per replica" in str(w.message)]
+    assert logged_losses(bal) == pytest.approx(logged_losses(ref), rel=1e-5)
+    for (n, p), q in zip(ref.model.named_parameters(), bal.model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_unweighted_mean_would_differ(tmp_path, fake_gpus):
+    """The same batch through the wrapper: the Trainer's plain mean() of the replicas' losses
+    is not the batch mean that BalancedTrainer computes (so the test above can fail)."""
+    bal = make_trainer(BalancedTrainer, MeanLossNet(),
+                       four_gpu_args(tmp_path, per_device_train_batch_size=3), tuned=[1, 5, 2, 2])
+    model = bal._wrap_model(bal.model)
+    batch = trainer_sample(bal)(10)
+    with pytest.warns(UserWarning, match="use loss = model.reduce"):   # used directly
+        per_replica = model(**batch)["loss"]
+    assert per_replica.shape == (4,)
+    whole = MeanLossNet()(**batch)["loss"]
+    combined = bal.compute_loss(model, dict(batch))
+    torch.testing.assert_close(combined, whole)
+    assert abs(per_replica.mean().item() - whole.item()) > 1e-4   # float error: ~1e-6
+
+
+def test_a_split_for_other_cards_is_refused(tmp_path):
+    with pytest.raises(UsageError, match=r"is for 2 GPUs but this Trainer uses 4"):
+        make_trainer(BalancedTrainer, MeanLossNet(), four_gpu_args(tmp_path), tuned=[3, 5])
+
+
+def test_report_folder_as_tuned(tmp_path, fake_gpus):
+    from test_parallel import write_report
+
+    folder = write_report(tmp_path / "rep", [1, 3, 3, 3])
+    t = make_trainer(BalancedTrainer, MeanLossNet(), four_gpu_args(tmp_path), tuned=folder)
+    assert t.tuned_chunk_sizes == [1, 3, 3, 3] and t._train_batch_size == 10
