@@ -23,7 +23,7 @@ from dptune.errors import UsageError
 from dptune.integrations.transformers import (
     BalancedTrainer, TrainerSample, trainer_optimizer, trainer_sample, trainer_step_settings,
 )
-from dptune.parallel import BalancedDataParallel, narrow_scatter
+from dptune.parallel import BalancedDataParallel, find_batch_size, narrow_scatter
 
 VOCAB, SEQ = 64, 12
 
@@ -214,7 +214,7 @@ def fake_gpus(monkeypatch):
     runs: list = []
 
     def parallel_apply(self, replicas, inputs, kwargs, device_ids):
-        runs.append([next(iter(k.values())).shape[0] for k in kwargs])
+        runs.append([find_batch_size(a, k)[0] for a, k in zip(inputs, kwargs)])
         return [r(*a, **k) for r, a, k in zip(replicas, inputs, kwargs)]
 
     B = BalancedDataParallel

@@ -376,6 +376,21 @@ class BalancedTrainerMixin:
         with patch_dataparallel(self.tuned_chunk_sizes):
             return super()._wrap_model(model, training, dataloader)  # type: ignore[misc]
 
+    def get_train_dataloader(self) -> Any:
+        loader = super().get_train_dataloader()  # type: ignore[misc]
+        if self.balanced:
+            drawn = _loader_batch_size(loader)
+            total = self._balanced_batch_size()
+            if drawn is not None and drawn != total:
+                from dptune.split import scale_split
+
+                warnings.warn(
+                    f"{type(self).__name__}: its train dataloader draws {drawn} samples per forward "
+                    f"pass (its own batch size rule), not the tuned total {total}; each batch is "
+                    f"split in the tuned proportions, {scale_split(self.tuned_chunk_sizes or [], drawn)}",
+                    stacklevel=2)
+        return loader
+
     def _hp_search_setup(self, trial: Any) -> None:
         super()._hp_search_setup(trial)  # type: ignore[misc]
         if self.balanced:  # a search trial resets the batch to per_device x n_gpu
@@ -422,6 +437,20 @@ class BalancedTrainerMixin:
             # that got no samples contributes nothing.
             return loss.sum() / self.args.n_gpu  # type: ignore[attr-defined]
         return model.reduce(loss)
+
+
+def _loader_batch_size(loader: Any) -> Optional[int]:
+    """Samples per batch of a (possibly accelerate-prepared) DataLoader, where it says."""
+    for attr in ("total_batch_size", "batch_size"):
+        try:
+            value = getattr(loader, attr, None)
+        except (AttributeError, TypeError):
+            value = None
+        if isinstance(value, int):
+            return value
+    sampler = getattr(loader, "batch_sampler", None)
+    value = getattr(sampler, "batch_size", None)
+    return value if isinstance(value, int) else None
 
 
 class BalancedTrainer(BalancedTrainerMixin, transformers.Trainer):
