@@ -9,10 +9,7 @@ wrapping, the batch drawn and the loss combination are the real code.
 
 from __future__ import annotations
 
-import copy
 import importlib
-import json
-import warnings
 
 import pytest
 import torch

@@ -70,7 +70,8 @@ def make(cls, bert_dir, tmp_path, per_device, n_gpu=None, **kw):
                loss=MultipleNegativesRankingLoss(model), **kw)
 
 
-def test_sentence_transformers_trainer_takes_the_balanced_path(tmp_path, bert_dir, fake_gpus):
+def test_sentence_transformers_trainer_takes_the_balanced_path(tmp_path, bert_dir,
+                                                             fake_gpus):  # noqa: F811
     ref = make(SentenceTransformerTrainer, bert_dir, tmp_path, per_device=12)
     bal = make(BalancedSentenceTransformerTrainer, bert_dir, tmp_path, per_device=3, n_gpu=4,
                tuned=[0, 4, 4, 4])
@@ -87,7 +88,7 @@ def test_sentence_transformers_trainer_takes_the_balanced_path(tmp_path, bert_di
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=n)
 
 
-def test_its_own_batch_rule_is_said(tmp_path, bert_dir, fake_gpus):
+def test_its_own_batch_rule_is_said(tmp_path, bert_dir, fake_gpus):  # noqa: F811
     """sentence-transformers draws per_device_train_batch_size x n_gpu itself: with a tuned
     total of 10 and 3 x 4 = 12 drawn, the user is told how 12 is split."""
     bal = make(BalancedSentenceTransformerTrainer, bert_dir, tmp_path, per_device=3, n_gpu=4,

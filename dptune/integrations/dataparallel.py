@@ -46,6 +46,9 @@ from dptune.split import validate_chunk_sizes
 
 __all__ = ["patch_dataparallel", "chunk_sizes_of"]
 
+#: The name patched, in ``torch.nn`` and ``torch.nn.parallel``.
+_NAME = "DataParallel"
+
 #: What a tuned split may be given as.
 Tuned = Union["os.PathLike[str]", str, Sequence[int], Any]
 
@@ -53,6 +56,7 @@ Tuned = Union["os.PathLike[str]", str, Sequence[int], Any]
 def chunk_sizes_of(tuned: Tuned) -> list[int]:
     """The split in ``tuned``: a :class:`~dptune.TuneResult` (or anything with ``chunk_sizes``),
     a report folder or ``report.json`` written by ``dptune search``, or a list of ints."""
+    sizes: Any
     if isinstance(tuned, (str, os.PathLike)):
         from dptune.result import TuneResult
 
@@ -133,14 +137,14 @@ def patch_dataparallel(tuned: Tuned) -> Iterator[list[int]]:
 
     sizes = chunk_sizes_of(tuned)
     homes = (torch.nn, torch.nn.parallel)
-    saved = [(home, home.__dict__["DataParallel"]) for home in homes]
+    saved = [(home, home.__dict__[_NAME]) for home in homes]
     current = torch.nn.DataParallel
     original = current.__dict__.get("_dptune_original", current)
     stand_in = _stand_in(original, sizes)
     try:
         for home, _ in saved:
-            setattr(home, "DataParallel", stand_in)
+            setattr(home, _NAME, stand_in)
         yield list(sizes)
     finally:
         for home, previous in saved:
-            setattr(home, "DataParallel", previous)
+            setattr(home, _NAME, previous)

@@ -297,6 +297,9 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
                      "an overridden compute_loss); the probes used the model's loss on the same "
                      "batch")
     model = trainer.model
+    if model is None:
+        raise UsageError("the Trainer has no model (model_init is called only by train()); "
+                         "build the Trainer with model=")
     with _checkpointing(model, settings):
         tuner = Tuner(model, sample, batch_size=batch_size, loss_fn=loss_fn, optimizer=optimizer,
                       simulate=simulate, objective=objective, headroom=headroom,
