@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from dptune.result import TuneResult
 
-__all__ = ["main", "build_parser", "search", "load_workload", "LoadedWorkload",
+__all__ = ["main", "build_parser", "search", "search_trainer", "load_workload", "LoadedWorkload",
            "LOSSES", "OPTIMIZERS", "DTYPES"]
 
 EXIT_INTERRUPTED = 130
@@ -71,6 +71,8 @@ _HIDDEN_FRAMES = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
 # ---- building blocks: batch, loss, optimizer ---------------------------------------------
 
 DTYPES = ("float32", "float16", "bfloat16", "long")
+#: ``--batch-size`` when not given (with --model).
+DEFAULT_BATCH_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -412,6 +414,52 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
     return result
 
 
+def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
+                   batch_size: Optional[int] = None, devices: Optional[Sequence[int]] = None,
+                   simulate: Optional[str] = None, objective: str = "balance",
+                   headroom_bytes: int = 2**30, max_probes: int = 12,
+                   verbose: bool = True) -> "TuneResult":
+    """``dptune search --hf-trainer mymod:make_trainer``: call ``make_trainer()`` and tune the
+    Trainer it returns with :func:`dptune.integrations.transformers.tune_trainer`.
+
+    ``ignored`` names flags given that describe a model, which the Trainer already defines.
+    """
+    from dptune.backends.simulated import parse_cluster
+
+    if ignored:
+        raise UsageError(f"--hf-trainer takes the model, batch, loss and optimizer from the "
+                         f"Trainer; drop {', '.join(ignored)}")
+    cluster = parse_cluster(simulate) if simulate is not None else None
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError("--hf-trainer needs the transformers package: "
+                         "pip install 'dptune[hf]'") from None
+    factory = _import(make_trainer, "--hf-trainer")
+    if not callable(factory):
+        raise UsageError(f"--hf-trainer {make_trainer!r} names a {type(factory).__name__}; give "
+                         "a function that returns a configured transformers.Trainer")
+    with _users_code(f"building the Trainer with {make_trainer}()"):
+        trainer = factory()
+    if not isinstance(trainer, transformers.Trainer):
+        raise UsageError(f"--hf-trainer {make_trainer}() returned a {type(trainer).__name__}, "
+                         "not a transformers.Trainer")
+    from dptune.integrations.transformers import tune_trainer
+
+    return tune_trainer(trainer, objective=objective, simulate=cluster, headroom=headroom_bytes,
+                        batch_size=batch_size, device_ids=list(devices) if devices else None,
+                        max_probes=max_probes, verbose=verbose)
+
+
+def _model_only_flags(args: argparse.Namespace) -> list[str]:
+    """Flags given that describe a model and its batch (meaningless with --hf-trainer)."""
+    given = [("--model-kwargs", args.model_kwargs is not None), ("--sample", args.sample is not None),
+             ("--input-shape", args.input_shape is not None), ("--dtype", args.dtype is not None),
+             ("--vocab-size", args.vocab_size is not None), ("--loss", args.loss != "default"),
+             ("--optimizer", args.optimizer != "adamw"), ("--isolate", args.isolate)]
+    return [flag for flag, on in given if on]
+
+
 def _isolated_backend(model: str, model_kwargs: Optional[dict[str, Any]], sample: Optional[str],
                       input_shape: Optional[Sequence[int]], dtype: Optional[str],
                       vocab_size: Optional[int], loss: str, optimizer: str,
@@ -503,9 +551,13 @@ def search_parser(subparsers: Any) -> None:
                     "batch); print a table and write a report folder.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("model and batch")
-    g.add_argument("--model", required=True, metavar="MODULE:ATTR",
-                   help="model class or factory, e.g. mymodels:Net (imported from the working "
-                        "directory or installed packages)")
+    what = g.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", metavar="MODULE:ATTR",
+                      help="model class or factory, e.g. mymodels:Net (imported from the working "
+                           "directory or installed packages)")
+    what.add_argument("--hf-trainer", metavar="MODULE:FUNC",
+                      help="a function returning a configured transformers.Trainer: its model, "
+                           "data, optimizer and step settings are tuned (needs dptune[hf])")
     g.add_argument("--model-kwargs", metavar="JSON", default=None,
                    help='keyword arguments for the model, as a JSON object, e.g. \'{"depth": 12}\'')
     batch = g.add_mutually_exclusive_group()
@@ -517,9 +569,10 @@ def search_parser(subparsers: Any) -> None:
                    help="dtype of --input-shape data (default float32; long with --vocab-size)")
     g.add_argument("--vocab-size", type=_positive_int, metavar="N",
                    help="token ids for --input-shape are drawn from 0..N-1 (dtype long)")
-    g.add_argument("--batch-size", type=_batch_size, default=256, metavar="N",
-                   help="total batch size over all cards (default 256; for --objective "
-                        "max-batch, where the search starts)")
+    g.add_argument("--batch-size", type=_batch_size, default=None, metavar="N",
+                   help="total batch size over all cards (default 256, with --hf-trainer "
+                        "per_device_train_batch_size x cards; for --objective max-batch, where "
+                        "the search starts)")
     g.add_argument("--loss", default="default", metavar="NAME",
                    help="default (the output's .loss, else the sum of the output), sum, mean, "
                         "cross_entropy, mse, or MODULE:FUNC taking (output, batch)")
@@ -569,14 +622,21 @@ def _search_command(args: argparse.Namespace) -> int:
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with redirect:
-        result = search(
-            args.model, model_kwargs=parse_model_kwargs(args.model_kwargs), sample=args.sample,
-            input_shape=args.input_shape, dtype=args.dtype, vocab_size=args.vocab_size,
-            batch_size=args.batch_size, loss=args.loss, optimizer=args.optimizer,
-            devices=args.devices, simulate=args.simulate,
-            objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
-            max_probes=args.max_probes, verbose=not args.quiet, announce=announce,
-            isolate=args.isolate)
+        if args.hf_trainer:
+            result = search_trainer(
+                args.hf_trainer, ignored=_model_only_flags(args), batch_size=args.batch_size,
+                devices=args.devices, simulate=args.simulate,
+                objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
+                max_probes=args.max_probes, verbose=not args.quiet)
+        else:
+            result = search(
+                args.model, model_kwargs=parse_model_kwargs(args.model_kwargs), sample=args.sample,
+                input_shape=args.input_shape, dtype=args.dtype, vocab_size=args.vocab_size,
+                batch_size=args.batch_size or DEFAULT_BATCH_SIZE, loss=args.loss, optimizer=args.optimizer,
+                devices=args.devices, simulate=args.simulate,
+                objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
+                max_probes=args.max_probes, verbose=not args.quiet, announce=announce,
+                isolate=args.isolate)
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
     if args.json:

@@ -10,6 +10,7 @@ wrapping, the batch drawn and the loss combination are the real code.
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
 import torch
@@ -290,3 +291,136 @@ def test_report_folder_as_tuned(tmp_path, fake_gpus):
     folder = write_report(tmp_path / "rep", [1, 3, 3, 3])
     t = make_trainer(BalancedTrainer, MeanLossNet(), four_gpu_args(tmp_path), tuned=folder)
     assert t.tuned_chunk_sizes == [1, 3, 3, 3] and t._train_batch_size == 10
+
+
+# ---- tune_trainer on a simulated cluster ---------------------------------------------------
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_tune_trainer_end_to_end_names_the_trainers_settings(tmp_path):
+    from dptune.integrations.transformers import tune_trainer
+    from dptune.report import read_report, write_report
+    from dptune.workload import StepSettings
+
+    args = training_args(tmp_path, per_device_train_batch_size=6, bf16=True,
+                         gradient_accumulation_steps=2, max_grad_norm=1.0,
+                         activation_checkpointing=True, optim="adamw_torch")
+    model = tiny_gpt2()
+    trainer = make_trainer(transformers.Trainer, model, args)
+    before, rng = _state(model), torch.get_rng_state()
+    result = tune_trainer(trainer, simulate="4x24GB", verbose=False)
+    assert result.batch_size == 24 and len(result.chunk_sizes) == 4   # 6 per card x 4 cards
+    assert result.settings == StepSettings(amp="bf16", accumulate=2, clip_grad_norm=1.0,
+                                           gradient_checkpointing=True)
+    assert any("per_device_train_batch_size 6 x 4 cards" in n for n in result.notes)
+    assert any("adamw_torch (AdamW)" in n for n in result.notes)
+    # the model, its checkpointing switches and the RNG are as they were
+    assert not model.is_activation_checkpointing
+    assert "_require_grads_hooks" not in model.__dict__
+    assert not any("_gradient_checkpointing_func" in m.__dict__ for m in model.modules())
+    after = _state(model)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert torch.equal(rng, torch.get_rng_state())
+    folder = tmp_path / "report"
+    write_report(result, folder, plots=False)
+    summary = (folder / "summary.md").read_text()
+    for words in ("bf16 autocast", "accumulate 2", "clip 1", "gradient checkpointing"):
+        assert words in summary, words
+    assert read_report(folder).settings == result.settings
+
+
+def test_checkpointing_from_the_args_is_what_the_probes_run(tmp_path):
+    """The same Trainer with and without activation_checkpointing: the probes' activations
+    on every card are smaller with it (so it was on in the probed model)."""
+    from dptune.integrations.transformers import tune_trainer
+
+    peaks = {}
+    for ckpt in (False, True):
+        args = training_args(tmp_path, per_device_train_batch_size=8, activation_checkpointing=ckpt)
+        r = tune_trainer(make_trainer(transformers.Trainer, tiny_gpt2(), args),
+                         simulate="2x24GB", verbose=False, max_probes=3)
+        peaks[ckpt] = [b["activations"] for b in r.even.breakdown]
+        assert r.settings.gradient_checkpointing is ckpt
+    assert all(on < off for on, off in zip(peaks[True], peaks[False])), peaks
+
+
+def test_tune_trainer_batch_size_and_errors(tmp_path):
+    from dptune.integrations.transformers import tune_trainer
+
+    trainer = make_trainer(transformers.Trainer, MeanLossNet(), training_args(tmp_path))
+    r = tune_trainer(trainer, simulate="2x24GB", batch_size=10, verbose=False, max_probes=3)
+    assert r.batch_size == 10
+    with pytest.raises(UsageError, match="reads amp from the Trainer's arguments"):
+        tune_trainer(trainer, simulate="2x24GB", amp="bf16")
+    with pytest.raises(UsageError, match="expects a transformers.Trainer"):
+        tune_trainer(MeanLossNet())
+    no_data = transformers.Trainer(model=MeanLossNet(), args=training_args(tmp_path))
+    with pytest.raises(UsageError, match="has no train_dataset"):
+        tune_trainer(no_data, simulate="2x24GB")
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+TRAINER_MODULE = '''
+import torch, transformers
+from test_hf_trainer import TokenData, tiny_gpt2
+
+def make_trainer():
+    args = transformers.TrainingArguments(
+        output_dir="out", per_device_train_batch_size=4, gradient_accumulation_steps=2,
+        max_grad_norm=0.5, report_to=[], use_cpu=True, save_strategy="no")
+    return transformers.Trainer(model=tiny_gpt2(), args=args, train_dataset=TokenData(),
+                                data_collator=transformers.default_data_collator)
+
+def not_a_trainer():
+    return 3
+
+def broken():
+    raise RuntimeError("boom in make_trainer")
+'''
+
+
+@pytest.fixture
+def trainer_module(tmp_path, monkeypatch):
+    import sys
+    import uuid
+
+    name = f"hftrainer_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(TRAINER_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path)] + list(sys.path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_cli_hf_trainer_writes_the_report(trainer_module, tmp_path, capsys):
+    from dptune.cli import main
+
+    code = main(["search", "--hf-trainer", f"{trainer_module}:make_trainer", "--simulate",
+                 "2x24GB", "--max-probes", "4", "--out", str(tmp_path / "rep"), "--no-plots",
+                 "-q"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert sum(report["chunk_sizes"]) == 8                     # 4 per card x 2 cards
+    assert report["settings"]["accumulate"] == 2 and report["settings"]["clip_grad_norm"] == 0.5
+    assert "accumulate 2, clip 0.5" in (tmp_path / "rep" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("argv, code, fragment", [
+    (["--hf-trainer", "{m}:make_trainer", "--loss", "sum"], 2, "drop --loss"),
+    (["--hf-trainer", "{m}:make_trainer", "--input-shape", "3"], 2, "drop --input-shape"),
+    (["--hf-trainer", "{m}:not_a_trainer"], 2, "returned a int, not a transformers.Trainer"),
+    (["--hf-trainer", "{m}:broken"], 1, "boom in make_trainer"),
+    (["--hf-trainer", "{m}:nothing"], 2, "nothing"),
+    (["--hf-trainer", "{m}:make_trainer", "--model", "x:y"], 2, "not allowed with"),
+])
+def test_cli_hf_trainer_errors(trainer_module, capsys, argv, code, fragment):
+    from dptune.cli import main
+
+    rc = main(["search", *[a.format(m=trainer_module) for a in argv], "--simulate", "2x24GB"])
+    err = capsys.readouterr().err
+    assert rc == code, err
+    assert fragment in err

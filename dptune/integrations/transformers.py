@@ -236,20 +236,6 @@ def _checkpointing(model: "torch.nn.Module", settings: TrainerStepSettings) -> I
                     delattr(m, a)
 
 
-def _cards(simulate: Any, device_ids: Any) -> int:
-    """How many cards the tuner will probe (the same choice as ``dptune.tuner.select_backend``)."""
-    import torch
-
-    from dptune.backends.simulated import DEFAULT_CLUSTER, parse_cluster
-
-    if simulate is not None:
-        return len(parse_cluster(simulate))
-    if device_ids is not None:
-        return len(list(device_ids))
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return have if have > 0 else len(parse_cluster(DEFAULT_CLUSTER))
-
-
 def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = None,
                  headroom: Union[int, str] = "1GiB", batch_size: Optional[int] = None,
                  **tuner_options: Any) -> "TuneResult":
@@ -263,32 +249,37 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
     - ``batch_size`` (per forward pass, the total over the cards): by default what the Trainer
       splits in one forward pass, ``per_device_train_batch_size × cards``. With
       ``objective="max_batch"`` it is where the search starts.
-    - ``simulate``: a cluster spec such as ``"4x24GB"``; without it the visible GPUs are probed,
-      or the simulated ``4x24GB`` when there is none.
+    - ``simulate``: a cluster spec such as ``"4x24GB"``; without it the visible GPUs are probed
+      (``device_ids=`` picks some), or the simulated ``4x24GB`` when there is none.
     - ``tuner_options`` go to :class:`dptune.Tuner` (``device_ids``, ``max_probes``,
       ``verbose``, ``loss_fn``, ``optimizer``, ...).
 
     Returns a :class:`~dptune.TuneResult`; pass it to :class:`BalancedTrainer` as ``tuned=``.
     The Trainer, its model and its arguments are left as they were.
     """
-    from dptune.tuner import Tuner
+    from dptune.tuner import Tuner, select_backend
+    from dptune.workload import Workload
 
     if not isinstance(trainer, transformers.Trainer):
         raise UsageError(f"tune_trainer expects a transformers.Trainer, got {type(trainer).__name__}")
+    for knob in ("amp", "accumulate", "clip_grad_norm", "backend", "simulate"):
+        if knob in tuner_options:
+            raise UsageError(f"tune_trainer reads {knob} from the Trainer's arguments; set it in "
+                             "TrainingArguments (bf16/fp16, gradient_accumulation_steps, "
+                             "max_grad_norm) instead")
     args = trainer.args
+    model = trainer.model
+    if model is None:
+        raise UsageError("the Trainer has no model (model_init is called only by train()); "
+                         "build the Trainer with model=")
     settings = trainer_step_settings(args)
-    cards = _cards(simulate, tuner_options.get("device_ids"))
-    if batch_size is None:
-        batch_size = int(args.per_device_train_batch_size) * cards
     sample = trainer_sample(trainer)
-    notes = [f"tuned from the Trainer: {batch_size} samples per forward pass "
-             + (f"(per_device_train_batch_size {args.per_device_train_batch_size} x {cards} cards)"
-                if batch_size == args.per_device_train_batch_size * cards else "(batch_size=)")]
+    notes: list[str] = []
     optimizer = tuner_options.pop("optimizer", None)
     if optimizer is None:
         built = trainer_optimizer(trainer)
         optimizer = built
-        notes.append(f"optimizer {built.name} ({built.cls.__name__}), as the Trainer builds it")
+        notes.append(f"optimizer: {built.name} ({built.cls.__name__}), as the Trainer builds it")
     loss_fn = tuner_options.pop("loss_fn", None)
     if loss_fn is None and (getattr(trainer, "compute_loss_func", None) is not None
                             or getattr(trainer, "label_smoother", None) is not None
@@ -296,23 +287,30 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
         notes.append("the Trainer computes its own loss (compute_loss_func, label smoothing or "
                      "an overridden compute_loss); the probes used the model's loss on the same "
                      "batch")
-    model = trainer.model
-    if model is None:
-        raise UsageError("the Trainer has no model (model_init is called only by train()); "
-                         "build the Trainer with model=")
+    device_ids = tuner_options.pop("device_ids", None)
+    verbose = tuner_options.pop("verbose", True)
+    knobs = dict(amp=settings.amp, accumulate=settings.accumulate,
+                 clip_grad_norm=settings.clip_grad_norm)
     with _checkpointing(model, settings):
-        tuner = Tuner(model, sample, batch_size=batch_size, loss_fn=loss_fn, optimizer=optimizer,
-                      simulate=simulate, objective=objective, headroom=headroom,
-                      **_step_options(settings), **tuner_options)
-        result = tuner.fit()
-    result.notes.extend(notes)
+        # the cards decide the default batch, so the backend is chosen first (in one place)
+        workload = Workload(model, sample, loss_fn, optimizer, **knobs)
+        backend = select_backend(workload, device_ids=device_ids, simulate=simulate,
+                                 verbose=verbose, notes=notes)
+        try:
+            cards = len(backend.devices)
+            per_device = int(args.per_device_train_batch_size)
+            if batch_size is None:
+                batch_size = per_device * cards
+                notes.append(f"batch: {batch_size} samples per forward pass "
+                             f"(per_device_train_batch_size {per_device} x {cards} cards)")
+            tuner = Tuner(model, sample, batch_size=batch_size, loss_fn=loss_fn,
+                          optimizer=optimizer, objective=objective, headroom=headroom,
+                          verbose=verbose, backend=backend, **knobs, **tuner_options)
+            result = tuner.fit()
+        finally:
+            backend.close()
+    result.notes.extend(n for n in notes if n not in result.notes)
     return result
-
-
-def _step_options(settings: TrainerStepSettings) -> dict[str, Any]:
-    """The Tuner's step knobs for these settings (issue 11's Workload contract)."""
-    return dict(amp=settings.amp, accumulate=settings.accumulate,
-                clip_grad_norm=settings.clip_grad_norm)
 
 
 # ---- training with the result --------------------------------------------------------------
