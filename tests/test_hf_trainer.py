@@ -424,3 +424,32 @@ def test_cli_hf_trainer_errors(trainer_module, capsys, argv, code, fragment):
     err = capsys.readouterr().err
     assert rc == code, err
     assert fragment in err
+
+
+# ---- real GPUs -----------------------------------------------------------------------------
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="needs at least two CUDA GPUs")
+def test_real_gpus_balanced_trainer_matches_one_device(tmp_path):
+    """On every visible GPU (no torchrun): an uneven split trains like one device on the
+    whole batch, and the Trainer's own n_gpu decides the wrapping."""
+    n = torch.cuda.device_count()
+    tuned = [1] + [3] * (n - 1)
+    total = sum(tuned)
+    ref = make_trainer(transformers.Trainer, tiny_gpt2(),
+                       training_args(tmp_path, use_cpu=True, per_device_train_batch_size=total,
+                                     optim="sgd", learning_rate=0.5),
+                       data=TokenData(2 * total))
+    bal = make_trainer(BalancedTrainer, tiny_gpt2(),
+                       training_args(tmp_path, use_cpu=False, per_device_train_batch_size=2,
+                                     optim="sgd", learning_rate=0.5),
+                       data=TokenData(2 * total), tuned=tuned)
+    assert bal.args.n_gpu == n and bal.balanced and bal._train_batch_size == total
+    ref.train()
+    bal.train()
+    assert isinstance(bal.model_wrapped, BalancedDataParallel)
+    assert bal.model_wrapped.last_chunk_sizes == tuned
+    assert logged_losses(bal) == pytest.approx(logged_losses(ref), rel=1e-4)
+    for (name, p), q in zip(ref.model.named_parameters(), bal.model.parameters()):
+        torch.testing.assert_close(q.cpu(), p, rtol=1e-4, atol=1e-5, msg=name)
