@@ -289,11 +289,10 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
                      "batch")
     device_ids = tuner_options.pop("device_ids", None)
     verbose = tuner_options.pop("verbose", True)
-    knobs = dict(amp=settings.amp, accumulate=settings.accumulate,
-                 clip_grad_norm=settings.clip_grad_norm)
     with _checkpointing(model, settings):
         # the cards decide the default batch, so the backend is chosen first (in one place)
-        workload = Workload(model, sample, loss_fn, optimizer, **knobs)
+        workload = Workload(model, sample, loss_fn, optimizer, amp=settings.amp,
+                            accumulate=settings.accumulate, clip_grad_norm=settings.clip_grad_norm)
         backend = select_backend(workload, device_ids=device_ids, simulate=simulate,
                                  verbose=verbose, notes=notes)
         try:
@@ -305,7 +304,9 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
                              f"(per_device_train_batch_size {per_device} x {cards} cards)")
             tuner = Tuner(model, sample, batch_size=batch_size, loss_fn=loss_fn,
                           optimizer=optimizer, objective=objective, headroom=headroom,
-                          verbose=verbose, backend=backend, **knobs, **tuner_options)
+                          verbose=verbose, backend=backend, amp=settings.amp,
+                          accumulate=settings.accumulate, clip_grad_norm=settings.clip_grad_norm,
+                          **tuner_options)
             result = tuner.fit()
         finally:
             backend.close()
