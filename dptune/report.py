@@ -164,8 +164,13 @@ def _footer(result: TuneResult) -> list[str]:
     return lines
 
 
+def _subject(result: TuneResult) -> str:
+    """``"Net on 4x24GB (simulated), bf16 autocast, accumulate 2"``: what was tuned, for what step."""
+    return f"{result.model_name} on {result.cluster}, {result.settings.describe()}"
+
+
 def _title(result: TuneResult) -> str:
-    return (f"{result.model_name} on {result.cluster}: batch {result.batch_size}, "
+    return (f"{_subject(result)}: batch {result.batch_size}, "
             f"objective {result.objective}, headroom {format_bytes(result.headroom_bytes)}")
 
 
@@ -205,6 +210,7 @@ def render_summary(result: TuneResult, plots: Optional[Sequence[str]] = None) ->
                  else f" (asked for {result.requested_batch_size})")
     md += [
         f"- objective: `{result.objective}`; backend: `{result.backend}`",
+        f"- training step: {result.settings.describe()} (the split is valid for this step only)",
         f"- batch size: {result.batch_size}{requested}",
         f"- split: `{list(result.chunk_sizes)}` (`gpu0_bsz={result.gpu0_bsz}`); "
         f"even split: `{list(result.even.chunk_sizes)}`",
@@ -345,7 +351,7 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
     ax.set_ylabel("peak memory (GiB)")
     batches = (f"batch {result.batch_size}" if even.batch_size == result.batch_size
                else f"even at batch {even.batch_size}, dptune at batch {result.batch_size}")
-    ax.set_title(f"{result.model_name} on {result.cluster}: peak memory per card\n"
+    ax.set_title(f"{_subject(result)}: peak memory per card\n"
                  f"even split (hatched, left) vs dptune (right), {batches}", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     if used_categories:
@@ -443,7 +449,7 @@ def _draw_fits(result: TuneResult, fig: "Figure", ax: Optional["Axes"]) -> None:
     fig.legend(list(seen.values()), list(seen.keys()), loc="outside lower center",
                ncol=min(len(seen), 6), fontsize=8)
     off_scale = "" if shown else "\n" + _budgets_off_scale_text(result, data_top)
-    fig.suptitle(f"{result.model_name} on {result.cluster}: memory against chunk size "
+    fig.suptitle(f"{_subject(result)}: memory against chunk size "
                  f"({result.num_probes} probes){off_scale}", fontsize=10)
 
 
@@ -466,7 +472,7 @@ def _draw_max_batch(result: TuneResult, ax: "Axes") -> None:
     ax.set_xlim(-0.7, 1.7)
     ax.set_ylim(0, max(result.batch_size, result.even.batch_size, 1) * 1.25)
     ax.set_ylabel("largest batch that fits (samples)")
-    ax.set_title(f"{result.model_name} on {result.cluster}: largest batch that fits\n"
+    ax.set_title(f"{_subject(result)}: largest batch that fits\n"
                  f"even {result.even.batch_size} -> dptune {result.batch_size}{_gain(result)}",
                  fontsize=10)
     handles, labels = ax.get_legend_handles_labels()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from dptune.backends.base import Device, ProbeResult
+from dptune.workload import StepSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -106,6 +107,8 @@ class TuneResult:
     - ``even``: the plain even split at the same batch (for ``max_batch``: at the largest
       batch the even split fits).
     - ``probes``: every probe run, in order; ``fits``: one :class:`Fit` per card.
+    - ``settings``: the training step the split was tuned for (mixed precision,
+      accumulation, clipping, the user's step function); a split is only valid for it.
     - ``model``: the user's model wrapped in a ``BalancedDataParallel`` with this split
       (``None`` after ``load``).
     """
@@ -127,6 +130,7 @@ class TuneResult:
     seconds: float = 0.0
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    settings: StepSettings = field(default_factory=StepSettings)
     model: Optional["torch.nn.Module"] = field(default=None, repr=False, compare=False)
 
     # ---- derived figures -------------------------------------------------------------
@@ -198,7 +202,7 @@ class TuneResult:
             breakdown=self.breakdown, even=self.even.to_dict(),
             probes=[p.to_dict() for p in self.probes], fits=[f.to_dict() for f in self.fits],
             requested_batch_size=self.requested_batch_size, seconds=self.seconds,
-            advice=list(self.advice), notes=list(self.notes),
+            advice=list(self.advice), notes=list(self.notes), settings=self.settings.to_dict(),
         )
 
     @classmethod
@@ -219,6 +223,7 @@ class TuneResult:
             fits=[Fit.from_dict(f) for f in d["fits"]], breakdown=d.get("breakdown"),
             requested_batch_size=d.get("requested_batch_size"), seconds=float(d.get("seconds", 0.0)),
             advice=list(d.get("advice", [])), notes=list(d.get("notes", [])),
+            settings=StepSettings.from_dict(d.get("settings")),
         )
 
     @classmethod
