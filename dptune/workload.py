@@ -25,16 +25,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, Optional, Union
 
-from dptune.errors import UsageError
+from dptune.errors import DptuneWarning, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["Workload", "StepSettings", "StepRuntime", "run_step", "AMP_DTYPES", "batch_to_args",
-           "default_loss", "has_batchnorm", "model_name", "function_name"]
+           "default_loss", "has_batchnorm", "model_name", "function_name", "unwrap_parallel",
+           "UnwrappingFactory"]
 
 ModelLike = Union["torch.nn.Module", Callable[[], "torch.nn.Module"]]
 StepFn = Callable[[Any, Any, Any], None]
@@ -74,6 +76,10 @@ class StepSettings:
             c = self.clip_grad_norm
             if isinstance(c, bool) or not isinstance(c, (int, float)) or not (c > 0 and math.isfinite(c)):
                 raise UsageError(f"clip_grad_norm must be a positive number (the max norm), got {c!r}")
+        if self.step is not None and not isinstance(self.step, str):
+            raise UsageError(f"step must be the step function's 'module:qualname', got {self.step!r}")
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise UsageError(f"gradient_checkpointing must be true or false, got {self.gradient_checkpointing!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -84,8 +90,6 @@ class StepSettings:
             return cls()
         kw = {k: d[k] for k in ("amp", "accumulate", "clip_grad_norm", "step",
                                 "gradient_checkpointing") if k in d}
-        if kw.get("clip_grad_norm") is not None:
-            kw["clip_grad_norm"] = float(kw["clip_grad_norm"])
         return cls(**kw)
 
     def describe(self) -> str:
@@ -110,6 +114,36 @@ class StepSettings:
             if a != b:
                 out.append(f"{f.name}: {a!r} vs {b!r}")
         return out
+
+
+def unwrap_parallel(model: "torch.nn.Module") -> "torch.nn.Module":
+    """The module inside a ``DataParallel``/``BalancedDataParallel``/``DistributedDataParallel``
+    (any number of them), with a one-line :class:`DptuneWarning` when there was a wrapper:
+    dptune probes the module itself and wraps it in its own ``BalancedDataParallel``."""
+    from dptune.checkpoint import unwrap
+
+    inner = unwrap(model)
+    if inner is not model:
+        warnings.warn(
+            f"the model is wrapped in {type(model).__name__}; dptune tunes the module inside it "
+            f"(model.module, a {type(inner).__name__}) and wraps that in its own "
+            "BalancedDataParallel", DptuneWarning, stacklevel=3)
+    return inner
+
+
+class UnwrappingFactory:
+    """A model factory whose model is taken out of any ``DataParallel``-style wrapper
+    (see :func:`unwrap_parallel`); it keeps the factory's name for reports."""
+
+    def __init__(self, factory: Callable[[], "torch.nn.Module"]) -> None:
+        self.factory = factory
+        self.__name__ = model_name(factory)
+
+    def __call__(self) -> "torch.nn.Module":
+        import torch
+
+        model = self.factory()
+        return unwrap_parallel(model) if isinstance(model, torch.nn.Module) else model
 
 
 @dataclass
@@ -160,10 +194,13 @@ class Workload:
             if self.loss_fn is not None:
                 raise UsageError("step= replaces the built-in step, so loss_fn would be ignored; "
                                  "compute the loss inside your step function")
-
         if not isinstance(self.model, torch.nn.Module) and not callable(self.model):
             raise UsageError(
                 f"model must be an nn.Module or a zero-argument factory, got {type(self.model).__name__}")
+        if isinstance(self.model, torch.nn.Module):
+            self.model = unwrap_parallel(self.model)
+        elif not isinstance(self.model, UnwrappingFactory):
+            self.model = UnwrappingFactory(self.model)
         if not callable(self.sample):
             raise UsageError(
                 "sample must be a function batch_size -> batch (a tensor, tuple or dict), "
@@ -266,7 +303,7 @@ def model_name(model: ModelLike) -> str:
 
     if isinstance(model, torch.nn.Module):
         return type(model).__name__
-    return getattr(model, "__name__", None) or getattr(type(model), "__name__", "model")
+    return str(getattr(model, "__name__", None) or getattr(type(model), "__name__", "model"))
 
 
 def gradient_checkpointing(module: "torch.nn.Module") -> bool:
