@@ -307,9 +307,15 @@ def model_name(model: ModelLike) -> str:
 
 
 def gradient_checkpointing(module: "torch.nn.Module") -> bool:
-    """Whether the model says it checkpoints activations (HF ``is_gradient_checkpointing``)."""
-    flag = getattr(module, "is_gradient_checkpointing", False)
-    return flag if isinstance(flag, bool) else False
+    """Whether the model says it checkpoints activations (HF ``is_activation_checkpointing``,
+    formerly ``is_gradient_checkpointing``)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(module), name):
+            with warnings.catch_warnings():    # the older name is deprecated in transformers 5
+                warnings.simplefilter("ignore", FutureWarning)
+                flag = getattr(module, name, False)
+            return flag if isinstance(flag, bool) else False
+    return False
 
 
 # --------------------------------------------------------------------------------------------

@@ -209,3 +209,22 @@ def test_tuner_records_settings_in_result_report_and_plots(tmp_path):
     assert "bf16 autocast, accumulate 2" in str(res).splitlines()[0]
     fig = res.plot("peaks")
     assert "bf16 autocast, accumulate 2" in fig.axes[0].get_title()
+
+
+def test_attention_under_autocast_is_chosen_on_the_cast_inputs():
+    class Att(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(64, 192)
+
+        def forward(self, x):
+            # fp32 q, k, v: CUDA autocast casts them to bf16 before choosing the kernel
+            q, k, v = self.qkv(x).float().view(x.shape[0], 16, 3, 4, 16).permute(2, 0, 3, 1, 4)
+            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def kernels(amp):
+        e = estimate_memory(Att(), lambda b: torch.randn(b, 16, 64), [2, 2], "2x24GB", amp=amp)
+        return next(n for n in e.notes if n.startswith("attention"))
+
+    assert "efficient x2" in kernels(None)      # fp32 cannot run flash
+    assert "flash x2" in kernels("bf16")

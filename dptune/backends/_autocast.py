@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 
 from dptune._torch_private import PythonKernels, amp_as_if_cuda, exclude_dispatch_key, include_dispatch_key
 
-__all__ = ["cuda_autocast", "LOWER_PRECISION_FP", "FP32", "FP32_SET_OPT_DTYPE", "FP32_APPEND_DTYPE",
+__all__ = ["cuda_autocast", "autocast_inputs", "LOWER_PRECISION_FP", "FP32", "FP32_SET_OPT_DTYPE", "FP32_APPEND_DTYPE",
            "PROMOTE"]
 
 KEY = "AutocastCUDA"
@@ -195,6 +195,19 @@ def _kernels(casts: _Casts) -> dict[str, Callable[..., Any]]:
         if op is not None and to is not None:
             out[name] = append_dtype(to)
     return out
+
+
+def autocast_inputs(*tensors: Any) -> tuple[tuple[Any, ...], Any]:
+    """For code that replaces an op of the lower-precision list above the dispatcher (the
+    simulator's attention): the inputs cast as CUDA autocast would cast them, and a context
+    to run the op's implementation in with autocast off, as the C++ wrapper does."""
+    import torch
+
+    if not torch.is_autocast_enabled("cuda"):
+        return tensors, contextlib.nullcontext()
+    to = torch.get_autocast_dtype("cuda")
+    cast = tuple(t.to(to) if _Casts.eligible(t) and t.dtype != to else t for t in tensors)
+    return cast, exclude_dispatch_key(KEY)
 
 
 @contextlib.contextmanager
