@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            BackendUnavailableError, DptuneError, UsageError, UserCodeError)
 from dptune.importer import import_from_string
+from dptune.presets import (LOSSES, OPTIMIZERS, Named, adam, adamw, cross_entropy_loss, mean_loss,
+                            mse_loss, sgd, sum_loss)
 from dptune.units import parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,8 +49,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from dptune.result import TuneResult
 
-__all__ = ["main", "build_parser", "search", "load_workload", "LoadedWorkload",
-           "LOSSES", "OPTIMIZERS", "DTYPES"]
+__all__ = ["main", "build_parser", "search", "load_workload", "LoadedWorkload", "DTYPES",
+           # the built-ins, from dptune.presets
+           "LOSSES", "OPTIMIZERS", "sum_loss", "mean_loss", "cross_entropy_loss", "mse_loss",
+           "sgd", "adam", "adamw"]
 
 EXIT_INTERRUPTED = 130
 
@@ -95,86 +99,6 @@ class RandomBatch:
         return torch.randn(size, dtype=getattr(torch, self.dtype))
 
 
-def _float_leaves(output: Any) -> list:
-    from dptune.workload import _tensor_leaves
-
-    leaves = [t for t in _tensor_leaves(output) if t.is_floating_point()]
-    if not leaves:
-        raise UsageError("the model's output holds no floating-point tensor to compute a loss on")
-    return leaves
-
-
-def sum_loss(output: Any, batch: Any = None) -> "torch.Tensor":
-    """``--loss sum``: the sum of every floating-point tensor of the output."""
-    return sum(t.sum() for t in _float_leaves(output))
-
-
-def mean_loss(output: Any, batch: Any = None) -> "torch.Tensor":
-    """``--loss mean``: the mean of each floating-point tensor of the output, added up."""
-    return sum(t.mean() for t in _float_leaves(output))
-
-
-def cross_entropy_loss(output: Any, batch: Any = None) -> "torch.Tensor":
-    """``--loss cross_entropy``: the output's logits, shape (B, ..., classes), against
-    class-0 targets (the targets' values do not change memory)."""
-    import torch
-    import torch.nn.functional as F
-
-    logits = getattr(output, "logits", None)
-    if logits is None and isinstance(output, dict):
-        logits = output.get("logits")
-    if logits is None:
-        logits = _float_leaves(output)[0]
-    if logits.dim() < 2:
-        raise UsageError(f"--loss cross_entropy needs logits of shape (batch, ..., classes); "
-                         f"the model returned shape {tuple(logits.shape)}")
-    targets = torch.zeros(logits.shape[:-1].numel(), dtype=torch.long, device=logits.device)
-    return F.cross_entropy(logits.flatten(0, -2), targets)
-
-
-def mse_loss(output: Any, batch: Any = None) -> "torch.Tensor":
-    """``--loss mse``: mean squared error of each floating-point output against zeros."""
-    import torch
-    import torch.nn.functional as F
-
-    leaves = _float_leaves(output)
-    return sum((F.mse_loss(t, torch.zeros_like(t)) for t in leaves[1:]),
-               F.mse_loss(leaves[0], torch.zeros_like(leaves[0])))
-
-
-def sgd(params: Any) -> Any:
-    """``--optimizer sgd``: SGD with momentum 0.9 (one buffer per parameter)."""
-    import torch
-
-    return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-
-
-def adam(params: Any) -> Any:
-    """``--optimizer adam``: Adam (two buffers per parameter)."""
-    import torch
-
-    return torch.optim.Adam(params, lr=1e-3)
-
-
-def adamw(params: Any) -> Any:
-    """``--optimizer adamw`` (the default, what most models train with): two buffers per
-    parameter."""
-    import torch
-
-    return torch.optim.AdamW(params, lr=1e-3)
-
-
-_Named = Optional[Callable[..., Any]]
-
-LOSSES: dict[str, _Named] = {  # None: the tuner's default
-    "default": None, "sum": sum_loss, "mean": mean_loss,
-    "cross_entropy": cross_entropy_loss, "mse": mse_loss,
-}
-OPTIMIZERS: dict[str, _Named] = {
-    "adamw": adamw, "adam": adam, "sgd": sgd, "none": None,
-}
-
-
 # ---- user code -----------------------------------------------------------------------------
 
 @contextlib.contextmanager
@@ -217,7 +141,7 @@ def _import(import_str: str, flag: str) -> Any:
         return import_from_string(import_str)
 
 
-def _named(table: dict[str, _Named], value: str, flag: str) -> _Named:
+def _named(table: dict[str, Named], value: str, flag: str) -> Named:
     """A built-in name from ``table``, or ``module:attribute`` imported."""
     if ":" in value:
         fn = _import(value, flag)
@@ -437,14 +361,12 @@ def _isolated_backend(model: str, model_kwargs: Optional[dict[str, Any]], sample
                       accumulate: int = 1, clip_grad_norm: Optional[float] = None,
                       step: Optional[str] = None) -> Any:
     """A CUDA backend that runs each probe in a spawned child, which rebuilds the workload
-    from the same import strings (built-in losses and optimizers are named in this module)."""
+    from the same import strings (built-in losses and optimizers from :mod:`dptune.presets`)."""
     from dptune.backends.cuda import CudaBackend, WorkloadSpec
+    from dptune.presets import import_string
 
-    def named(value: str, table: dict[str, _Named]) -> Optional[str]:
-        if ":" in value:
-            return value
-        fn = table[value]
-        return None if fn is None else f"{__name__}:{fn.__name__}"
+    def named(value: str, table: dict[str, Named]) -> Optional[str]:
+        return value if ":" in value else import_string(table[value])
 
     kind = dtype or ("long" if vocab_size is not None else "float32")
     spec = WorkloadSpec(model=model, model_kwargs=dict(model_kwargs or {}), sample=sample,

@@ -56,8 +56,10 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import os
 import re
 import time
+import traceback
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
@@ -69,7 +71,7 @@ from dptune._torch_private import dispatch_mode_base, fake_tensor_mode
 from dptune.backends import _sdpa
 from dptune.backends._autocast import cuda_autocast
 from dptune.backends.base import CATEGORIES, Device, ProbeResult
-from dptune.errors import DptuneError, SpecError, UsageError, UserCodeError
+from dptune.errors import BackendUnavailableError, DptuneError, SpecError, UsageError, UserCodeError
 from dptune.split import scale_split, validate_chunk_sizes
 from dptune.units import GiB, MiB, format_bytes, parse_bytes
 from dptune.workload import (StepRuntime, Workload, batch_to_args, gradient_checkpointing, has_batchnorm,
@@ -937,7 +939,7 @@ class SimulatedBackend:
             with ledger.on(0, category):
                 try:
                     yield
-                except (UsageError, UserCodeError):
+                except DptuneError:
                     raise
                 except Exception as e:
                     raise _user_error(e, where, sizes) from e
@@ -967,14 +969,35 @@ class SimulatedBackend:
 
 
 def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
-    if isinstance(e, (UsageError, UserCodeError)):
+    if isinstance(e, DptuneError):
         return e
-    hint = ""
     name = type(e).__name__
     if "DataDependent" in name or "DynamicOutputShape" in name or "item()" in str(e):
-        hint = (" (the model reads tensor values, e.g. .item() or nonzero(), which the simulated "
-                "cluster cannot do since it computes no values; run on real GPUs with --devices)")
-    return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}{hint}")
+        # Not a bug in the model: the simulator computes no values. One line, naming the
+        # user's line that reads them, instead of FakeTensor's internals.
+        at = _users_line(e)
+        return BackendUnavailableError(
+            f"the model reads tensor values{at}, e.g. with .item(), nonzero() or a boolean mask "
+            f"({e}); the simulated cluster computes no values, so it cannot run this step: "
+            "tune on real GPUs (--devices), or move value-dependent code out of the training step")
+    return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}")
+
+
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
+                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
+def _users_line(e: BaseException) -> str:
+    """`` at mymodel.py:12 (if x.sum().item() > 0:)``: the innermost frame outside torch and
+    dptune, or ``""``."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not os.path.abspath(f.filename).startswith(_LIBRARY_DIRS)
+              and not f.filename.startswith("<")]
+    if not frames:
+        return ""
+    f = frames[-1]
+    code = f" ({f.line.strip()})" if f.line else ""
+    return f" at {os.path.basename(f.filename)}:{f.lineno}{code}"
 
 
 def estimate_memory(model: Union[nn.Module, Callable[[], nn.Module]], sample: Callable[[int], Any],
