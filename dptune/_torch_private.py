@@ -15,6 +15,9 @@
   public way to call a given kernel, nor to read the order ``sdpa_kernel`` may have set.
 - ``TorchFunctionMode`` (``torch.overrides``): sees ``F.scaled_dot_product_attention`` above
   autograd, where the kernel is chosen.
+- ``torch.overrides._get_current_function_mode_stack``: autograd does not run the backward
+  under the forward's torch-function modes, so an activation checkpoint's recomputation must
+  enter them again (the Trainer integration captures them when the forward runs).
 
 Everything is imported lazily: importing this module imports nothing heavy.
 """
@@ -25,7 +28,8 @@ from typing import Any
 
 __all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_base", "safe_softmax",
            "scatter_chunks", "sdp_priority_order", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash",
-           "include_dispatch_key", "exclude_dispatch_key", "PythonKernels", "amp_as_if_cuda"]
+           "include_dispatch_key", "exclude_dispatch_key", "PythonKernels", "amp_as_if_cuda",
+           "function_mode_stack"]
 
 
 def scatter_chunks(tensor: Any, device_ids: list, chunk_sizes: list, dim: int) -> tuple:
@@ -66,6 +70,13 @@ def function_mode_base() -> type:
     from torch.overrides import TorchFunctionMode
 
     return TorchFunctionMode
+
+
+def function_mode_stack() -> list:
+    """The torch-function modes active now, outermost first."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    return list(_get_current_function_mode_stack())
 
 
 def sdp_priority_order() -> list:

@@ -22,6 +22,7 @@ from dptune.integrations.transformers import (
     BalancedTrainer, TrainerSample, trainer_optimizer, trainer_sample, trainer_step_settings,
 )
 from dptune.parallel import BalancedDataParallel, find_batch_size, narrow_scatter
+from dptune.workload import StepSettings
 
 VOCAB, SEQ = 64, 12
 
@@ -135,11 +136,10 @@ def test_optimizer_and_settings_come_from_the_args(tmp_path):
     opt = trainer_optimizer(trainer)
     assert opt.cls is torch.optim.SGD and opt.name == "sgd"
     assert isinstance(opt([nn.Parameter(torch.zeros(2))]), torch.optim.SGD)
-    s = trainer_step_settings(args)
-    assert (s.amp, s.accumulate, s.clip_grad_norm, s.checkpointing) == ("bf16", 3, 0.5, True)
-    plain = trainer_step_settings(training_args(tmp_path, max_grad_norm=0.0))
-    assert (plain.amp, plain.accumulate, plain.clip_grad_norm, plain.checkpointing) == (
-        None, 1, None, False)
+    assert trainer_step_settings(args) == StepSettings(
+        amp="bf16", accumulate=3, clip_grad_norm=0.5, gradient_checkpointing=True)
+    fp16 = training_args(tmp_path, max_grad_norm=0.0, fp16=True)
+    assert trainer_step_settings(fp16) == StepSettings(amp="fp16")
     adamw = make_trainer(transformers.Trainer, tiny_gpt2(), training_args(tmp_path))
     assert trainer_optimizer(adamw).cls is torch.optim.AdamW
     # an optimizer handed to the Trainer is rebuilt with its own class and defaults
@@ -302,7 +302,6 @@ def _state(model):
 def test_tune_trainer_end_to_end_names_the_trainers_settings(tmp_path):
     from dptune.integrations.transformers import tune_trainer
     from dptune.report import read_report, write_report
-    from dptune.workload import StepSettings
 
     args = training_args(tmp_path, per_device_train_batch_size=6, bf16=True,
                          gradient_accumulation_steps=2, max_grad_norm=1.0,

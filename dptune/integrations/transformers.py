@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from dptune.result import TuneResult
+    from dptune.workload import StepSettings
 
 __all__ = ["tune_trainer", "BalancedTrainer", "BalancedTrainerMixin", "TrainerSample",
            "TrainerOptimizer", "trainer_step_settings"]
@@ -161,31 +162,28 @@ def trainer_optimizer(trainer: Any) -> TrainerOptimizer:
     return TrainerOptimizer(cls, kwargs, name)
 
 
-@dataclass(frozen=True)
-class TrainerStepSettings:
-    """The step settings ``TrainingArguments`` describe (what a probe must run)."""
+def trainer_step_settings(args: Any) -> "StepSettings":
+    """The step settings ``TrainingArguments`` describe: ``bf16``/``fp16`` → amp,
+    ``gradient_accumulation_steps``, ``max_grad_norm`` (the Trainer clips when it is > 0) and
+    activation (gradient) checkpointing."""
+    from dptune.workload import StepSettings
 
-    amp: Optional[str]
-    accumulate: int
-    clip_grad_norm: Optional[float]
-    checkpointing: bool
-    checkpointing_kwargs: Optional[dict] = None
-
-
-def trainer_step_settings(args: Any) -> TrainerStepSettings:
-    """``bf16``/``fp16`` → amp, ``gradient_accumulation_steps``, ``max_grad_norm`` (the Trainer
-    clips when it is > 0), activation (gradient) checkpointing and its kwargs."""
     amp = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else None
     clip = getattr(args, "max_grad_norm", None)
-    checkpointing = getattr(args, "activation_checkpointing", None)
-    kwargs = getattr(args, "activation_checkpointing_kwargs", None)
-    if checkpointing is None:  # transformers before the rename
-        checkpointing = getattr(args, "gradient_checkpointing", False)
-        kwargs = getattr(args, "gradient_checkpointing_kwargs", None)
-    return TrainerStepSettings(
+    return StepSettings(
         amp=amp, accumulate=int(getattr(args, "gradient_accumulation_steps", 1) or 1),
         clip_grad_norm=float(clip) if clip is not None and clip > 0 else None,
-        checkpointing=bool(checkpointing), checkpointing_kwargs=dict(kwargs) if kwargs else None)
+        gradient_checkpointing=_checkpointing_args(args)[0])
+
+
+def _checkpointing_args(args: Any) -> tuple[bool, dict]:
+    """Whether the Trainer turns activation checkpointing on, and the kwargs it passes."""
+    on = getattr(args, "activation_checkpointing", None)
+    kwargs = getattr(args, "activation_checkpointing_kwargs", None)
+    if on is None:  # transformers before the rename
+        on = getattr(args, "gradient_checkpointing", False)
+        kwargs = getattr(args, "gradient_checkpointing_kwargs", None)
+    return bool(on), dict(kwargs or {})
 
 
 _CHECKPOINT_ATTRS = ("gradient_checkpointing", "_gradient_checkpointing_func",
@@ -193,14 +191,14 @@ _CHECKPOINT_ATTRS = ("gradient_checkpointing", "_gradient_checkpointing_func",
 
 
 @contextlib.contextmanager
-def _checkpointing(model: "torch.nn.Module", settings: TrainerStepSettings) -> Iterator[None]:
+def _checkpointing(model: "torch.nn.Module", args: Any) -> Iterator[None]:
     """Activation checkpointing on, as ``Trainer.train`` turns it on, for the block only.
 
     On exit every module's checkpointing attributes are as they were, and the input hook that
     enabling adds is removed.
     """
-    on = bool(getattr(model, "is_activation_checkpointing", False))
-    if not settings.checkpointing or on:
+    wanted, kwargs = _checkpointing_args(args)
+    if not wanted or bool(getattr(model, "is_activation_checkpointing", False)):
         yield
         return
     enable = getattr(model, "activation_checkpointing_enable", None)
@@ -213,9 +211,11 @@ def _checkpointing(model: "torch.nn.Module", settings: TrainerStepSettings) -> I
     saved = {id(m): {a: m.__dict__[a] for a in _CHECKPOINT_ATTRS if a in m.__dict__}
              for m in model.modules()}
     hooks_before = list(model.__dict__.get("_require_grads_hooks") or [])
-    kwargs = dict(settings.checkpointing_kwargs or {})
     every = kwargs.pop("every_n_layers", 1)
     offload = kwargs.pop("offload", False)
+    if not kwargs.get("use_reentrant", False) and "context_fn" not in kwargs:
+        kwargs.setdefault("use_reentrant", False)
+        kwargs["context_fn"] = _recompute_as_forward
     try:
         if getattr(model, "activation_checkpointing_enable", None) is not None:
             enable(activation_checkpointing_kwargs=kwargs or None, every_n_layers=every,
@@ -234,6 +234,38 @@ def _checkpointing(model: "torch.nn.Module", settings: TrainerStepSettings) -> I
                     setattr(m, a, before[a])
                 elif a in m.__dict__:
                     delattr(m, a)
+
+
+def _recompute_as_forward() -> tuple:
+    """``context_fn`` of a non-reentrant checkpoint: the recomputation runs under the
+    torch-function modes and the CUDA autocast state the forward ran under.
+
+    Autograd runs the backward, where the recomputation happens, without torch-function modes,
+    and the checkpoint restores autocast only for the inputs' device. The simulated cluster's
+    attention and dropout emulation is such a mode, and its tensors sit on the CPU while
+    ``torch.autocast("cuda")`` is emulated; without this the recomputation would run other
+    kernels in another precision and save other tensors than the forward (a CheckpointError).
+    On real cards no mode is active and the autocast state is the one the checkpoint restores.
+    """
+    import torch
+
+    from dptune._torch_private import function_mode_stack
+
+    amp = torch.is_autocast_enabled("cuda")
+    dtype = torch.get_autocast_dtype("cuda") if amp else None
+    return contextlib.nullcontext(), _entered(function_mode_stack(), dtype)
+
+
+@contextlib.contextmanager
+def _entered(modes: list, amp_dtype: Any) -> Iterator[None]:
+    import torch
+
+    with contextlib.ExitStack() as stack:
+        for mode in modes:
+            stack.enter_context(mode)
+        if amp_dtype is not None:
+            stack.enter_context(torch.autocast("cuda", dtype=amp_dtype))
+        yield
 
 
 def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = None,
@@ -289,7 +321,7 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
                      "batch")
     device_ids = tuner_options.pop("device_ids", None)
     verbose = tuner_options.pop("verbose", True)
-    with _checkpointing(model, settings):
+    with _checkpointing(model, args):
         # the cards decide the default batch, so the backend is chosen first (in one place)
         workload = Workload(model, sample, loss_fn, optimizer, amp=settings.amp,
                             accumulate=settings.accumulate, clip_grad_norm=settings.clip_grad_norm)
