@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import os
 import pathlib
 import re
@@ -39,6 +40,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            BackendUnavailableError, DptuneError, UsageError, UserCodeError)
 from dptune.importer import import_from_string
+from dptune.presets import (LOSSES, OPTIMIZERS, Named, adam, adamw, cross_entropy_loss, mean_loss,
+                            mse_loss, sgd, sum_loss)
 from dptune.units import parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,8 +49,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from dptune.result import TuneResult
 
-__all__ = ["main", "build_parser", "search", "load_workload", "LoadedWorkload",
-           "LOSSES", "OPTIMIZERS", "DTYPES"]
+__all__ = ["main", "build_parser", "search", "load_workload", "LoadedWorkload", "DTYPES",
+           # the built-ins, from dptune.presets
+           "LOSSES", "OPTIMIZERS", "sum_loss", "mean_loss", "cross_entropy_loss", "mse_loss",
+           "sgd", "adam", "adamw"]
 
 EXIT_INTERRUPTED = 130
 
@@ -85,109 +90,58 @@ class RandomBatch:
         import torch
 
         size = (batch_size, *self.shape)
+        if math.prod(size) >= 2**63:
+            raise UsageError(f"a batch of {batch_size} samples of shape {self.shape} has "
+                             f"{math.prod(size):.3g} elements, more than a tensor can hold; "
+                             "lower --batch-size")
         if self.dtype == "long":
             return torch.randint(0, self.vocab_size or 2, size, dtype=torch.long)
         return torch.randn(size, dtype=getattr(torch, self.dtype))
 
 
-def _float_leaves(output: Any) -> list:
-    from dptune.workload import _tensor_leaves
-
-    leaves = [t for t in _tensor_leaves(output) if t.is_floating_point()]
-    if not leaves:
-        raise UsageError("the model's output holds no floating-point tensor to compute a loss on")
-    return leaves
-
-
-def sum_loss(output: Any, batch: Any = None) -> "torch.Tensor":
-    """``--loss sum``: the sum of every floating-point tensor of the output."""
-    return sum(t.sum() for t in _float_leaves(output))
-
-
-def mean_loss(output: Any, batch: Any = None) -> "torch.Tensor":
-    """``--loss mean``: the mean of each floating-point tensor of the output, added up."""
-    return sum(t.mean() for t in _float_leaves(output))
-
-
-def cross_entropy_loss(output: Any, batch: Any = None) -> "torch.Tensor":
-    """``--loss cross_entropy``: the output's logits, shape (B, ..., classes), against
-    class-0 targets (the targets' values do not change memory)."""
-    import torch
-    import torch.nn.functional as F
-
-    logits = getattr(output, "logits", None)
-    if logits is None and isinstance(output, dict):
-        logits = output.get("logits")
-    if logits is None:
-        logits = _float_leaves(output)[0]
-    if logits.dim() < 2:
-        raise UsageError(f"--loss cross_entropy needs logits of shape (batch, ..., classes); "
-                         f"the model returned shape {tuple(logits.shape)}")
-    targets = torch.zeros(logits.shape[:-1].numel(), dtype=torch.long, device=logits.device)
-    return F.cross_entropy(logits.flatten(0, -2), targets)
-
-
-def mse_loss(output: Any, batch: Any = None) -> "torch.Tensor":
-    """``--loss mse``: mean squared error of each floating-point output against zeros."""
-    import torch
-    import torch.nn.functional as F
-
-    return sum(F.mse_loss(t, torch.zeros_like(t)) for t in _float_leaves(output))
-
-
-def sgd(params: Any) -> Any:
-    """``--optimizer sgd``: SGD with momentum 0.9 (one buffer per parameter)."""
-    import torch
-
-    return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-
-
-def adam(params: Any) -> Any:
-    """``--optimizer adam``: Adam (two buffers per parameter)."""
-    import torch
-
-    return torch.optim.Adam(params, lr=1e-3)
-
-
-def adamw(params: Any) -> Any:
-    """``--optimizer adamw`` (the default, what most models train with): two buffers per
-    parameter."""
-    import torch
-
-    return torch.optim.AdamW(params, lr=1e-3)
-
-
-_Named = Optional[Callable[..., Any]]
-
-LOSSES: dict[str, _Named] = {  # None: the tuner's default
-    "default": None, "sum": sum_loss, "mean": mean_loss,
-    "cross_entropy": cross_entropy_loss, "mse": mse_loss,
-}
-OPTIMIZERS: dict[str, _Named] = {
-    "adamw": adamw, "adam": adam, "sgd": sgd, "none": None,
-}
-
-
 # ---- user code -----------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _users_code(what: str) -> Iterator[None]:
+def _users_code(what: str, at_import: bool = False) -> Iterator[None]:
     """Exceptions raised by the user's code in this block become :class:`UserCodeError`
-    (exit 1) chained to the original, whose traceback ``main`` shows."""
+    (exit 1) chained to the original, whose traceback ``main`` shows. ``sys.exit()`` in the
+    user's code is one too: its code must not pass for one of dptune's exit codes."""
     try:
         yield
     except DptuneError:
         raise
+    except SystemExit as e:
+        if at_import:
+            raise UserCodeError(
+                f"{what}: the module exited (sys.exit({e.code!r})) while being imported; any "
+                "output above is the module's own (e.g. its argparse reading the command line), not "
+                "dptune's. Put module-level script code under `if __name__ == \"__main__\":`"
+            ) from None
+        raise UserCodeError(f"{what} called sys.exit({e.code!r}); dptune runs your code in its "
+                            "own process, so it must return or raise, not exit") from None
     except Exception as e:
         raise UserCodeError(f"{what} raised {type(e).__name__}: {e}") from e
 
 
+@contextlib.contextmanager
+def _argv_of(module_name: str) -> Iterator[None]:
+    """``sys.argv`` as a script run without arguments would see it: a module that parses the
+    command line at import gets its own defaults, not dptune's flags."""
+    saved = sys.argv
+    sys.argv = [module_name]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
 def _import(import_str: str, flag: str) -> Any:
-    with _users_code(f"importing {import_str!r} ({flag})"):
+    module_name = import_str.partition(":")[0].strip()
+    with _users_code(f"importing {import_str!r} ({flag})", at_import=True), _argv_of(module_name):
         return import_from_string(import_str)
 
 
-def _named(table: dict[str, _Named], value: str, flag: str) -> _Named:
+def _named(table: dict[str, Named], value: str, flag: str) -> Named:
     """A built-in name from ``table``, or ``module:attribute`` imported."""
     if ":" in value:
         fn = _import(value, flag)
@@ -218,8 +172,8 @@ def parse_model_kwargs(text: Optional[str]) -> dict[str, Any]:
 def parse_shape(text: str) -> tuple[int, ...]:
     """``"3,224,224"`` -> ``(3, 224, 224)`` (one sample's shape, without the batch)."""
     try:
-        shape = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
-    except ValueError:
+        shape = tuple(int(x) for x in text.replace("x", ",").split(","))
+    except ValueError:  # not a number, or an empty item ("3,,224")
         shape = ()
     if not shape or any(d <= 0 for d in shape):
         raise UsageError(f"--input-shape {text!r}: give one sample's shape as positive ints "
@@ -249,7 +203,13 @@ def _build(factory: Callable[[], Any], on_meta: bool) -> Any:
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"--model {factory.__name__} returned a {type(model).__name__}, "
                          "not a torch.nn.Module")
-    return model
+    if on_meta:  # only read for its sample(); the backend builds (and unwraps) its own
+        from dptune.checkpoint import unwrap
+
+        return unwrap(model)
+    from dptune.workload import unwrap_parallel
+
+    return unwrap_parallel(model)
 
 
 @dataclass
@@ -360,14 +320,12 @@ def _isolated_backend(model: str, model_kwargs: Optional[dict[str, Any]], sample
                       vocab_size: Optional[int], loss: str, optimizer: str,
                       devices: Optional[Sequence[int]]) -> Any:
     """A CUDA backend that runs each probe in a spawned child, which rebuilds the workload
-    from the same import strings (built-in losses and optimizers are named in this module)."""
+    from the same import strings (built-in losses and optimizers from :mod:`dptune.presets`)."""
     from dptune.backends.cuda import CudaBackend, WorkloadSpec
+    from dptune.presets import import_string
 
-    def named(value: str, table: dict[str, _Named]) -> Optional[str]:
-        if ":" in value:
-            return value
-        fn = table[value]
-        return None if fn is None else f"{__name__}:{fn.__name__}"
+    def named(value: str, table: dict[str, Named]) -> Optional[str]:
+        return value if ":" in value else import_string(table[value])
 
     kind = dtype or ("long" if vocab_size is not None else "float32")
     spec = WorkloadSpec(model=model, model_kwargs=dict(model_kwargs or {}), sample=sample,
@@ -395,6 +353,19 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+#: The largest --batch-size taken: far beyond any cluster's memory, well inside a tensor's size.
+MAX_BATCH_SIZE = 2**40
+
+
+def _batch_size(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{text} is beyond what any cluster holds (at most {MAX_BATCH_SIZE:,} samples); give "
+            "the total batch over all cards, e.g. 256")
     return value
 
 
@@ -447,7 +418,7 @@ def search_parser(subparsers: Any) -> None:
                    help="dtype of --input-shape data (default float32; long with --vocab-size)")
     g.add_argument("--vocab-size", type=_positive_int, metavar="N",
                    help="token ids for --input-shape are drawn from 0..N-1 (dtype long)")
-    g.add_argument("--batch-size", type=_positive_int, default=256, metavar="N",
+    g.add_argument("--batch-size", type=_batch_size, default=256, metavar="N",
                    help="total batch size over all cards (default 256; for --objective "
                         "max-batch, where the search starts)")
     g.add_argument("--loss", default="default", metavar="NAME",
@@ -486,9 +457,11 @@ def search_parser(subparsers: Any) -> None:
 
 
 def _search_command(args: argparse.Namespace) -> int:
-    from dptune.report import render_table, write_report
+    from dptune.report import check_output_folder, render_table, write_report
 
     out = sys.stderr if args.json else sys.stdout
+    if args.out:  # before minutes of probing
+        check_output_folder(args.out, "--out", report=True)
 
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -557,15 +530,12 @@ def plot_parser(subparsers: Any) -> None:
 
 
 def _plot_command(args: argparse.Namespace) -> int:
-    from dptune.report import plot_kinds, plot_result, read_report
+    from dptune.report import read_report, write_plots
 
     result = read_report(args.report)
     folder = pathlib.Path(args.out) if args.out else _report_folder(args.report)
-    folder.mkdir(parents=True, exist_ok=True)
-    for kind in args.kind or plot_kinds(result):
-        path = folder / f"{kind}.png"
-        plot_result(result, kind=kind).savefig(path, dpi=120)
-        print(f"wrote {path}")
+    for kind in write_plots(result, folder, args.kind, flag="--out" if args.out else "REPORT"):
+        print(f"wrote {folder / f'{kind}.png'}")
     return EXIT_OK
 
 
@@ -620,6 +590,35 @@ def format_user_traceback(exc: BaseException) -> str:
     return "".join(te.format()) if te.stack else ""
 
 
+@contextlib.contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Show dptune's own warnings as ``dptune: <message>``, each once; others as Python does."""
+    import warnings
+
+    from dptune.errors import DptuneWarning
+
+    seen: set[str] = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", DptuneWarning)
+        python_shows = warnings.showwarning
+
+        def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                 line: Optional[str] = None) -> None:
+            if not issubclass(category, DptuneWarning):
+                python_shows(message, category, filename, lineno, file, line)
+            elif str(message) not in seen:
+                seen.add(str(message))
+                print(f"dptune: {message}", file=sys.stderr)
+
+        warnings.showwarning = show
+        yield
+
+
+def argv_command(argv: Optional[Sequence[str]]) -> str:
+    args = list(sys.argv[1:] if argv is None else argv)
+    return args[0] if args else ""
+
+
 def _error(message: str) -> None:
     print(f"dptune: error: {message}", file=sys.stderr)
 
@@ -635,7 +634,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        return args.func(args)
+        with _one_line_warnings():
+            return args.func(args)
+    except SystemExit as e:  # the user's code exited somewhere dptune did not expect it
+        _error(f"your code called sys.exit({e.code!r}) during `dptune {argv_command(argv)}`; "
+               "dptune runs it in its own process, so it must return or raise, not exit")
+        return EXIT_USER_CODE
     except KeyboardInterrupt:
         _error("interrupted")
         return EXIT_INTERRUPTED

@@ -357,7 +357,6 @@ def solve_max_batch(fits: Sequence[Fit], budgets: Sequence[int], *, min_chunk_no
     ``limit`` bounds the search (``None``: none). Raises :class:`NoFeasibleSplitError` when
     not even the smallest batch (1, or ``min_chunk_nonzero``) fits.
     """
-    n = len(fits)
     m = max(1, int(min_chunk_nonzero))
     big = 1 << 62
     # room at batch 0 bounds every batch (card 0's room only shrinks with the batch)

@@ -242,22 +242,24 @@ class Tuner:
         if getattr(backend, "kind", "") == "cuda":
             ids = [d.index for d in backend.devices]
             model = self.workload.model() if self.workload.is_factory else self.workload.model
+            assert isinstance(model, torch.nn.Module)
             return BalancedDataParallel(model.to(torch.device("cuda", ids[0])), device_ids=ids,
                                         chunk_sizes=chunk_sizes)
-        if self.workload.is_factory:
+        module = self.workload.model
+        if not isinstance(module, torch.nn.Module):
             notes.append("the model was given as a factory and simulated, so result.model is None; "
                          "wrap the real model with BalancedDataParallel(model, chunk_sizes=...) "
                          "or BalancedDataParallel.from_report(model, report_dir)")
             return None
         n = len(chunk_sizes)
         if torch.cuda.is_available() and torch.cuda.device_count() >= n:
-            first = next(self.workload.model.parameters(), None)
+            first = next(module.parameters(), None)
             if first is not None and first.device == torch.device("cuda", 0):
-                return BalancedDataParallel(self.workload.model, device_ids=list(range(n)),
+                return BalancedDataParallel(module, device_ids=list(range(n)),
                                             chunk_sizes=chunk_sizes)
         with warnings.catch_warnings():   # the pass-through is expected after a simulation
             warnings.simplefilter("ignore", UserWarning)
-            return BalancedDataParallel(self.workload.model, chunk_sizes=chunk_sizes)
+            return BalancedDataParallel(module, chunk_sizes=chunk_sizes)
 
     def _has_batchnorm(self, backend: Backend) -> bool:
         flag = getattr(backend, "has_batchnorm", None)
