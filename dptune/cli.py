@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
-                           BackendUnavailableError, DptuneError, UsageError, UserCodeError)
+                           DptuneError, UsageError, UserCodeError)
 from dptune.importer import import_from_string
 from dptune.presets import (LOSSES, OPTIMIZERS, Named, adam, adamw, cross_entropy_loss, mean_loss,
                             mse_loss, sgd, sum_loss)

@@ -97,12 +97,10 @@ def _build_backend(workload: Workload, choice: BackendChoice) -> Backend:
     if choice.simulated:
         from dptune.backends.simulated import SimulatedBackend
 
-        backend: Backend = SimulatedBackend(workload, choice.cluster)  # type: ignore[assignment]
-        return backend
+        return SimulatedBackend(workload, choice.cluster)
     from dptune.backends.cuda import CudaBackend
 
-    cuda: Backend = CudaBackend(workload, device_ids=choice.device_ids)  # type: ignore[assignment]
-    return cuda
+    return CudaBackend(workload, device_ids=choice.device_ids)
 
 
 class Tuner:

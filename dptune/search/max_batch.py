@@ -45,13 +45,20 @@ def largest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int:
     return lo
 
 
-def _le(c0: Optional[int], chunk: int) -> bool:
-    return c0 is not None and c0 <= chunk
+def _last_within(line: "_Line", chunk: int, batch: int) -> int:
+    """The largest batch up to ``batch`` at which the line leaves card 0 at most ``chunk``."""
+    def ok(b: int) -> bool:
+        c0 = line.c0(b)
+        return c0 is not None and c0 <= chunk
+    return largest_true(ok, 0, batch)
 
 
-def _lt(c0: Optional[int], chunk: int) -> bool:
-    """Card 0's fewest samples are below ``chunk`` (no split at all counts as not)."""
-    return c0 is not None and c0 < chunk
+def _first_over(line: "_Line", chunk: int, batch: int) -> int:
+    """The smallest batch from ``batch`` at which the line leaves card 0 at least ``chunk``."""
+    def below(b: int) -> bool:
+        c0 = line.c0(b)
+        return c0 is not None and c0 < chunk
+    return largest_true(below, batch, batch + line.total + chunk + 1) + 1
 
 
 class _Line:
@@ -174,12 +181,10 @@ class MaxBatch:
         """``[lo, hi)`` of the batch along ``line``, from card 0's measured points."""
         lo = 0
         for p in self.obs.fit_points(0):
-            lo = max(lo, largest_true(lambda b: _le(line.c0(b), p.chunk), 0, p.batch))
+            lo = max(lo, _last_within(line, p.chunk, p.batch))
         hi: Optional[int] = None
         for p in self.obs.over_points(0):
-            top = p.batch + line.total + p.chunk + 1
-            b = largest_true(lambda b: _lt(line.c0(b), p.chunk), p.batch, top) + 1
-            b = max(b, p.batch)
+            b = max(p.batch, _first_over(line, p.chunk, p.batch))
             hi = b if hi is None else min(hi, b)
         if hi is not None and lo >= hi:
             lo = hi - 1
