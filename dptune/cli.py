@@ -277,6 +277,20 @@ def load_workload(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
         optimizer=_named(OPTIMIZERS, optimizer, "--optimizer"), name=factory.__name__)
 
 
+def load_step(step: Optional[str]) -> Optional[Callable[..., Any]]:
+    """``--step MODULE:FUNC``: the user's step function ``step(model, batch, optimizer)``."""
+    if step is None:
+        return None
+    if ":" not in step:
+        raise UsageError(f"--step {step!r}: give the step function as MODULE:FUNC, "
+                         "e.g. --step mytrain:train_step")
+    fn = _import(step, "--step")
+    if not callable(fn):
+        raise UsageError(f"--step {step!r} names a {type(fn).__name__}, not a function "
+                         "step(model, batch, optimizer)")
+    return fn
+
+
 def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
            sample: Optional[str] = None, input_shape: Optional[Sequence[int]] = None,
            dtype: Optional[str] = None, vocab_size: Optional[int] = None,
@@ -284,7 +298,8 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
            devices: Optional[Sequence[int]] = None, simulate: Optional[str] = None,
            objective: str = "balance", headroom_bytes: int = 2**30, max_probes: int = 12,
            verbose: bool = True,
-           isolate: bool = False) -> "TuneResult":
+           isolate: bool = False, amp: Optional[str] = None, accumulate: int = 1,
+           clip_grad_norm: Optional[float] = None, step: Optional[str] = None) -> "TuneResult":
     """``dptune search`` without the printing: build the workload, run the tuner, return
     its result. With neither ``devices`` nor ``simulate``, all visible GPUs are used, or
     the default simulated cluster when none is visible (the tuner says so once)."""
@@ -297,17 +312,20 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
     wl = load_workload(model, model_kwargs=model_kwargs, sample=sample, input_shape=input_shape,
                        dtype=dtype, vocab_size=vocab_size, loss=loss, optimizer=optimizer,
                        simulated=cluster is not None)
+    step_fn = load_step(step)
     backend = None
     if isolate:
         if cluster is not None:
             raise UsageError("--isolate runs each probe on real GPUs in a child process; it does "
                              "not apply to --simulate")
         backend = _isolated_backend(model, model_kwargs, sample, input_shape, dtype, vocab_size,
-                                    loss, optimizer, devices)
+                                    loss, optimizer, devices, amp=amp, accumulate=accumulate,
+                                    clip_grad_norm=clip_grad_norm, step=step)
     tuner = Tuner(wl.model, wl.sample, batch_size=batch_size, loss_fn=wl.loss_fn,
                   optimizer=wl.optimizer, device_ids=list(devices) if devices else None,
                   simulate=simulate, objective=objective, headroom=headroom_bytes,
-                  verbose=verbose, max_probes=max_probes, backend=backend)
+                  verbose=verbose, max_probes=max_probes, backend=backend, amp=amp,
+                  accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step_fn)
     try:
         return tuner.fit()
     finally:
@@ -318,7 +336,9 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
 def _isolated_backend(model: str, model_kwargs: Optional[dict[str, Any]], sample: Optional[str],
                       input_shape: Optional[Sequence[int]], dtype: Optional[str],
                       vocab_size: Optional[int], loss: str, optimizer: str,
-                      devices: Optional[Sequence[int]]) -> Any:
+                      devices: Optional[Sequence[int]], *, amp: Optional[str] = None,
+                      accumulate: int = 1, clip_grad_norm: Optional[float] = None,
+                      step: Optional[str] = None) -> Any:
     """A CUDA backend that runs each probe in a spawned child, which rebuilds the workload
     from the same import strings (built-in losses and optimizers from :mod:`dptune.presets`)."""
     from dptune.backends.cuda import CudaBackend, WorkloadSpec
@@ -331,7 +351,8 @@ def _isolated_backend(model: str, model_kwargs: Optional[dict[str, Any]], sample
     spec = WorkloadSpec(model=model, model_kwargs=dict(model_kwargs or {}), sample=sample,
                         input_shape=tuple(input_shape) if input_shape is not None else None,
                         input_dtype=kind, input_high=vocab_size or 2,
-                        loss_fn=named(loss, LOSSES), optimizer=named(optimizer, OPTIMIZERS))
+                        loss_fn=named(loss, LOSSES), optimizer=named(optimizer, OPTIMIZERS),
+                        amp=amp, accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step)
     return CudaBackend(spec, device_ids=list(devices) if devices else None, isolate=True)
 
 
@@ -353,6 +374,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -427,6 +458,18 @@ def search_parser(subparsers: Any) -> None:
     g.add_argument("--optimizer", default="adamw", metavar="NAME",
                    help="adamw (default), adam, sgd (momentum 0.9), none, or MODULE:FUNC "
                         "taking the parameters")
+    st = p.add_argument_group("training step (what the split is tuned for)")
+    st.add_argument("--amp", choices=("bf16", "fp16"), default=None,
+                    help="mixed precision: forward and loss under torch.autocast('cuda', dtype), "
+                         "with a GradScaler for fp16 (default: fp32)")
+    st.add_argument("--accumulate", type=_positive_int, default=1, metavar="N",
+                    help="micro-batches per optimizer step (gradient accumulation); --batch-size "
+                         "stays per forward pass (default 1)")
+    st.add_argument("--clip-grad-norm", type=_positive_float, default=None, metavar="X",
+                    help="clip_grad_norm_ to max norm X before the optimizer step")
+    st.add_argument("--step", metavar="MODULE:FUNC", default=None,
+                    help="your own step(model, batch, optimizer), replacing the built-in step "
+                         "(model: already wrapped; optimizer: built from --optimizer)")
     c = p.add_argument_group("cards")
     where = c.add_mutually_exclusive_group()
     where.add_argument("--devices", type=_device_ids, metavar="I,J,...",
@@ -473,7 +516,8 @@ def _search_command(args: argparse.Namespace) -> int:
             devices=args.devices, simulate=args.simulate,
             objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
             max_probes=args.max_probes, verbose=not args.quiet,
-            isolate=args.isolate)
+            isolate=args.isolate, amp=args.amp, accumulate=args.accumulate,
+            clip_grad_norm=args.clip_grad_norm, step=args.step)
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
     if args.json:

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dptune.backends.base import Device, ProbeResult
+from dptune.errors import ReportError, UsageError
 from dptune.search.observations import Bracket
 from dptune.solver import Fit
-from dptune.errors import ReportError
+from dptune.workload import StepSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -88,6 +89,8 @@ class TuneResult:
       ``brackets``: per card ``[lo, hi)``, ``lo`` measured within budget, ``hi`` over.
     - ``output_device``: the card DataParallel gathers the outputs on (0 unless another card
       raised the largest batch; ``card0_output_batch_size`` is then the batch with card 0).
+    - ``settings``: the training step the split was tuned for (mixed precision,
+      accumulation, clipping, the user's step function); a split is only valid for it.
     - ``model``: the user's model wrapped in a ``BalancedDataParallel`` with this split
       (``None`` after ``load``).
     """
@@ -113,6 +116,7 @@ class TuneResult:
     brackets: list[Bracket] = field(default_factory=list)
     output_device: int = 0
     card0_output_batch_size: Optional[int] = None
+    settings: StepSettings = field(default_factory=StepSettings)
     model: Optional["torch.nn.Module"] = field(default=None, repr=False, compare=False)
 
     # ---- derived figures -------------------------------------------------------------
@@ -198,7 +202,8 @@ class TuneResult:
             breakdown=self.breakdown, even=self.even.to_dict(),
             probes=[p.to_dict() for p in self.probes], fits=[f.to_dict() for f in self.fits],
             requested_batch_size=self.requested_batch_size, seconds=self.seconds,
-            advice=list(self.advice), notes=list(self.notes), certified=self.certified,
+            advice=list(self.advice), notes=list(self.notes), settings=self.settings.to_dict(),
+            certified=self.certified,
             brackets=[b.to_dict() for b in self.brackets], output_device=self.output_device,
             card0_output_batch_size=self.card0_output_batch_size,
         )
@@ -471,9 +476,21 @@ def _read_result(d: Any) -> TuneResult:
         probes=[_read_probe(x, n) for x in c.objects("probes")],
         fits=[_read_fit(x) for x in c.objects("fits", n)], breakdown=c.breakdowns("breakdown", n),
         requested_batch_size=requested, seconds=c.number("seconds", optional=True),
-        advice=c.strings("advice"), notes=c.strings("notes"),
+        advice=c.strings("advice"), notes=c.strings("notes"), settings=_read_settings(c),
         certified=_read_flag(c, "certified"),
         brackets=[_read_bracket(x) for x in c.objects("brackets", optional=True) or []],
         output_device=c.card("output_device", n) or 0,
         card0_output_batch_size=c.integer("card0_output_batch_size", optional=True),
     )
+
+
+def _read_settings(c: _Checked) -> StepSettings:
+    raw = c.raw("settings", optional=True)
+    if raw is None:       # a report written before the step's settings were recorded
+        return StepSettings()
+    if not isinstance(raw, dict):
+        raise c.fail("settings", "a JSON object", raw)
+    try:
+        return StepSettings.from_dict(raw)
+    except (UsageError, TypeError, ValueError) as e:
+        raise ReportError(f"settings: {e}; {_AGAIN}") from None
