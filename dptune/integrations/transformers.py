@@ -289,12 +289,11 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
     Returns a :class:`~dptune.TuneResult`; pass it to :class:`BalancedTrainer` as ``tuned=``.
     The Trainer, its model and its arguments are left as they were.
     """
-    from dptune.tuner import Tuner, select_backend
-    from dptune.workload import Workload
+    from dptune.tuner import Tuner, _visible_gpus, choose_backend
 
     if not isinstance(trainer, transformers.Trainer):
         raise UsageError(f"tune_trainer expects a transformers.Trainer, got {type(trainer).__name__}")
-    for knob in ("amp", "accumulate", "clip_grad_norm", "backend", "simulate"):
+    for knob in ("amp", "accumulate", "clip_grad_norm"):
         if knob in tuner_options:
             raise UsageError(f"tune_trainer reads {knob} from the Trainer's arguments; set it in "
                              "TrainingArguments (bf16/fp16, gradient_accumulation_steps, "
@@ -321,27 +320,22 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
                      "batch")
     device_ids = tuner_options.pop("device_ids", None)
     verbose = tuner_options.pop("verbose", True)
+    if batch_size is None:
+        # the cards decide the default batch: the tuner's own choice of them, made here first
+        choice = choose_backend(device_ids, simulate)
+        cards = (len(choice.cluster) if choice.simulated else
+                 len(choice.device_ids) if choice.device_ids is not None else _visible_gpus())
+        per_device = int(args.per_device_train_batch_size)
+        batch_size = per_device * cards
+        notes.append(f"batch: {batch_size} samples per forward pass "
+                     f"(per_device_train_batch_size {per_device} x {cards} cards)")
     with _checkpointing(model, args):
-        # the cards decide the default batch, so the backend is chosen first (in one place)
-        workload = Workload(model, sample, loss_fn, optimizer, amp=settings.amp,
-                            accumulate=settings.accumulate, clip_grad_norm=settings.clip_grad_norm)
-        backend = select_backend(workload, device_ids=device_ids, simulate=simulate,
-                                 verbose=verbose, notes=notes)
-        try:
-            cards = len(backend.devices)
-            per_device = int(args.per_device_train_batch_size)
-            if batch_size is None:
-                batch_size = per_device * cards
-                notes.append(f"batch: {batch_size} samples per forward pass "
-                             f"(per_device_train_batch_size {per_device} x {cards} cards)")
-            tuner = Tuner(model, sample, batch_size=batch_size, loss_fn=loss_fn,
-                          optimizer=optimizer, objective=objective, headroom=headroom,
-                          verbose=verbose, backend=backend, amp=settings.amp,
-                          accumulate=settings.accumulate, clip_grad_norm=settings.clip_grad_norm,
-                          **tuner_options)
-            result = tuner.fit()
-        finally:
-            backend.close()
+        tuner = Tuner(model, sample, batch_size=batch_size, loss_fn=loss_fn, optimizer=optimizer,
+                      device_ids=device_ids, simulate=simulate, objective=objective,
+                      headroom=headroom, verbose=verbose, amp=settings.amp,
+                      accumulate=settings.accumulate, clip_grad_norm=settings.clip_grad_norm,
+                      **tuner_options)
+        result = tuner.fit()
     result.notes.extend(n for n in notes if n not in result.notes)
     return result
 
