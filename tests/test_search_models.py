@@ -92,3 +92,29 @@ def test_balance_is_optimal_and_certified(name):
     opt = brute.balance_optimum(curves, r.budget_bytes, batch, r.chunk_sizes)
     assert brute.max_share(r.peak_bytes, r.budget_bytes) == pytest.approx(opt.max_share, rel=1e-9)
     assert r.certified and r.num_probes <= 6
+
+
+def test_simulator_gathers_on_the_output_device():
+    model = TinyGPT(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32)
+    backend, _ = measured(model, adamw, "2x1GB")
+    on0 = backend.estimate([4, 4]).breakdown
+    on1 = backend.estimate([4, 4], output_device=1).breakdown
+    logits = 8 * 32 * 2000 * 4          # the whole batch's logits, fp32
+    assert on0[0]["outputs"] >= logits and on0[1].get("outputs", 0) == 0
+    assert on1[1]["outputs"] >= logits and on1[0].get("outputs", 0) == 0
+
+
+def test_output_device_auto_keeps_a_card_that_raises_the_largest_batch():
+    model = TinyGPT(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32)
+    backend, _ = measured(model, adamw, "3x1GB")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = Tuner(model, model.sample, batch_size=32, optimizer=adamw, objective="max_batch",
+                  headroom=HEADROOM, verbose=False, backend=backend, output_device="auto").fit()
+    assert r.output_device == 1 and r.card0_output_batch_size is not None
+    assert r.output_device_gain == r.batch_size - r.card0_output_batch_size > 0
+    assert r.certified and all(p <= b for p, b in zip(r.peak_bytes, r.budget_bytes))
+    # the split returned was measured with the outputs on card 1
+    assert any(list(p.chunk_sizes) == r.chunk_sizes and p.purpose.startswith("output 1:")
+               for p in r.probes)
+    assert "outputs gathered on card 1" in str(r)
