@@ -364,9 +364,9 @@ def solve_max_batch(fits: Sequence[Fit], budgets: Sequence[int], *, min_chunk_no
         return c is not None and sum(c) >= b
 
     smallest = m * n if every_card else m
-    lo, hi = 0, upper
+    lo, hi = (smallest, upper) if every_card else (0, upper)
     if not loose(lo):
-        hi = -1
+        hi = lo - 1
     lo = _bisect_last(loose, lo, hi)
     best = 0
     b = lo

@@ -84,6 +84,11 @@ class SimulatedDDPRank(SimulatedBackend):
                     offset += p.numel()
         self._setup_bytes = list(ledger.live)
 
+    def ddp_bytes(self) -> int:
+        """Bytes of the Reducer's buckets on this card (builds the fake model if needed)."""
+        self._setup()
+        return sum(b.allocated_bytes for b in self.buckets)
+
     def _to_bucket(self, p: torch.Tensor) -> None:
         view = self._views[id(p)]
         if p.grad is not None and p.grad is not view:

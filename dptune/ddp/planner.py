@@ -113,8 +113,7 @@ class _SimulatedProber:
         self.name = model_name(workload.model)
 
     def info(self) -> _RankInfo:
-        self.backend.estimate([1])  # builds the fake model and its buckets
-        ddp = sum(b.allocated_bytes for b in self.backend.buckets)
+        ddp = self.backend.ddp_bytes()
         return _RankInfo(device=self.device, host=self.host,
                          budget_bytes=self.device.budget_bytes(self.headroom), ddp_bytes=ddp,
                          min_batch=_min_batch(self.workload.model), model_name=self.name,
