@@ -1,11 +1,15 @@
 # dptune: `make demo` installs and tunes a built-in example on the simulated cluster;
-# `make test` installs and runs the test suite. Both work on a fresh machine without a GPU.
+# `make test` installs, then lints (ruff), type-checks (mypy) and runs the test suite.
+# Both work on a fresh machine without a GPU. The `dptune` command is installed in .venv:
+# activate it (`. .venv/bin/activate`) or call `.venv/bin/dptune`.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.dptune-installed
 
-.PHONY: install demo test bench validate-gpu clean
+DEMO   := reports/_scratch/TinyGPT-4x24GB
+
+.PHONY: install demo example test lint bench validate-gpu clean
 
 install: $(STAMP)
 
@@ -23,12 +27,23 @@ $(STAMP): pyproject.toml
 	fi
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
+	@echo "dptune is installed in $(VENV): run '. $(VENV)/bin/activate' to use the dptune command (or call $(VENV)/bin/dptune)"
 
+# The demo writes a scratch report (git-ignored), so running it never changes the committed
+# example; `make example` regenerates the example under reports/ on purpose.
 demo: install
+	$(PY) -m dptune search --model dptune.examples.models:TinyGPT --batch-size 256 \
+	    --simulate 4x24GB --objective max-batch --out $(DEMO)
+
+example: install
 	$(PY) -m dptune search --model dptune.examples.models:TinyGPT --batch-size 256 \
 	    --simulate 4x24GB --objective max-batch --out reports/TinyGPT-4x24GB
 
-test: install
+lint: install
+	$(PY) -m ruff check dptune tests benchmarks
+	$(PY) -m mypy dptune
+
+test: lint
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: install

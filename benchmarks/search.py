@@ -352,7 +352,7 @@ def balance_optimum(curves: Curves, budgets: Sequence[int], batch_size: int,
             values.append({c: share(i, c) for c in range(lo, hi + 1) if c == 0 or c >= m})
         levels = sorted({v for vals in values for v in vals.values()})
 
-        def solve(level: float) -> Optional[list[int]]:
+        def solve(level: float, values: list[dict[int, float]] = values) -> Optional[list[int]]:
             reach: list[dict[int, int]] = [{0: 0}]    # sum -> chunk of the last card
             for vals in values:
                 nxt: dict[int, int] = {}
@@ -381,7 +381,7 @@ def balance_optimum(curves: Curves, budgets: Sequence[int], batch_size: int,
         split = solve(level)
         assert split is not None
         certified, ub_sum = True, 0
-        for i, vals in enumerate(values):
+        for vals in values:
             cs = sorted(vals)
             lo, hi = cs[0], cs[-1]
             if hi < B and vals[hi] < level:

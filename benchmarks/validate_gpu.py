@@ -123,7 +123,7 @@ def measure_probe(factory: Callable[[], Any], sample: Callable[[Any, int], Any],
 
     torch.manual_seed(0)
     model = factory()
-    wl = Workload(model=model, sample=lambda b: sample(model, b), optimizer=opt_factory)
+    wl = Workload(model=model, sample=lambda b, m=model: sample(m, b), optimizer=opt_factory)
     with CudaBackend(wl, [0], repeats=2) as backend:
         result = backend.probe([batch])
     del model, wl
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 with torch.device("meta"):
                     shape_model = factory()
-                real = measure_real(factory, lambda b: sample(shape_model, b), batch, opt_factory)
+                real = measure_real(factory, lambda b, m=shape_model, s=sample: s(m, b), batch, opt_factory)
                 probe = measure_probe(factory, sample, batch, opt_factory)
                 est = estimate(factory, sample, batch, opt_factory, cluster)
             except torch.OutOfMemoryError:

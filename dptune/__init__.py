@@ -46,6 +46,8 @@ _LAZY = {
     "UsageError": "dptune.errors",
     "SpecError": "dptune.errors",
     "ImportStringError": "dptune.errors",
+    "ReportError": "dptune.errors",
+    "OutputError": "dptune.errors",
     "NoFeasibleSplitError": "dptune.errors",
     "BackendUnavailableError": "dptune.errors",
     "UserCodeError": "dptune.errors",

@@ -35,7 +35,7 @@ def unwrap(model: "torch.nn.Module") -> "torch.nn.Module":
     return model
 
 
-def state_dict(model: "torch.nn.Module") -> "OrderedDict[str, torch.Tensor]":
+def state_dict(model: "torch.nn.Module") -> "dict[str, Any]":
     """The model's state dict without the wrappers' ``module.`` prefix."""
     return unwrap(model).state_dict()
 

@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import os
 import pathlib
 import re
@@ -87,6 +88,10 @@ class RandomBatch:
         import torch
 
         size = (batch_size, *self.shape)
+        if math.prod(size) >= 2**63:
+            raise UsageError(f"a batch of {batch_size} samples of shape {self.shape} has "
+                             f"{math.prod(size):.3g} elements, more than a tensor can hold; "
+                             "lower --batch-size")
         if self.dtype == "long":
             return torch.randint(0, self.vocab_size or 2, size, dtype=torch.long)
         return torch.randn(size, dtype=getattr(torch, self.dtype))
@@ -134,7 +139,9 @@ def mse_loss(output: Any, batch: Any = None) -> "torch.Tensor":
     import torch
     import torch.nn.functional as F
 
-    return sum(F.mse_loss(t, torch.zeros_like(t)) for t in _float_leaves(output))
+    leaves = _float_leaves(output)
+    return sum((F.mse_loss(t, torch.zeros_like(t)) for t in leaves[1:]),
+               F.mse_loss(leaves[0], torch.zeros_like(leaves[0])))
 
 
 def sgd(params: Any) -> Any:
@@ -173,19 +180,42 @@ OPTIMIZERS: dict[str, _Named] = {
 # ---- user code -----------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _users_code(what: str) -> Iterator[None]:
+def _users_code(what: str, at_import: bool = False) -> Iterator[None]:
     """Exceptions raised by the user's code in this block become :class:`UserCodeError`
-    (exit 1) chained to the original, whose traceback ``main`` shows."""
+    (exit 1) chained to the original, whose traceback ``main`` shows. ``sys.exit()`` in the
+    user's code is one too: its code must not pass for one of dptune's exit codes."""
     try:
         yield
     except DptuneError:
         raise
+    except SystemExit as e:
+        if at_import:
+            raise UserCodeError(
+                f"{what}: the module exited (sys.exit({e.code!r})) while being imported; any "
+                "output above is the module's own (e.g. its argparse reading the command line), not "
+                "dptune's. Put module-level script code under `if __name__ == \"__main__\":`"
+            ) from None
+        raise UserCodeError(f"{what} called sys.exit({e.code!r}); dptune runs your code in its "
+                            "own process, so it must return or raise, not exit") from None
     except Exception as e:
         raise UserCodeError(f"{what} raised {type(e).__name__}: {e}") from e
 
 
+@contextlib.contextmanager
+def _argv_of(module_name: str) -> Iterator[None]:
+    """``sys.argv`` as a script run without arguments would see it: a module that parses the
+    command line at import gets its own defaults, not dptune's flags."""
+    saved = sys.argv
+    sys.argv = [module_name]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
 def _import(import_str: str, flag: str) -> Any:
-    with _users_code(f"importing {import_str!r} ({flag})"):
+    module_name = import_str.partition(":")[0].strip()
+    with _users_code(f"importing {import_str!r} ({flag})", at_import=True), _argv_of(module_name):
         return import_from_string(import_str)
 
 
@@ -220,8 +250,8 @@ def parse_model_kwargs(text: Optional[str]) -> dict[str, Any]:
 def parse_shape(text: str) -> tuple[int, ...]:
     """``"3,224,224"`` -> ``(3, 224, 224)`` (one sample's shape, without the batch)."""
     try:
-        shape = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
-    except ValueError:
+        shape = tuple(int(x) for x in text.replace("x", ",").split(","))
+    except ValueError:  # not a number, or an empty item ("3,,224")
         shape = ()
     if not shape or any(d <= 0 for d in shape):
         raise UsageError(f"--input-shape {text!r}: give one sample's shape as positive ints "
@@ -251,7 +281,13 @@ def _build(factory: Callable[[], Any], on_meta: bool) -> Any:
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"--model {factory.__name__} returned a {type(model).__name__}, "
                          "not a torch.nn.Module")
-    return model
+    if on_meta:  # only read for its sample(); the backend builds (and unwraps) its own
+        from dptune.checkpoint import unwrap
+
+        return unwrap(model)
+    from dptune.workload import unwrap_parallel
+
+    return unwrap_parallel(model)
 
 
 @dataclass
@@ -421,6 +457,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+#: The largest --batch-size taken: far beyond any cluster's memory, well inside a tensor's size.
+MAX_BATCH_SIZE = 2**40
+
+
+def _batch_size(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{text} is beyond what any cluster holds (at most {MAX_BATCH_SIZE:,} samples); give "
+            "the total batch over all cards, e.g. 256")
+    return value
+
+
 def _byte_size(text: str) -> int:
     try:
         return parse_bytes(text)
@@ -466,7 +515,7 @@ def workload_arguments(p: argparse.ArgumentParser, *, batch_default: Optional[in
                    help="dtype of --input-shape data (default float32; long with --vocab-size)")
     g.add_argument("--vocab-size", type=_positive_int, metavar="N",
                    help="token ids for --input-shape are drawn from 0..N-1 (dtype long)")
-    g.add_argument("--batch-size", type=_positive_int, default=batch_default, metavar="N",
+    g.add_argument("--batch-size", type=_batch_size, default=batch_default, metavar="N",
                    help=batch_help)
     g.add_argument("--loss", default="default", metavar="NAME",
                    help="default (the output's .loss, else the sum of the output), sum, mean, "
@@ -517,9 +566,11 @@ def search_parser(subparsers: Any) -> None:
 
 
 def _search_command(args: argparse.Namespace) -> int:
-    from dptune.report import render_table, write_report
+    from dptune.report import check_output_folder, render_table, write_report
 
     out = sys.stderr if args.json else sys.stdout
+    if args.out:  # before minutes of probing
+        check_output_folder(args.out, "--out", report=True)
 
     def announce(line: str) -> None:
         if not args.quiet:
@@ -628,6 +679,11 @@ def _plan_command(args: argparse.Namespace) -> int:
     if args.objective == "balance" and args.batch_size is None:
         raise UsageError("--objective balance splits a global batch: give --batch-size N "
                          "(or --objective max-batch for the largest that fits)")
+    if args.out:  # checked before minutes of planning
+        from dptune.report import check_output_folder
+
+        check_output_folder(os.path.dirname(args.out) or "." if args.out.endswith(".json")
+                            else args.out, "--out")
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with redirect:
         result = ddp_plan(
@@ -702,15 +758,12 @@ def plot_parser(subparsers: Any) -> None:
 
 
 def _plot_command(args: argparse.Namespace) -> int:
-    from dptune.report import plot_kinds, plot_result, read_report
+    from dptune.report import read_report, write_plots
 
     result = read_report(args.report)
     folder = pathlib.Path(args.out) if args.out else _report_folder(args.report)
-    folder.mkdir(parents=True, exist_ok=True)
-    for kind in args.kind or plot_kinds(result):
-        path = folder / f"{kind}.png"
-        plot_result(result, kind=kind).savefig(path, dpi=120)
-        print(f"wrote {path}")
+    for kind in write_plots(result, folder, args.kind, flag="--out" if args.out else "REPORT"):
+        print(f"wrote {folder / f'{kind}.png'}")
     return EXIT_OK
 
 
@@ -765,6 +818,35 @@ def format_user_traceback(exc: BaseException) -> str:
     return "".join(te.format()) if te.stack else ""
 
 
+@contextlib.contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Show dptune's own warnings as ``dptune: <message>``, each once; others as Python does."""
+    import warnings
+
+    from dptune.errors import DptuneWarning
+
+    seen: set[str] = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", DptuneWarning)
+        python_shows = warnings.showwarning
+
+        def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                 line: Optional[str] = None) -> None:
+            if not issubclass(category, DptuneWarning):
+                python_shows(message, category, filename, lineno, file, line)
+            elif str(message) not in seen:
+                seen.add(str(message))
+                print(f"dptune: {message}", file=sys.stderr)
+
+        warnings.showwarning = show
+        yield
+
+
+def argv_command(argv: Optional[Sequence[str]]) -> str:
+    args = list(sys.argv[1:] if argv is None else argv)
+    return args[0] if args else ""
+
+
 def _error(message: str) -> None:
     print(f"dptune: error: {message}", file=sys.stderr)
 
@@ -780,7 +862,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        return args.func(args)
+        with _one_line_warnings():
+            return args.func(args)
+    except SystemExit as e:  # the user's code exited somewhere dptune did not expect it
+        _error(f"your code called sys.exit({e.code!r}) during `dptune {argv_command(argv)}`; "
+               "dptune runs it in its own process, so it must return or raise, not exit")
+        return EXIT_USER_CODE
     except KeyboardInterrupt:
         _error("interrupted")
         return EXIT_INTERRUPTED

@@ -6,13 +6,18 @@ and what to do. The tree::
     DptuneError                      exit 1
     ├── UsageError (ValueError)      exit 2  bad argument, bad cluster spec, bad import string
     │   ├── SpecError                        a cluster spec that does not parse
-    │   └── ImportStringError                "module:attr" that is malformed or names nothing
+    │   ├── ImportStringError                "module:attr" that is malformed or names nothing
+    │   ├── ReportError                      a report folder or report.json that is missing or invalid
+    │   └── OutputError                      a report or plot folder that cannot be written
     ├── NoFeasibleSplitError         exit 3  no split of the batch fits every card's budget
     ├── BackendUnavailableError      exit 4  GPUs asked for are missing, NVML/CUDA unusable
     └── UserCodeError (RuntimeError) exit 1  the user's model, loss or optimizer raised;
                                              chained (``raise ... from``) to their exception
 
 Out-of-memory during a probe is not an error: the probe records which card ran out.
+Things dptune did on the user's behalf that they should know about (e.g. unwrapping a model
+given inside a ``DataParallel``) are a :class:`DptuneWarning`, one line each; the command line
+prints them as ``dptune: <message>``.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ EXIT_BACKEND = 4
 
 __all__ = [
     "EXIT_OK", "EXIT_USER_CODE", "EXIT_USAGE", "EXIT_NO_FIT", "EXIT_BACKEND",
-    "DptuneError", "UsageError", "SpecError", "ImportStringError",
-    "NoFeasibleSplitError", "BackendUnavailableError", "UserCodeError",
+    "DptuneError", "UsageError", "SpecError", "ImportStringError", "ReportError", "OutputError",
+    "NoFeasibleSplitError", "BackendUnavailableError", "UserCodeError", "DptuneWarning",
 ]
 
 
@@ -48,6 +53,14 @@ class SpecError(UsageError):
 
 class ImportStringError(UsageError):
     """An import string such as ``mymod:Net`` that is malformed or names nothing."""
+
+
+class ReportError(UsageError):
+    """A report (folder or ``report.json``) that is missing, unreadable or inconsistent."""
+
+
+class OutputError(UsageError):
+    """A folder a report or plot is to be written to that cannot be (a file, read-only, ...)."""
 
 
 class NoFeasibleSplitError(DptuneError, RuntimeError):
@@ -77,3 +90,7 @@ class UserCodeError(DptuneError, RuntimeError):
     """
 
     exit_code = EXIT_USER_CODE
+
+
+class DptuneWarning(UserWarning):
+    """Something dptune did for the user that they should know about (one line)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
-import re
 import sys
 from typing import Any
 
@@ -26,7 +25,6 @@ from dptune.errors import ImportStringError
 
 __all__ = ["import_from_string"]
 
-_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _SHOWN_NAMES = 12
 
 
@@ -69,9 +67,14 @@ def _split(import_str: Any) -> tuple[str, str]:
     if not isinstance(import_str, str):
         raise ImportStringError(hint)
     module_name, sep, attr_path = import_str.strip().partition(":")
-    if not sep or not _DOTTED.match(module_name) or not _DOTTED.match(attr_path):
+    if not sep or not _dotted(module_name) or not _dotted(attr_path):
         raise ImportStringError(hint)
     return module_name, attr_path
+
+
+def _dotted(name: str) -> bool:
+    """``a.b.c`` of Python identifiers (any a Python file may use, unicode included)."""
+    return all(part.isidentifier() for part in name.split("."))
 
 
 def _is_self_or_parent(missing: str, module_name: str) -> bool:

@@ -207,10 +207,10 @@ def split_inputs(args: Sequence[Any], kwargs: Optional[dict[str, Any]], chunk_si
             return [type(obj)(p[d] for p in parts) if isinstance(obj, tuple) else [p[d] for p in parts]
                     for d in range(n)]
         if isinstance(obj, dict):
-            parts = {k: split(v, f"{path}[{k!r}]") for k, v in obj.items()}
+            by_key = {k: split(v, f"{path}[{k!r}]") for k, v in obj.items()}
             out = []
             for d in range(n):
-                items = [(k, p[d]) for k, p in parts.items()]
+                items = [(k, p[d]) for k, p in by_key.items()]
                 try:
                     out.append(type(obj)(items))
                 except TypeError:
@@ -440,15 +440,20 @@ class BalancedDataParallel(nn.DataParallel):
                     device_ids: Optional[Sequence[Any]] = None) -> "BalancedDataParallel":
         """Wrap ``model`` with the split saved by ``dptune search`` (a folder or report.json).
 
-        ``device_ids`` defaults to the first ``len(chunk_sizes)`` visible CUDA devices.
+        ``device_ids`` defaults to the first ``len(chunk_sizes)`` visible CUDA devices. On a
+        machine without CUDA the wrapper is a plain pass-through (with the constructor's
+        warning that the split is not used), so a script runs unchanged on a laptop. The
+        report is read and checked by the one report reader, :meth:`TuneResult.load`.
         """
         from dptune.result import TuneResult
 
         result = TuneResult.load(str(path))
         sizes = list(result.chunk_sizes)
         n = len(sizes)
+        if device_ids is None and not torch.cuda.is_available():
+            return cls(model, chunk_sizes=sizes)
         if device_ids is None:
-            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            visible = torch.cuda.device_count()
             if visible < n:
                 raise UsageError(
                     f"the report at {str(path)!r} was tuned for {n} cards ({result.cluster}) "

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
+import shutil
+import tempfile
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dptune.backends.base import CATEGORIES
-from dptune.result import TuneResult, shares
+from dptune.errors import OutputError, UsageError
+from dptune.result import TuneResult, load_result, shares
 from dptune.units import GiB, format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,7 +38,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "PLOT_KINDS", "plot_kinds", "device_label", "result_table", "probes_table", "render_table",
-    "render_summary", "plot_result", "write_report", "read_report",
+    "render_summary", "plot_result", "write_report", "write_plots", "read_report",
+    "check_output_folder", "REPORT_FILES", "DETAIL_CARDS", "fit_cards",
 ]
 
 PLOT_KINDS = ("peaks", "fits", "max_batch")
@@ -288,12 +293,35 @@ def _budgets_off_scale_text(result: TuneResult, data_top: float) -> str:
             f"{_pct(data_top / lo)} of the smallest")
 
 
-def _note_budgets_off_scale(result: TuneResult, data_top: float, ax: "Axes") -> None:
-    ax.text(0.01, 0.98, _budgets_off_scale_text(result, data_top), transform=ax.transAxes,
-            ha="left", va="top", fontsize=8, color=_BUDGET_COLOR)
+def _note_budgets_off_scale(result: TuneResult, data_top: float, ax: "Axes",
+                            others: str = "") -> None:
+    text = _budgets_off_scale_text(result, data_top) + (f"\n{others}" if others else "")
+    ax.text(0.01, 0.98, text, transform=ax.transAxes, ha="left", va="top", fontsize=8,
+            color=_BUDGET_COLOR)
+
+
+#: Past this many cards the peaks plot shows each card's share of budget as a line (one point
+#: per card) instead of bars, and the fits plot shows a few cards (card 0, the fullest and the
+#: emptiest); the figure keeps its size whatever the card count.
+DETAIL_CARDS = 24
+#: Panels of the fits plot when there are more cards than that.
+FIT_PANELS = 8
+_OTHERS_COLOR = "#bdbdbd"
+
+
+def _others_note(result: TuneResult) -> str:
+    used = [(d.index, d.used_bytes) for d in result.devices if d.used_bytes > 0]
+    if not used:
+        return ""
+    shown = ", ".join(f"card {i}: {format_bytes(b)}" for i, b in used[:4])
+    more = f" and {len(used) - 4} more cards" if len(used) > 4 else ""
+    return f"memory used by other processes: {shown}{more}"
 
 
 def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
+    if len(result.devices) > DETAIL_CARDS:
+        _draw_peak_shares(result, ax)
+        return
     from matplotlib.patches import Patch
 
     n = len(result.devices)
@@ -325,17 +353,24 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
             if oom:
                 ax.bar(x, peaks[i] / GiB, width, fill=False, edgecolor=_BUDGET_COLOR, linewidth=2)
             used = "OOM" if oom else _pct(bar_shares[i])
-            ticks.append((x, f"{label}\n{chunks[i]} smp\n{used}"))
+            ticks.append((x, f"{label}\n{chunks[i]} samples\n{used}"))
+    others = _others_note(result)
+    first_other = next((i for i, d in enumerate(result.devices) if d.used_bytes > 0), None)
     if budgets_shown:
         for i, budget in enumerate(result.budget_bytes):
+            d = result.devices[i]
             ax.hlines(budget / GiB, i - 0.48, i + 0.48, colors=_BUDGET_COLOR, linestyles="--",
-                      linewidth=1.5, label="budget" if i == 0 else None)
-            ax.hlines(result.devices[i].total_bytes / GiB, i - 0.48, i + 0.48, colors="black",
-                      linestyles=":", linewidth=1, label="card memory" if i == 0 else None)
+                      linewidth=1.5, label="budget" if i == 0 else "_")
+            ax.hlines(d.total_bytes / GiB, i - 0.48, i + 0.48, colors="black",
+                      linestyles=":", linewidth=1, label="card memory" if i == 0 else "_")
+            if d.used_bytes > 0:   # at the top of the card: what others hold there
+                ax.bar(i, d.used_bytes / GiB, 0.96, bottom=(d.total_bytes - d.used_bytes) / GiB,
+                       color=_OTHERS_COLOR, hatch="xx", edgecolor="white", linewidth=0.5,
+                       label="used by other processes" if i == first_other else "_")
         top = max(data_top, *result.budget_bytes, *(d.total_bytes for d in result.devices))
         ax.set_ylim(0, top / GiB * 1.08)
     else:
-        _note_budgets_off_scale(result, data_top, ax)
+        _note_budgets_off_scale(result, data_top, ax, others)
         ax.set_ylim(0, data_top / GiB * 1.15)
     ticks.sort()
     ax.set_xticks([t[0] for t in ticks], [t[1] for t in ticks], minor=True, fontsize=7)
@@ -343,6 +378,8 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
     ax.tick_params(axis="x", which="major", length=0, pad=34)
     ax.set_xlim(-0.6, n - 0.4)
     ax.set_ylabel("peak memory (GiB)")
+    ax.text(-0.01, -0.01, "split\nsamples on the card\nshare of budget", transform=ax.transAxes,
+            ha="right", va="top", fontsize=7, color="#555555")
     batches = (f"batch {result.batch_size}" if even.batch_size == result.batch_size
                else f"even at batch {even.batch_size}, dptune at batch {result.batch_size}")
     ax.set_title(f"{result.model_name} on {result.cluster}: peak memory per card\n"
@@ -359,60 +396,113 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
     ax.set_axisbelow(True)
 
 
+def _draw_peak_shares(result: TuneResult, ax: "Axes") -> None:
+    """Many cards: each card's peak as a share of its budget, one point per card and split."""
+    n = len(result.devices)
+    even = result.even
+    xs = list(range(n))
+    even_shares = [s * 100 for s in shares(even.peak_bytes, result.budget_bytes)]
+    ours = [s * 100 for s in result.shares]
+    marker: dict[str, Any] = dict(marker="o", markersize=2.5 if n <= 200 else 0, linewidth=1)
+    ax.plot(xs, even_shares, color=_EVEN_COLOR, label=f"even split (batch {even.batch_size})",
+            **marker)
+    ax.plot(xs, ours, color=_DPTUNE_COLOR, label=f"dptune (batch {result.batch_size})", **marker)
+    ax.axhline(100, color=_BUDGET_COLOR, linestyle="--", linewidth=1.2, label="budget")
+    others = [i for i, d in enumerate(result.devices) if d.used_bytes > 0]
+    if others:
+        ax.scatter(others, [0] * len(others), marker="|", s=60, color="#636363", clip_on=False,
+                   label="card with memory used by other processes")
+    if even.oom_device is not None:
+        ax.scatter([even.oom_device], [even_shares[even.oom_device]], marker="x", s=50,
+                   color=_BUDGET_COLOR, zorder=3, label="even split runs out of memory here")
+    top = max(max(even_shares), max(ours), 100.0)
+    ax.set_ylim(0, top * 1.1)
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_xlabel(f"card (0 to {n - 1})")
+    ax.set_ylabel("peak memory, share of budget (%)")
+    ax.set_title(f"{result.model_name} on {result.cluster}: peak memory per card as a share of "
+                 f"its budget\n{n} cards (one point per card; the split is in summary.md and "
+                 "report.json)", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    ax.set_axisbelow(True)
+
+
 def _draw_fit(result: TuneResult, i: int, ax: "Axes", color: str = _DPTUNE_COLOR,
               one_card: bool = True, budget_shown: bool = True) -> None:
-    """Card i's probes and fitted line at the chosen batch size.
+    """Card i's probes, as measured, and its fitted line at the chosen batch size.
 
-    On the card that gathers the outputs the fit also grows with the whole batch; its probes
-    (run at other batch sizes) are shifted to the chosen batch by that term, so they can be
-    read against the line, and the title says so.
+    On the card that gathers the outputs memory also grows with the whole batch, so probes
+    run at another batch size do not lie on the line at the chosen batch: they are drawn
+    hollow, at what they measured, never moved to the chosen batch (where a split that fitted
+    could seem over the budget).
     """
     B = result.batch_size
     fit = result.fits[i]
     probes = result.probes
-    shift = fit.batch_slope_bytes != 0 and any(p.batch_size != B for p in probes)
+    other_batch = fit.batch_slope_bytes != 0
 
-    def y(p: Any) -> float:
-        return (p.peak_bytes[i] + fit.batch_slope_bytes * (B - p.batch_size)) / GiB
+    def here_batch(p: Any) -> bool:
+        return not other_batch or p.batch_size == B
 
     chunks = [p.chunk_sizes[i] for p in probes] + [result.chunk_sizes[i]]
-    xs = [0, max(1, max(chunks)) * 1.15]
+    xs = [0.0, max(1, max(chunks)) * 1.15]
     name = device_label(result, i)
-    ax.plot(xs, [fit.predict(c, B) / GiB for c in xs], color=color, linewidth=1.5,
+    ax.plot(xs, [(fit.intercept_bytes + fit.slope_bytes * c + fit.batch_slope_bytes * B) / GiB
+                 for c in xs], color=color, linewidth=1.5,
             label=f"fit at batch {B}" if one_card else f"{name}: fit")
-    ok = [p for p in probes if p.feasible]
+    ok = [p for p in probes if p.feasible and here_batch(p)]
+    elsewhere_batch = [p for p in probes if p.feasible and not here_batch(p)]
     bad = [p for p in probes if not p.feasible]
-    ax.scatter([p.chunk_sizes[i] for p in ok], [y(p) for p in ok], s=22,
+    ax.scatter([p.chunk_sizes[i] for p in ok], [p.peak_bytes[i] / GiB for p in ok], s=22,
                color=color, edgecolors="black", linewidths=0.5, zorder=3,
-               label="probe" if one_card else None)
+               label="probe" if one_card else "_")
+    if elsewhere_batch:
+        ax.scatter([p.chunk_sizes[i] for p in elsewhere_batch],
+                   [p.peak_bytes[i] / GiB for p in elsewhere_batch], s=22, facecolors="none",
+                   edgecolors="#555555", linewidths=1, zorder=3,
+                   label="probe at another batch size" if one_card else "_")
     here = [p for p in bad if p.oom_device == i]
     elsewhere = [p for p in bad if p.oom_device != i]
     if here:
-        ax.scatter([p.chunk_sizes[i] for p in here], [y(p) for p in here],
+        ax.scatter([p.chunk_sizes[i] for p in here], [p.peak_bytes[i] / GiB for p in here],
                    s=40, marker="x", color=_BUDGET_COLOR, zorder=3,
-                   label="ran out of memory here" if one_card else None)
+                   label="ran out of memory here" if one_card else "_")
     if elsewhere:
-        ax.scatter([p.chunk_sizes[i] for p in elsewhere], [y(p) for p in elsewhere], s=22,
-                   facecolors="none", edgecolors=color, linewidths=1, zorder=3,
-                   label="stopped by OOM on another card (lower bound)" if one_card else None)
+        ax.scatter([p.chunk_sizes[i] for p in elsewhere], [p.peak_bytes[i] / GiB for p in elsewhere],
+                   s=22, marker="v", facecolors="none", edgecolors=color, linewidths=1, zorder=3,
+                   label="stopped by OOM on another card (lower bound)" if one_card else "_")
     ax.scatter([result.chunk_sizes[i]], [result.peak_bytes[i] / GiB], s=160, marker="*",
                color="gold", edgecolors="black", linewidths=0.7, zorder=4,
-               label="dptune split" if one_card else None)
+               label="dptune split" if one_card else "_")
     if budget_shown:
         ax.axhline(result.budget_bytes[i] / GiB, color=_BUDGET_COLOR if one_card else color,
-                   linestyle="--", linewidth=1, label="budget" if one_card else None)
+                   linestyle="--", linewidth=1, label="budget" if one_card else "_")
     if one_card:
-        ax.set_title(name + (f"\n(probes shifted to batch {B})" if shift else ""), fontsize=9)
+        ax.set_title(name + ("\n(memory also grows with the batch)" if other_batch else ""),
+                     fontsize=9)
 
 
-def _draw_fits(result: TuneResult, fig: "Figure", ax: Optional["Axes"]) -> None:
+def fit_cards(result: TuneResult) -> list[int]:
+    """The cards the fits plot shows: all of them up to :data:`DETAIL_CARDS`, else card 0 and
+    the fullest and emptiest cards under dptune's split (:data:`FIT_PANELS` in all)."""
     n = len(result.devices)
+    if n <= DETAIL_CARDS:
+        return list(range(n))
+    order = sorted(range(1, n), key=lambda i: (-result.shares[i], i))
+    fullest = order[: (FIT_PANELS - 1) - (FIT_PANELS - 1) // 2]
+    emptiest = order[::-1][: (FIT_PANELS - 1) // 2]
+    return sorted({0, *fullest, *emptiest})
+
+
+def _draw_fits(result: TuneResult, fig: Any, ax: Optional["Axes"]) -> None:
+    cards = fit_cards(result)
+    n = len(cards)
     data_top = max([max(p.peak_bytes) for p in result.probes] + result.peak_bytes)
     shown = _budgets_on_scale(result, data_top)
-    if ax is not None:  # one axes given: every card on it, one colour each
-        colors = [f"C{k % 10}" for k in range(n)]
-        for i in range(n):
-            _draw_fit(result, i, ax, color=colors[i], one_card=False, budget_shown=shown)
+    if ax is not None:  # one axes given: the cards on it, one colour each
+        for k, i in enumerate(cards):
+            _draw_fit(result, i, ax, color=f"C{k % 10}", one_card=False, budget_shown=shown)
         if not shown:
             _note_budgets_off_scale(result, data_top, ax)
         ax.set_xlabel("samples on the card")
@@ -427,7 +517,7 @@ def _draw_fits(result: TuneResult, fig: "Figure", ax: Optional["Axes"]) -> None:
         if k >= n:
             a.set_visible(False)
             continue
-        _draw_fit(result, k, a, budget_shown=shown)
+        _draw_fit(result, cards[k], a, budget_shown=shown)
         a.grid(alpha=0.3)
         if k // ncols == nrows - 1:
             a.set_xlabel("samples on the card")
@@ -435,28 +525,36 @@ def _draw_fits(result: TuneResult, fig: "Figure", ax: Optional["Axes"]) -> None:
             a.set_ylabel("peak memory (GiB)")
     first = axes.flat[0]
     first.set_ylim(0, first.get_ylim()[1] * 1.05)  # shared by every card
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    seen = dict(zip(labels, handles))
-    for a in axes.flat[1:n]:  # an OOM probe may only show on some cards
+    seen: dict[str, Any] = {}
+    for a in axes.flat[:n]:  # an OOM probe may only show on some cards
         for h, lab in zip(*a.get_legend_handles_labels()):
             seen.setdefault(lab, h)
     fig.legend(list(seen.values()), list(seen.keys()), loc="outside lower center",
-               ncol=min(len(seen), 6), fontsize=8)
+               ncol=min(len(seen), 4), fontsize=8)
     off_scale = "" if shown else "\n" + _budgets_off_scale_text(result, data_top)
+    subset = ("" if n == len(result.devices) else
+              f"\n{n} of {len(result.devices)} cards: card 0, the fullest and the emptiest "
+              "under dptune's split")
     fig.suptitle(f"{result.model_name} on {result.cluster}: memory against chunk size "
-                 f"({result.num_probes} probes){off_scale}", fontsize=10)
+                 f"({result.num_probes} probes){subset}{off_scale}", fontsize=10)
 
 
 def _draw_max_batch(result: TuneResult, ax: "Axes") -> None:
     n = len(result.devices)
+    per_card = n <= DETAIL_CARDS / 2   # beyond, the bars are totals (the split is in the summary)
     bars = (("even split", result.even.chunk_sizes), ("dptune", result.chunk_sizes))
     for x, (_, chunks) in enumerate(bars):
+        if not per_card:
+            ax.bar(x, sum(chunks), 0.6, color=_EVEN_COLOR if x == 0 else _DPTUNE_COLOR)
+            ax.text(x, sum(chunks), f"{sum(chunks)}", ha="center", va="bottom", fontsize=11,
+                    fontweight="bold")
+            continue
         bottom = 0
         for i, c in enumerate(chunks):
             if c == 0:
                 continue
             ax.bar(x, c, 0.6, bottom=bottom, color=f"C{i % 10}", edgecolor="white",
-                   label=device_label(result, i) if x == 1 or result.chunk_sizes[i] == 0 else None)
+                   label=device_label(result, i) if x == 1 or result.chunk_sizes[i] == 0 else "_")
             if c >= 0.06 * max(result.batch_size, 1):
                 ax.text(x, bottom + c / 2, str(c), ha="center", va="center", fontsize=8,
                         color="white")
@@ -466,12 +564,14 @@ def _draw_max_batch(result: TuneResult, ax: "Axes") -> None:
     ax.set_xlim(-0.7, 1.7)
     ax.set_ylim(0, max(result.batch_size, result.even.batch_size, 1) * 1.25)
     ax.set_ylabel("largest batch that fits (samples)")
-    ax.set_title(f"{result.model_name} on {result.cluster}: largest batch that fits\n"
+    cards = "" if per_card else f" over {n} cards"
+    ax.set_title(f"{result.model_name} on {result.cluster}: largest batch that fits{cards}\n"
                  f"even {result.even.batch_size} -> dptune {result.batch_size}{_gain(result)}",
                  fontsize=10)
-    handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles, labels, title="samples per card", fontsize=7, title_fontsize=7,
-              loc="upper left", ncol=2 if n > 4 else 1)
+    if per_card:
+        handles, labels = ax.get_legend_handles_labels()
+        ax.legend(handles, labels, title="samples per card", fontsize=7, title_fontsize=7,
+                  loc="upper left", ncol=2 if n > 4 else 1)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
 
@@ -481,23 +581,33 @@ def plot_result(result: TuneResult, kind: str = "peaks", ax: Optional["Axes"] = 
     """Draw one of the report's plots and return its ``Figure``.
 
     ``kind``: ``"peaks"`` (per-card peaks, even vs dptune, stacked by category where the
-    backend knows them, each card's budget), ``"fits"`` (memory against chunk size per card:
-    probes, fitted lines, the chosen split) or ``"max_batch"`` (largest batch, even vs
-    dptune). With ``ax`` the plot is drawn into it (``fits`` then puts every card on it);
-    ``show=True`` opens it with pyplot.
+    backend knows them, each card's budget and what other processes hold; past
+    :data:`DETAIL_CARDS` cards, each card's share of budget), ``"fits"`` (memory against
+    chunk size per card: probes, fitted lines, the chosen split; past :data:`DETAIL_CARDS`
+    cards, card 0 and the fullest and emptiest) or ``"max_batch"`` (largest batch, even vs
+    dptune; only for that objective). With ``ax`` the plot is drawn into it (``fits`` then
+    puts the cards on it); ``show=True`` opens it with pyplot. The figure's size does not
+    grow past a few dozen cards.
     """
     if kind not in PLOT_KINDS:
-        from dptune.errors import UsageError
-
         raise UsageError(f"unknown plot kind {kind!r}; choose one of {', '.join(PLOT_KINDS)}")
+    if kind not in plot_kinds(result):
+        raise UsageError(f"the {kind} plot compares the largest batch each split fits, which only "
+                         f"a search with --objective max-batch finds; this report's objective is "
+                         f"{result.objective}: choose {' or '.join(plot_kinds(result))}")
     n = len(result.devices)
+    fig: Any
     if ax is not None:
         fig = ax.figure
     elif kind == "fits":
-        ncols = min(n, 4)
-        fig = _new_figure((3.2 * ncols + 0.6, 3.0 * math.ceil(n / ncols) + 1.0), show)
+        panels = len(fit_cards(result))
+        ncols = min(panels, 4)
+        fig = _new_figure((3.2 * ncols + 0.6, 3.0 * math.ceil(panels / ncols) + 1.3), show)
+    elif kind == "peaks":
+        wide = 2.1 * n + 3.0 if n <= DETAIL_CARDS else 12.0
+        fig = _new_figure((max(7.0, wide), 5.4), show)
     else:
-        fig = _new_figure((max(6.5, 1.9 * n + 2.5) if kind == "peaks" else 6.0, 5.2), show)
+        fig = _new_figure((6.0, 5.2), show)
     if kind == "fits":
         _draw_fits(result, fig, ax)
     else:
@@ -512,30 +622,136 @@ def plot_result(result: TuneResult, kind: str = "peaks", ax: Optional["Axes"] = 
 
 # ---- files ------------------------------------------------------------------------------
 
-def write_report(result: TuneResult, directory: str | pathlib.Path, *,
-                 plots: bool = True) -> pathlib.Path:
-    """Write report.json, probes.csv, summary.md and (unless ``plots=False``) the PNG plots
-    into ``directory`` (created if missing); returns the folder."""
+#: What a report folder holds; an existing folder with only these (or nothing) is replaced.
+REPORT_FILES = ("report.json", "probes.csv", "summary.md") + tuple(f"{k}.png" for k in PLOT_KINDS)
+
+
+def check_output_folder(directory: str | pathlib.Path, flag: str = "--out", *,
+                        report: bool = False) -> pathlib.Path:
+    """Check early that ``directory`` can become a folder of files (before minutes of probing).
+
+    Raises :class:`OutputError` in one line when it is an existing file, lies under a file,
+    or its nearest existing parent is not writable; with ``report``, also when it is a folder
+    holding anything but a report's files (which :func:`write_report` would replace).
+    Returns the path.
+    """
     out = pathlib.Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n",
-                                     encoding="utf-8")
-    probes_table(result).to_csv(out / "probes.csv", index=False)
-    kinds = write_plots(result, out) if plots else []
-    (out / "summary.md").write_text(render_summary(result, plots=kinds), encoding="utf-8")
+    what = f"{flag} {str(out)!r}"
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{what} is an existing file, not a folder; give a folder path "
+                          "(it is created if missing)")
+    parent = out
+    while not parent.exists():
+        if parent.parent == parent:
+            break
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise OutputError(f"{what} lies under {str(parent)!r}, which is a file; give a folder "
+                          "path that is not inside a file")
+    if parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{what}: {str(parent)!r} is not writable; give a folder you can "
+                          "write to")
+    if report and out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_FILES)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise OutputError(f"{what} already holds files that are not a dptune report "
+                              f"({shown}); give a new or empty folder")
     return out
 
 
-def write_plots(result: TuneResult, directory: str | pathlib.Path) -> list[str]:
-    """Draw every plot of :func:`plot_kinds` into ``<directory>/<kind>.png``; returns the kinds."""
-    out = pathlib.Path(directory)
-    kinds = plot_kinds(result)
-    for kind in kinds:
-        fig = plot_result(result, kind=kind)
-        fig.savefig(out / f"{kind}.png", dpi=120)
+def _output_error(e: OSError, out: pathlib.Path, flag: str) -> OutputError:
+    reason = e.strerror or type(e).__name__
+    return OutputError(f"cannot write to {flag} {str(out)!r}: {reason}"
+                       f"{f' ({e.filename})' if e.filename and str(e.filename) != str(out) else ''}"
+                       "; give a folder you can write to")
+
+
+def write_report(result: TuneResult, directory: str | pathlib.Path, *,
+                 plots: bool = True, flag: str = "--out") -> pathlib.Path:
+    """Write report.json, probes.csv, summary.md and (unless ``plots=False``) the PNG plots
+    into ``directory``; returns the folder.
+
+    Atomic: everything is written into a temporary folder beside it, which is renamed into
+    place at the end, so an error or Ctrl-C leaves either the old folder or the new one,
+    never a partial one. An existing folder is replaced only when it holds nothing but a
+    report's files; a folder with anything else raises :class:`OutputError`, as does a
+    path that cannot be written (``flag`` names the option in the message).
+    """
+    out = check_output_folder(directory, flag, report=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as e:
+        raise _output_error(e, out, flag) from None
+    old: Optional[pathlib.Path] = None
+    try:
+        (tmp / "report.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n",
+                                         encoding="utf-8")
+        probes_table(result).to_csv(tmp / "probes.csv", index=False)
+        kinds = write_plots(result, tmp) if plots else []
+        (tmp / "summary.md").write_text(render_summary(result, plots=kinds), encoding="utf-8")
+        os.chmod(tmp, 0o777 & ~_umask())   # mkdtemp makes it private; a report is not
+        if out.exists():
+            old = out.with_name(f".{out.name}.{os.getpid()}.old")
+            os.replace(out, old)
+        os.replace(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not out.exists():
+            os.replace(old, out)
+            old = None
+        raise _output_error(e, out, flag) from None
+    except BaseException:  # Ctrl-C, or an error while rendering: no partial folder is left
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not out.exists():
+            os.replace(old, out)
+            old = None
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_plots(result: TuneResult, directory: str | pathlib.Path,
+                kinds: Optional[Sequence[str]] = None, *, flag: str = "--out") -> list[str]:
+    """Draw ``kinds`` (default: every plot of :func:`plot_kinds`) into ``<directory>/<kind>.png``
+    and return them. Each file is written beside its final name and renamed into place."""
+    out = check_output_folder(directory, flag)
+    kinds = plot_kinds(result) if kinds is None else list(kinds)
+    figures = {kind: plot_result(result, kind=kind) for kind in kinds}  # refusals come first
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for kind, fig in figures.items():
+            tmp = out / f".{kind}.png.tmp"
+            try:
+                fig.savefig(tmp, dpi=_dpi(fig), format="png")
+                os.replace(tmp, out / f"{kind}.png")
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
+    except OSError as e:
+        raise _output_error(e, out, flag) from None
     return kinds
 
 
+#: Largest PNG side in pixels: a figure is drawn at a lower resolution rather than wider.
+_MAX_PIXELS = 4000
+
+
+def _dpi(fig: "Figure") -> float:
+    w, h = fig.get_size_inches()
+    return min(120.0, _MAX_PIXELS / max(w, h, 1.0))
+
+
 def read_report(path: str | pathlib.Path) -> TuneResult:
-    """Read a result back from a report folder or its ``report.json``."""
-    return TuneResult.load(str(path))
+    """Read and check a result from a report folder or its ``report.json``: the one reader,
+    :func:`dptune.result.load_result` (also ``TuneResult.load``)."""
+    return load_result(path)

@@ -6,18 +6,26 @@ round-trip it through ``report.json`` (``REPORT_VERSION``). Memory figures are `
 
 from __future__ import annotations
 
+import json
+import math
+import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dptune.backends.base import Device, ProbeResult
+from dptune.errors import ReportError
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
     import torch
 
-__all__ = ["Fit", "SplitFigures", "TuneResult", "REPORT_VERSION", "shares", "imbalance"]
+__all__ = ["Fit", "SplitFigures", "TuneResult", "REPORT_VERSION", "OBJECTIVES", "shares", "imbalance",
+           "load_result"]
 
 REPORT_VERSION = 1
+
+#: What a search optimises: the same batch with memory evened out, or the largest batch.
+OBJECTIVES = ("balance", "max_batch")
 
 
 def shares(peak_bytes: Sequence[int], budget_bytes: Sequence[int]) -> list[float]:
@@ -61,10 +69,6 @@ class Fit:
                     batch_slope_bytes=self.batch_slope_bytes,
                     max_error_bytes=self.max_error_bytes, points=self.points)
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Fit":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
-
 
 @dataclass(frozen=True)
 class SplitFigures:
@@ -86,13 +90,6 @@ class SplitFigures:
                     imbalance=self.imbalance, feasible=self.feasible, oom_device=self.oom_device,
                     breakdown=list(self.breakdown) if self.breakdown is not None else None,
                     batch_size=self.batch_size)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SplitFigures":
-        return cls(chunk_sizes=tuple(d["chunk_sizes"]), peak_bytes=tuple(d["peak_bytes"]),
-                   imbalance=float(d["imbalance"]), feasible=bool(d.get("feasible", True)),
-                   oom_device=d.get("oom_device"),
-                   breakdown=tuple(d["breakdown"]) if d.get("breakdown") is not None else None)
 
 
 @dataclass
@@ -202,40 +199,255 @@ class TuneResult:
         )
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "TuneResult":
-        version = d.get("version")
-        if version != REPORT_VERSION:
-            from dptune.errors import UsageError
+    def from_dict(cls, d: Any) -> "TuneResult":
+        """Rebuild a result from :meth:`to_dict`'s form, checking every field.
 
-            raise UsageError(f"report version {version!r} is not supported "
-                             f"(this dptune reads version {REPORT_VERSION}); re-run `dptune search`")
-        return cls(
-            objective=d["objective"], backend=d["backend"], cluster=d["cluster"],
-            model_name=d["model_name"], devices=[Device.from_dict(x) for x in d["devices"]],
-            headroom_bytes=int(d["headroom_bytes"]), budget_bytes=list(d["budget_bytes"]),
-            chunk_sizes=list(d["chunk_sizes"]), peak_bytes=list(d["peak_bytes"]),
-            even=SplitFigures.from_dict(d["even"]),
-            probes=[ProbeResult.from_dict(p) for p in d["probes"]],
-            fits=[Fit.from_dict(f) for f in d["fits"]], breakdown=d.get("breakdown"),
-            requested_batch_size=d.get("requested_batch_size"), seconds=float(d.get("seconds", 0.0)),
-            advice=list(d.get("advice", [])), notes=list(d.get("notes", [])),
-        )
+        A missing key, a value of the wrong type, per-card lists whose length is not the
+        number of cards, a negative chunk or peak, or a ``batch_size`` that is not the sum of
+        the chunks raises :class:`~dptune.errors.ReportError` naming the field.
+        """
+        return _read_result(d)
 
     @classmethod
     def load(cls, path: str) -> "TuneResult":
-        """Read a result from ``report.json`` or from the report folder that holds it."""
-        import json
-        import os
+        """Read and check a result from ``report.json`` or from the report folder that holds it.
 
-        from dptune.errors import UsageError
+        The one reader of report files (``dptune show``, ``dptune plot`` and
+        ``BalancedDataParallel.from_report`` all come here). Any problem with the file raises
+        :class:`~dptune.errors.ReportError` (a usage error, exit 2) in one line.
+        """
+        return load_result(path)
 
-        p = os.path.join(path, "report.json") if os.path.isdir(path) else path
-        try:
-            with open(p, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise UsageError(f"no report at {p!r}; give a folder written by `dptune search` "
-                             "or its report.json") from None
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{p!r} is not valid JSON ({e}); re-run `dptune search`") from None
-        return cls.from_dict(data)
+
+# ---- reading report.json back, checked -------------------------------------------------
+
+_AGAIN = "re-run `dptune search` to write it again"
+
+
+def load_result(path: "str | os.PathLike[str]") -> TuneResult:
+    """:meth:`TuneResult.load`: read ``report.json`` (or the folder holding it) and check it."""
+    p = os.path.join(path, "report.json") if os.path.isdir(path) else os.fspath(path)
+    try:
+        with open(p, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ReportError(f"no report at {p!r}; give a folder written by `dptune search` "
+                          "or its report.json") from None
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{p!r} is not valid JSON ({e.msg} at line {e.lineno}, column "
+                          f"{e.colno}); {_AGAIN}") from None
+    except UnicodeDecodeError:
+        raise ReportError(f"{p!r} is not a text file; give report.json or its folder") from None
+    except OSError as e:
+        raise ReportError(f"cannot read the report {p!r}: {e.strerror or e}") from None
+    try:
+        return _read_result(data)
+    except ReportError as e:
+        raise ReportError(f"the report {p!r} is not valid: {e}") from None
+
+
+class _Checked:
+    """Typed reads of one JSON object of a report, each raising :class:`ReportError` with the
+    field's path (e.g. ``probes[2].peak_bytes``) and what was expected."""
+
+    def __init__(self, d: Any, where: str = "") -> None:
+        if not isinstance(d, dict):
+            raise ReportError(f"{where or 'report.json'} holds {_kind(d)}, expected a JSON object; "
+                              + _AGAIN)
+        self.d = d
+        self.where = where
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def fail(self, key: str, expected: str, value: Any) -> ReportError:
+        return ReportError(f"{self.path(key)} is {_kind(value)}, expected {expected}; {_AGAIN}")
+
+    def raw(self, key: str, optional: bool = False) -> Any:
+        if key not in self.d:
+            if optional:
+                return None
+            raise ReportError(f"{self.path(key)} is missing; {_AGAIN}")
+        return self.d[key]
+
+    def integer(self, key: str, *, optional: bool = False, minimum: Optional[int] = 0) -> Any:
+        v = self.raw(key, optional)
+        if v is None and optional:
+            return None
+        if not _is_int(v) or (minimum is not None and v < minimum):
+            raise self.fail(key, "an integer" + ("" if minimum is None else f" >= {minimum}"), v)
+        return int(v)
+
+    def number(self, key: str, *, optional: bool = False, default: float = 0.0) -> float:
+        v = self.raw(key, optional)
+        if v is None and optional:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.fail(key, "a number", v)
+        return float(v)
+
+    def text(self, key: str, *, optional: bool = False, default: str = "") -> str:
+        v = self.raw(key, optional)
+        if v is None and optional:
+            return default
+        if not isinstance(v, str):
+            raise self.fail(key, "a string", v)
+        return v
+
+    def ints(self, key: str, n: Optional[int], *, optional: bool = False,
+             nullable_items: bool = False) -> Any:
+        v = self.raw(key, optional)
+        if v is None and optional:
+            return None
+        what = "a list of integers >= 0" + (f" (one per card, {n})" if n is not None else "")
+        if not isinstance(v, list) or not all(
+                (x is None and nullable_items) or (_is_int(x) and x >= 0) for x in v):
+            raise self.fail(key, what, v)
+        if n is not None and len(v) != n:
+            raise ReportError(f"{self.path(key)} has {len(v)} entries for {n} cards; {_AGAIN}")
+        return [None if x is None else int(x) for x in v]
+
+    def objects(self, key: str, n: Optional[int] = None, optional: bool = False) -> Any:
+        v = self.raw(key, optional)
+        if v is None and optional:
+            return None
+        if not isinstance(v, list):
+            raise self.fail(key, "a list", v)
+        if n is not None and len(v) != n:
+            raise ReportError(f"{self.path(key)} has {len(v)} entries for {n} cards; {_AGAIN}")
+        return [_Checked(x, f"{self.path(key)}[{k}]") for k, x in enumerate(v)]
+
+    def strings(self, key: str) -> list[str]:
+        v = self.raw(key, optional=True)
+        if v is None:
+            return []
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise self.fail(key, "a list of strings", v)
+        return list(v)
+
+    def breakdowns(self, key: str, n: int) -> Optional[list[dict[str, int]]]:
+        items = self.objects(key, n, optional=True)
+        if items is None:
+            return None
+        out = []
+        for c in items:
+            for k, v in c.d.items():
+                if not _is_int(v) or v < 0:
+                    raise c.fail(k, "an integer >= 0 (bytes)", v)
+            out.append({k: int(v) for k, v in c.d.items()})
+        return out
+
+    def card(self, key: str, n: int, optional: bool = True) -> Optional[int]:
+        v = self.integer(key, optional=optional)
+        if v is not None and v >= n:
+            raise ReportError(f"{self.path(key)} is {v}, but there are only {n} cards; {_AGAIN}")
+        return v
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"a boolean ({str(v).lower()})"
+    if isinstance(v, dict):
+        return "a JSON object"
+    if isinstance(v, list):
+        return "a JSON array"
+    if isinstance(v, str):
+        return f"a string ({v[:40]!r})"
+    return f"{type(v).__name__} {v!r}"
+
+
+def _read_split(c: _Checked, n: int) -> SplitFigures:
+    chunks = c.ints("chunk_sizes", n)
+    if sum(chunks) == 0:
+        raise ReportError(f"{c.path('chunk_sizes')} {chunks} gives no card a sample; {_AGAIN}")
+    feasible = c.raw("feasible", optional=True)
+    if feasible is not None and not isinstance(feasible, bool):
+        raise c.fail("feasible", "true or false", feasible)
+    imbalance_value = c.raw("imbalance", optional=True)
+    if imbalance_value is not None and (isinstance(imbalance_value, bool)
+                                        or not isinstance(imbalance_value, (int, float))):
+        raise c.fail("imbalance", "a number", imbalance_value)
+    bd = c.breakdowns("breakdown", n)
+    _check_sum(c, chunks)
+    return SplitFigures(chunk_sizes=tuple(chunks), peak_bytes=tuple(c.ints("peak_bytes", n)),
+                        imbalance=float(imbalance_value) if imbalance_value is not None else math.inf,
+                        feasible=True if feasible is None else feasible,
+                        oom_device=c.card("oom_device", n),
+                        breakdown=tuple(bd) if bd is not None else None)
+
+
+def _check_sum(c: _Checked, chunks: Sequence[int]) -> None:
+    batch = c.integer("batch_size", optional=True)
+    if batch is not None and batch != sum(chunks):
+        raise ReportError(f"{c.path('batch_size')} is {batch} but "
+                          f"{c.path('chunk_sizes')} {list(chunks)} sum to {sum(chunks)}; {_AGAIN}")
+
+
+def _read_probe(c: _Checked, n: int) -> ProbeResult:
+    bd = c.breakdowns("breakdown", n)
+    arrays = {k: c.ints(k, n, optional=True, nullable_items=k == "nvml_used_bytes")
+              for k in ("reserved_bytes", "nvml_used_bytes", "alloc_retries", "repeat_spread_bytes")}
+    return ProbeResult(chunk_sizes=tuple(c.ints("chunk_sizes", n)),
+                       peak_bytes=tuple(c.ints("peak_bytes", n)), oom_device=c.card("oom_device", n),
+                       breakdown=tuple(bd) if bd is not None else None,
+                       **{k: tuple(v) if v is not None else None for k, v in arrays.items()},
+                       seconds=c.number("seconds", optional=True), purpose=c.text("purpose", optional=True),
+                       note=c.text("note", optional=True))
+
+
+def _read_device(c: _Checked) -> Device:
+    uuid = c.raw("uuid", optional=True)
+    if uuid is not None and not isinstance(uuid, str):
+        raise c.fail("uuid", "a string or null", uuid)
+    return Device(index=c.integer("index"), name=c.text("name"), total_bytes=c.integer("total_bytes"),
+                  used_bytes=c.integer("used_bytes", optional=True) or 0,
+                  context_bytes=c.integer("context_bytes", optional=True) or 0, uuid=uuid)
+
+
+def _read_fit(c: _Checked) -> Fit:
+    return Fit(intercept_bytes=c.number("intercept_bytes"), slope_bytes=c.number("slope_bytes"),
+               batch_slope_bytes=c.number("batch_slope_bytes", optional=True),
+               max_error_bytes=c.number("max_error_bytes", optional=True),
+               points=c.integer("points", optional=True) or 0)
+
+
+def _read_result(d: Any) -> TuneResult:
+    c = _Checked(d)
+    version = c.raw("version", optional=True)
+    if version != REPORT_VERSION:
+        raise ReportError(f"report version {version!r} is not supported (this dptune reads "
+                          f"version {REPORT_VERSION}); {_AGAIN}")
+    objective = c.text("objective")
+    if objective not in OBJECTIVES:
+        raise ReportError(f"objective is {objective!r}, expected one of "
+                          f"{', '.join(OBJECTIVES)}; {_AGAIN}")
+    devices = [_read_device(x) for x in c.objects("devices")]
+    n = len(devices)
+    if n == 0:
+        raise ReportError(f"devices is empty: the report names no card; {_AGAIN}")
+    chunks = c.ints("chunk_sizes", n)
+    if sum(chunks) == 0:
+        raise ReportError(f"chunk_sizes {chunks} gives no card a sample; {_AGAIN}")
+    _check_sum(c, chunks)
+    gpu0 = c.integer("gpu0_bsz", optional=True)
+    if gpu0 is not None and gpu0 != chunks[0]:
+        raise ReportError(f"gpu0_bsz is {gpu0} but chunk_sizes {chunks} gives card 0 "
+                          f"{chunks[0]}; {_AGAIN}")
+    requested = c.integer("requested_batch_size", optional=True, minimum=1)
+    return TuneResult(
+        objective=objective, backend=c.text("backend"), cluster=c.text("cluster"),
+        model_name=c.text("model_name"), devices=devices,
+        headroom_bytes=c.integer("headroom_bytes"),
+        budget_bytes=c.ints("budget_bytes", n), chunk_sizes=chunks,
+        peak_bytes=c.ints("peak_bytes", n), even=_read_split(_Checked(c.raw("even"), "even"), n),
+        probes=[_read_probe(x, n) for x in c.objects("probes")],
+        fits=[_read_fit(x) for x in c.objects("fits", n)], breakdown=c.breakdowns("breakdown", n),
+        requested_batch_size=requested, seconds=c.number("seconds", optional=True),
+        advice=c.strings("advice"), notes=c.strings("notes"),
+    )

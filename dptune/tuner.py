@@ -188,22 +188,24 @@ class Tuner:
         if getattr(backend, "kind", "") == "cuda":
             ids = [d.index for d in backend.devices]
             model = self.workload.model() if self.workload.is_factory else self.workload.model
+            assert isinstance(model, torch.nn.Module)
             return BalancedDataParallel(model.to(torch.device("cuda", ids[0])), device_ids=ids,
                                         chunk_sizes=chunk_sizes)
-        if self.workload.is_factory:
+        module = self.workload.model
+        if not isinstance(module, torch.nn.Module):
             notes.append("the model was given as a factory and simulated, so result.model is None; "
                          "wrap the real model with BalancedDataParallel(model, chunk_sizes=...) "
                          "or BalancedDataParallel.from_report(model, report_dir)")
             return None
         n = len(chunk_sizes)
         if torch.cuda.is_available() and torch.cuda.device_count() >= n:
-            first = next(self.workload.model.parameters(), None)
+            first = next(module.parameters(), None)
             if first is not None and first.device == torch.device("cuda", 0):
-                return BalancedDataParallel(self.workload.model, device_ids=list(range(n)),
+                return BalancedDataParallel(module, device_ids=list(range(n)),
                                             chunk_sizes=chunk_sizes)
         with warnings.catch_warnings():   # the pass-through is expected after a simulation
             warnings.simplefilter("ignore", UserWarning)
-            return BalancedDataParallel(self.workload.model, chunk_sizes=chunk_sizes)
+            return BalancedDataParallel(module, chunk_sizes=chunk_sizes)
 
     def _has_batchnorm(self, backend: Backend) -> bool:
         flag = getattr(backend, "has_batchnorm", None)
@@ -346,11 +348,11 @@ class _Search:
                 elif len({p[0] for p in pts if p[1] == batch_size and not p[3]}) >= 1:
                     pts = [p for p in pts if p[1] == batch_size]
             pts = self._dedup(pts, None)
-            fits[i] = self._secant(pts, target[i], batch_size, g if i == 0 else 0.0)
+            fit_i = fits[i] = self._secant(pts, target[i], batch_size, g if i == 0 else 0.0)
             if i == 0 and not batch_term and not any(p[1] == batch_size and not p[3]
                                                      for p in self.points[0]):
                 fits[0] = self._card0_from_smaller(batch_size) or fits[0]
-            elif fits[i] is not None and fits[i].points >= 2 and not self._used_bound:
+            elif fit_i is not None and fit_i.points >= 2 and not self._used_bound:
                 self.solid.add(i)
         slopes = sorted(f.slope_bytes for f in fits if f is not None)
         if not slopes:

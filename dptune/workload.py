@@ -8,17 +8,49 @@ Both backends use these helpers, so a probe means the same thing on real and vir
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 
-from dptune.errors import UsageError
+from dptune.errors import DptuneWarning, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["Workload", "batch_to_args", "default_loss", "has_batchnorm", "model_name"]
+__all__ = ["Workload", "batch_to_args", "default_loss", "has_batchnorm", "model_name",
+           "unwrap_parallel", "UnwrappingFactory"]
 
 ModelLike = Union["torch.nn.Module", Callable[[], "torch.nn.Module"]]
+
+
+def unwrap_parallel(model: "torch.nn.Module") -> "torch.nn.Module":
+    """The module inside a ``DataParallel``/``BalancedDataParallel``/``DistributedDataParallel``
+    (any number of them), with a one-line :class:`DptuneWarning` when there was a wrapper:
+    dptune probes the module itself and wraps it in its own ``BalancedDataParallel``."""
+    from dptune.checkpoint import unwrap
+
+    inner = unwrap(model)
+    if inner is not model:
+        warnings.warn(
+            f"the model is wrapped in {type(model).__name__}; dptune tunes the module inside it "
+            f"(model.module, a {type(inner).__name__}) and wraps that in its own "
+            "BalancedDataParallel", DptuneWarning, stacklevel=3)
+    return inner
+
+
+class UnwrappingFactory:
+    """A model factory whose model is taken out of any ``DataParallel``-style wrapper
+    (see :func:`unwrap_parallel`); it keeps the factory's name for reports."""
+
+    def __init__(self, factory: Callable[[], "torch.nn.Module"]) -> None:
+        self.factory = factory
+        self.__name__ = model_name(factory)
+
+    def __call__(self) -> "torch.nn.Module":
+        import torch
+
+        model = self.factory()
+        return unwrap_parallel(model) if isinstance(model, torch.nn.Module) else model
 
 
 @dataclass
@@ -46,6 +78,10 @@ class Workload:
         if not isinstance(self.model, torch.nn.Module) and not callable(self.model):
             raise UsageError(
                 f"model must be an nn.Module or a zero-argument factory, got {type(self.model).__name__}")
+        if isinstance(self.model, torch.nn.Module):
+            self.model = unwrap_parallel(self.model)
+        elif not isinstance(self.model, UnwrappingFactory):
+            self.model = UnwrappingFactory(self.model)
         if not callable(self.sample):
             raise UsageError(
                 "sample must be a function batch_size -> batch (a tensor, tuple or dict), "
@@ -135,4 +171,4 @@ def model_name(model: ModelLike) -> str:
 
     if isinstance(model, torch.nn.Module):
         return type(model).__name__
-    return getattr(model, "__name__", None) or getattr(type(model), "__name__", "model")
+    return str(getattr(model, "__name__", None) or getattr(type(model), "__name__", "model"))

@@ -507,11 +507,16 @@ def test_from_report_with_too_few_visible_devices(tmp_path, monkeypatch):
         BalancedDataParallel.from_report(MLP(), folder)
 
 
-def test_from_report_without_cuda_default_devices(tmp_path, monkeypatch):
+def test_from_report_without_cuda_is_a_pass_through(tmp_path, monkeypatch):
+    """The README's promise: a script that reuses a report runs unchanged without a GPU."""
     folder = write_report(tmp_path / "rep", [3, 5])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(UsageError, match="tuned for 2 cards"):
-        BalancedDataParallel.from_report(MLP(), folder)
+    net = MLP()
+    with pytest.warns(UserWarning, match="no CUDA device is available.*not used"):
+        w = BalancedDataParallel.from_report(net, folder)
+    assert w.device_ids == [] and w.module is net and w.chunk_sizes == [3, 5]
+    x = torch.randn(8, 4)
+    assert torch.equal(w(x), net(x))
 
 
 def test_from_report_device_ids_mismatch(tmp_path):

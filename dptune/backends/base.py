@@ -7,7 +7,7 @@ which backend it talks to. All memory figures are ``int`` bytes.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 __all__ = ["Device", "ProbeResult", "Backend", "CATEGORIES"]
@@ -101,7 +101,11 @@ class Backend(Protocol):
     """What the tuner needs from a backend."""
 
     kind: str                        # "simulated" or "cuda"
-    devices: Sequence[Device]
+
+    @property
+    def devices(self) -> Sequence[Device]:
+        """The cards, in the order of ``chunk_sizes``."""
+        ...
 
     def describe(self) -> str:
         """A short name for reports, e.g. ``'4x24GB (simulated)'`` or ``'2x NVIDIA H100'``."""

@@ -79,6 +79,7 @@ pass a fake runtime with a memory model and a step that allocates from it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import time
@@ -499,6 +500,10 @@ class _Figures:
     retries: list[int]
 
 
+def _alloc_retries(rt: CudaRuntime, device: int, default: int) -> int:
+    return int(rt.memory_stats(device).get("num_alloc_retries", default))
+
+
 def _ids_text(ids: Sequence[int]) -> str:
     return ", ".join(str(i) for i in ids)
 
@@ -615,11 +620,13 @@ class CudaBackend:
     @property
     def has_batchnorm(self) -> Optional[bool]:
         """Whether the model has BatchNorm (``None`` for a factory not built yet)."""
+        import torch
+
         from dptune.workload import has_batchnorm
 
         if self._ctx is not None:
             return has_batchnorm(self._ctx.model)
-        if self.workload is not None and not self.workload.is_factory:
+        if self.workload is not None and isinstance(self.workload.model, torch.nn.Module):
             return has_batchnorm(self.workload.model)
         return None
 
@@ -681,6 +688,7 @@ class CudaBackend:
                 raise UsageError(f"the model factory returned a {type(model).__name__}, not an nn.Module")
             snap = None
         else:
+            assert isinstance(wl.model, torch.nn.Module)
             model = wl.model
             snap = snapshot(model, rng=False, backends=False)
         try:
@@ -784,10 +792,10 @@ class CudaBackend:
             except Exception:  # noqa: BLE001 - after a failed step the card may not answer
                 return default
 
-        peak = [int(safe(lambda d=d: rt.max_memory_allocated(d), 0)) for d in self.device_ids]
-        reserved = [int(safe(lambda d=d: rt.max_memory_reserved(d), 0)) for d in self.device_ids]
-        nvml = [safe(lambda d=d: rt.nvml_used(d), None) for d in self.device_ids]
-        retries = [max(0, int(safe(lambda d=d: rt.memory_stats(d).get("num_alloc_retries", 0), r0)) - r0)
+        peak = [int(safe(functools.partial(rt.max_memory_allocated, d), 0)) for d in self.device_ids]
+        reserved = [int(safe(functools.partial(rt.max_memory_reserved, d), 0)) for d in self.device_ids]
+        nvml = [safe(functools.partial(rt.nvml_used, d), None) for d in self.device_ids]
+        retries = [max(0, int(safe(functools.partial(_alloc_retries, rt, d, r0), r0)) - r0)
                    for d, r0 in zip(self.device_ids, baseline_retries)]
         return _Figures(peak, reserved, nvml, retries)
 
@@ -801,7 +809,8 @@ class CudaBackend:
         steps.append(("gc.collect", rt.gc_collect))
         steps.append(("empty_cache", rt.empty_cache))
         for d in self.device_ids:
-            steps.append((f"reset_peak_memory_stats({d})", lambda d=d: rt.reset_peak_memory_stats(d)))
+            steps.append((f"reset_peak_memory_stats({d})",
+                          functools.partial(rt.reset_peak_memory_stats, d)))
         for what, fn in steps:
             try:
                 fn()
@@ -862,7 +871,7 @@ class CudaBackend:
         retries = [max(r.retries[i] for r in all_runs) for i in range(n)]
         nvml_cards: list[Optional[int]] = []
         for i in range(n):
-            vals = [r.nvml[i] for r in all_runs if r.nvml[i] is not None]
+            vals = [v for v in (r.nvml[i] for r in all_runs) if v is not None]
             nvml_cards.append(max(vals) if vals else None)
         nvml = None if all(v is None for v in nvml_cards) else tuple(nvml_cards)
         spread = (tuple(max(r.peak[i] for r in runs) - min(r.peak[i] for r in runs) for i in range(n))

@@ -114,7 +114,7 @@ class Bucket:
         return -(-self.nbytes // ROUND_BYTES) * ROUND_BYTES
 
 
-def bucket_layout(params: Sequence[ParamInfo], options: DDPOptions = DDPOptions()) -> list[Bucket]:
+def bucket_layout(params: Sequence[ParamInfo], options: Optional[DDPOptions] = None) -> list[Bucket]:
     """The buckets DDP settles on after its first iteration.
 
     ``params`` are in the order their gradients become ready (for most models the reverse of
@@ -122,7 +122,7 @@ def bucket_layout(params: Sequence[ParamInfo], options: DDPOptions = DDPOptions(
     ``compute_bucket_assignment_by_size``: one open bucket per dtype, closed as soon as it
     holds at least its limit; the first closed bucket of a dtype has the first limit.
     """
-    first, cap = options.limits()
+    first, cap = (options or DDPOptions()).limits()
     open_: dict[str, list[int]] = {}
     size: dict[str, int] = {}
     closed_count: dict[str, int] = {}
@@ -145,7 +145,7 @@ def bucket_layout(params: Sequence[ParamInfo], options: DDPOptions = DDPOptions(
     return out
 
 
-def bucket_bytes(params: Sequence[ParamInfo], options: DDPOptions = DDPOptions()) -> int:
+def bucket_bytes(params: Sequence[ParamInfo], options: Optional[DDPOptions] = None) -> int:
     """Bytes the buckets take on a card (the sum of their rounded allocations)."""
     return sum(b.allocated_bytes for b in bucket_layout(params, options))
 

@@ -52,7 +52,7 @@ import logging
 import re
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
@@ -60,7 +60,7 @@ import torch.nn as nn
 
 from dptune._torch_private import dispatch_mode_base, fake_tensor_mode
 from dptune.backends.base import CATEGORIES, Device, ProbeResult
-from dptune.errors import SpecError, UsageError, UserCodeError
+from dptune.errors import DptuneError, SpecError, UsageError, UserCodeError
 from dptune.split import validate_chunk_sizes
 from dptune.units import GiB, MiB, format_bytes, parse_bytes
 from dptune.workload import Workload, batch_to_args, has_batchnorm, model_name
@@ -163,10 +163,11 @@ def parse_cluster(spec: Union[str, Cluster]) -> Cluster:
             key = key.strip().lower()
             try:
                 if key == "used":
-                    idx, colon, size = value.partition(":")
+                    card_text, colon, size = value.partition(":")
                     if not colon:
                         raise ValueError("missing ':'")
-                    used[int(idx)] = used.get(int(idx), 0) + parse_bytes(size, gb_is_gib=True)
+                    card_index = int(card_text)
+                    used[card_index] = used.get(card_index, 0) + parse_bytes(size, gb_is_gib=True)
                 elif key == "context":
                     context = parse_bytes(value, gb_is_gib=True)
                 else:
@@ -194,6 +195,11 @@ def parse_cluster(spec: Union[str, Cluster]) -> Cluster:
         totals += [total] * count
     if not names:
         raise SpecError(f"cluster spec {spec!r} names no card; " + _SPEC_HELP)
+    for idx, total in enumerate(totals):
+        if context >= total:
+            raise SpecError(f"context={format_bytes(context)} leaves nothing of card {idx}'s "
+                            f"{format_bytes(total)}; the CUDA context takes a few hundred MiB "
+                            "(default 384MiB): give a smaller context= or larger cards; " + _SPEC_HELP)
     for idx, b in used.items():
         if not 0 <= idx < len(names):
             raise SpecError(f"used={idx}:... names card {idx}, but the cluster has cards "
@@ -503,8 +509,8 @@ def _split(obj: Any, chunk_sizes: Sequence[int], batch: int, path: str) -> list:
             start += c
         return out
     if isinstance(obj, dict):
-        parts = {k: _split(v, chunk_sizes, batch, f"{path}[{k!r}]") for k, v in obj.items()}
-        return [type(obj)((k, parts[k][i]) for k in obj) for i in range(len(chunk_sizes))]
+        by_key = {k: _split(v, chunk_sizes, batch, f"{path}[{k!r}]") for k, v in obj.items()}
+        return [type(obj)((k, by_key[k][i]) for k in obj) for i in range(len(chunk_sizes))]
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
         parts = [_split(v, chunk_sizes, batch, f"{path}[{j}]") for j, v in enumerate(obj)]
         return [type(obj)(p[i] for p in parts) for i in range(len(chunk_sizes))]
@@ -625,16 +631,16 @@ def _fake_module(model: Union[nn.Module, Callable[[], nn.Module]]) -> nn.Module:
         raise UsageError(f"the model factory returned {type(module).__name__}, not an nn.Module")
     new: dict[int, Any] = {}
     for mod in module.modules():
-        for name, p in list(mod._parameters.items()):
-            if p is not None:
-                if id(p) not in new:
-                    new[id(p)] = nn.Parameter(_fake_like(p), requires_grad=p.requires_grad)
-                mod._parameters[name] = new[id(p)]
-        for name, b in list(mod._buffers.items()):
-            if b is not None:
-                if id(b) not in new:
-                    new[id(b)] = _fake_like(b)
-                mod._buffers[name] = new[id(b)]
+        for name, param in list(mod._parameters.items()):
+            if param is not None:
+                if id(param) not in new:
+                    new[id(param)] = nn.Parameter(_fake_like(param), requires_grad=param.requires_grad)
+                mod._parameters[name] = new[id(param)]
+        for name, buf in list(mod._buffers.items()):
+            if buf is not None:
+                if id(buf) not in new:
+                    new[id(buf)] = _fake_like(buf)
+                mod._buffers[name] = new[id(buf)]
     return module
 
 
@@ -792,6 +798,8 @@ class SimulatedBackend:
         with ledger.on(source, "inputs"):
             try:
                 batch = wl.sample(batch_size)
+            except DptuneError:
+                raise
             except Exception as e:
                 raise UserCodeError(f"sample({batch_size}) raised: {type(e).__name__}: {e}") from e
         args, kwargs = batch_to_args(batch)

@@ -34,6 +34,8 @@ from dptune.backends.simulated import (DEFAULT_CLUSTER, Cluster, MemoryEstimate,
 from dptune.errors import UsageError
 from dptune.workload import Workload
 
+DEFAULT_OPTIONS = DDPOptions()
+
 __all__ = ["SimulatedDDPRank", "SimulatedDDP", "estimate_ddp_memory", "card_of", "make_workload"]
 
 
@@ -51,7 +53,7 @@ class SimulatedDDPRank(SimulatedBackend):
     ``buckets`` is the bucket layout (after the first :meth:`estimate`).
     """
 
-    def __init__(self, workload: Workload, card: Union[str, Cluster], options: DDPOptions = DDPOptions()):
+    def __init__(self, workload: Workload, card: Union[str, Cluster], options: DDPOptions = DEFAULT_OPTIONS):
         cluster = parse_cluster(card)
         if len(cluster) != 1:
             raise UsageError(f"a DDP rank runs on one card; {cluster.describe()!r} has {len(cluster)}")
@@ -123,7 +125,7 @@ class SimulatedDDP:
     kind = "simulated"
 
     def __init__(self, workload: Workload, cluster: Union[str, Cluster] = DEFAULT_CLUSTER,
-                 options: DDPOptions = DDPOptions()):
+                 options: DDPOptions = DEFAULT_OPTIONS):
         self.workload = workload
         self.cluster = parse_cluster(cluster)
         self.devices: list[Device] = self.cluster.devices

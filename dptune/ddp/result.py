@@ -24,7 +24,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from dptune.backends.base import Device
 from dptune.backends.ddp_memory import DDPOptions
-from dptune.errors import UsageError
+from dptune.errors import OutputError, ReportError, UsageError
 from dptune.result import Fit
 from dptune.units import format_bytes
 
@@ -108,8 +108,14 @@ class RankPlan:
                    host=d.get("host"), budget_bytes=opt_int("budget_bytes"),
                    predicted_peak_bytes=opt_int("predicted_peak_bytes"),
                    measured_peak_bytes=opt_int("measured_peak_bytes"), ddp_bytes=opt_int("ddp_bytes"),
-                   fit=None if d.get("fit") is None else Fit.from_dict(d["fit"]),
+                   fit=None if d.get("fit") is None else _fit(d["fit"]),
                    max_batch_size=opt_int("max_batch_size"))
+
+
+def _fit(d: Mapping[str, Any]) -> Fit:
+    return Fit(intercept_bytes=float(d["intercept_bytes"]), slope_bytes=float(d["slope_bytes"]),
+               batch_slope_bytes=float(d.get("batch_slope_bytes", 0.0)),
+               max_error_bytes=float(d.get("max_error_bytes", 0.0)), points=int(d.get("points", 0)))
 
 
 def loss_scales(batch_sizes: Sequence[int]) -> list[float]:
@@ -227,10 +233,10 @@ class DDPPlan:
     @classmethod
     def from_dict(cls, d: Any) -> "DDPPlan":
         if not isinstance(d, Mapping) or d.get("kind") != PLAN_KIND:
-            raise UsageError("not a dptune DDP plan (no \"kind\": \"dptune-ddp-plan\"); write one "
+            raise ReportError("not a dptune DDP plan (no \"kind\": \"dptune-ddp-plan\"); write one "
                              "with `dptune plan` or DDPPlan.save")
         if d.get("version") != PLAN_VERSION:
-            raise UsageError(f"DDP plan version {d.get('version')!r} is not supported (this dptune "
+            raise ReportError(f"DDP plan version {d.get('version')!r} is not supported (this dptune "
                              f"reads version {PLAN_VERSION}); re-run `dptune plan`")
         try:
             plan = cls(
@@ -244,13 +250,15 @@ class DDPPlan:
                 even_batch_size=d.get("even_batch_size"),
                 requested_global_batch=d.get("requested_global_batch"),
                 seconds=float(d.get("seconds", 0.0)), notes=tuple(d.get("notes", [])))
-        except UsageError:
+        except ReportError:
             raise
+        except UsageError as e:   # e.g. batch sizes < 1
+            raise ReportError(f"the DDP plan is not valid: {e}") from None
         except (KeyError, TypeError, ValueError) as e:
-            raise UsageError(f"the DDP plan is malformed ({type(e).__name__}: {e}); re-run "
+            raise ReportError(f"the DDP plan is malformed ({type(e).__name__}: {e}); re-run "
                              "`dptune plan`") from None
         if "batch_sizes" in d and list(d["batch_sizes"]) != plan.batch_sizes:
-            raise UsageError(f"the DDP plan's batch_sizes {d['batch_sizes']} disagree with its "
+            raise ReportError(f"the DDP plan's batch_sizes {d['batch_sizes']} disagree with its "
                              f"ranks {plan.batch_sizes}; re-run `dptune plan`")
         return plan
 
@@ -258,13 +266,16 @@ class DDPPlan:
         """Write ``path`` if it ends in ``.json``, else ``path/plan.json`` and ``path/summary.md``;
         returns the JSON file's path."""
         text = json.dumps(self.to_dict(), indent=2) + "\n"
+        folder = os.path.dirname(path) if path.endswith(".json") else path
+        try:
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"cannot create the folder {folder!r} ({e.strerror or e}); choose "
+                              "a path you can write to") from None
         if path.endswith(".json"):
-            parent = os.path.dirname(path)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
             target = path
         else:
-            os.makedirs(path, exist_ok=True)
             target = os.path.join(path, "plan.json")
             _write(os.path.join(path, "summary.md"), self.summary() + "\n")
         _write(target, text)
@@ -278,12 +289,12 @@ class DDPPlan:
             with open(p, encoding="utf-8") as f:
                 data = json.load(f)
         except FileNotFoundError:
-            raise UsageError(f"no DDP plan at {p!r}; give a folder written by `dptune plan` or "
+            raise ReportError(f"no DDP plan at {p!r}; give a folder written by `dptune plan` or "
                              "its plan.json") from None
         except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"cannot read {p!r} ({e})") from None
+            raise ReportError(f"cannot read {p!r} ({e})") from None
         except json.JSONDecodeError as e:
-            raise UsageError(f"{p!r} is not valid JSON ({e}); re-run `dptune plan`") from None
+            raise ReportError(f"{p!r} is not valid JSON ({e}); re-run `dptune plan`") from None
         return cls.from_dict(data)
 
     # ---- text -------------------------------------------------------------------------
@@ -360,7 +371,8 @@ def _write(path: str, text: str) -> None:
             f.write(text)
         os.replace(tmp, path)
     except OSError as e:
-        raise UsageError(f"cannot write {path!r} ({e.strerror or e}); choose another path") from None
+        raise OutputError(f"cannot write {path!r} ({e.strerror or e}); choose a path you can "
+                          "write to") from None
 
 
 def _current_rank(world_size: int) -> int:

@@ -14,7 +14,6 @@ probe short on a 2-core machine; the ``*_full`` factories give full-size configu
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 import torch
