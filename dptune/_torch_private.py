@@ -8,6 +8,13 @@
   no data, so the simulated backend can run a model of any size on the CPU.
 - ``TorchDispatchMode`` (``torch.utils._python_dispatch``): sees every op below autograd, so
   the simulated backend can charge each new storage to the virtual card that makes it.
+- The attention kernels' aten ops (``aten._scaled_dot_product_flash_attention``,
+  ``_efficient_attention``, ``_cudnn_attention``, ``_safe_softmax``) and
+  ``torch._C._get_sdp_priority_order``: the simulator runs the kernel a CUDA card would choose
+  (through its meta kernel) so that the backward keeps that kernel's tensors; there is no
+  public way to call a given kernel, nor to read the order ``sdpa_kernel`` may have set.
+- ``TorchFunctionMode`` (``torch.overrides``): sees ``F.scaled_dot_product_attention`` above
+  autograd, where the kernel is chosen.
 
 Everything is imported lazily: importing this module imports nothing heavy.
 """
@@ -16,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["scatter_chunks", "fake_tensor_mode", "dispatch_mode_base"]
+__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_base", "safe_softmax",
+           "scatter_chunks", "sdp_priority_order", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash"]
 
 
 def scatter_chunks(tensor: Any, device_ids: list, chunk_sizes: list, dim: int) -> tuple:
@@ -50,3 +58,52 @@ def dispatch_mode_base() -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     return TorchDispatchMode
+
+
+def function_mode_base() -> type:
+    """The ``TorchFunctionMode`` base class."""
+    from torch.overrides import TorchFunctionMode
+
+    return TorchFunctionMode
+
+
+def sdp_priority_order() -> list:
+    """The order torch tries attention kernels in (``torch.nn.attention.SDPBackend`` values)."""
+    import torch
+
+    get = getattr(torch._C, "_get_sdp_priority_order", None)
+    return list(get()) if get is not None else [1, 2, 0, 3]
+
+
+def sdpa_flash(q: Any, k: Any, v: Any, dropout_p: float, is_causal: bool, scale: float) -> Any:
+    """The output of the flash-attention kernel (it saves q, k, v, output, logsumexp)."""
+    import torch
+
+    return torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+
+
+def sdpa_efficient(q: Any, k: Any, v: Any, bias: Any, compute_lse: bool, dropout_p: float,
+                   is_causal: bool, scale: Any) -> Any:
+    """The output of the memory-efficient kernel (saves q, k, v, bias, output, logsumexp)."""
+    import torch
+
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, compute_lse, dropout_p, is_causal, scale=scale)[0]
+
+
+def sdpa_cudnn(q: Any, k: Any, v: Any, bias: Any, compute_lse: bool, dropout_p: float,
+               is_causal: bool, scale: Any) -> Any:
+    """The output of the cuDNN attention kernel (saves q, k, v, bias, output, logsumexp)."""
+    import torch
+
+    return torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q, k, v, bias, compute_lse, dropout_p, is_causal, False, scale=scale)[0]
+
+
+def safe_softmax(x: Any, dim: int) -> Any:
+    """``aten._safe_softmax``: the softmax of the math attention path (rows of -inf give 0)."""
+    import torch
+
+    return torch.ops.aten._safe_softmax(x, dim)
+

@@ -108,7 +108,7 @@ def test_search_subprocess_writes_every_file(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("Net on 2x2GB (simulated): batch 32")
+    assert lines[0].startswith("Net on 2x2GB (simulated, sm 8.0 assumed): batch 32")
     assert "even split" in lines[1] and "dptune split" in lines[1]
     assert any(line.startswith("imbalance") for line in lines)
     assert lines[-1] == f"report written to {Path('reports', 'Net-2x2GB')}{os.sep}"
@@ -174,7 +174,7 @@ def test_default_cluster_when_no_gpu_is_announced_once(tiny, capsys, monkeypatch
                               "--max-probes", "4", "--no-plots")
     assert code == 0, err
     assert err.count("4x24GB") == 1 and "no GPU is visible" in err
-    assert "Net on 4x24GB (simulated)" in out
+    assert "Net on 4x24GB (simulated, sm 8.0 assumed)" in out
     assert Path("reports/Net-4x24GB/report.json").exists()
 
 

@@ -32,10 +32,13 @@ Known limitations (what is not modelled):
   per block above 1 MiB).
 - DataParallel's coalesced buckets: the broadcast and the gradient reduction are modelled per
   tensor; the transient flattened bucket buffers (10 MiB each) are not.
-- Everything runs on the CPU in one thread, so kernels that exist only on CUDA (fused or
-  flash attention) are replaced by the CPU/meta kernels of the same op; their outputs and
-  saved tensors have the same sizes, except that memory-efficient attention saves less than
-  the math kernel assumed here.
+- Everything runs on the CPU in one thread. Where CUDA runs another kernel than the CPU
+  build and keeps other tensors for the backward, the simulator runs CUDA's: attention
+  (``F.scaled_dot_product_attention``) takes the kernel CUDA picks for the card's compute
+  capability (:mod:`dptune.backends._sdpa`: flash, memory-efficient, cuDNN or math, through
+  their meta kernels), and ``F.dropout`` keeps a boolean mask (``native_dropout``) as on
+  CUDA. Each card has a compute capability from the card table, 8.0 for a card given by its
+  size only (``cc=`` in the spec sets it); the estimate's notes say which kernels ran.
 - Autocast (mixed precision) is not modelled; models whose forward reads tensor values
   (``.item()``, ``nonzero``, data-dependent shapes) cannot be simulated.
 - Optimizers are stepped with ``foreach=True`` where they accept it (torch's default on
@@ -59,6 +62,7 @@ import torch
 import torch.nn as nn
 
 from dptune._torch_private import dispatch_mode_base, fake_tensor_mode
+from dptune.backends import _sdpa
 from dptune.backends.base import CATEGORIES, Device, ProbeResult
 from dptune.errors import DptuneError, SpecError, UsageError, UserCodeError
 from dptune.split import validate_chunk_sizes
@@ -85,11 +89,19 @@ CARD_TYPES: dict[str, int] = {
 _ALIASES = {"V100": "V100-16GB", "A100": "A100-80GB", "H100": "H100-80GB", "H200-141GB": "H200",
             "RTXA6000": "A6000", "3090": "RTX3090", "4090": "RTX4090"}
 _HOPPER = ("H100", "H200")
+# Compute capability (major, minor) of each card: it decides the attention kernel CUDA runs.
+CARD_CAPABILITY: dict[str, tuple[int, int]] = {
+    "V100-16GB": (7, 0), "V100-32GB": (7, 0), "T4": (7, 5), "A10": (8, 6), "A30": (8, 0),
+    "A100-40GB": (8, 0), "A100-80GB": (8, 0), "L4": (8, 9), "L40S": (8, 9),
+    "RTX3090": (8, 6), "RTX4090": (8, 9), "A6000": (8, 6), "H100-80GB": (9, 0), "H200": (9, 0),
+}
+DEFAULT_CAPABILITY = (8, 0)           # for a card given by its size only ('24GB'), unless cc=
 
 _SPEC_HELP = (
     "accepted forms: '4x24GB', '2x80GB,2x40GB', '8xA100-80GB', '4xV100-16GB', 'RTX4090', "
     "with optional items 'used=0:6GB' (memory taken on card 0 by other processes; repeatable) "
-    "and 'context=384MiB' (CUDA context per card). Known cards: " + ", ".join(CARD_TYPES))
+    "and 'context=384MiB' (CUDA context per card) and 'cc=8.6' (compute capability of the cards "
+    "given by size only; default 8.0). Known cards: " + ", ".join(CARD_TYPES))
 
 
 def _norm_card(name: str) -> str:
@@ -109,9 +121,17 @@ class Cluster:
     used_bytes: tuple[int, ...]
     context_bytes: int = DEFAULT_CONTEXT_BYTES
     spec: str = ""
+    capabilities: tuple[tuple[int, int], ...] = ()   # per card; () = from the card table
+    assumed_capability: bool = False                  # some card's capability is the default
 
     def __post_init__(self) -> None:
-        if not (len(self.names) == len(self.total_bytes) == len(self.used_bytes)):
+        if not self.capabilities:
+            caps = tuple(CARD_CAPABILITY.get(n) for n in self.names)
+            object.__setattr__(self, "capabilities",
+                               tuple(c if c is not None else DEFAULT_CAPABILITY for c in caps))
+            object.__setattr__(self, "assumed_capability", None in caps)
+        if not (len(self.names) == len(self.total_bytes) == len(self.used_bytes)
+                == len(self.capabilities)):
             raise SpecError("cluster fields have different lengths")
         if not self.names:
             raise SpecError("a cluster needs at least one card; " + _SPEC_HELP)
@@ -131,6 +151,14 @@ class Cluster:
 
     def describe(self) -> str:
         return self.spec or ",".join(self.names)
+
+    def describe_capability(self) -> str:
+        """``'sm 8.0 assumed'`` where a card's capability is not known from its name, else ''."""
+        if not self.assumed_capability:
+            return ""
+        caps = sorted({f"{a}.{b}" for n, (a, b) in zip(self.names, self.capabilities)
+                       if n not in CARD_CAPABILITY})
+        return f"sm {'/'.join(caps)} assumed"
 
     @classmethod
     def uniform(cls, n: int, total_bytes: int, name: Optional[str] = None,
@@ -154,6 +182,7 @@ def parse_cluster(spec: Union[str, Cluster]) -> Cluster:
     totals: list[int] = []
     used: dict[int, int] = {}
     context = DEFAULT_CONTEXT_BYTES
+    cc: Optional[tuple[int, int]] = None
     for raw in spec.split(","):
         item = raw.strip()
         if not item:
@@ -170,6 +199,9 @@ def parse_cluster(spec: Union[str, Cluster]) -> Cluster:
                     used[card_index] = used.get(card_index, 0) + parse_bytes(size, gb_is_gib=True)
                 elif key == "context":
                     context = parse_bytes(value, gb_is_gib=True)
+                elif key in ("cc", "sm"):
+                    major, dot, minor = value.strip().partition(".")
+                    cc = (int(major), int(minor or 0))
                 else:
                     raise ValueError(f"unknown option {key!r}")
             except ValueError as e:
@@ -207,9 +239,12 @@ def parse_cluster(spec: Union[str, Cluster]) -> Cluster:
         if b + context >= totals[idx]:
             raise SpecError(f"card {idx} has {format_bytes(totals[idx])} in all, "
                             f"{format_bytes(b)} used by others leaves nothing; " + _SPEC_HELP)
+    known_caps = [CARD_CAPABILITY.get(n) for n in names]
+    caps = tuple(c if c is not None else (cc or DEFAULT_CAPABILITY) for c in known_caps)
     return Cluster(names=tuple(names), total_bytes=tuple(totals),
                    used_bytes=tuple(used.get(i, 0) for i in range(len(names))),
-                   context_bytes=context, spec=spec.replace(" ", ""))
+                   context_bytes=context, spec=spec.replace(" ", ""), capabilities=caps,
+                   assumed_capability=cc is None and None in known_caps)
 
 
 # --------------------------------------------------------------------------------------------
@@ -666,6 +701,7 @@ class MemoryEstimate:
     baseline_bytes: list[int]          # live before the step: weights, buffers, optimizer state
     cluster: Cluster
     seconds: float = 0.0
+    notes: tuple[str, ...] = ()        # what was modelled how (attention kernels, bounds...)
 
     @property
     def oom_devices(self) -> list[int]:
@@ -695,11 +731,13 @@ class SimulatedBackend:
         self._optimizer: Any = None
         self._params: list[nn.Parameter] = []
         self._setup_bytes: list[int] = []
+        self._kernels: dict[tuple[str, tuple[int, int]], int] = {}   # attention kernel choices
         self.has_batchnorm: Optional[bool] = (
             has_batchnorm(workload.model) if isinstance(workload.model, nn.Module) else None)
 
     def describe(self) -> str:
-        return f"{self.cluster.describe()} (simulated)"
+        cap = self.cluster.describe_capability()
+        return f"{self.cluster.describe()} (simulated{', ' + cap if cap else ''})"
 
     # -- set-up ------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -709,8 +747,17 @@ class SimulatedBackend:
         log = logging.getLogger("torch._subclasses.fake_tensor")
         level = log.level
         log.setLevel(logging.CRITICAL)
+        caps = self.cluster.capabilities
+
+        def capability_of(t: torch.Tensor) -> Optional[tuple[int, int]]:
+            card = ledger.card_of(t)
+            return None if card == HOST else caps[card]
+
+        def chosen(kernel: str, cap: tuple[int, int]) -> None:
+            self._kernels[(kernel, cap)] = self._kernels.get((kernel, cap), 0) + 1
+
         try:
-            with self._fake_mode, _make_accountant(ledger):
+            with self._fake_mode, _make_accountant(ledger), _sdpa.sdpa_mode(capability_of, chosen):
                 yield
         finally:
             torch.set_rng_state(rng)
@@ -769,6 +816,7 @@ class SimulatedBackend:
         self._setup()
         ledger = self._ledger
         assert ledger is not None and self._module is not None
+        self._kernels = {}
         with self._modes(ledger):
             baseline = list(ledger.live)
             ledger.reset_peaks()
@@ -782,7 +830,18 @@ class SimulatedBackend:
         return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=list(ledger.peak),
                               breakdown=[dict(b) for b in ledger.peak_breakdown],
                               baseline_bytes=baseline, cluster=self.cluster,
-                              seconds=time.perf_counter() - t0)
+                              seconds=time.perf_counter() - t0, notes=self._notes())
+
+    def _notes(self) -> tuple[str, ...]:
+        notes = []
+        if self._kernels:
+            calls = ", ".join(f"{kernel} x{n} (sm {cap[0]}.{cap[1]})"
+                              for (kernel, cap), n in sorted(self._kernels.items()))
+            notes.append(f"attention (scaled_dot_product_attention) kernels as CUDA picks them: {calls}")
+        cap = self.cluster.describe_capability()
+        if cap:
+            notes.append(f"compute capability: {cap} for cards given by size (set it with cc=)")
+        return tuple(notes)
 
     def _step(self, sizes: list[int]) -> None:
         ledger, module, wl = self._ledger, self._module, self.workload
@@ -854,7 +913,7 @@ class SimulatedBackend:
         oom = worst if over[worst] > 0 else None
         return ProbeResult(chunk_sizes=est.chunk_sizes, peak_bytes=tuple(est.peak_bytes),
                            oom_device=oom, breakdown=tuple(est.breakdown), seconds=est.seconds,
-                           note="simulated")
+                           note="; ".join(("simulated",) + est.notes))
 
     def close(self) -> None:
         self._ledger = self._module = self._optimizer = None
