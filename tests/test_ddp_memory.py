@@ -99,8 +99,13 @@ def h_bytes(b: int) -> int:
 
 def single_card_peak(b: int) -> int:
     """No optimizer: the backward's layer-1 weight gradient, with weights, both gradients,
-    the hidden layer's gradient, the saved input, the loss and its gradient, the workspace."""
-    return W + W + h_bytes(b) + x_bytes(b) + 2 * SCALAR + WS
+    the hidden layer's gradient, the saved input, the loss and its gradient, the workspace,
+    and the output (kept alive through the backward, as a plain loop does)."""
+    return W + W + h_bytes(b) + x_bytes(b) + 2 * SCALAR + WS + out_bytes(b)
+
+
+def out_bytes(b: int) -> int:
+    return rnd(b * OUT * 4)
 
 
 def test_single_card_reference_is_the_hand_count():
@@ -124,7 +129,7 @@ def test_gradient_as_bucket_view_removes_the_copy():
     bucket = rnd(W1 + W2)
     # the gradients now live only in the bucket: at the peak, layer 2's gradient has been
     # copied there and freed, layer 1's is being made (its copy follows at once)
-    assert view == W + bucket + rnd(W1) + h_bytes(64) + x_bytes(64) + 2 * SCALAR + WS
+    assert view == W + bucket + rnd(W1) + h_bytes(64) + x_bytes(64) + 2 * SCALAR + WS + out_bytes(64)
     assert copy - single_card_peak(64) == bucket
     assert copy - view == rnd(W2)   # here layer 1 is almost all of the gradients
     # eight equal layers: the copy (all gradients) gives way to about one layer's gradient
@@ -141,14 +146,16 @@ def test_gradient_as_bucket_view_removes_the_copy():
 def test_adam_peak_at_the_step_with_and_without_views():
     adam = lambda p: torch.optim.Adam(p)  # noqa: E731
     single = estimate_memory(mlp(), sample, [64], "1x24GB", optimizer=adam).peak_bytes[0]
-    assert single == W + W + 3 * W + WS      # weights, gradients, two moments + foreach temporary
+    # weights, gradients, two moments + foreach temporary; the output and the loss still alive
+    assert single == W + W + 3 * W + WS + out_bytes(64) + SCALAR
     copy = estimate_ddp_memory(mlp(), sample, [64], "24GB", optimizer=adam).peak_bytes[0]
     assert copy == single + rnd(W1 + W2)
     view = estimate_ddp_memory(mlp(), sample, [64], "24GB", optimizer=adam,
                                gradient_as_bucket_view=True).peak_bytes[0]
     # with views the step holds no second copy; the backward (moments + bucket + layer 1's
     # fresh gradient + activations) is now the peak
-    assert view == W + 2 * W + rnd(W1 + W2) + rnd(W1) + h_bytes(64) + x_bytes(64) + 2 * SCALAR + WS
+    assert view == (W + 2 * W + rnd(W1 + W2) + rnd(W1) + h_bytes(64) + x_bytes(64) + 2 * SCALAR + WS
+                    + out_bytes(64))
     assert view < copy
 
 

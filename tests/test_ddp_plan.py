@@ -252,3 +252,21 @@ def test_cli_plan_errors(argv, code, message, capsys):
     assert main(["plan", "--model", "dptune.examples.models:TinyGPT", *argv]) == code
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_step_options_reach_the_rank_step_and_the_plan(tmp_path, capsys):
+    from dptune.backends.simulated_ddp import estimate_ddp_memory
+    from dptune.cli import main
+
+    plain = estimate_ddp_memory(net, batch, [64], "24GB", optimizer=adamw).peak_bytes[0]
+    bf16 = estimate_ddp_memory(net, batch, [64], "24GB", optimizer=adamw, amp="bf16").peak_bytes[0]
+    assert bf16 != plain
+    plan = ddp.plan(net, batch, optimizer=adamw, global_batch=256, simulate="32GB,24GB",
+                    amp="bf16", accumulate=2)
+    assert plan.settings is not None
+    assert plan.settings["amp"] == "bf16" and plan.settings["accumulate"] == 2
+    assert "bf16" in plan.summary()
+    assert main(["plan", "--model", "dptune.examples.models:MLP", "--simulate", "32GB,24GB",
+                 "--batch-size", "64", "--amp", "bf16", "--accumulate", "2",
+                 "--out", str(tmp_path / "p.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["accumulate"] == 2

@@ -493,3 +493,31 @@ def test_many_cards_plots_stay_readable_and_quick(tmp_path, n):
     assert len(panels) == 8 and panels[0].get_title().startswith("0: ")
     assert f"8 of {n} cards" in fits.get_suptitle()
 
+
+
+# ---- messages --------------------------------------------------------------------------------
+
+VALUE_READING = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y[y > 0].sum() if y.sum().item() > 0 else y
+'''
+
+
+def test_value_reading_model_is_refused_in_one_line(workdir, capsys):
+    _, write = workdir
+    name = write(VALUE_READING)
+    code, _, err = run(capsys, "search", "--model", f"{name}:Net", *FAST, "-q")
+    line = one_line_error(code, err, 4, f"the model reads tensor values at {name}.py:13",
+                          "y.sum().item()", "tune on real GPUs (--devices)")
+    assert err.strip() == line          # nothing else: no FakeTensor internals
+    assert "fake_tensor" not in err

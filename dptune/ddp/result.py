@@ -337,8 +337,12 @@ class DDPPlan:
                          "not certified: the search stopped before every rank's limit was closed")
         lines.append(f"DDP: {self.options.describe()}")
         if self.settings:
-            lines.append("step: " + ", ".join(f"{k}={v}" for k, v in self.settings.items()
-                                               if v not in (None, False, 1) or k == "amp"))
+            from dptune.workload import StepSettings
+
+            try:
+                lines.append("step: " + StepSettings.from_dict(self.settings).describe())
+            except (UsageError, KeyError, TypeError, ValueError):
+                lines.append(f"step: {self.settings}")
         if self.headroom_bytes is not None:
             lines.append(f"headroom {format_bytes(self.headroom_bytes)} per card; "
                          f"{len(self.probes)} probes in {self.rounds} rounds")
