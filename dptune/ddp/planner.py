@@ -41,8 +41,7 @@ from dptune.backends.ddp_memory import DDPOptions, bucket_bytes, params_of
 from dptune.ddp.result import DDPPlan, RankPlan, RankProbe, loss_scales
 from dptune.errors import (BackendUnavailableError, DptuneError, NoFeasibleSplitError, UsageError,
                            UserCodeError)
-from dptune.result import Fit
-from dptune.solver import MIN_SLOPE_BYTES, fit_affine, solve_balance
+from dptune.solver import MIN_SLOPE_BYTES, Fit, fit_affine, solve_balance
 from dptune.units import format_bytes, parse_bytes
 
 __all__ = ["plan", "OBJECTIVES"]

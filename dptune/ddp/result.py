@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional, Sequence
 from dptune.backends.base import Device
 from dptune.backends.ddp_memory import DDPOptions
 from dptune.errors import OutputError, ReportError, UsageError
-from dptune.result import Fit
+from dptune.solver import Fit
 from dptune.units import format_bytes
 
 __all__ = ["RankPlan", "RankProbe", "DDPPlan", "PLAN_KIND", "PLAN_VERSION", "is_plan_path"]
@@ -115,7 +115,8 @@ class RankPlan:
 def _fit(d: Mapping[str, Any]) -> Fit:
     return Fit(intercept_bytes=float(d["intercept_bytes"]), slope_bytes=float(d["slope_bytes"]),
                batch_slope_bytes=float(d.get("batch_slope_bytes", 0.0)),
-               max_error_bytes=float(d.get("max_error_bytes", 0.0)), points=int(d.get("points", 0)))
+               max_error_bytes=float(d.get("max_error_bytes", 0.0)), points=int(d.get("points", 0)),
+               zero_bytes=None if d.get("zero_bytes") is None else float(d["zero_bytes"]))
 
 
 def loss_scales(batch_sizes: Sequence[int]) -> list[float]:
