@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -10,7 +11,9 @@ from hypothesis import strategies as st
 
 from dptune.errors import NoFeasibleSplitError
 from dptune.solver import Fit
-from dptune.solver import fit_affine, max_share, predict, solve_balance
+from dptune.solver import (fit_affine, max_even_batch, max_share, predict, solve_balance,
+                           solve_max_batch)
+from dptune.split import even_split
 
 # ---- helpers ------------------------------------------------------------------------------
 
@@ -32,6 +35,15 @@ def brute_balance(fits, budgets, batch, m=1, caps=None):
         v = max_share(fits, budgets, s, batch)
         if best is None or v < best[0]:
             best = (v, s)
+    return best
+
+
+def brute_max_batch(fits, budgets, m=1, upto=40):
+    best = 0
+    for b in range(1, upto + 1):
+        r = brute_balance(fits, budgets, b, m)
+        if r is not None and r[0] <= 1.0:
+            best = b
     return best
 
 
@@ -163,3 +175,45 @@ def test_balance_card0_without_room_raises():
 
 
 # ---- max batch ------------------------------------------------------------------------------
+
+
+@settings(max_examples=80, deadline=None)
+@given(cs=cards, g=st.integers(0, 3), m=st.sampled_from([1, 2]))
+def test_max_batch_matches_brute_force(cs, g, m):
+    fits, budgets = build(cs, g)
+    want = brute_max_batch(fits, budgets, m, upto=45)
+    if want >= 45:  # beyond what brute force checks here
+        return
+    if want == 0:
+        with pytest.raises(NoFeasibleSplitError):
+            solve_max_batch(fits, budgets, min_chunk_nonzero=m)
+        return
+    b, split = solve_max_batch(fits, budgets, min_chunk_nonzero=m)
+    assert b == want and sum(split) == b
+    assert max_share(fits, budgets, split, b) <= 1.0
+    if m == 2:
+        assert 1 not in split
+
+
+@settings(max_examples=80, deadline=None)
+@given(cs=cards, g=st.integers(0, 3))
+def test_max_even_batch_matches_brute_force(cs, g):
+    fits, budgets = build(cs, g)
+    n = len(fits)
+    want = 0
+    for b in range(1, 60):
+        s = even_split(b, n)
+        if max_share(fits, budgets, s, b) <= 1.0:
+            want = b
+    got = max_even_batch(fits, budgets)
+    if want < 55:
+        assert got == want
+
+
+def test_max_batch_card0_batch_term_limits_the_batch():
+    G = 2**30
+    fits = [Fit(6.0 * G, 0.1 * G, 0.05 * G)] + [Fit(2.0 * G, 0.1 * G)] * 3
+    b, split = solve_max_batch(fits, [23 * G] * 4)
+    assert b == 340 and split[0] == 0  # card 0's room: 6 + 0.05*B <= 23
+    assert max_even_batch(fits, [23 * G] * 4) < b
+    assert math.isclose(predict(fits, split)[0], 6 * G + 0.05 * G * 340)

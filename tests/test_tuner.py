@@ -8,9 +8,10 @@ from typing import Optional, Sequence
 import pytest
 import torch
 
+from dptune import solver
 from dptune.backends.base import Device, ProbeResult
 from dptune.errors import BackendUnavailableError, NoFeasibleSplitError, UsageError
-from dptune.result import TuneResult
+from dptune.result import Fit, TuneResult
 from dptune.tuner import Tuner
 
 GiB = 2**30
@@ -234,14 +235,14 @@ def test_advice_when_card0_fixed_cost_alone_is_heaviest():
 def test_max_batch_affine():
     be = identical()
     r = tune(be, objective="max_batch")
-    # by hand, budgets 23 GiB: cards 1-3 take (23 - 2) / 0.093 -> 225 each; card 0 the rest,
-    # 6 + 0.093 c0 + 0.011 (c0 + 675) <= 23 -> c0 = 92, B = 767; the even split
-    # 6 + 0.093 B / 4 + 0.011 B <= 23 -> B = 496
-    assert r.batch_size == 767 and r.chunk_sizes == [92, 225, 225, 225]
+    truth = [Fit(6 * GiB, 0.093 * GiB, 0.011 * GiB)] + [Fit(2 * GiB, 0.093 * GiB)] * 3
+    budgets = [23 * GiB] * 4
+    want, _ = solver.solve_max_batch(truth, budgets)
+    assert r.batch_size == want == 767
     assert [p.purpose for p in r.probes] == ["even", "fit", "max", "max", "max", "even-max",
                                              "even-max"]
     assert be.calls[:3] == [[64, 64, 64, 64], [64, 185, 185, 185], [92, 225, 225, 225]]
-    assert r.even.batch_size == 496
+    assert r.even.batch_size == solver.max_even_batch(truth, budgets) == 496
     assert r.even.feasible and r.batch_gain > 0.5
     assert r.fits[0].batch_slope_bytes == pytest.approx(0.011 * GiB, rel=1e-6)
     assert r.certified and [(b.what, b.lo, b.hi) for b in r.brackets] == [
