@@ -13,6 +13,10 @@
   ``torch._C._get_sdp_priority_order``: the simulator runs the kernel a CUDA card would choose
   (through its meta kernel) so that the backward keeps that kernel's tensors; there is no
   public way to call a given kernel, nor to read the order ``sdpa_kernel`` may have set.
+- ``Module._replicate_for_data_parallel``: the simulator's replicas are module copies made
+  as ``torch.nn.parallel.replicate`` makes them (parameters as plain attributes), so that
+  code re-running a replica's forward later (activation checkpointing) uses that card's
+  weights; ``replicate`` itself only broadcasts between real CUDA devices.
 - ``TorchFunctionMode`` (``torch.overrides``): sees ``F.scaled_dot_product_attention`` above
   autograd, where the kernel is chosen.
 
@@ -23,7 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_base", "safe_softmax",
+__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "function_mode_base", "replica_module",
+           "safe_softmax",
            "scatter_chunks", "sdp_priority_order", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash"]
 
 
@@ -67,6 +72,14 @@ def function_mode_base() -> type:
     return TorchFunctionMode
 
 
+def function_mode_active() -> bool:
+    """Whether any torch-function mode is active on this thread (the autograd engine runs
+    backward nodes with none: the simulator enters its mode again around each node)."""
+    import torch
+
+    return bool(torch._C._len_torch_function_stack())
+
+
 def sdp_priority_order() -> list:
     """The order torch tries attention kernels in (``torch.nn.attention.SDPBackend`` values)."""
     import torch
@@ -107,3 +120,32 @@ def safe_softmax(x: Any, dim: int) -> Any:
 
     return torch.ops.aten._safe_softmax(x, dim)
 
+
+
+def replica_module(module: Any, tensors: dict) -> Any:
+    """A replica of ``module`` as ``torch.nn.parallel.replicate`` makes one for a device.
+
+    ``tensors`` maps ``id()`` of each of the module's parameters and buffers to the tensor the
+    replica uses in its place (one that is missing keeps the module's own). Submodules are
+    shallow copies (``_replicate_for_data_parallel``) sharing hooks and attributes.
+    """
+    mods = list(module.modules())
+    copies = {id(m): m._replicate_for_data_parallel() for m in mods}
+    for m in mods:
+        r = copies[id(m)]
+        for key, child in m._modules.items():
+            if child is None:
+                r._modules[key] = None
+            else:
+                setattr(r, key, copies[id(child)])
+        for key, p in m._parameters.items():
+            if p is None:
+                r._parameters[key] = None
+            else:
+                setattr(r, key, tensors.get(id(p), p))
+        for key, b in m._buffers.items():
+            if b is None:
+                r._buffers[key] = None
+            else:
+                setattr(r, key, tensors.get(id(b), b))
+    return copies[id(module)]

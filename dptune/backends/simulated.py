@@ -50,21 +50,24 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import dataclasses
 import logging
 import re
 import time
 import weakref
+from itertools import chain
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
 
 import torch
 import torch.nn as nn
 
-from dptune._torch_private import dispatch_mode_base, fake_tensor_mode
+from dptune._torch_private import (dispatch_mode_base, fake_tensor_mode, function_mode_active,
+                                   replica_module)
 from dptune.backends import _sdpa
 from dptune.backends.base import CATEGORIES, Device, ProbeResult
-from dptune.errors import DptuneError, SpecError, UsageError, UserCodeError
+from dptune.errors import InternalError, DptuneError, SpecError, UsageError, UserCodeError
 from dptune.split import validate_chunk_sizes
 from dptune.units import GiB, MiB, format_bytes, parse_bytes
 from dptune.workload import Workload, batch_to_args, has_batchnorm, model_name
@@ -76,6 +79,7 @@ DEFAULT_CLUSTER = "4x24GB"
 DEFAULT_CONTEXT_BYTES = 384 * MiB     # a CUDA context with torch's kernels loaded
 ROUND_BYTES = 512                     # the caching allocator's minimum block size
 HOST = -1                             # "card" of tensors on the host: not charged
+FOLLOW = -2                           # current card in the backward: the card last computed on
 
 # Total memory of common cards as torch.cuda.get_device_properties reports it (in bytes).
 CARD_TYPES: dict[str, int] = {
@@ -275,7 +279,8 @@ class _Ledger:
         self._seq = 0                  # allocations so far
         self._peak_seq = [0] * n       # allocations made when each card reached its peak
         # what the dispatch mode consults
-        self.current_card = HOST       # the replica running (factory ops go there)
+        self.current_card = HOST       # the replica running (factory ops go there), or FOLLOW
+        self.last_card = 0             # the card of the last op that read a card's tensor
         self.forced_card: Optional[int] = None
         self.category = "other"
 
@@ -380,6 +385,27 @@ class _Ledger:
             self.category = prev
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _internal(part: str) -> Callable[[_F], _F]:
+    """Report a failure inside ``part`` of dptune's machinery as dptune's, not the user's."""
+    def wrap(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except DptuneError:
+                raise
+            except Exception as e:
+                raise InternalError(
+                    f"dptune's simulator failed in {part} ({type(e).__name__}: {e}); this is a bug "
+                    "in dptune, not in your model: please report it with the model that shows it"
+                ) from e
+        return run  # type: ignore[return-value]
+    return wrap
+
+
 def _tensor_leaves(obj: Any) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         yield obj
@@ -394,30 +420,31 @@ def _tensor_leaves(obj: Any) -> Iterator[torch.Tensor]:
 def _make_accountant(ledger: _Ledger) -> Any:
     base = dispatch_mode_base()
 
+    @_internal("the ledger (charging an op's outputs to a card)")
+    def account(args: Any, kwargs: Any, out: Any) -> None:
+        card = ledger.forced_card
+        if card is None:
+            card = HOST
+            for t in chain(_tensor_leaves(args), _tensor_leaves(kwargs or {})):
+                c = ledger.card_of(t)
+                if c != HOST:
+                    card = c
+                    break
+            if card == HOST:
+                card = ledger.current_card
+                if card == FOLLOW:
+                    card = ledger.last_card
+            else:
+                ledger.last_card = card
+        for t in _tensor_leaves(out):
+            ledger.charge(t, card, ledger.category)
+
     class _Accountant(base):  # type: ignore[misc, valid-type]
         """Charges every new storage an op makes to a virtual card."""
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
-            card = ledger.forced_card
-            if card is None:
-                card = HOST
-                for t in _tensor_leaves(args):
-                    c = ledger.card_of(t)
-                    if c != HOST:
-                        card = c
-                        break
-                else:
-                    if kwargs:
-                        for t in _tensor_leaves(kwargs):
-                            c = ledger.card_of(t)
-                            if c != HOST:
-                                card = c
-                                break
-                if card == HOST:
-                    card = ledger.current_card
-            for t in _tensor_leaves(out):
-                ledger.charge(t, card, ledger.category)
+            account(args, kwargs, out)
             return out
 
     return _Accountant()
@@ -430,12 +457,14 @@ class _Move(torch.autograd.Function):
     """Copy ``x`` from card ``src`` to card ``dst``; the gradient goes back to ``src``."""
 
     @staticmethod
+    @_internal("the copy of a batch chunk between cards (DataParallel's scatter)")
     def forward(ctx: Any, x: torch.Tensor, ledger: _Ledger, src: int, dst: int, category: str) -> torch.Tensor:
         ctx.ledger, ctx.src = ledger, src
         with ledger.forced(dst, category):
             return x.clone()
 
     @staticmethod
+    @_internal("the backward of the scatter (a chunk's gradient copied back)")
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         with ctx.ledger.forced(ctx.src):
             return g.clone(), None, None, None, None
@@ -447,12 +476,17 @@ class _Broadcast(torch.autograd.Function):
     Card 0's replica uses the master weights themselves (aliases, no copy), as
     ``comm.broadcast_coalesced`` does for the source device. The backward runs once every
     replica's gradients exist, as ``ReduceAddCoalesced`` does, and writes the sum into a new
-    buffer on card 0.
+    buffer on card 0. When it runs with some gradients missing (each segment of a reentrant
+    checkpoint runs its own backward through it), autograd fills the missing ones with zeros
+    on their replica's card, as it does for torch's ``Broadcast``.
     """
 
     @staticmethod
+    @_internal("the broadcast of the weights to the replicas")
     def forward(ctx: Any, ledger: _Ledger, cards: tuple, *params: torch.Tensor) -> tuple:
-        ctx.ledger, ctx.n_params, ctx.n_cards = ledger, len(params), len(cards)
+        ctx.ledger, ctx.n_params, ctx.n_cards, ctx.cards = ledger, len(params), len(cards), cards
+        ctx.meta = [(p.shape, p.dtype) for p in params]
+        ctx.set_materialize_grads(False)
         outs: list[torch.Tensor] = []
         for card in cards:
             if card == 0:
@@ -463,15 +497,21 @@ class _Broadcast(torch.autograd.Function):
         return tuple(outs)
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+    @_internal("the reduction of the replicas' gradients onto card 0")
+    def backward(ctx: Any, *given: Optional[torch.Tensor]) -> tuple:
         ledger, n = ctx.ledger, ctx.n_params
+        if all(g is None for g in given):
+            return (None, None) + (None,) * n
+        grads = list(given)
+        for i, g in enumerate(grads):
+            if g is None:
+                shape, dtype = ctx.meta[i % n]
+                with ledger.forced(ctx.cards[i // n], "gradients"):
+                    grads[i] = torch.zeros(shape, dtype=dtype)
         reduced: list[Optional[torch.Tensor]] = []
         with ledger.forced(0, "gradients"):
             for j in range(n):
-                gs = [grads[k * n + j] for k in range(ctx.n_cards) if grads[k * n + j] is not None]
-                if not gs:
-                    reduced.append(None)
-                    continue
+                gs = [grads[k * n + j] for k in range(ctx.n_cards)]
                 total = torch.empty_like(gs[0])
                 total.copy_(gs[0])
                 for g in gs[1:]:
@@ -484,6 +524,7 @@ class _Gather(torch.autograd.Function):
     """Concatenate the replicas' outputs on card 0; scatter the gradient back."""
 
     @staticmethod
+    @_internal("the gather of the replicas' outputs onto card 0")
     def forward(ctx: Any, ledger: _Ledger, cards: tuple, dim: int, *outs: torch.Tensor) -> torch.Tensor:
         ctx.ledger, ctx.cards = ledger, cards
         scalar = outs[0].dim() == 0
@@ -496,6 +537,7 @@ class _Gather(torch.autograd.Function):
             return torch.cat(outs, dim)
 
     @staticmethod
+    @_internal("the backward of the gather (the output's gradient scattered back)")
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         ledger, grads, start = ctx.ledger, [], 0
         for card, size in zip(ctx.cards, ctx.sizes):
@@ -572,7 +614,8 @@ def _move_tree(obj: Any, ledger: _Ledger, src: int, dst: int) -> Any:
 
 
 
-def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool) -> tuple[dict, list]:
+def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool
+               ) -> tuple[dict[int, Optional[dict]], list]:
     """Each busy card's parameters and buffers, by name, as DataParallel's ``replicate`` makes them.
 
     Returns the replicas and the hooks to remove after the backward. Every gradient that
@@ -583,14 +626,16 @@ def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool) -
     names = [n for n, p in named.items() if p.requires_grad]
     frozen = {n: p for n, p in named.items() if not p.requires_grad}
 
-    def tag(g: torch.Tensor) -> None:
-        ledger.retag(g, "gradients")
+    @_internal("the gradient hook that tags the replicas' weight gradients")
+    def tag(g: Optional[torch.Tensor]) -> None:
+        if g is not None:
+            ledger.retag(g, "gradients")
 
     if single:  # DataParallel on one device runs the module itself
         hooks = [named[n].register_hook(tag) for n in names]
-        return {0: {**named, **buffers}}, hooks
+        return {0: None}, hooks
     flat = _Broadcast.apply(ledger, cards, *[named[n] for n in names])
-    replicas: dict[int, dict] = {}
+    replicas: dict[int, Optional[dict]] = {}
     for k, card in enumerate(cards):
         rep = dict(zip(names, flat[k * len(names):(k + 1) * len(names)]))
         for t in rep.values():
@@ -614,14 +659,26 @@ def _retag_tree(ledger: _Ledger, obj: Any, category: str) -> None:
         ledger.retag(t, category)
 
 
-def _run_replica(ledger: _Ledger, module: nn.Module, params: dict, card: int, source: int,
+def _run_replica(ledger: _Ledger, module: nn.Module, params: Optional[dict], card: int, source: int,
                  args: Any, kwargs: Any, sizes: Sequence[int]) -> Any:
-    """Scatter one chunk to ``card`` and run the replica's forward there."""
+    """Scatter one chunk to ``card`` and run the replica's forward there.
+
+    The replica is a module copy holding the card's weights (as DataParallel's replicas are),
+    so a forward that runs again in the backward (activation checkpointing) uses them too.
+    """
     a = _move_tree(args, ledger, source, card)
     kw = _move_tree(kwargs, ledger, source, card)
+    if params is None:
+        replica = module
+    else:
+        by_id = {}
+        for name, t in chain(module.named_parameters(), module.named_buffers()):
+            if name in params:
+                by_id[id(t)] = params[name]
+        replica = replica_module(module, by_id)
     with ledger.on(card, "activations"):
         try:
-            out = torch.func.functional_call(module, params, a, kw, strict=False)
+            out = replica(*a, **kw)
         except Exception as e:
             raise _user_error(e, f"in the forward of replica {card} on virtual card {card}", sizes) from e
     _retag_tree(ledger, out, "outputs")
@@ -732,6 +789,7 @@ class SimulatedBackend:
         self._params: list[nn.Parameter] = []
         self._setup_bytes: list[int] = []
         self._kernels: dict[tuple[str, tuple[int, int]], int] = {}   # attention kernel choices
+        self._fn_mode: Any = None
         self.has_batchnorm: Optional[bool] = (
             has_batchnorm(workload.model) if isinstance(workload.model, nn.Module) else None)
 
@@ -757,7 +815,8 @@ class SimulatedBackend:
             self._kernels[(kernel, cap)] = self._kernels.get((kernel, cap), 0) + 1
 
         try:
-            with self._fake_mode, _make_accountant(ledger), _sdpa.sdpa_mode(capability_of, chosen):
+            self._fn_mode = _sdpa.sdpa_mode(capability_of, chosen)
+            with self._fake_mode, _make_accountant(ledger), self._fn_mode:
                 yield
         finally:
             torch.set_rng_state(rng)
@@ -822,6 +881,12 @@ class SimulatedBackend:
             ledger.reset_peaks()
             try:
                 self._step(sizes)
+            except DptuneError:
+                raise
+            except Exception as e:   # user code is wrapped where it runs; this is dptune's
+                raise InternalError(f"dptune's simulator failed in the simulated step "
+                                    f"(split {sizes}; {type(e).__name__}: {e}); this is a bug in "
+                                    "dptune, not in your model: please report it") from e
             finally:
                 if self._optimizer is not None:
                     self._optimizer.zero_grad(set_to_none=True)
@@ -887,7 +952,10 @@ class SimulatedBackend:
                 raise UsageError("the loss must be a scalar tensor; got "
                                  f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}")
         del gathered
-        with ledger.on(0, "activations"):
+        # As the autograd engine runs each card's part of the backward on that card, new
+        # tensors that read none (checkpointed forwards run again) go where the last op ran.
+        ledger.last_card = 0
+        with ledger.on(FOLLOW, "activations"), _mode_in_every_node(loss, self._fn_mode):
             try:
                 loss.backward()
             except Exception as e:
@@ -920,8 +988,48 @@ class SimulatedBackend:
         self._params = []
 
 
+@contextlib.contextmanager
+def _mode_in_every_node(loss: torch.Tensor, mode: Any) -> Iterator[None]:
+    """Keep the torch-function ``mode`` active while autograd runs the backward of ``loss``.
+
+    The autograd engine runs every node without the caller's torch-function modes, but a
+    node may run forward code again (activation checkpointing recomputes its segment), and
+    that code must see the same CUDA kernel choices as the forward did. The mode is entered
+    around each node of the graph by a pre-hook and left by a post-hook.
+    """
+    handles: list = []
+    entered: list[bool] = []
+
+    @_internal("the backward hook that keeps CUDA's kernel choices in recomputation")
+    def pre(_grads: Any) -> None:
+        enter = not function_mode_active()
+        entered.append(enter)
+        if enter:
+            mode.__enter__()
+
+    @_internal("the backward hook that keeps CUDA's kernel choices in recomputation")
+    def post(_grad_inputs: Any, _grad_outputs: Any) -> None:
+        if entered and entered.pop():
+            mode.__exit__(None, None, None)
+
+    seen: set[int] = set()
+    todo = [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        handles += [node.register_prehook(pre), node.register_hook(post)]
+        todo.extend(nxt for nxt, _ in node.next_functions)
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
-    if isinstance(e, (UsageError, UserCodeError)):
+    if isinstance(e, DptuneError):
         return e
     hint = ""
     name = type(e).__name__
