@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "function_mode_base", "replica_module",
-           "safe_softmax",
-           "scatter_chunks", "sdp_priority_order", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash"]
+__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "function_mode_base",
+           "replica_module", "safe_softmax", "scatter_chunks", "sdp_priority_order", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash",
+           "include_dispatch_key", "exclude_dispatch_key", "PythonKernels", "amp_as_if_cuda"]
 
 
 def scatter_chunks(tensor: Any, device_ids: list, chunk_sizes: list, dim: int) -> tuple:
@@ -149,3 +149,99 @@ def replica_module(module: Any, tensors: dict) -> Any:
             else:
                 setattr(r, key, tensors.get(id(b), b))
     return copies[id(module)]
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA autocast on the simulated cluster (see dptune/backends/_autocast.py)
+# --------------------------------------------------------------------------------------------
+# - ``torch.library.Library(...)._destroy()``: removes the Python kernels registered for the
+#   simulated step, so the real ``AutocastCUDA`` kernels are back afterwards (a Library is
+#   otherwise only dropped when garbage-collected, which is not a point in time).
+# - ``torch._C._IncludeDispatchKeyGuard`` / ``_ExcludeDispatchKeyGuard``: the simulated cards
+#   are fake CPU tensors, which do not carry the ``AutocastCUDA`` key; including it in the
+#   thread's key set routes their ops through the CUDA autocast kernels while
+#   ``torch.autocast("cuda")`` is on, and a kernel excludes it again before redispatching, as
+#   the C++ autocast wrappers do.
+# - ``torch.cuda.amp.common.amp_definitely_not_available`` and ``torch.cuda.is_bf16_supported``:
+#   ``torch.autocast("cuda")`` and ``GradScaler("cuda")`` consult them and disable themselves on
+#   a machine without CUDA; while a simulated step runs they say "available".
+# - ``GradScaler._maybe_opt_step``: reads ``found_inf.item()``, a value a fake tensor does not
+#   have; on the simulated cluster no gradient is ever inf, so it steps.
+
+def _dispatch_key(name: str) -> Any:
+    import torch
+
+    return getattr(torch._C.DispatchKey, name)
+
+
+def include_dispatch_key(name: str) -> Any:
+    """A context manager that adds dispatch key ``name`` to this thread's included keys."""
+    import torch
+
+    return torch._C._IncludeDispatchKeyGuard(_dispatch_key(name))
+
+
+def exclude_dispatch_key(name: str) -> Any:
+    """A context manager that adds dispatch key ``name`` to this thread's excluded keys."""
+    import torch
+
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(_dispatch_key(name)))
+
+
+class PythonKernels:
+    """Python kernels for ``aten`` ops at one dispatch key, removed by :meth:`close`."""
+
+    def __init__(self, kernels: Any, dispatch_key: str):
+        import warnings
+
+        import torch
+
+        self._lib: Any = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():   # "Overriding a previously registered kernel"
+            warnings.simplefilter("ignore")
+            for name, fn in kernels.items():
+                self._lib.impl(name, fn, dispatch_key)
+
+    def close(self) -> None:
+        if self._lib is not None:
+            self._lib._destroy()
+            self._lib = None
+
+
+class amp_as_if_cuda:
+    """While active: ``torch.autocast("cuda")`` and ``GradScaler("cuda")`` do not disable
+    themselves for want of CUDA, and ``GradScaler.step`` steps without reading ``found_inf``.
+    Also calls ``on_clear_cache`` whenever ``torch.clear_autocast_cache()`` runs."""
+
+    def __init__(self, on_clear_cache: Any):
+        self._on_clear = on_clear_cache
+        self._saved: list = []
+
+    def __enter__(self) -> "amp_as_if_cuda":
+        import torch
+        import torch.amp.grad_scaler as gs
+        import torch.cuda.amp.common as common
+
+        clear = torch.clear_autocast_cache
+        on_clear = self._on_clear
+
+        def clear_autocast_cache() -> None:
+            clear()
+            on_clear()
+
+        def maybe_opt_step(self: Any, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any) -> Any:
+            return optimizer.step(*args, **kwargs)
+
+        patches = [(common, "amp_definitely_not_available", lambda: False),
+                   (torch.cuda, "is_bf16_supported", lambda *a, **k: True),
+                   (torch, "clear_autocast_cache", clear_autocast_cache),
+                   (gs.GradScaler, "_maybe_opt_step", maybe_opt_step)]
+        for obj, name, new in patches:
+            self._saved.append((obj, name, getattr(obj, name)))
+            setattr(obj, name, new)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        while self._saved:
+            obj, name, old = self._saved.pop()
+            setattr(obj, name, old)

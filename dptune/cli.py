@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            BackendUnavailableError, DptuneError, UsageError, UserCodeError)
 from dptune.importer import import_from_string
+from dptune.presets import (LOSSES, OPTIMIZERS, Named, adam, adamw, cross_entropy_loss, mean_loss,
+                            mse_loss, sgd, sum_loss)
 from dptune.units import parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,8 +49,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from dptune.result import TuneResult
 
-__all__ = ["main", "build_parser", "search", "load_workload", "LoadedWorkload",
-           "LOSSES", "OPTIMIZERS", "DTYPES"]
+__all__ = ["main", "build_parser", "search", "load_workload", "LoadedWorkload", "DTYPES",
+           # the built-ins, from dptune.presets
+           "LOSSES", "OPTIMIZERS", "sum_loss", "mean_loss", "cross_entropy_loss", "mse_loss",
+           "sgd", "adam", "adamw"]
 
 EXIT_INTERRUPTED = 130
 
@@ -95,86 +99,6 @@ class RandomBatch:
         return torch.randn(size, dtype=getattr(torch, self.dtype))
 
 
-def _float_leaves(output: Any) -> list:
-    from dptune.workload import _tensor_leaves
-
-    leaves = [t for t in _tensor_leaves(output) if t.is_floating_point()]
-    if not leaves:
-        raise UsageError("the model's output holds no floating-point tensor to compute a loss on")
-    return leaves
-
-
-def sum_loss(output: Any, batch: Any = None) -> "torch.Tensor":
-    """``--loss sum``: the sum of every floating-point tensor of the output."""
-    return sum(t.sum() for t in _float_leaves(output))
-
-
-def mean_loss(output: Any, batch: Any = None) -> "torch.Tensor":
-    """``--loss mean``: the mean of each floating-point tensor of the output, added up."""
-    return sum(t.mean() for t in _float_leaves(output))
-
-
-def cross_entropy_loss(output: Any, batch: Any = None) -> "torch.Tensor":
-    """``--loss cross_entropy``: the output's logits, shape (B, ..., classes), against
-    class-0 targets (the targets' values do not change memory)."""
-    import torch
-    import torch.nn.functional as F
-
-    logits = getattr(output, "logits", None)
-    if logits is None and isinstance(output, dict):
-        logits = output.get("logits")
-    if logits is None:
-        logits = _float_leaves(output)[0]
-    if logits.dim() < 2:
-        raise UsageError(f"--loss cross_entropy needs logits of shape (batch, ..., classes); "
-                         f"the model returned shape {tuple(logits.shape)}")
-    targets = torch.zeros(logits.shape[:-1].numel(), dtype=torch.long, device=logits.device)
-    return F.cross_entropy(logits.flatten(0, -2), targets)
-
-
-def mse_loss(output: Any, batch: Any = None) -> "torch.Tensor":
-    """``--loss mse``: mean squared error of each floating-point output against zeros."""
-    import torch
-    import torch.nn.functional as F
-
-    leaves = _float_leaves(output)
-    return sum((F.mse_loss(t, torch.zeros_like(t)) for t in leaves[1:]),
-               F.mse_loss(leaves[0], torch.zeros_like(leaves[0])))
-
-
-def sgd(params: Any) -> Any:
-    """``--optimizer sgd``: SGD with momentum 0.9 (one buffer per parameter)."""
-    import torch
-
-    return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-
-
-def adam(params: Any) -> Any:
-    """``--optimizer adam``: Adam (two buffers per parameter)."""
-    import torch
-
-    return torch.optim.Adam(params, lr=1e-3)
-
-
-def adamw(params: Any) -> Any:
-    """``--optimizer adamw`` (the default, what most models train with): two buffers per
-    parameter."""
-    import torch
-
-    return torch.optim.AdamW(params, lr=1e-3)
-
-
-_Named = Optional[Callable[..., Any]]
-
-LOSSES: dict[str, _Named] = {  # None: the tuner's default
-    "default": None, "sum": sum_loss, "mean": mean_loss,
-    "cross_entropy": cross_entropy_loss, "mse": mse_loss,
-}
-OPTIMIZERS: dict[str, _Named] = {
-    "adamw": adamw, "adam": adam, "sgd": sgd, "none": None,
-}
-
-
 # ---- user code -----------------------------------------------------------------------------
 
 @contextlib.contextmanager
@@ -217,7 +141,7 @@ def _import(import_str: str, flag: str) -> Any:
         return import_from_string(import_str)
 
 
-def _named(table: dict[str, _Named], value: str, flag: str) -> _Named:
+def _named(table: dict[str, Named], value: str, flag: str) -> Named:
     """A built-in name from ``table``, or ``module:attribute`` imported."""
     if ":" in value:
         fn = _import(value, flag)
@@ -353,6 +277,20 @@ def load_workload(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
         optimizer=_named(OPTIMIZERS, optimizer, "--optimizer"), name=factory.__name__)
 
 
+def load_step(step: Optional[str]) -> Optional[Callable[..., Any]]:
+    """``--step MODULE:FUNC``: the user's step function ``step(model, batch, optimizer)``."""
+    if step is None:
+        return None
+    if ":" not in step:
+        raise UsageError(f"--step {step!r}: give the step function as MODULE:FUNC, "
+                         "e.g. --step mytrain:train_step")
+    fn = _import(step, "--step")
+    if not callable(fn):
+        raise UsageError(f"--step {step!r} names a {type(fn).__name__}, not a function "
+                         "step(model, batch, optimizer)")
+    return fn
+
+
 def _visible_gpus() -> int:
     import torch
 
@@ -366,7 +304,8 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
            devices: Optional[Sequence[int]] = None, simulate: Optional[str] = None,
            objective: str = "balance", headroom_bytes: int = 2**30, max_probes: int = 12,
            verbose: bool = True, announce: Callable[[str], None] = lambda line: None,
-           isolate: bool = False) -> "TuneResult":
+           isolate: bool = False, amp: Optional[str] = None, accumulate: int = 1,
+           clip_grad_norm: Optional[float] = None, step: Optional[str] = None) -> "TuneResult":
     """``dptune search`` without the printing: build the workload, run the tuner, return
     its result. With neither ``devices`` nor ``simulate``, all visible GPUs are used, or
     the default simulated cluster when none is visible (said through ``announce``)."""
@@ -390,17 +329,20 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
     wl = load_workload(model, model_kwargs=model_kwargs, sample=sample, input_shape=input_shape,
                        dtype=dtype, vocab_size=vocab_size, loss=loss, optimizer=optimizer,
                        simulated=cluster is not None)
+    step_fn = load_step(step)
     backend = None
     if isolate:
         if cluster is not None:
             raise UsageError("--isolate runs each probe on real GPUs in a child process; it does "
                              "not apply to --simulate")
         backend = _isolated_backend(model, model_kwargs, sample, input_shape, dtype, vocab_size,
-                                    loss, optimizer, devices)
+                                    loss, optimizer, devices, amp=amp, accumulate=accumulate,
+                                    clip_grad_norm=clip_grad_norm, step=step)
     tuner = Tuner(wl.model, wl.sample, batch_size=batch_size, loss_fn=wl.loss_fn,
                   optimizer=wl.optimizer, device_ids=list(devices) if devices else None,
                   simulate=cluster, objective=objective, headroom=headroom_bytes,
-                  verbose=verbose, max_probes=max_probes, backend=backend)
+                  verbose=verbose, max_probes=max_probes, backend=backend, amp=amp,
+                  accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step_fn)
     try:
         result = tuner.fit()
     finally:
@@ -415,22 +357,23 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
 def _isolated_backend(model: str, model_kwargs: Optional[dict[str, Any]], sample: Optional[str],
                       input_shape: Optional[Sequence[int]], dtype: Optional[str],
                       vocab_size: Optional[int], loss: str, optimizer: str,
-                      devices: Optional[Sequence[int]]) -> Any:
+                      devices: Optional[Sequence[int]], *, amp: Optional[str] = None,
+                      accumulate: int = 1, clip_grad_norm: Optional[float] = None,
+                      step: Optional[str] = None) -> Any:
     """A CUDA backend that runs each probe in a spawned child, which rebuilds the workload
-    from the same import strings (built-in losses and optimizers are named in this module)."""
+    from the same import strings (built-in losses and optimizers from :mod:`dptune.presets`)."""
     from dptune.backends.cuda import CudaBackend, WorkloadSpec
+    from dptune.presets import import_string
 
-    def named(value: str, table: dict[str, _Named]) -> Optional[str]:
-        if ":" in value:
-            return value
-        fn = table[value]
-        return None if fn is None else f"{__name__}:{fn.__name__}"
+    def named(value: str, table: dict[str, Named]) -> Optional[str]:
+        return value if ":" in value else import_string(table[value])
 
     kind = dtype or ("long" if vocab_size is not None else "float32")
     spec = WorkloadSpec(model=model, model_kwargs=dict(model_kwargs or {}), sample=sample,
                         input_shape=tuple(input_shape) if input_shape is not None else None,
                         input_dtype=kind, input_high=vocab_size or 2,
-                        loss_fn=named(loss, LOSSES), optimizer=named(optimizer, OPTIMIZERS))
+                        loss_fn=named(loss, LOSSES), optimizer=named(optimizer, OPTIMIZERS),
+                        amp=amp, accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step)
     return CudaBackend(spec, device_ids=list(devices) if devices else None, isolate=True)
 
 
@@ -452,6 +395,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -526,6 +479,18 @@ def search_parser(subparsers: Any) -> None:
     g.add_argument("--optimizer", default="adamw", metavar="NAME",
                    help="adamw (default), adam, sgd (momentum 0.9), none, or MODULE:FUNC "
                         "taking the parameters")
+    st = p.add_argument_group("training step (what the split is tuned for)")
+    st.add_argument("--amp", choices=("bf16", "fp16"), default=None,
+                    help="mixed precision: forward and loss under torch.autocast('cuda', dtype), "
+                         "with a GradScaler for fp16 (default: fp32)")
+    st.add_argument("--accumulate", type=_positive_int, default=1, metavar="N",
+                    help="micro-batches per optimizer step (gradient accumulation); --batch-size "
+                         "stays per forward pass (default 1)")
+    st.add_argument("--clip-grad-norm", type=_positive_float, default=None, metavar="X",
+                    help="clip_grad_norm_ to max norm X before the optimizer step")
+    st.add_argument("--step", metavar="MODULE:FUNC", default=None,
+                    help="your own step(model, batch, optimizer), replacing the built-in step "
+                         "(model: already wrapped; optimizer: built from --optimizer)")
     c = p.add_argument_group("cards")
     where = c.add_mutually_exclusive_group()
     where.add_argument("--devices", type=_device_ids, metavar="I,J,...",
@@ -576,7 +541,8 @@ def _search_command(args: argparse.Namespace) -> int:
             devices=args.devices, simulate=args.simulate,
             objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
             max_probes=args.max_probes, verbose=not args.quiet, announce=announce,
-            isolate=args.isolate)
+            isolate=args.isolate, amp=args.amp, accumulate=args.accumulate,
+            clip_grad_norm=args.clip_grad_norm, step=args.step)
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
     if args.json:

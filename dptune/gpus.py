@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from dptune import _nvml
-from dptune.backends.base import Device
 from dptune.units import format_bytes
 
 __all__ = ["GpuInfo", "devices", "format_devices"]
@@ -38,12 +37,6 @@ class GpuInfo:
     uuid: Optional[str] = None       # "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
     pci_bus_id: Optional[str] = None  # "00000000:3B:00.0"
     nvml_handle: Any = field(default=None, compare=False, repr=False)
-
-    def to_device(self) -> Device:
-        """The tuner's :class:`~dptune.backends.base.Device` (``used_bytes`` 0: the CUDA
-        backend measures its own budgets)."""
-        return Device(index=self.index, name=self.name, total_bytes=self.total_bytes,
-                      used_bytes=0, uuid=self.uuid)
 
 
 def _format_uuid(norm: Optional[str]) -> Optional[str]:

@@ -88,7 +88,7 @@ def weighted_reduce(losses: torch.Tensor, weights: Sequence[int]) -> torch.Tenso
     """Mean of per-chunk losses weighted by the chunk sizes, as a differentiable tensor op.
 
     When each replica returns the mean loss over its own chunk, this equals the mean loss
-    over the whole batch (the torch counterpart of :func:`dptune.split.weighted_mean`).
+    over the whole batch.
     A 0-dim ``losses`` (one replica, or no split) is returned as it is.
     """
     if not isinstance(losses, torch.Tensor):

@@ -169,8 +169,13 @@ def _footer(result: TuneResult) -> list[str]:
     return lines
 
 
+def _subject(result: TuneResult) -> str:
+    """``"Net on 4x24GB (simulated), bf16 autocast, accumulate 2"``: what was tuned, for what step."""
+    return f"{result.model_name} on {result.cluster}, {result.settings.describe()}"
+
+
 def _title(result: TuneResult) -> str:
-    return (f"{result.model_name} on {result.cluster}: batch {result.batch_size}, "
+    return (f"{_subject(result)}: batch {result.batch_size}, "
             f"objective {result.objective}, headroom {format_bytes(result.headroom_bytes)}")
 
 
@@ -210,6 +215,7 @@ def render_summary(result: TuneResult, plots: Optional[Sequence[str]] = None) ->
                  else f" (asked for {result.requested_batch_size})")
     md += [
         f"- objective: `{result.objective}`; backend: `{result.backend}`",
+        f"- training step: {result.settings.describe()} (the split is valid for this step only)",
         f"- batch size: {result.batch_size}{requested}",
         f"- split: `{list(result.chunk_sizes)}` (`gpu0_bsz={result.gpu0_bsz}`); "
         f"even split: `{list(result.even.chunk_sizes)}`",
@@ -382,7 +388,7 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
             ha="right", va="top", fontsize=7, color="#555555")
     batches = (f"batch {result.batch_size}" if even.batch_size == result.batch_size
                else f"even at batch {even.batch_size}, dptune at batch {result.batch_size}")
-    ax.set_title(f"{result.model_name} on {result.cluster}: peak memory per card\n"
+    ax.set_title(f"{_subject(result)}: peak memory per card\n"
                  f"even split (hatched, left) vs dptune (right), {batches}", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     if used_categories:
@@ -535,7 +541,7 @@ def _draw_fits(result: TuneResult, fig: Any, ax: Optional["Axes"]) -> None:
     subset = ("" if n == len(result.devices) else
               f"\n{n} of {len(result.devices)} cards: card 0, the fullest and the emptiest "
               "under dptune's split")
-    fig.suptitle(f"{result.model_name} on {result.cluster}: memory against chunk size "
+    fig.suptitle(f"{_subject(result)}: memory against chunk size "
                  f"({result.num_probes} probes){subset}{off_scale}", fontsize=10)
 
 
@@ -565,7 +571,7 @@ def _draw_max_batch(result: TuneResult, ax: "Axes") -> None:
     ax.set_ylim(0, max(result.batch_size, result.even.batch_size, 1) * 1.25)
     ax.set_ylabel("largest batch that fits (samples)")
     cards = "" if per_card else f" over {n} cards"
-    ax.set_title(f"{result.model_name} on {result.cluster}: largest batch that fits{cards}\n"
+    ax.set_title(f"{_subject(result)}: largest batch that fits{cards}\n"
                  f"even {result.even.batch_size} -> dptune {result.batch_size}{_gain(result)}",
                  fontsize=10)
     if per_card:
@@ -694,6 +700,7 @@ def write_report(result: TuneResult, directory: str | pathlib.Path, *,
         os.chmod(tmp, 0o777 & ~_umask())   # mkdtemp makes it private; a report is not
         if out.exists():
             old = out.with_name(f".{out.name}.{os.getpid()}.old")
+            shutil.rmtree(old, ignore_errors=True)   # left by a run that was killed
             os.replace(out, old)
         os.replace(tmp, out)
     except OSError as e:

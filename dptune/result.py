@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dptune.backends.base import Device, ProbeResult
-from dptune.errors import ReportError
+from dptune.errors import ReportError, UsageError
+from dptune.workload import StepSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -103,6 +104,8 @@ class TuneResult:
     - ``even``: the plain even split at the same batch (for ``max_batch``: at the largest
       batch the even split fits).
     - ``probes``: every probe run, in order; ``fits``: one :class:`Fit` per card.
+    - ``settings``: the training step the split was tuned for (mixed precision,
+      accumulation, clipping, the user's step function); a split is only valid for it.
     - ``model``: the user's model wrapped in a ``BalancedDataParallel`` with this split
       (``None`` after ``load``).
     """
@@ -124,6 +127,7 @@ class TuneResult:
     seconds: float = 0.0
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    settings: StepSettings = field(default_factory=StepSettings)
     model: Optional["torch.nn.Module"] = field(default=None, repr=False, compare=False)
 
     # ---- derived figures -------------------------------------------------------------
@@ -195,7 +199,7 @@ class TuneResult:
             breakdown=self.breakdown, even=self.even.to_dict(),
             probes=[p.to_dict() for p in self.probes], fits=[f.to_dict() for f in self.fits],
             requested_batch_size=self.requested_batch_size, seconds=self.seconds,
-            advice=list(self.advice), notes=list(self.notes),
+            advice=list(self.advice), notes=list(self.notes), settings=self.settings.to_dict(),
         )
 
     @classmethod
@@ -449,5 +453,17 @@ def _read_result(d: Any) -> TuneResult:
         probes=[_read_probe(x, n) for x in c.objects("probes")],
         fits=[_read_fit(x) for x in c.objects("fits", n)], breakdown=c.breakdowns("breakdown", n),
         requested_batch_size=requested, seconds=c.number("seconds", optional=True),
-        advice=c.strings("advice"), notes=c.strings("notes"),
+        advice=c.strings("advice"), notes=c.strings("notes"), settings=_read_settings(c),
     )
+
+
+def _read_settings(c: _Checked) -> StepSettings:
+    raw = c.raw("settings", optional=True)
+    if raw is None:       # a report written before the step's settings were recorded
+        return StepSettings()
+    if not isinstance(raw, dict):
+        raise c.fail("settings", "a JSON object", raw)
+    try:
+        return StepSettings.from_dict(raw)
+    except (UsageError, TypeError, ValueError) as e:
+        raise ReportError(f"settings: {e}; {_AGAIN}") from None

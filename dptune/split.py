@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["even_split", "scale_split", "weighted_mean", "validate_chunk_sizes"]
+__all__ = ["even_split", "scale_split", "validate_chunk_sizes"]
 
 
 def even_split(batch_size: int, n: int) -> list[int]:
@@ -62,13 +62,3 @@ def scale_split(chunk_sizes: Sequence[int], batch_size: int) -> list[int]:
     for i in order[:left]:
         out[i] += 1
     return out
-
-
-def weighted_mean(values: Sequence[float], weights: Sequence[int]) -> float:
-    """Mean of per-chunk means weighted by chunk sizes: the mean over the whole batch."""
-    if len(values) != len(weights):
-        raise ValueError(f"{len(values)} values for {len(weights)} weights")
-    total = sum(weights)
-    if total <= 0:
-        raise ValueError("weights sum to 0")
-    return sum(v * w for v, w in zip(values, weights)) / total

@@ -112,6 +112,9 @@ class Tuner:
     - ``backend``: an already-built backend (:class:`dptune.backends.base.Backend`); skips
       the selection above and is not closed by the tuner.
     - ``verbose``: a progress bar and notices on stderr; ``False`` prints nothing.
+    - ``amp`` (``None``, ``"bf16"``, ``"fp16"``), ``accumulate``, ``clip_grad_norm``, ``step``:
+      the training step's settings, as in :class:`dptune.workload.Workload`; the result
+      records them (``result.settings``).
     """
 
     def __init__(self, model: Any, sample: Callable[[int], Any], batch_size: int = 256,
@@ -120,7 +123,9 @@ class Tuner:
                  device_ids: Optional[Sequence[int]] = None, simulate: Any = None,
                  objective: str = "balance", headroom: Union[int, str] = "1GiB",
                  verbose: bool = True, max_probes: int = 12, tolerance: float = 0.02,
-                 backend: Optional[Backend] = None):
+                 backend: Optional[Backend] = None, amp: Optional[str] = None,
+                 accumulate: int = 1, clip_grad_norm: Optional[float] = None,
+                 step: Optional[Callable[[Any, Any, Any], None]] = None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UsageError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if objective not in OBJECTIVES:
@@ -138,7 +143,9 @@ class Tuner:
             if not device_ids or any(isinstance(d, bool) or not isinstance(d, int) or d < 0
                                      for d in device_ids):
                 raise UsageError(f"device_ids must be a non-empty list of GPU indices, got {device_ids!r}")
-        self.workload = Workload(model=model, sample=sample, loss_fn=loss_fn, optimizer=optimizer)
+        self.workload = Workload(model=model, sample=sample, loss_fn=loss_fn, optimizer=optimizer,
+                                 amp=amp, accumulate=accumulate, clip_grad_norm=clip_grad_norm,
+                                 step=step)
         self.batch_size = batch_size
         self.objective = OBJECTIVES[objective]
         self.device_ids = device_ids
@@ -221,6 +228,15 @@ class Tuner:
                 return has_batchnorm(model())
         except Exception:  # the backend will run the factory and report its errors
             return False
+
+
+def _settings(workload: Workload, backend: Backend) -> Any:
+    """The workload's step settings; gradient checkpointing as the backend found the model."""
+    settings = workload.settings
+    ckpt = getattr(backend, "gradient_checkpointing", None)
+    if isinstance(ckpt, bool) and ckpt != settings.gradient_checkpointing:
+        settings = dataclasses.replace(settings, gradient_checkpointing=ckpt)
+    return settings
 
 
 class _Search:
@@ -803,7 +819,8 @@ class _Search:
             budget_bytes=list(self.budgets), chunk_sizes=list(best.chunk_sizes),
             peak_bytes=list(best.peak_bytes), even=even, probes=list(self.probes), fits=fits,
             breakdown=list(best.breakdown) if best.breakdown is not None else None,
-            requested_batch_size=self.t.batch_size, advice=[], notes=list(self.notes))
+            requested_batch_size=self.t.batch_size, advice=[], notes=list(self.notes),
+            settings=_settings(self.t.workload, self.backend))
         if self.bn:
             res.notes.append("the model has BatchNorm: every card gets 0 or at least 2 samples")
         res.advice.extend(self.advice(best, even, fits))

@@ -1,26 +1,119 @@
-"""What a probe runs: the model, how to build a batch, the loss and the optimizer.
+"""What a probe runs: the user's training step, described once for both backends.
 
-Both backends use these helpers, so a probe means the same thing on real and virtual cards:
-``output = model(*args, **kwargs)`` on the batch, ``loss = loss_fn(output, batch)``,
-``loss.backward()``, ``optimizer.step()``.
+A :class:`Workload` holds the model, how to build a batch, the loss, the optimizer factory and
+the step's settings (:class:`StepSettings`: mixed precision, gradient accumulation, gradient
+clipping, or the user's own step function). :func:`run_step` is the step both backends run,
+so a probe means the same thing on real and virtual cards. The built-in step is a plain
+training loop::
+
+    for batch in micro_batches:                   # accumulate=N micro-batches
+        with torch.autocast("cuda", dtype):       # amp="bf16" | "fp16"
+            output = model(*args, **kwargs)       # model: DataParallel over the split
+            loss = loss_fn(output, batch) / N
+        scaler.scale(loss).backward()             # a GradScaler for fp16 only
+    scaler.unscale_(optimizer)                    # fp16 with clipping
+    clip_grad_norm_(params, max_norm)             # clip_grad_norm=max_norm
+    scaler.step(optimizer); scaler.update()       # optimizer.step() without fp16
+
+``output`` is kept alive as a plain loop keeps it: through its own backward, until the next
+micro-batch's forward has returned, and through the optimizer step after the last one.
+``step=fn`` replaces all of this with ``fn(model, batch, optimizer)``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, Optional, Union
 
 from dptune.errors import DptuneWarning, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["Workload", "batch_to_args", "default_loss", "has_batchnorm", "model_name",
-           "unwrap_parallel", "UnwrappingFactory"]
+__all__ = ["Workload", "StepSettings", "StepRuntime", "run_step", "AMP_DTYPES", "batch_to_args",
+           "default_loss", "has_batchnorm", "model_name", "function_name", "unwrap_parallel",
+           "UnwrappingFactory"]
 
 ModelLike = Union["torch.nn.Module", Callable[[], "torch.nn.Module"]]
+StepFn = Callable[[Any, Any, Any], None]
+
+#: ``amp=`` values and the autocast dtype each one names.
+AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def function_name(fn: Any) -> str:
+    """``"module:qualname"`` of a function, as reports and ``--step`` name it."""
+    module = getattr(fn, "__module__", None) or "?"
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    return f"{module}:{name}"
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What a split was tuned for: the training step's settings that change its memory.
+
+    Stored in ``TuneResult.settings``, ``report.json`` and the summary, so a split is not
+    reused for another step unnoticed (``BalancedDataParallel.from_report`` compares them).
+    """
+
+    amp: Optional[str] = None              # None | "bf16" | "fp16"
+    accumulate: int = 1                    # micro-batches per optimizer step
+    clip_grad_norm: Optional[float] = None
+    step: Optional[str] = None             # the user's step function's "module:qualname"
+    gradient_checkpointing: bool = False   # read from the model (HF is_gradient_checkpointing)
+
+    def __post_init__(self) -> None:
+        if self.amp is not None and self.amp not in AMP_DTYPES:
+            raise UsageError(f"amp must be None, 'bf16' or 'fp16', got {self.amp!r}")
+        if isinstance(self.accumulate, bool) or not isinstance(self.accumulate, int) or self.accumulate < 1:
+            raise UsageError(f"accumulate must be an int >= 1 (micro-batches per optimizer step), "
+                             f"got {self.accumulate!r}")
+        if self.clip_grad_norm is not None:
+            c = self.clip_grad_norm
+            if isinstance(c, bool) or not isinstance(c, (int, float)) or not (c > 0 and math.isfinite(c)):
+                raise UsageError(f"clip_grad_norm must be a positive number (the max norm), got {c!r}")
+        if self.step is not None and not isinstance(self.step, str):
+            raise UsageError(f"step must be the step function's 'module:qualname', got {self.step!r}")
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise UsageError(f"gradient_checkpointing must be true or false, got {self.gradient_checkpointing!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Optional[Mapping[str, Any]]) -> "StepSettings":
+        if not d:
+            return cls()
+        kw = {k: d[k] for k in ("amp", "accumulate", "clip_grad_norm", "step",
+                                "gradient_checkpointing") if k in d}
+        return cls(**kw)
+
+    def describe(self) -> str:
+        """One line, e.g. ``"bf16 autocast, accumulate 2, clip 1.0"`` or ``"fp32"``."""
+        if self.step:
+            parts = [f"step {self.step}"]
+        else:
+            parts = [f"{self.amp} autocast" if self.amp else "fp32"]
+            if self.accumulate > 1:
+                parts.append(f"accumulate {self.accumulate}")
+            if self.clip_grad_norm is not None:
+                parts.append(f"clip {self.clip_grad_norm:g}")
+        if self.gradient_checkpointing:
+            parts.append("gradient checkpointing")
+        return ", ".join(parts)
+
+    def differences(self, other: "StepSettings") -> list[str]:
+        """``"amp: bf16 (report) vs None (given)"``-style lines for each field that differs."""
+        out = []
+        for f in dataclasses.fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if a != b:
+                out.append(f"{f.name}: {a!r} vs {b!r}")
+        return out
 
 
 def unwrap_parallel(model: "torch.nn.Module") -> "torch.nn.Module":
@@ -65,16 +158,42 @@ class Workload:
     - ``loss_fn(output, batch)``: the scalar loss; ``None`` means :func:`default_loss`.
     - ``optimizer``: a factory ``params -> torch.optim.Optimizer``; ``None`` means no
       optimizer (no optimizer state, no step).
+    - ``amp``: ``None`` (fp32), ``"bf16"`` or ``"fp16"``: the forward and the loss under
+      ``torch.autocast("cuda", dtype)``, with a ``torch.amp.GradScaler`` for fp16.
+    - ``accumulate``: micro-batches per optimizer step, each of the probe's batch size and
+      split (the batch size stays per forward pass, as ``per_device_train_batch_size``).
+    - ``clip_grad_norm``: ``torch.nn.utils.clip_grad_norm_`` to this max norm before the step.
+    - ``step``: the user's own step, ``step(model, batch, optimizer) -> None``, which replaces
+      the built-in one (see :func:`run_step`): ``model`` is already wrapped for DataParallel,
+      ``batch`` is ``sample(batch_size)``, ``optimizer`` is built from the factory (or None).
     """
 
     model: ModelLike
     sample: Callable[[int], Any]
     loss_fn: Optional[Callable[[Any, Any], Any]] = None
     optimizer: Optional[Callable[[Iterable[Any]], Any]] = None
+    amp: Optional[str] = None
+    accumulate: int = 1
+    clip_grad_norm: Optional[float] = None
+    step: Optional[StepFn] = None
 
     def __post_init__(self) -> None:
         import torch
 
+        StepSettings(amp=self.amp, accumulate=self.accumulate, clip_grad_norm=self.clip_grad_norm)
+        if self.step is not None:
+            if not callable(self.step):
+                raise UsageError("step must be a function step(model, batch, optimizer) -> None, "
+                                 f"got {type(self.step).__name__}")
+            given = [n for n, v in (("amp", self.amp), ("clip_grad_norm", self.clip_grad_norm))
+                     if v is not None] + (["accumulate"] if self.accumulate != 1 else [])
+            if given:
+                raise UsageError(
+                    f"step= replaces the built-in step, so {', '.join(given)} would be ignored; "
+                    "do the autocast, accumulation or clipping inside your step function")
+            if self.loss_fn is not None:
+                raise UsageError("step= replaces the built-in step, so loss_fn would be ignored; "
+                                 "compute the loss inside your step function")
         if not isinstance(self.model, torch.nn.Module) and not callable(self.model):
             raise UsageError(
                 f"model must be an nn.Module or a zero-argument factory, got {type(self.model).__name__}")
@@ -98,6 +217,19 @@ class Workload:
         import torch
 
         return not isinstance(self.model, torch.nn.Module)
+
+    @property
+    def settings(self) -> StepSettings:
+        """The step's settings; gradient checkpointing is read from a model given as a module."""
+        import torch
+
+        ckpt = False
+        if isinstance(self.model, torch.nn.Module):
+            ckpt = gradient_checkpointing(self.model)
+        return StepSettings(amp=self.amp, accumulate=self.accumulate,
+                            clip_grad_norm=None if self.clip_grad_norm is None else float(self.clip_grad_norm),
+                            step=None if self.step is None else function_name(self.step),
+                            gradient_checkpointing=ckpt)
 
     def loss(self, output: Any, batch: Any) -> "torch.Tensor":
         fn = self.loss_fn or default_loss
@@ -172,3 +304,105 @@ def model_name(model: ModelLike) -> str:
     if isinstance(model, torch.nn.Module):
         return type(model).__name__
     return str(getattr(model, "__name__", None) or getattr(type(model), "__name__", "model"))
+
+
+def gradient_checkpointing(module: "torch.nn.Module") -> bool:
+    """Whether the model says it checkpoints activations (HF ``is_activation_checkpointing``,
+    formerly ``is_gradient_checkpointing``)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(module), name):
+            with warnings.catch_warnings():    # the older name is deprecated in transformers 5
+                warnings.simplefilter("ignore", FutureWarning)
+                flag = getattr(module, name, False)
+            return flag if isinstance(flag, bool) else False
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# The step both backends run
+# --------------------------------------------------------------------------------------------
+@dataclass
+class StepRuntime:
+    """What a backend gives :func:`run_step`.
+
+    - ``model``: the user's model wrapped for DataParallel over the probe's split;
+    - ``optimizer``: built from the workload's factory, or None;
+    - ``next_batch()``: the next micro-batch, as the model takes it;
+    - ``batch_for_loss(batch)``: the batch as the loss sees it (on the output device);
+    - ``phase(name)``: a context for each part of the step ("forward", "loss", "backward",
+      "clip", "optimizer", "step"); backends charge memory and name errors by it;
+    - ``device_type``: the autocast device (``"cuda"`` on both backends);
+    - ``scaler_device``: the device a ``GradScaler`` is built for.
+    """
+
+    model: Any
+    optimizer: Any
+    next_batch: Callable[[], Any]
+    batch_for_loss: Callable[[Any], Any] = lambda batch: batch
+    phase: Callable[[str], ContextManager[Any]] = lambda name: contextlib.nullcontext()
+    device_type: str = "cuda"
+    scaler_device: str = "cuda"
+
+
+def run_step(wl: Workload, rt: StepRuntime) -> None:
+    """One training step as described by ``wl`` (see the module docstring).
+
+    With ``wl.step`` set, that function runs instead: ``wl.step(rt.model, batch, rt.optimizer)``.
+    Gradients are expected to be ``None`` on entry (as after ``zero_grad()``).
+    """
+    import torch
+
+    if wl.step is not None:
+        batch = rt.next_batch()
+        with rt.phase("step"):
+            wl.step(rt.model, batch, rt.optimizer)
+        return
+    dtype = getattr(torch, AMP_DTYPES[wl.amp]) if wl.amp else None
+    scaler = None
+    if wl.amp == "fp16" and rt.optimizer is not None:
+        scaler = torch.amp.GradScaler(rt.scaler_device)
+    n = wl.accumulate
+    output: Any = None
+    loss: Any = None
+    for _ in range(n):
+        batch = rt.next_batch()
+        args, kwargs = batch_to_args(batch)
+        with rt.phase("forward"):
+            with _autocast(rt.device_type, dtype):
+                new_output = rt.model(*args, **kwargs)
+        del args, kwargs
+        output = new_output            # the previous micro-batch's output lives until here
+        del new_output
+        with rt.phase("loss"):
+            with _autocast(rt.device_type, dtype):
+                loss = wl.loss(output, rt.batch_for_loss(batch))
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise UsageError("the loss must be a scalar tensor; got "
+                                 f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}")
+            if n > 1:
+                loss = loss / n
+        del batch
+        with rt.phase("backward"):
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+    params = [p for p in rt.model.parameters() if p.grad is not None]
+    if wl.clip_grad_norm is not None:
+        with rt.phase("clip"):
+            if scaler is not None:
+                scaler.unscale_(rt.optimizer)
+            torch.nn.utils.clip_grad_norm_(params, float(wl.clip_grad_norm))
+    if rt.optimizer is not None:
+        with rt.phase("optimizer"):
+            if scaler is not None:
+                scaler.step(rt.optimizer)
+                scaler.update()
+            else:
+                rt.optimizer.step()
+    del output, loss
+
+
+def _autocast(device_type: str, dtype: Any) -> ContextManager[Any]:
+    import torch
+
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype)

@@ -108,7 +108,7 @@ def test_search_subprocess_writes_every_file(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("Net on 2x2GB (simulated, sm 8.0 assumed): batch 32")
+    assert lines[0].startswith("Net on 2x2GB (simulated, sm 8.0 assumed), fp32: batch 32")
     assert "even split" in lines[1] and "dptune split" in lines[1]
     assert any(line.startswith("imbalance") for line in lines)
     assert lines[-1] == f"report written to {Path('reports', 'Net-2x2GB')}{os.sep}"
@@ -509,6 +509,9 @@ def test_isolated_backend_spec_names_builtins_by_import_string():
     assert isinstance(spec, WorkloadSpec) and captured["isolate"] and captured["device_ids"] == [0, 1]
     assert import_from_string(spec.loss_fn) is LOSSES["cross_entropy"]
     assert import_from_string(spec.optimizer) is OPTIMIZERS["adamw"]
+    # the child finds them below the CLI, without importing it
+    assert (spec.loss_fn, spec.optimizer) == ("dptune.presets:cross_entropy_loss",
+                                              "dptune.presets:adamw")
     assert spec.input_dtype == "long" and spec.input_high == 100
     wl = spec.build()   # the child's view: rebuilds the same workload from strings
     assert wl.sample(3).shape == (3, 16)

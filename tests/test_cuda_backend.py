@@ -21,7 +21,9 @@ from dptune.backends.base import Backend, ProbeResult
 from dptune.backends.cuda import CudaBackend, CudaRuntime, StepContext, WorkloadSpec, default_step
 from dptune.errors import (BackendUnavailableError, ImportStringError, UsageError,
                            UserCodeError)
-from dptune.state import differences, snapshot
+from dptune.state import snapshot
+
+from state_check import differences
 from dptune.units import GiB, MiB
 from dptune.workload import Workload
 

@@ -11,7 +11,6 @@ import torch
 
 import dptune
 from dptune import _nvml
-from dptune.backends.base import Device
 from dptune.gpus import GpuInfo, devices, format_devices
 
 GiB = 2**30
@@ -325,14 +324,12 @@ def test_normalize_pci(text, expected):
 
 # ---- GpuInfo and the table ------------------------------------------------------------------
 
-def test_gpuinfo_to_device_and_equality():
+def test_gpuinfo_equality():
     a = GpuInfo(index=1, name="X", total_bytes=8 * GiB, used_bytes=2 * GiB, uuid="GPU-1",
                 pci_bus_id="00000000:01:00.0", nvml_handle=object())
     b = GpuInfo(index=1, name="X", total_bytes=8 * GiB, used_bytes=2 * GiB, uuid="GPU-1",
                 pci_bus_id="00000000:01:00.0", nvml_handle=object())
     assert a == b and "nvml_handle" not in repr(a)
-    d = a.to_device()
-    assert d == Device(index=1, name="X", total_bytes=8 * GiB, used_bytes=0, uuid="GPU-1")
     with pytest.raises(AttributeError):
         a.index = 2  # frozen
 

@@ -13,7 +13,9 @@ import torch
 import torch.nn as nn
 
 from dptune.backends.cuda import CudaBackend, CudaRuntime
-from dptune.state import differences, snapshot
+from dptune.state import snapshot
+
+from state_check import differences
 from dptune.units import GiB, MiB
 from dptune.workload import Workload
 

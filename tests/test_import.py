@@ -75,3 +75,19 @@ def test_every_public_name_resolves(name):
     """Each lazy name imports in a fresh interpreter (so one cannot hide another's import)."""
     proc = run_python(f"import dptune; obj = dptune.{name}; assert obj is not None")
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("module, must_not_load", [
+    ("dptune.result", ["dptune.report", "dptune.cli"]),      # types below rendering
+    ("dptune.parallel", ["dptune.report", "dptune.cli"]),    # reads reports through result
+    ("dptune.presets", ["dptune.cli"]),                      # built-ins below the CLI
+    ("dptune.backends.cuda", ["dptune.cli", "dptune.report"]),  # the isolated child's side
+])
+def test_imports_go_one_way(module, must_not_load):
+    proc = run_python(f"""
+        import json, sys
+        import {module}
+        print(json.dumps([m for m in {must_not_load!r} if m in sys.modules]))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []

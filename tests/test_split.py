@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dptune.split import even_split, scale_split, validate_chunk_sizes, weighted_mean
+from dptune.split import even_split, scale_split, validate_chunk_sizes
 
 sizes_st = st.lists(st.integers(min_value=0, max_value=500), min_size=1, max_size=16).filter(
     lambda s: sum(s) > 0)
@@ -97,27 +97,3 @@ def test_scale_split_same_size_is_identity(sizes):
 @given(sizes_st, st.integers(1, 20))
 def test_scale_split_exact_multiple(sizes, k):
     assert scale_split(sizes, k * sum(sizes)) == [k * c for c in sizes]
-
-
-# ---- weighted_mean -------------------------------------------------------------------
-
-def test_weighted_mean_is_mean_over_batch():
-    samples = [1.0, 2.0, 3.0, 4.0, 10.0, 20.0]
-    chunks = [samples[:1], samples[1:4], samples[4:]]
-    means = [sum(c) / len(c) for c in chunks]
-    assert weighted_mean(means, [len(c) for c in chunks]) == pytest.approx(sum(samples) / 6)
-
-
-@given(st.lists(st.tuples(st.floats(-1e3, 1e3), st.integers(1, 50)), min_size=1, max_size=8))
-def test_weighted_mean_property(pairs):
-    values = [v for v, _ in pairs]
-    weights = [w for _, w in pairs]
-    flat = [v for v, w in pairs for _ in range(w)]
-    assert weighted_mean(values, weights) == pytest.approx(sum(flat) / len(flat), abs=1e-6)
-
-
-def test_weighted_mean_errors():
-    with pytest.raises(ValueError):
-        weighted_mean([1.0], [1, 2])
-    with pytest.raises(ValueError):
-        weighted_mean([1.0, 2.0], [0, 0])

@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from dptune.state import differences, preserved, restore, snapshot
+from dptune.state import restore, snapshot
+
+from state_check import differences, preserved
 
 
 class Net(nn.Module):

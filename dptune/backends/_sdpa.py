@@ -44,6 +44,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from dptune import _torch_private
+from dptune.backends._autocast import autocast_inputs
 
 __all__ = ["CUDNN_VERSION_ASSUMED", "KERNELS", "Capability", "SdpaCall", "SdpaFlags", "run_kernel",
            "sdpa_mode", "select_kernel"]
@@ -398,11 +399,15 @@ def sdpa_mode(capability_of: Callable[[torch.Tensor], Optional[Capability]],
             cap = capability_of(q) if isinstance(q, torch.Tensor) else None
             if cap is None or not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
                 return func(*args, **kwargs)
-            call = SdpaCall.of(q, k, v, b["attn_mask"], b["dropout_p"], b["is_causal"], b["enable_gqa"])
+            # under CUDA autocast, attention is a lower-precision op: its inputs are cast
+            # before the kernel is chosen, and the kernel runs with autocast off
+            (q, k, v, mask), autocast_off = autocast_inputs(q, k, v, b["attn_mask"])
+            call = SdpaCall.of(q, k, v, mask, b["dropout_p"], b["is_causal"], b["enable_gqa"])
             kernel = select_kernel(call, cap, SdpaFlags.from_torch())
             on_choice(kernel, cap)
-            return run_kernel(kernel, q, k, v, b["attn_mask"], b["dropout_p"], b["is_causal"],
-                              b["scale"], b["enable_gqa"])
+            with autocast_off:
+                return run_kernel(kernel, q, k, v, mask, b["dropout_p"], b["is_causal"],
+                                  b["scale"], b["enable_gqa"])
 
     def _dropout(func: Any, args: Sequence[Any], kwargs: dict) -> Any:
         names = ("input", "p", "training", "inplace") if func is not torch.dropout else ("input", "p", "train")

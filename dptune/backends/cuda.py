@@ -93,7 +93,7 @@ from dptune.errors import BackendUnavailableError, DptuneError, UsageError, User
 from dptune.oom import is_oom, oom_device, oom_summary, replica_where
 from dptune.split import validate_chunk_sizes
 from dptune.state import Snapshot, restore, snapshot
-from dptune.workload import Workload, batch_to_args
+from dptune.workload import StepRuntime, Workload, run_step
 
 __all__ = ["CudaBackend", "CudaRuntime", "WorkloadSpec", "StepContext", "default_step"]
 
@@ -364,6 +364,10 @@ class WorkloadSpec:
     loss_fn: Optional[str] = None
     optimizer: Optional[str] = None
     optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    amp: Optional[str] = None
+    accumulate: int = 1
+    clip_grad_norm: Optional[float] = None
+    step: Optional[str] = None
 
     def build(self) -> Workload:
         """The :class:`~dptune.workload.Workload` (the model as a factory, not yet built).
@@ -402,7 +406,10 @@ class WorkloadSpec:
         if self.optimizer is not None:
             _resolve(self.optimizer)
             optimizer = _OptimizerFactory(self.optimizer, self.optimizer_kwargs)
-        return Workload(model=factory, sample=sample, loss_fn=loss_fn, optimizer=optimizer)
+        step = _resolve(self.step) if self.step is not None else None
+        return Workload(model=factory, sample=sample, loss_fn=loss_fn, optimizer=optimizer,
+                        amp=self.amp, accumulate=self.accumulate,
+                        clip_grad_norm=self.clip_grad_norm, step=step)
 
 
 # --------------------------------------------------------------------------------------------
@@ -444,17 +451,19 @@ def _to_device(obj: Any, device: Any) -> Any:
     return obj
 
 
+_STAGES = {"forward": "the forward", "loss": "the loss", "backward": "the backward",
+           "clip": "clip_grad_norm_", "optimizer": "optimizer.step()", "step": "the step function"}
+
+
 def default_step(ctx: StepContext, chunk_sizes: Sequence[int]) -> None:
-    """One training step through ``BalancedDataParallel`` with ``chunk_sizes`` (see module doc)."""
+    """One training step through ``BalancedDataParallel`` with ``chunk_sizes``: the workload's
+    step (:func:`dptune.workload.run_step`: mixed precision, accumulation, clipping, or the
+    user's own step function), after dropping the gradients."""
     wl = ctx.workload
     ctx.stage = "zero_grad"
     ctx.zero_grad()
-    ctx.stage = f"sample({sum(chunk_sizes)})"
-    batch = wl.sample(sum(chunk_sizes))
-    if ctx.batch_on_card0:
-        ctx.stage = "moving the batch to card 0"
-        batch = _to_device(batch, ctx.devices[0])
-    args, kwargs = batch_to_args(batch)
+    batch_size = sum(chunk_sizes)
+    dev0 = ctx.devices[0]
     wrapper = ctx.wrapper
     if wrapper is None:
         from dptune.parallel import BalancedDataParallel
@@ -462,20 +471,29 @@ def default_step(ctx: StepContext, chunk_sizes: Sequence[int]) -> None:
         wrapper = BalancedDataParallel(ctx.model, device_ids=ctx.device_ids,
                                        output_device=ctx.device_ids[0], dim=0,
                                        chunk_sizes=list(chunk_sizes))
-    ctx.stage = "the forward"
-    output = wrapper(*args, **kwargs)
-    del args, kwargs
-    ctx.stage = "the loss"
-    if wl.loss_fn is not None and not ctx.batch_on_card0:
-        batch = _to_device(batch, ctx.devices[0])
-    loss = wl.loss(output, batch)
-    del output, batch
-    ctx.stage = "the backward"
-    loss.backward()
-    del loss
-    if ctx.optimizer is not None:
-        ctx.stage = "optimizer.step()"
-        ctx.optimizer.step()
+
+    def next_batch() -> Any:
+        ctx.stage = f"sample({batch_size})"
+        batch = wl.sample(batch_size)
+        if ctx.batch_on_card0:
+            ctx.stage = "moving the batch to card 0"
+            batch = _to_device(batch, dev0)
+        return batch
+
+    def batch_for_loss(batch: Any) -> Any:
+        if wl.loss_fn is not None and not ctx.batch_on_card0:
+            return _to_device(batch, dev0)
+        return batch
+
+    @contextlib.contextmanager
+    def phase(name: str) -> Any:
+        ctx.stage = _STAGES[name]
+        yield
+
+    device_type = getattr(dev0, "type", "cuda")
+    run_step(wl, StepRuntime(model=wrapper, optimizer=ctx.optimizer, next_batch=next_batch,
+                             batch_for_loss=batch_for_loss, phase=phase,
+                             device_type=device_type, scaler_device=device_type))
     ctx.stage = "done"
 
 

@@ -19,7 +19,9 @@ as on a GPU. Peaks are per card over the whole step. Sizes are rounded up to mul
 
 One simulated probe is a steady-state training step: master weights and buffers on card 0,
 the optimizer's state already created (as after a warm-up step), gradients set to ``None``
-(as after ``zero_grad()``), then forward, loss, backward and ``optimizer.step()``.
+(as after ``zero_grad()``), then the workload's step (:func:`dptune.workload.run_step`:
+forward, loss, backward per micro-batch, clipping, ``optimizer.step()``; or the user's own
+step function, which gets the DataParallel-wrapped model).
 
 Known limitations (what is not modelled):
 
@@ -39,8 +41,10 @@ Known limitations (what is not modelled):
   their meta kernels), and ``F.dropout`` keeps a boolean mask (``native_dropout``) as on
   CUDA. Each card has a compute capability from the card table, 8.0 for a card given by its
   size only (``cc=`` in the spec sets it); the estimate's notes say which kernels ran.
-- Autocast (mixed precision) is not modelled; models whose forward reads tensor values
-  (``.item()``, ``nonzero``, data-dependent shapes) cannot be simulated.
+- ``torch.autocast("cuda")`` (in the built-in step with ``amp=``, or in the user's code)
+  applies CUDA's casting rules, emulated as :mod:`dptune.backends._autocast` says (with where
+  it differs from CUDA). Models whose forward reads tensor values (``.item()``, ``nonzero``,
+  data-dependent shapes) cannot be simulated.
 - Optimizers are stepped with ``foreach=True`` where they accept it (torch's default on
   CUDA), whatever the CPU default would be.
 - The batch is built on the host (CPU) and scattered from there, unless ``batch_on_card0``.
@@ -53,8 +57,10 @@ import copy
 import functools
 import dataclasses
 import logging
+import os
 import re
 import time
+import traceback
 import weakref
 from itertools import chain
 from dataclasses import dataclass
@@ -66,11 +72,14 @@ import torch.nn as nn
 from dptune._torch_private import (dispatch_mode_base, fake_tensor_mode, function_mode_active,
                                    replica_module)
 from dptune.backends import _sdpa
+from dptune.backends._autocast import cuda_autocast
 from dptune.backends.base import CATEGORIES, Device, ProbeResult
-from dptune.errors import InternalError, DptuneError, SpecError, UsageError, UserCodeError
-from dptune.split import validate_chunk_sizes
+from dptune.errors import (BackendUnavailableError, DptuneError, InternalError, SpecError, UsageError,
+                           UserCodeError)
+from dptune.split import scale_split, validate_chunk_sizes
 from dptune.units import GiB, MiB, format_bytes, parse_bytes
-from dptune.workload import Workload, batch_to_args, has_batchnorm, model_name
+from dptune.workload import (StepRuntime, Workload, batch_to_args, gradient_checkpointing, has_batchnorm,
+                             model_name, run_step)
 
 __all__ = ["Cluster", "CARD_TYPES", "DEFAULT_CLUSTER", "parse_cluster", "SimulatedBackend",
            "MemoryEstimate", "estimate_memory"]
@@ -415,6 +424,9 @@ def _tensor_leaves(obj: Any) -> Iterator[torch.Tensor]:
     elif isinstance(obj, dict):
         for x in obj.values():
             yield from _tensor_leaves(x)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _tensor_leaves(getattr(obj, f.name))
 
 
 def _make_accountant(ledger: _Ledger) -> Any:
@@ -685,6 +697,105 @@ def _run_replica(ledger: _Ledger, module: nn.Module, params: Optional[dict], car
     return out
 
 
+def _backward_hooks(outputs: Any, mode: Any, ledger: _Ledger) -> list:
+    """Hooks on every autograd node behind ``outputs`` that make its backward run as on a card.
+
+    The autograd engine runs every node without the caller's torch-function modes and (on
+    real GPUs) on the device of its gradients. A node may run forward code again (activation
+    checkpointing recomputes its segment): that code must see the CUDA kernel choices of the
+    forward (``mode`` is entered around the node), and what it makes without reading a card's
+    tensor lands on the card of the node's gradients. Returns the hook handles.
+    """
+    handles: list = []
+    saved: list[tuple[bool, int]] = []
+
+    @_internal("the backward hook that keeps CUDA's kernel choices in recomputation")
+    def pre(grads: Any) -> None:
+        enter = mode is not None and not function_mode_active()
+        saved.append((enter, ledger.current_card))
+        if enter:
+            mode.__enter__()
+        ledger.current_card = FOLLOW
+        for g in grads:
+            if isinstance(g, torch.Tensor):
+                card = ledger.card_of(g)
+                if card != HOST:
+                    ledger.last_card = card
+                    break
+
+    @_internal("the backward hook that keeps CUDA's kernel choices in recomputation")
+    def post(_grad_inputs: Any, _grad_outputs: Any) -> None:
+        if saved:
+            enter, card = saved.pop()
+            ledger.current_card = card
+            if enter:
+                mode.__exit__(None, None, None)
+
+    seen: set[int] = set()
+    todo = [t.grad_fn for t in _tensor_leaves(outputs)]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        handles += [node.register_prehook(pre), node.register_hook(post)]
+        todo.extend(nxt for nxt, _ in node.next_functions)
+    return handles
+
+
+_PHASES = {  # step phase -> (category of what it allocates on card 0, where, for errors)
+    "forward": ("activations", "in the forward"),
+    "loss": ("outputs", "in the loss on virtual card 0"),
+    "backward": ("activations", "in the backward"),
+    "clip": ("other", "in clip_grad_norm_ on virtual card 0"),
+    "optimizer": ("optimizer", "in optimizer.step() on virtual card 0"),
+    "step": ("activations", "in the step function"),
+}
+
+
+class _SimulatedDataParallel(nn.Module):
+    """DataParallel over the virtual cards: what a step function gets as ``model``.
+
+    ``forward`` splits the batch with the probe's chunk sizes (a batch of another size in the
+    same proportions, as ``BalancedDataParallel`` does), replicates the weights, runs each
+    replica on its card and gathers the outputs onto card 0.
+    """
+
+    def __init__(self, module: nn.Module, ledger: _Ledger, sizes: Sequence[int], source: int,
+                 single: bool, fn_mode: Any = None):
+        super().__init__()
+        self.module = module
+        self._ledger, self._sizes, self._source, self._single = ledger, list(sizes), source, single
+        self._fn_mode = fn_mode
+        self._hooks: list = []
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        ledger = self._ledger
+        found = _first_batch_size((args, kwargs))
+        sizes = self._sizes
+        if found is not None and found != sum(sizes):
+            sizes = scale_split(sizes, found)
+        batch = sum(sizes)
+        cards = tuple(i for i, c in enumerate(sizes) if c > 0)
+        split_args = _split(args, sizes, batch, "args")
+        split_kwargs = _split(kwargs, sizes, batch, "kwargs")
+        replicas, hooks = _replicate(ledger, self.module, cards, self._single)
+        self._hooks += hooks
+        outputs = []
+        for card in cards:
+            outputs.append(_run_replica(ledger, self.module, replicas.pop(card), card, self._source,
+                                        split_args[card], split_kwargs[card], sizes))
+        del replicas, split_args, split_kwargs
+        self._hooks += _backward_hooks(outputs, self._fn_mode, ledger)
+        with ledger.on(0, "outputs"):
+            return outputs[0] if self._single else _gather(ledger, cards, outputs)
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
 # --------------------------------------------------------------------------------------------
 # Building a fake copy of the user's model
 # --------------------------------------------------------------------------------------------
@@ -792,6 +903,8 @@ class SimulatedBackend:
         self._fn_mode: Any = None
         self.has_batchnorm: Optional[bool] = (
             has_batchnorm(workload.model) if isinstance(workload.model, nn.Module) else None)
+        self.gradient_checkpointing: Optional[bool] = (
+            gradient_checkpointing(workload.model) if isinstance(workload.model, nn.Module) else None)
 
     def describe(self) -> str:
         cap = self.cluster.describe_capability()
@@ -816,7 +929,7 @@ class SimulatedBackend:
 
         try:
             self._fn_mode = _sdpa.sdpa_mode(capability_of, chosen)
-            with self._fake_mode, _make_accountant(ledger), self._fn_mode:
+            with cuda_autocast(), self._fake_mode, _make_accountant(ledger), self._fn_mode:
                 yield
         finally:
             torch.set_rng_state(rng)
@@ -831,6 +944,7 @@ class SimulatedBackend:
                 module = _fake_module(self.workload.model)
             module.train(self.workload.model.training if isinstance(self.workload.model, nn.Module) else True)
             self.has_batchnorm = has_batchnorm(module)
+            self.gradient_checkpointing = gradient_checkpointing(module)
             with ledger.on(0, "weights"):
                 for t in list(module.parameters()) + list(module.buffers()):
                     ledger.charge(t, 0, "weights")
@@ -909,6 +1023,8 @@ class SimulatedBackend:
         return tuple(notes)
 
     def _step(self, sizes: list[int]) -> None:
+        """One training step (:func:`dptune.workload.run_step`) through DataParallel over the
+        virtual cards, with CUDA autocast emulated (:mod:`dptune.backends._autocast`)."""
         ledger, module, wl = self._ledger, self._module, self.workload
         assert ledger is not None and module is not None
         batch_size = sum(sizes)
@@ -919,57 +1035,38 @@ class SimulatedBackend:
             with ledger.forced(card, "other"):
                 ws_keep.append(torch.empty(self.cluster.workspace_bytes(card), dtype=torch.uint8))
 
-        with ledger.on(source, "inputs"):
-            try:
-                batch = wl.sample(batch_size)
-            except DptuneError:
-                raise
-            except Exception as e:
-                raise UserCodeError(f"sample({batch_size}) raised: {type(e).__name__}: {e}") from e
-        args, kwargs = batch_to_args(batch)
-        found = _first_batch_size((args, kwargs))
-        if found is not None and found != batch_size:
-            raise UsageError(f"sample({batch_size}) returned a batch of {found} samples; "
-                             "sample(n) must build a batch of n samples along dim 0")
-        split_args = _split(args, sizes, batch_size, "args")
-        split_kwargs = _split(kwargs, sizes, batch_size, "kwargs")
-
-        single = len(self.cluster) == 1
-        replicas, hooks = _replicate(ledger, module, cards, single)
-        outputs = []
-        for card in cards:
-            outputs.append(_run_replica(ledger, module, replicas.pop(card), card, source,
-                                        split_args[card], split_kwargs[card], sizes))
-        del replicas, split_args, split_kwargs
-        with ledger.on(0, "outputs"):
-            gathered = outputs[0] if single else _gather(ledger, cards, outputs)
-            del outputs
-            try:
-                loss = wl.loss(gathered, batch)
-            except Exception as e:
-                raise _user_error(e, "in the loss on virtual card 0", sizes) from e
-            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                raise UsageError("the loss must be a scalar tensor; got "
-                                 f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}")
-        del gathered
-        # As the autograd engine runs each card's part of the backward on that card, new
-        # tensors that read none (checkpointed forwards run again) go where the last op ran.
-        ledger.last_card = 0
-        with ledger.on(FOLLOW, "activations"), _mode_in_every_node(loss, self._fn_mode):
-            try:
-                loss.backward()
-            except Exception as e:
-                raise _user_error(e, "in the backward", sizes) from e
-            finally:
-                for h in hooks:
-                    h.remove()
-        del loss, batch, args, kwargs
-        if self._optimizer is not None:
-            with ledger.on(0, "optimizer"):
+        def next_batch() -> Any:
+            with ledger.on(source, "inputs"):
                 try:
-                    self._optimizer.step()
+                    batch = wl.sample(batch_size)
+                except DptuneError:
+                    raise
                 except Exception as e:
-                    raise _user_error(e, "in optimizer.step() on virtual card 0", sizes) from e
+                    raise UserCodeError(f"sample({batch_size}) raised: {type(e).__name__}: {e}") from e
+            found = _first_batch_size(batch_to_args(batch))
+            if found is not None and found != batch_size:
+                raise UsageError(f"sample({batch_size}) returned a batch of {found} samples; "
+                                 "sample(n) must build a batch of n samples along dim 0")
+            return batch
+
+        @contextlib.contextmanager
+        def phase(name: str) -> Iterator[None]:
+            category, where = _PHASES[name]
+            with ledger.on(0, category):
+                try:
+                    yield
+                except DptuneError:
+                    raise
+                except Exception as e:
+                    raise _user_error(e, where, sizes) from e
+
+        wrapper = _SimulatedDataParallel(module, ledger, sizes, source, len(self.cluster) == 1,
+                                         self._fn_mode)
+        try:
+            run_step(wl, StepRuntime(model=wrapper, optimizer=self._optimizer,
+                                     next_batch=next_batch, phase=phase))
+        finally:
+            wrapper.close()
         del ws_keep
 
     # -- the probe interface -----------------------------------------------------------
@@ -988,71 +1085,58 @@ class SimulatedBackend:
         self._params = []
 
 
-@contextlib.contextmanager
-def _mode_in_every_node(loss: torch.Tensor, mode: Any) -> Iterator[None]:
-    """Keep the torch-function ``mode`` active while autograd runs the backward of ``loss``.
-
-    The autograd engine runs every node without the caller's torch-function modes, but a
-    node may run forward code again (activation checkpointing recomputes its segment), and
-    that code must see the same CUDA kernel choices as the forward did. The mode is entered
-    around each node of the graph by a pre-hook and left by a post-hook.
-    """
-    handles: list = []
-    entered: list[bool] = []
-
-    @_internal("the backward hook that keeps CUDA's kernel choices in recomputation")
-    def pre(_grads: Any) -> None:
-        enter = not function_mode_active()
-        entered.append(enter)
-        if enter:
-            mode.__enter__()
-
-    @_internal("the backward hook that keeps CUDA's kernel choices in recomputation")
-    def post(_grad_inputs: Any, _grad_outputs: Any) -> None:
-        if entered and entered.pop():
-            mode.__exit__(None, None, None)
-
-    seen: set[int] = set()
-    todo = [loss.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        handles += [node.register_prehook(pre), node.register_hook(post)]
-        todo.extend(nxt for nxt, _ in node.next_functions)
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
     if isinstance(e, DptuneError):
         return e
-    hint = ""
     name = type(e).__name__
     if "DataDependent" in name or "DynamicOutputShape" in name or "item()" in str(e):
-        hint = (" (the model reads tensor values, e.g. .item() or nonzero(), which the simulated "
-                "cluster cannot do since it computes no values; run on real GPUs with --devices)")
-    return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}{hint}")
+        # Not a bug in the model: the simulator computes no values. One line, naming the
+        # user's line that reads them, instead of FakeTensor's internals.
+        at = _users_line(e)
+        return BackendUnavailableError(
+            f"the model reads tensor values{at}, e.g. with .item(), nonzero() or a boolean mask "
+            f"({e}); the simulated cluster computes no values, so it cannot run this step: "
+            "tune on real GPUs (--devices), or move value-dependent code out of the training step")
+    return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}")
+
+
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
+                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
+def _users_line(e: BaseException) -> str:
+    """`` at mymodel.py:12 (if x.sum().item() > 0:)``: the innermost frame outside torch and
+    dptune, or ``""``."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not os.path.abspath(f.filename).startswith(_LIBRARY_DIRS)
+              and not f.filename.startswith("<")]
+    if not frames:
+        return ""
+    f = frames[-1]
+    code = f" ({f.line.strip()})" if f.line else ""
+    return f" at {os.path.basename(f.filename)}:{f.lineno}{code}"
 
 
 def estimate_memory(model: Union[nn.Module, Callable[[], nn.Module]], sample: Callable[[int], Any],
                     chunk_sizes: Sequence[int], cluster: Union[str, Cluster] = DEFAULT_CLUSTER, *,
                     loss_fn: Optional[Callable[[Any, Any], Any]] = None,
-                    optimizer: Optional[Callable[..., Any]] = None) -> MemoryEstimate:
+                    optimizer: Optional[Callable[..., Any]] = None, amp: Optional[str] = None,
+                    accumulate: int = 1, clip_grad_norm: Optional[float] = None,
+                    step: Optional[Callable[[Any, Any, Any], None]] = None) -> MemoryEstimate:
     """Per-card peak memory (bytes) of one DataParallel training step on a simulated cluster.
 
     ``model`` is an ``nn.Module`` or a zero-argument factory (built on the meta device);
     ``sample(batch_size)`` builds a batch; ``loss_fn(output, batch)`` the loss (default: the
     output's ``loss``, else its sum); ``optimizer`` a factory ``params -> Optimizer`` (default
-    none). ``chunk_sizes`` has one entry per card of ``cluster`` (a spec such as ``'4x24GB'``
-    or a :class:`Cluster`). Nothing of the model's size is allocated and the model, its weights
-    and buffers are left untouched. See the module docstring for what is not modelled.
+    none). ``amp``, ``accumulate``, ``clip_grad_norm`` and ``step`` describe the training step
+    as in :class:`dptune.workload.Workload`. ``chunk_sizes`` has one entry per card of
+    ``cluster`` (a spec such as ``'4x24GB'`` or a :class:`Cluster`). Nothing of the model's
+    size is allocated and the model, its weights and buffers are left untouched. See the
+    module docstring for what is not modelled.
     """
-    backend = SimulatedBackend(Workload(model, sample, loss_fn, optimizer), cluster)
+    backend = SimulatedBackend(Workload(model, sample, loss_fn, optimizer, amp=amp,
+                                        accumulate=accumulate, clip_grad_norm=clip_grad_norm,
+                                        step=step), cluster)
     try:
         return backend.estimate(chunk_sizes)
     finally:

@@ -1,0 +1,230 @@
+"""The training step's settings: each knob's effect on each card, counted by hand."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+from dptune import Tuner
+from dptune.backends.simulated import estimate_memory, parse_cluster
+from dptune.errors import UsageError
+from dptune.result import TuneResult
+from dptune.workload import StepSettings, Workload
+
+R = 512  # the caching allocator's rounding
+
+
+def rnd(n: int) -> int:
+    return -(-n // R) * R
+
+
+IN, HID, OUT = 1000, 2000, 10
+W = rnd(HID * IN * 4) + rnd(OUT * HID * 4)          # fp32 weights, per copy
+WS = parse_cluster("1x24GB").workspace_bytes(0)      # cuBLAS workspace per busy card
+SCALAR = R
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(IN, HID, bias=False), nn.ReLU(), nn.Linear(HID, OUT, bias=False))
+
+
+def sample(b: int) -> torch.Tensor:
+    return torch.randn(b, IN)
+
+
+# ---- settings ------------------------------------------------------------------------------
+def test_settings_describe_and_round_trip():
+    s = StepSettings(amp="bf16", accumulate=2, clip_grad_norm=1.0)
+    assert s.describe() == "bf16 autocast, accumulate 2, clip 1"
+    assert StepSettings().describe() == "fp32"
+    assert StepSettings.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    assert StepSettings.from_dict(None) == StepSettings()
+    assert StepSettings(step="m:f").describe() == "step m:f"
+
+
+@pytest.mark.parametrize("kw,msg", [({"amp": "fp8"}, "amp must be"), ({"accumulate": 0}, "accumulate"),
+                                    ({"clip_grad_norm": -1.0}, "clip_grad_norm"),
+                                    ({"step": 3}, "step must be a function"),
+                                    ({"step": lambda m, b, o: None, "amp": "bf16"}, "replaces the built-in")])
+def test_bad_settings_are_usage_errors(kw, msg):
+    with pytest.raises(UsageError, match=msg):
+        Workload(mlp(), sample, **kw)
+
+
+def test_workload_settings_name_the_step_function():
+    def my_step(model, batch, optimizer):
+        pass
+
+    s = Workload(mlp(), sample, step=my_step).settings
+    assert s.step == f"{__name__}:test_workload_settings_name_the_step_function.<locals>.my_step"
+
+
+# ---- each knob, counted by hand ---------------------------------------------------------------
+def test_bf16_autocast_stores_linear_activations_in_two_bytes():
+    c = 32
+    fp32 = estimate_memory(mlp(), sample, [c, c], "2x24GB")
+    bf16 = estimate_memory(mlp(), sample, [c, c], "2x24GB", amp="bf16")
+    # card 1 peaks in the forward. fp32: the weight copy, the input chunk, the hidden layer
+    # and its ReLU (4 bytes each)
+    assert fp32.peak_bytes[1] == W + WS + rnd(c * IN * 4) + 2 * rnd(c * HID * 4)
+    # bf16: the input chunk (fp32) and its bf16 copy, layer 1's bf16 weight copy and the
+    # hidden layer in 2 bytes (the weight copy is not saved, so it is gone before the ReLU)
+    assert bf16.peak_bytes[1] == (W + WS + rnd(c * IN * 4) + rnd(c * IN * 2)
+                                  + rnd(HID * IN * 2) + rnd(c * HID * 2))
+    # per sample, the stored activations are 2-byte: doubling the chunk adds the input in
+    # 4 + 2 bytes and the hidden layer in 2 bytes
+    bigger = estimate_memory(mlp(), sample, [c, 2 * c], "2x24GB", amp="bf16")
+    assert bigger.peak_bytes[1] - bf16.peak_bytes[1] == c * (IN * 4 + IN * 2 + HID * 2)
+
+
+def test_accumulate_two_holds_the_first_micro_batch_gradients_through_the_second():
+    one = estimate_memory(mlp(), sample, [64], "1x24GB")
+    two = estimate_memory(mlp(), sample, [64], "1x24GB", accumulate=2)
+    # in the second backward, layer 1's new gradient (fp32, HID x IN) sits beside the
+    # gradients accumulated from the first micro-batch, before it is added into them
+    assert two.peak_bytes[0] - one.peak_bytes[0] == rnd(HID * IN * 4)
+    assert two.breakdown[0]["gradients"] == W + rnd(HID * IN * 4)
+    assert one.breakdown[0]["gradients"] == W
+
+
+class Deep(nn.Module):
+    """K tiny layers: gradients are small, so clipping's per-parameter norms show."""
+
+    K, D = 40, 16
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(self.D, self.D, bias=False) for _ in range(self.K)])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def test_clip_grad_norm_adds_its_temporaries():
+    k, d = Deep.K, Deep.D
+    plain = estimate_memory(Deep(), lambda b: torch.randn(b, d), [1], "1x24GB")
+    clipped = estimate_memory(Deep(), lambda b: torch.randn(b, d), [1], "1x24GB", clip_grad_norm=1.0)
+    weights = k * rnd(d * d * 4)
+    # at the total norm: weights, gradients, the output and the loss (kept alive), the
+    # workspace, one 0-dim norm per gradient, their stack and the total norm
+    assert clipped.peak_bytes == [2 * weights + rnd(d * 4) + SCALAR + WS
+                                  + k * SCALAR + rnd(k * 4) + SCALAR]
+    assert clipped.peak_bytes[0] > plain.peak_bytes[0]
+    assert clipped.breakdown[0]["other"] == WS + k * SCALAR + rnd(k * 4) + SCALAR
+
+
+def test_default_step_keeps_the_output_alive_through_the_backward():
+    seen = {}
+
+    def drop_early(model, batch, optimizer):
+        out = model(batch)
+        loss = out.sum()
+        del out
+        loss.backward()
+        seen["ran"] = True
+
+    default = estimate_memory(mlp(), sample, [64], "1x24GB")
+    early = estimate_memory(mlp(), sample, [64], "1x24GB", step=drop_early)
+    assert seen == {"ran": True}
+    # the output (64 x OUT fp32) is the only difference
+    assert default.peak_bytes[0] - early.peak_bytes[0] == rnd(64 * OUT * 4)
+
+
+def test_a_step_function_is_what_runs_and_its_allocations_appear():
+    extra = 64 * 2**20
+    calls = []
+
+    def step(model, batch, optimizer):
+        calls.append((type(model).__name__, tuple(batch.shape), type(optimizer).__name__))
+        keep = torch.empty(extra, dtype=torch.uint8)   # lands on card 0, as on a GPU
+        out = model(batch)
+        out.sum().backward()
+        optimizer.step()
+        del keep
+
+    e = estimate_memory(mlp(), sample, [16, 16], "2x24GB", step=step,
+                        optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    assert calls == [("_SimulatedDataParallel", (32, IN), "SGD")]
+    base = estimate_memory(mlp(), sample, [16, 16], "2x24GB",
+                           optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    # the step's buffer is alive through the whole step, so card 0's peak grows by it
+    # exactly; card 1 is untouched
+    assert e.peak_bytes[0] - base.peak_bytes[0] == extra
+    assert e.peak_bytes[1] == base.peak_bytes[1]
+
+
+def test_autocast_cuda_in_the_users_code_takes_effect_with_cuda_rules():
+    seen = {}
+
+    def step(model, batch, optimizer):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(batch)
+            probs = torch.softmax(out, -1)
+            normed = nn.functional.layer_norm(out, (OUT,))
+            seen.update(out=out.dtype, probs=probs.dtype, normed=normed.dtype,
+                        ce=nn.functional.cross_entropy(out, torch.zeros(len(out), dtype=torch.long)).dtype)
+        seen["after"] = model(batch).dtype
+        (probs.sum() + normed.sum()).backward()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")     # no "CUDA is not available. Disabling autocast"
+        estimate_memory(mlp(), sample, [4, 4], "2x24GB", step=step)
+    # CUDA's lists: Linear in bf16; softmax, layer_norm and the losses in fp32 (the CPU
+    # autocast rules would keep softmax and layer_norm in bf16)
+    assert seen == {"out": torch.bfloat16, "probs": torch.float32, "normed": torch.float32,
+                    "ce": torch.float32, "after": torch.float32}
+    # outside a simulated step, autocast("cuda") is as torch leaves it on this machine
+    x = torch.randn(2, IN)
+    if not torch.cuda.is_available():
+        with pytest.warns(UserWarning, match="CUDA is not available"):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                assert nn.Linear(IN, 2)(x).dtype == torch.float32
+
+
+def test_fp16_with_a_grad_scaler_and_clipping_runs_and_steps():
+    adam = lambda p: torch.optim.Adam(p)  # noqa: E731
+    fp16 = estimate_memory(mlp(), sample, [16, 16], "2x24GB", amp="fp16", clip_grad_norm=1.0,
+                           optimizer=adam)
+    bf16 = estimate_memory(mlp(), sample, [16, 16], "2x24GB", amp="bf16", clip_grad_norm=1.0,
+                           optimizer=adam)
+    # the same casts; the scaler adds its scale, inverse scale and found-inf scalars on card 0
+    assert fp16.peak_bytes[1] == bf16.peak_bytes[1]
+    assert fp16.peak_bytes[0] >= bf16.peak_bytes[0]
+
+
+# ---- settings reach the result and the report ---------------------------------------------------
+def test_tuner_records_settings_in_result_report_and_plots(tmp_path):
+    res = Tuner(mlp(), sample, batch_size=64, simulate="2x24GB", amp="bf16", accumulate=2,
+                verbose=False).fit()
+    assert res.settings == StepSettings(amp="bf16", accumulate=2)
+    res.save(str(tmp_path))
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["settings"]["amp"] == "bf16" and data["settings"]["accumulate"] == 2
+    assert TuneResult.load(str(tmp_path)).settings == res.settings
+    assert "bf16 autocast, accumulate 2" in (tmp_path / "summary.md").read_text()
+    assert "bf16 autocast, accumulate 2" in str(res).splitlines()[0]
+    fig = res.plot("peaks")
+    assert "bf16 autocast, accumulate 2" in fig.axes[0].get_title()
+
+
+def test_attention_under_autocast_is_chosen_on_the_cast_inputs():
+    class Att(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(64, 192)
+
+        def forward(self, x):
+            # fp32 q, k, v: CUDA autocast casts them to bf16 before choosing the kernel
+            q, k, v = self.qkv(x).float().view(x.shape[0], 16, 3, 4, 16).permute(2, 0, 3, 1, 4)
+            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def kernels(amp):
+        e = estimate_memory(Att(), lambda b: torch.randn(b, 16, 64), [2, 2], "2x24GB", amp=amp)
+        return next(n for n in e.notes if n.startswith("attention"))
+
+    assert "efficient x2" in kernels(None)      # fp32 cannot run flash
+    assert "flash x2" in kernels("bf16")
