@@ -17,6 +17,9 @@
   as ``torch.nn.parallel.replicate`` makes them (parameters as plain attributes), so that
   code re-running a replica's forward later (activation checkpointing) uses that card's
   weights; ``replicate`` itself only broadcasts between real CUDA devices.
+- ``ShapeEnv`` (``torch.fx.experimental.symbolic_shapes``): with one, ``FakeTensorMode`` gives
+  data-dependent sizes (``nonzero``, boolean masks, ``.item()``) as unbacked symbols with a
+  value range instead of refusing them; the simulator charges their largest possible size.
 - ``TorchFunctionMode`` (``torch.overrides``): sees ``F.scaled_dot_product_attention`` above
   autograd, where the kernel is chosen.
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "function_mode_base",
+__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "function_mode_base", "new_shape_env", "upper_bound",
            "replica_module", "safe_softmax", "scatter_chunks", "sdp_priority_order", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash",
            "include_dispatch_key", "exclude_dispatch_key", "PythonKernels", "amp_as_if_cuda"]
 
@@ -245,3 +248,24 @@ class amp_as_if_cuda:
         while self._saved:
             obj, name, old = self._saved.pop()
             setattr(obj, name, old)
+
+
+def new_shape_env() -> Any:
+    """A fresh ``ShapeEnv`` for a ``FakeTensorMode`` (data-dependent sizes become symbols)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return ShapeEnv()
+
+
+def upper_bound(value: Any) -> Any:
+    """The largest value a possibly symbolic int can take (an ``int``), or ``None`` if unbounded."""
+    import torch
+
+    if not isinstance(value, torch.SymInt):
+        return int(value)
+    node = value.node
+    bound = node.shape_env.bound_sympy(node.expr).upper
+    try:
+        return int(bound)
+    except (TypeError, ValueError):
+        return None

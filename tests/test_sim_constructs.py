@@ -120,3 +120,76 @@ def test_a_failure_in_dptunes_own_hook_is_reported_as_dptunes(monkeypatch):
         causes.append(type(e))
         e = e.__cause__
     assert KeyError in causes               # the original failure stays chained
+
+
+# ---- models that read tensor values -------------------------------------------------------
+class Experts(nn.Module):
+    """Top-1 routing over two experts; ``dense`` runs every expert on every row instead."""
+
+    def __init__(self, dense: bool = False):
+        super().__init__()
+        self.dense = dense
+        self.router = nn.Linear(D, 2)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(D, HID), nn.GELU(), nn.Linear(HID, D))
+                                     for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        choice = self.router(x).argmax(-1)
+        y = torch.zeros_like(x)
+        for i, expert in enumerate(self.experts):
+            if self.dense:
+                y = y + expert(x)
+            else:
+                rows = (choice == i).nonzero().squeeze(-1)
+                y = y.index_add(0, rows, expert(x.index_select(0, rows)))
+        return y
+
+
+def test_nonzero_is_bounded_by_its_element_count_and_said_so():
+    sample = lambda n: torch.randn(n, D)   # noqa: E731
+    routed = estimate_memory(Experts(), sample, [0, 64, 64], "3x24GB", loss_fn=lambda o, b: o.sum())
+    dense = estimate_memory(Experts(dense=True), sample, [0, 64, 64], "3x24GB",
+                            loss_fn=lambda o, b: o.sum())
+    note = next(n for n in routed.notes if "data-dependent" in n)
+    assert "aten.nonzero sized as if all of its up to 64 elements were selected" in note
+    # each expert is charged as if it got every row: the dense model's activations, plus the
+    # routing's own small tensors (masks, indices, selected copies: at most 64 x (D+HID) floats)
+    for card in (1, 2):
+        extra = routed.peak_bytes[card] - dense.peak_bytes[card]
+        assert 0 < extra <= 2 * 64 * (D + HID) * 4, extra
+    assert routed.peak_bytes[0] == dense.peak_bytes[0]   # card 0 runs no replica
+
+
+def test_item_used_as_a_number_and_boolean_masks_run():
+    class Normalised(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            y = self.lin(x)
+            kept = y[y > 0]                              # boolean-mask indexing
+            return y.sum() / (y > 0).sum().item() + kept.sum()
+
+    e = estimate_memory(Normalised(), lambda n: torch.randn(n, D), [8, 8], "2x24GB",
+                        loss_fn=lambda o, b: o.sum())
+    note = next(n for n in e.notes if "data-dependent" in n)
+    assert ".item()" in note and "aten.index" in note
+    assert e.peak_bytes[1] > 0
+
+
+def test_a_value_used_for_control_flow_still_stops_with_the_users_line():
+    from dptune.errors import BackendUnavailableError
+
+    class Branches(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y * 2 if y.sum().item() > 0 else y
+
+    with pytest.raises(BackendUnavailableError, match="reads tensor values at test_sim_constructs.py"):
+        estimate_memory(Branches(), lambda n: torch.randn(n, D), [4, 4], "2x24GB",
+                        loss_fn=lambda o, b: o.sum())

@@ -70,7 +70,7 @@ import torch
 import torch.nn as nn
 
 from dptune._torch_private import (dispatch_mode_base, fake_tensor_mode, function_mode_active,
-                                   replica_module)
+                                   new_shape_env, replica_module, upper_bound)
 from dptune.backends import _sdpa
 from dptune.backends._autocast import cuda_autocast
 from dptune.backends.base import CATEGORIES, Device, ProbeResult
@@ -175,10 +175,12 @@ class Cluster:
 
     @classmethod
     def uniform(cls, n: int, total_bytes: int, name: Optional[str] = None,
-                context_bytes: int = DEFAULT_CONTEXT_BYTES) -> "Cluster":
+                context_bytes: int = DEFAULT_CONTEXT_BYTES,
+                capability: Optional[tuple[int, int]] = None) -> "Cluster":
         name = name or format_bytes(total_bytes, precision=0).replace(" ", "")
+        caps = (tuple(capability),) * n if capability is not None else ()
         return cls(names=(name,) * n, total_bytes=(total_bytes,) * n, used_bytes=(0,) * n,
-                   context_bytes=context_bytes, spec=f"{n}x{name}")
+                   context_bytes=context_bytes, spec=f"{n}x{name}", capabilities=caps)  # type: ignore[arg-type]
 
 
 def parse_cluster(spec: Union[str, Cluster]) -> Cluster:
@@ -292,6 +294,7 @@ class _Ledger:
         self.last_card = 0             # the card of the last op that read a card's tensor
         self.forced_card: Optional[int] = None
         self.category = "other"
+        self.bounded: dict[str, str] = {}   # data-dependent ops seen -> how their size was bounded
 
     # -- storages ------------------------------------------------------------------------
     def record_of(self, t: torch.Tensor) -> Optional[_Record]:
@@ -312,8 +315,17 @@ class _Ledger:
         old = self._records.get(key)
         if old is not None and old.ref() is st:
             return
+        nbytes = st.nbytes()
+        if not isinstance(nbytes, int):   # a size that depends on tensor values
+            bound = upper_bound(nbytes)
+            if bound is None:
+                raise BackendUnavailableError(
+                    f"a tensor's size depends on tensor values with no known bound ({nbytes} "
+                    "bytes, e.g. torch.zeros(int(x.item()))); the simulated cluster computes no "
+                    "values: tune on real GPUs (--devices), or give the size without reading values")
+            nbytes = bound
         self._seq += 1
-        rec = _Record(card, _rounded(st.nbytes()), category, self._seq)
+        rec = _Record(card, _rounded(nbytes), category, self._seq)
         records = self._records
 
         def release(_ref: Any, key: int = key, rec: _Record = rec) -> None:
@@ -429,11 +441,38 @@ def _tensor_leaves(obj: Any) -> Iterator[torch.Tensor]:
             yield from _tensor_leaves(getattr(obj, f.name))
 
 
+# aten ops whose output size depends on the input's values
+_DATA_DEPENDENT = {"nonzero", "nonzero_static", "masked_select", "index", "unique", "_unique",
+                   "_unique2", "unique_consecutive", "unique_dim", "repeat_interleave", "bincount",
+                   "masked_scatter", "argwhere"}
+
+
+def _symbolic(t: torch.Tensor) -> bool:
+    return any(isinstance(d, torch.SymInt) for d in t.shape)
+
+
+def _note_data_dependent(ledger: _Ledger, func: Any, args: Any, out: Any) -> None:
+    """Remember ops that read tensor values: a size that depends on them, or ``.item()``."""
+    name = getattr(func, "__name__", str(func))
+    if name.startswith("_local_scalar_dense"):
+        ledger.bounded["value read as a Python number (.item(), int(t), float(t))"] = "kept symbolic"
+        return
+    if name.split(".")[0] not in _DATA_DEPENDENT:
+        return
+    outs = [t for t in _tensor_leaves(out) if _symbolic(t)]
+    if not outs or any(_symbolic(t) for t in _tensor_leaves(args)):
+        return
+    numel = [t.numel() for t in _tensor_leaves(args) if not _symbolic(t)]
+    ledger.bounded[f"aten.{name.split('.')[0]}"] = (
+        f"sized as if all of its up to {max(numel) if numel else '?'} elements were selected")
+
+
 def _make_accountant(ledger: _Ledger) -> Any:
     base = dispatch_mode_base()
 
     @_internal("the ledger (charging an op's outputs to a card)")
-    def account(args: Any, kwargs: Any, out: Any) -> None:
+    def account(func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        _note_data_dependent(ledger, func, args, out)
         card = ledger.forced_card
         if card is None:
             card = HOST
@@ -456,7 +495,7 @@ def _make_accountant(ledger: _Ledger) -> Any:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
-            account(args, kwargs, out)
+            account(func, args, kwargs, out)
             return out
 
     return _Accountant()
@@ -894,6 +933,7 @@ class SimulatedBackend:
         self.devices = self.cluster.devices
         self.batch_on_card0 = batch_on_card0
         self._fake_mode = fake_tensor_mode(allow_non_fake_inputs=True)
+        self._symbolic = False          # data-dependent sizes as symbols (after a value read)
         self._ledger: Optional[_Ledger] = None
         self._module: Optional[nn.Module] = None
         self._optimizer: Any = None
@@ -983,13 +1023,31 @@ class SimulatedBackend:
 
     # -- one step ----------------------------------------------------------------------
     def estimate(self, chunk_sizes: Sequence[int]) -> MemoryEstimate:
-        """Simulate one training step with this split and return per-card peaks."""
+        """Simulate one training step with this split and return per-card peaks.
+
+        A step that reads tensor values (``nonzero``, boolean masks, ``.item()``) is run again
+        with symbolic data-dependent sizes (a ``ShapeEnv``, a few times slower, so only then),
+        each charged at its largest possible value; the notes say which ops were bounded.
+        """
+        try:
+            return self._estimate(chunk_sizes)
+        except _ValueReadingError:
+            if self._symbolic:
+                raise
+        self.close()
+        self._symbolic = True
+        self._fake_mode = fake_tensor_mode(allow_non_fake_inputs=True, shape_env=new_shape_env())
+        return self._estimate(chunk_sizes)
+
+    def _estimate(self, chunk_sizes: Sequence[int]) -> MemoryEstimate:
         sizes = validate_chunk_sizes(chunk_sizes, len(self.cluster))
         t0 = time.perf_counter()
         self._setup()
         ledger = self._ledger
         assert ledger is not None and self._module is not None
         self._kernels = {}
+        if self._ledger is not None:
+            self._ledger.bounded = {}
         with self._modes(ledger):
             baseline = list(ledger.live)
             ledger.reset_peaks()
@@ -1017,6 +1075,9 @@ class SimulatedBackend:
             calls = ", ".join(f"{kernel} x{n} (sm {cap[0]}.{cap[1]})"
                               for (kernel, cap), n in sorted(self._kernels.items()))
             notes.append(f"attention (scaled_dot_product_attention) kernels as CUDA picks them: {calls}")
+        if self._ledger is not None and self._ledger.bounded:
+            notes.append("data-dependent sizes bounded by their largest possible value: " + "; ".join(
+                f"{op} {how}" for op, how in sorted(self._ledger.bounded.items())))
         cap = self.cluster.describe_capability()
         if cap:
             notes.append(f"compute capability: {cap} for cards given by size (set it with cc=)")
@@ -1085,6 +1146,10 @@ class SimulatedBackend:
         self._params = []
 
 
+class _ValueReadingError(BackendUnavailableError):
+    """The step reads tensor values in a way even symbolic sizes cannot follow."""
+
+
 def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
     if isinstance(e, DptuneError):
         return e
@@ -1093,7 +1158,7 @@ def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
         # Not a bug in the model: the simulator computes no values. One line, naming the
         # user's line that reads them, instead of FakeTensor's internals.
         at = _users_line(e)
-        return BackendUnavailableError(
+        return _ValueReadingError(
             f"the model reads tensor values{at}, e.g. with .item(), nonzero() or a boolean mask "
             f"({e}); the simulated cluster computes no values, so it cannot run this step: "
             "tune on real GPUs (--devices), or move value-dependent code out of the training step")
