@@ -1158,9 +1158,11 @@ def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
         # Not a bug in the model: the simulator computes no values. One line, naming the
         # user's line that reads them, instead of FakeTensor's internals.
         at = _users_line(e)
+        first = (str(e).strip().splitlines() or [""])[0].strip()
         return _ValueReadingError(
-            f"the model reads tensor values{at}, e.g. with .item(), nonzero() or a boolean mask "
-            f"({e}); the simulated cluster computes no values, so it cannot run this step: "
+            f"the model reads tensor values{at} and decides on them (an `if` on .item(), or a size "
+            f"from int(t)) ({first}); the simulated cluster computes no values, so it cannot run "
+            "this step (sizes from nonzero() or boolean masks it can bound, not decisions): "
             "tune on real GPUs (--devices), or move value-dependent code out of the training step")
     return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}")
 
