@@ -3,7 +3,9 @@
 Commands::
 
     dptune search --model mymodels:Net --batch-size 64 [--simulate 4x24GB | --devices 0,1]
-    dptune show reports/NAME       print a saved report's summary
+    dptune plan --model mymodels:Net --batch-size 256 --simulate 2x32GB,2x24GB
+                                   per-rank batch sizes for DistributedDataParallel
+    dptune show reports/NAME       print a saved report's (or DDP plan's) summary
     dptune plot reports/NAME       redraw a saved report's plots
     dptune devices                 list the visible GPUs
 
@@ -35,7 +37,7 @@ import re
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            DptuneError, UsageError, UserCodeError)
@@ -50,7 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from dptune.result import TuneResult
 
-__all__ = ["main", "build_parser", "search", "load_workload", "LoadedWorkload", "DTYPES",
+__all__ = ["main", "build_parser", "search", "ddp_plan", "load_workload", "LoadedWorkload", "DTYPES",
            # the built-ins, from dptune.presets
            "LOSSES", "OPTIMIZERS", "sum_loss", "mean_loss", "cross_entropy_loss", "mse_loss",
            "sgd", "adam", "adamw"]
@@ -300,7 +302,8 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
            objective: str = "balance", headroom_bytes: int = 2**30, max_probes: int = 12,
            verbose: bool = True,
            isolate: bool = False, amp: Optional[str] = None, accumulate: int = 1,
-           clip_grad_norm: Optional[float] = None, step: Optional[str] = None) -> "TuneResult":
+           clip_grad_norm: Optional[float] = None, step: Optional[str] = None,
+           output_device: Union[int, str] = 0) -> "TuneResult":
     """``dptune search`` without the printing: build the workload, run the tuner, return
     its result. With neither ``devices`` nor ``simulate``, all visible GPUs are used, or
     the default simulated cluster when none is visible (the tuner says so once)."""
@@ -326,7 +329,8 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
                   optimizer=wl.optimizer, device_ids=list(devices) if devices else None,
                   simulate=simulate, objective=objective, headroom=headroom_bytes,
                   verbose=verbose, max_probes=max_probes, backend=backend, amp=amp,
-                  accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step_fn)
+                  accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step_fn,
+                  output_device=output_device)
     try:
         return tuner.fit()
     finally:
@@ -367,6 +371,18 @@ def default_report_dir(result: "TuneResult") -> pathlib.Path:
 
 
 # ---- argument types ----------------------------------------------------------------------
+
+def _output_device(text: str) -> Union[int, str]:
+    if text == "auto":
+        return "auto"
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a card index (0, 1, ...) or 'auto'")
+    return k
+
 
 def _positive_int(text: str) -> int:
     try:
@@ -424,13 +440,9 @@ def _shape(text: str) -> tuple[int, ...]:
 
 # ---- subcommands -----------------------------------------------------------------------
 
-def search_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "search", help="find the per-GPU split of the batch that balances memory",
-        description="Probe the training step of a model at a few splits of the batch, fit\n"
-                    "per-card memory and pick the split that balances it (or fits the largest\n"
-                    "batch); print a table and write a report folder.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+def workload_arguments(p: argparse.ArgumentParser, *, batch_default: Optional[int],
+                       batch_help: str) -> Any:
+    """The "model and batch" flags, shared by ``search`` and ``plan``; returns the group."""
     g = p.add_argument_group("model and batch")
     g.add_argument("--model", required=True, metavar="MODULE:ATTR",
                    help="model class or factory, e.g. mymodels:Net (imported from the working "
@@ -446,15 +458,20 @@ def search_parser(subparsers: Any) -> None:
                    help="dtype of --input-shape data (default float32; long with --vocab-size)")
     g.add_argument("--vocab-size", type=_positive_int, metavar="N",
                    help="token ids for --input-shape are drawn from 0..N-1 (dtype long)")
-    g.add_argument("--batch-size", type=_batch_size, default=256, metavar="N",
-                   help="total batch size over all cards (default 256; for --objective "
-                        "max-batch, where the search starts)")
+    g.add_argument("--batch-size", type=_batch_size, default=batch_default, metavar="N",
+                   help=batch_help)
     g.add_argument("--loss", default="default", metavar="NAME",
                    help="default (the output's .loss, else the sum of the output), sum, mean, "
                         "cross_entropy, mse, or MODULE:FUNC taking (output, batch)")
     g.add_argument("--optimizer", default="adamw", metavar="NAME",
                    help="adamw (default), adam, sgd (momentum 0.9), none, or MODULE:FUNC "
                         "taking the parameters")
+    return g
+
+
+def step_arguments(p: argparse.ArgumentParser) -> Any:
+    """The training-step flags (amp, accumulation, clipping, own step), shared by ``search``
+    and ``plan``; returns the group."""
     st = p.add_argument_group("training step (what the split is tuned for)")
     st.add_argument("--amp", choices=("bf16", "fp16"), default=None,
                     help="mixed precision: forward and loss under torch.autocast('cuda', dtype), "
@@ -467,6 +484,20 @@ def search_parser(subparsers: Any) -> None:
     st.add_argument("--step", metavar="MODULE:FUNC", default=None,
                     help="your own step(model, batch, optimizer), replacing the built-in step "
                          "(model: already wrapped; optimizer: built from --optimizer)")
+    return st
+
+
+def search_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "search", help="find the per-GPU split of the batch that balances memory",
+        description="Probe the training step of a model at a few splits of the batch, fit\n"
+                    "per-card memory and pick the split that balances it (or fits the largest\n"
+                    "batch); print a table and write a report folder.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    workload_arguments(p, batch_default=256,
+                       batch_help="total batch size over all cards (default 256; for "
+                                  "--objective max-batch, where the search starts)")
+    step_arguments(p)
     c = p.add_argument_group("cards")
     where = c.add_mutually_exclusive_group()
     where.add_argument("--devices", type=_device_ids, metavar="I,J,...",
@@ -483,6 +514,10 @@ def search_parser(subparsers: Any) -> None:
                         "largest batch that fits")
     t.add_argument("--max-probes", type=_positive_int, default=12, metavar="N",
                    help="at most this many training steps are probed (default 12)")
+    t.add_argument("--output-device", type=_output_device, default=0, metavar="K|auto",
+                   help="the card the outputs are gathered on (default 0, as DataParallel); "
+                        "'auto' with --objective max-batch tries another card and keeps it when "
+                        "it fits a larger batch (simulated cards)")
     t.add_argument("--out", metavar="DIR",
                    help="report folder (default reports/<Model>-<cluster>)")
     t.add_argument("--no-plots", action="store_true", help="write the report without PNG plots")
@@ -514,7 +549,8 @@ def _search_command(args: argparse.Namespace) -> int:
             objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
             max_probes=args.max_probes, verbose=not args.quiet,
             isolate=args.isolate, amp=args.amp, accumulate=args.accumulate,
-            clip_grad_norm=args.clip_grad_norm, step=args.step)
+            clip_grad_norm=args.clip_grad_norm, step=args.step,
+            output_device=args.output_device)
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
     if args.json:
@@ -527,8 +563,112 @@ def _search_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def ddp_plan(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
+             sample: Optional[str] = None, input_shape: Optional[Sequence[int]] = None,
+             dtype: Optional[str] = None, vocab_size: Optional[int] = None,
+             global_batch: Optional[int] = None, loss: str = "default", optimizer: str = "adamw",
+             simulate: str = "4x24GB", objective: str = "balance", headroom_bytes: int = 2**30,
+             bucket_cap_mb: Optional[float] = None, gradient_as_bucket_view: bool = False,
+             amp: Optional[str] = None, accumulate: int = 1,
+             clip_grad_norm: Optional[float] = None, step: Optional[str] = None) -> Any:
+    """``dptune plan`` without the printing: per-rank DDP batch sizes on a simulated cluster
+    (one rank per card); returns the :class:`dptune.ddp.DDPPlan`. The step options are those
+    of :func:`search` (``step`` as ``"module:function"``)."""
+    from dptune.backends.simulated import parse_cluster
+    from dptune.ddp import plan
+
+    cluster = parse_cluster(simulate)   # a bad spec is a usage error before the user's code runs
+    wl = load_workload(model, model_kwargs=model_kwargs, sample=sample, input_shape=input_shape,
+                       dtype=dtype, vocab_size=vocab_size, loss=loss, optimizer=optimizer,
+                       simulated=True)
+    return plan(wl.model, wl.sample, wl.loss_fn, wl.optimizer, global_batch=global_batch,
+                objective=objective, simulate=cluster, headroom=headroom_bytes,
+                bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
+                amp=amp, accumulate=accumulate, clip_grad_norm=clip_grad_norm,
+                step=load_step(step))
+
+
+def plan_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "plan", help="per-rank batch sizes for DistributedDataParallel on unequal cards",
+        description="Plan one local batch per DDP rank (one rank per card of a simulated\n"
+                    "cluster), so that every card uses the same share of its memory (or the\n"
+                    "global batch is as large as fits); print the plan and write plan.json.\n"
+                    "Inside a torchrun job, call dptune.ddp.plan(...) on every rank instead.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    workload_arguments(p, batch_default=None,
+                       batch_help="the global batch (the sum of the ranks' batches) to split; "
+                                  "needed for --objective balance, an upper limit for max-batch")
+    step_arguments(p)
+    c = p.add_argument_group("cards and DDP")
+    c.add_argument("--simulate", metavar="SPEC", default=None,
+                   help="virtual cards, one rank each, e.g. 2x32GB,2x24GB or "
+                        "4x24GB,used=3:10GB (default 4x24GB)")
+    c.add_argument("--headroom", type=_byte_size, default=parse_bytes("1GiB"), metavar="SIZE",
+                   help="memory kept free on every card, e.g. 1GiB (default), 512MiB")
+    c.add_argument("--bucket-cap-mb", type=_positive_float, default=None, metavar="MIB",
+                   help="DDP's bucket_cap_mb (default: torch's, 25)")
+    c.add_argument("--gradient-as-bucket-view", action="store_true",
+                   help="DDP's gradient_as_bucket_view=True (no second copy of the gradients)")
+    t = p.add_argument_group("plan and output")
+    t.add_argument("--objective", choices=("balance", "max-batch"), default="balance",
+                   type=lambda s: s.replace("_", "-"),
+                   help="balance: the same share of memory on every card at --batch-size "
+                        "(default); max-batch: the largest global batch")
+    t.add_argument("--out", metavar="PATH",
+                   help="a folder (plan.json + summary.md) or a .json file "
+                        "(default reports/ddp-<Model>-<cluster>)")
+    t.add_argument("--json", action="store_true",
+                   help="print the plan as JSON on stdout, and nothing else there")
+    t.add_argument("--quiet", "-q", action="store_true", help="only where the plan went")
+    p.set_defaults(func=_plan_command)
+
+
+def _plan_command(args: argparse.Namespace) -> int:
+    out = sys.stderr if args.json else sys.stdout
+    simulate = args.simulate
+    if simulate is None:
+        from dptune.backends.simulated import DEFAULT_CLUSTER
+
+        simulate = DEFAULT_CLUSTER
+        if not args.quiet:
+            print(f"dptune: planning for the simulated cluster {DEFAULT_CLUSTER} "
+                  "(choose cards with --simulate SPEC)", file=sys.stderr)
+    if args.objective == "balance" and args.batch_size is None:
+        raise UsageError("--objective balance splits a global batch: give --batch-size N "
+                         "(or --objective max-batch for the largest that fits)")
+    if args.out:  # checked before minutes of planning
+        from dptune.report import check_output_folder
+
+        check_output_folder(os.path.dirname(args.out) or "." if args.out.endswith(".json")
+                            else args.out, "--out")
+    redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    with redirect:
+        result = ddp_plan(
+            args.model, model_kwargs=parse_model_kwargs(args.model_kwargs), sample=args.sample,
+            input_shape=args.input_shape, dtype=args.dtype, vocab_size=args.vocab_size,
+            global_batch=args.batch_size, loss=args.loss, optimizer=args.optimizer,
+            simulate=simulate, objective=args.objective.replace("-", "_"),
+            headroom_bytes=args.headroom, bucket_cap_mb=args.bucket_cap_mb,
+            gradient_as_bucket_view=args.gradient_as_bucket_view, amp=args.amp,
+            accumulate=args.accumulate, clip_grad_norm=args.clip_grad_norm, step=args.step)
+        if args.out:
+            target = args.out
+        else:
+            slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", result.cluster).strip("_") or "cluster"
+            name = re.sub(r"[^A-Za-z0-9.+-]+", "_", result.model_name).strip("_") or "model"
+            target = str(pathlib.Path("reports") / f"ddp-{name}-{slug}")
+        written = result.save(target)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    elif not args.quiet:
+        print(result.summary())
+    print(f"plan written to {written}", file=out)
+    return EXIT_OK
+
+
 def show_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("show", help="print a saved report's summary",
+    p = subparsers.add_parser("show", help="print a saved report's (or DDP plan's) summary",
                               description="Print the summary of a report folder written by "
                                           "`dptune search`.", epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -543,7 +683,13 @@ def _report_folder(path: str) -> pathlib.Path:
 
 
 def _show_command(args: argparse.Namespace) -> int:
+    from dptune.ddp.result import DDPPlan, is_plan_path
     from dptune.report import PLOT_KINDS, read_report, render_summary
+
+    if is_plan_path(args.report):   # a DDP plan written by `dptune plan`
+        plan = DDPPlan.load(args.report)
+        print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.summary())
+        return EXIT_OK
 
     result = read_report(args.report)
     if args.json:
@@ -604,7 +750,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"dptune {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for register in (search_parser, show_parser, plot_parser, devices_parser):
+    for register in (search_parser, plan_parser, show_parser, plot_parser, devices_parser):
         register(subparsers)
     return parser
 

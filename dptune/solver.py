@@ -16,6 +16,10 @@ share; :func:`solve_max_batch` the largest batch some split fits into every budg
 ``min_chunk_nonzero=2`` is the BatchNorm rule: a chunk of exactly 1 sample cannot be trained
 through BatchNorm, so each card gets 0 or at least 2. ``caps[i]`` is the largest chunk card i
 may get (``None`` for no cap); the tuner derives caps from probes that ran out of memory.
+
+``every_card=True`` is the DDP rule: every card is a rank that runs each step, so each gets
+at least ``min_chunk_nonzero`` samples (no zeros) and pays its intercept; with no
+``batch_slope_bytes`` the cards are then independent of each other.
 """
 
 from __future__ import annotations
@@ -214,8 +218,9 @@ def _cap(caps: Caps, i: int, hi: int) -> int:
 
 
 def _cmax_at(fits: Sequence[Fit], budgets: Sequence[int], level: float, batch_size: int,
-             caps: Caps, m: int) -> Optional[list[int]]:
-    """Largest chunk per card whose share stays <= level; ``None`` if card 0 cannot."""
+             caps: Caps, m: int, every_card: bool = False) -> Optional[list[int]]:
+    """Largest chunk per card whose share stays <= level; ``None`` if card 0 cannot (with
+    ``every_card``: if some card cannot take ``m`` samples)."""
     out = []
     for i, (f, bud) in enumerate(zip(fits, budgets)):
         hi = _cap(caps, i, batch_size)
@@ -235,6 +240,8 @@ def _cmax_at(fits: Sequence[Fit], budgets: Sequence[int], level: float, batch_si
         x = room / slope
         c = hi if x >= hi else max(0, int(math.floor(x)))
         if c < m:
+            if every_card:
+                return None
             c = 0
         out.append(c)
     return out
@@ -284,8 +291,8 @@ def _construct(fits: Sequence[Fit], budgets: Sequence[int], cmax: Sequence[int],
 
 
 def solve_balance(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, *,
-                  min_chunk_nonzero: int = 1, caps: Caps = None, strict: bool = True
-                  ) -> list[int]:
+                  min_chunk_nonzero: int = 1, caps: Caps = None, strict: bool = True,
+                  every_card: bool = False) -> list[int]:
     """The integer split of ``batch_size`` that minimises the largest predicted share.
 
     Exact for the affine model: bisection on the share level finds the smallest level at
@@ -293,7 +300,8 @@ def solve_balance(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, 
     down from the heaviest cards first. Zeros are allowed; with ``min_chunk_nonzero=m`` no
     card gets 1..m-1. With ``strict`` a split whose largest share exceeds 1 (over budget)
     raises :class:`NoFeasibleSplitError` with ``shortfall_bytes``; without, it is returned.
-    Also raises when no split is possible at all (caps or the BatchNorm rule).
+    Also raises when no split is possible at all (caps or the BatchNorm rule). With
+    ``every_card`` no card gets 0 (see the module docstring).
     """
     n = len(fits)
     if len(budgets) != n or n == 0:
@@ -309,7 +317,16 @@ def solve_balance(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, 
     hi = max([_card_bytes(fits[i], i, top[i], batch_size) / budgets[i]
               for i in range(n) if budgets[i] > 0 and (i == 0 or top[i] > 0)] + [0.0])
     hi = max(hi, 0.0) * (1 + 1e-12) + 1e-300
-    cmax = _cmax_at(fits, budgets, hi, batch_size, caps, m)
+    if every_card:
+        low = [i for i in range(n) if top[i] < m or budgets[i] <= 0]
+        if low or batch_size < m * n:
+            why = (f"every card must get at least {m} samples" if batch_size < m * n else
+                   f"card {low[0]} may take fewer than {m} samples")
+            raise NoFeasibleSplitError(
+                f"no split of batch size {batch_size} is possible: {why}. Try a larger "
+                "batch_size or fewer cards.", shortfall_bytes=None)
+        hi = max(hi, max(_card_bytes(fits[i], i, m, batch_size) / budgets[i] for i in range(n)) * (1 + 1e-12))
+    cmax = _cmax_at(fits, budgets, hi, batch_size, caps, m, every_card)
     if cmax is None or _choose_cards(cmax, batch_size, m) is None:
         why = (f"the cards may take at most {sum(top)} samples together" if sum(top) < batch_size
                else f"no card may get fewer than {m} samples unless it gets none")
@@ -321,12 +338,12 @@ def solve_balance(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, 
         mid = (lo + hi) / 2
         if not (lo < mid < hi):
             break
-        c = _cmax_at(fits, budgets, mid, batch_size, caps, m)
+        c = _cmax_at(fits, budgets, mid, batch_size, caps, m, every_card)
         if c is not None and _choose_cards(c, batch_size, m) is not None:
             hi = mid
         else:
             lo = mid
-    cmax = _cmax_at(fits, budgets, hi, batch_size, caps, m)
+    cmax = _cmax_at(fits, budgets, hi, batch_size, caps, m, every_card)
     assert cmax is not None
     split = _construct(fits, budgets, cmax, batch_size, m)
     assert split is not None and sum(split) == batch_size
@@ -343,20 +360,23 @@ def solve_balance(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, 
 # ---- max batch -------------------------------------------------------------------------
 
 def _feasible_batch(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, caps: Caps,
-                    m: int) -> bool:
-    c = _cmax_at(fits, budgets, 1.0, batch_size, caps, m)
+                    m: int, every_card: bool = False) -> bool:
+    c = _cmax_at(fits, budgets, 1.0, batch_size, caps, m, every_card)
     return c is not None and _choose_cards(c, batch_size, m) is not None
 
 
 def solve_max_batch(fits: Sequence[Fit], budgets: Sequence[int], *, min_chunk_nonzero: int = 1,
-                    caps: Caps = None, limit: Optional[int] = None) -> tuple[int, list[int]]:
+                    caps: Caps = None, limit: Optional[int] = None, every_card: bool = False
+                    ) -> tuple[int, list[int]]:
     """The largest batch some split fits into every budget, and its balanced split.
 
     Card 0's ``batch_slope_bytes`` makes its room shrink as the batch grows. The split
     returned is :func:`solve_balance`'s at that batch (the margin spread over the cards).
     ``limit`` bounds the search (``None``: none). Raises :class:`NoFeasibleSplitError` when
-    not even the smallest batch (1, or ``min_chunk_nonzero``) fits.
+    not even the smallest batch (1, or ``min_chunk_nonzero``) fits; with ``every_card`` the
+    smallest batch is ``min_chunk_nonzero`` on every card.
     """
+    n = len(fits)
     m = max(1, int(min_chunk_nonzero))
     big = 1 << 62
     # room at batch 0 bounds every batch (card 0's room only shrinks with the batch)
@@ -371,24 +391,27 @@ def solve_max_batch(fits: Sequence[Fit], budgets: Sequence[int], *, min_chunk_no
         upper = min(upper, limit)
     # largest B with sum(cmax(B)) >= B and card 0's fixed cost fitting: monotone
     def loose(b: int) -> bool:
-        c = _cmax_at(fits, budgets, 1.0, b, caps, 1)
+        c = _cmax_at(fits, budgets, 1.0, b, caps, m if every_card else 1, every_card)
         return c is not None and sum(c) >= b
 
-    lo, hi = 0, upper
+    smallest = m * n if every_card else m
+    lo, hi = (smallest, upper) if every_card else (0, upper)
     if not loose(lo):
-        hi = -1
+        hi = lo - 1
     lo = _bisect_last(loose, lo, hi)
     best = 0
     b = lo
-    while b >= m:  # exact check (the BatchNorm rule can leave gaps)
-        if _feasible_batch(fits, budgets, b, caps, m):
+    while b >= smallest:  # exact check (the BatchNorm rule can leave gaps)
+        if _feasible_batch(fits, budgets, b, caps, m, every_card):
             best = b
             break
         b -= 1
     if best == 0:
-        solve_balance(fits, budgets, m, min_chunk_nonzero=m, caps=caps, strict=True)
-        raise over_budget(0, 0.0, m)  # pragma: no cover - the line above raises
-    return best, solve_balance(fits, budgets, best, min_chunk_nonzero=m, caps=caps, strict=True)
+        solve_balance(fits, budgets, smallest, min_chunk_nonzero=m, caps=caps, strict=True,
+                      every_card=every_card)
+        raise over_budget(0, 0.0, smallest)  # pragma: no cover - the line above raises
+    return best, solve_balance(fits, budgets, best, min_chunk_nonzero=m, caps=caps, strict=True,
+                               every_card=every_card)
 
 
 def _even_fits(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, caps: Caps,

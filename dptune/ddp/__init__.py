@@ -1,0 +1,21 @@
+"""Per-rank batch sizes for ``DistributedDataParallel`` on unequal cards.
+
+dptune plans, torchrun launches, DDP trains: nothing here runs the training.
+
+- :func:`plan` makes a :class:`DDPPlan` (one local batch per rank) offline on a simulated
+  cluster or inside a ``torchrun`` job on the real cards;
+  :meth:`DDPPlan.from_batch_sizes` makes one by hand.
+- :class:`UnevenBatchSampler` gives each rank its slice of every global batch.
+- :meth:`DDPPlan.scale_loss` scales each rank's loss by ``world_size·b_r/B`` so that DDP's
+  average of the gradients is the mean over the global batch.
+"""
+
+from __future__ import annotations
+
+from dptune.backends.ddp_memory import DDPOptions
+from dptune.ddp.planner import OBJECTIVES, plan
+from dptune.ddp.result import DDPPlan, RankPlan, RankProbe
+from dptune.ddp.sampler import UnevenBatchSampler
+
+__all__ = ["plan", "DDPPlan", "RankPlan", "RankProbe", "UnevenBatchSampler", "DDPOptions",
+           "OBJECTIVES"]

@@ -1,0 +1,392 @@
+"""The per-rank plan for ``DistributedDataParallel``: batch sizes, loss scales, figures.
+
+A :class:`DDPPlan` is a value: one :class:`RankPlan` per rank (its batch, its loss scale, its
+card and the memory figures that justify the batch), how it was made, and the DDP and step
+settings it holds for. It is saved as JSON (``plan.json``, with a ``summary.md`` beside it
+when saved into a folder), loaded back with :meth:`DDPPlan.load`, and printed by
+``dptune show``.
+
+**The gradient.** DDP averages the gradients of the ranks with equal weights:
+``g = (1/W) Σ_r g_r``. If rank r's loss is the mean over its ``b_r`` samples,
+``g_r = (1/b_r) Σ_{i∈r} ∇ℓ_i``, and with unequal ``b_r`` that average weighs the samples
+of a small rank more. :meth:`DDPPlan.scale_loss` multiplies rank r's loss by
+``s_r = W·b_r/B`` (``B = Σ b_r``): then ``(1/W) Σ_r s_r g_r = (1/B) Σ_i ∇ℓ_i``, the mean
+over the whole global batch, exactly what one process would compute on all ``B`` samples.
+With equal batches every ``s_r`` is 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from dptune.backends.base import Device
+from dptune.backends.ddp_memory import DDPOptions
+from dptune.errors import OutputError, ReportError, UsageError
+from dptune.solver import Fit
+from dptune.units import format_bytes
+
+__all__ = ["RankPlan", "RankProbe", "DDPPlan", "PLAN_KIND", "PLAN_VERSION", "is_plan_path"]
+
+PLAN_KIND = "dptune-ddp-plan"
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RankProbe:
+    """One measured step of one rank: its batch, its peak (bytes), whether it fitted its budget.
+
+    ``peak_bytes`` is ``None`` when the step ran out of memory on a real card (then only the
+    fact is known)."""
+
+    rank: int
+    batch_size: int
+    peak_bytes: Optional[int]
+    fits: bool
+    round: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(rank=self.rank, batch_size=self.batch_size, peak_bytes=self.peak_bytes,
+                    fits=self.fits, round=self.round)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RankProbe":
+        return cls(rank=int(d["rank"]), batch_size=int(d["batch_size"]),
+                   peak_bytes=None if d.get("peak_bytes") is None else int(d["peak_bytes"]),
+                   fits=bool(d["fits"]), round=int(d.get("round", 0)))
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's share of the plan.
+
+    ``device`` is the card the rank probed (its UUID, when known, identifies it across
+    restarts); ``budget_bytes`` its memory minus others' use minus the headroom;
+    ``predicted_peak_bytes`` the fit's figure at ``batch_size`` and ``measured_peak_bytes``
+    what the verifying step measured (on real cards: the single-card step's
+    ``max_memory_allocated`` plus the counted DDP buckets). Figures are ``None`` on a plan
+    made by hand."""
+
+    rank: int
+    batch_size: int
+    loss_scale: float
+    device: Optional[Device] = None
+    host: Optional[str] = None
+    budget_bytes: Optional[int] = None
+    predicted_peak_bytes: Optional[int] = None
+    measured_peak_bytes: Optional[int] = None
+    ddp_bytes: Optional[int] = None         # the Reducer's buckets on this rank
+    fit: Optional[Fit] = None
+    max_batch_size: Optional[int] = None    # largest batch measured to fit (max_batch plans)
+
+    @property
+    def share(self) -> Optional[float]:
+        """Measured (else predicted) peak over budget."""
+        peak = self.measured_peak_bytes if self.measured_peak_bytes is not None else self.predicted_peak_bytes
+        if peak is None or not self.budget_bytes:
+            return None
+        return peak / self.budget_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(rank=self.rank, batch_size=self.batch_size, loss_scale=self.loss_scale,
+                    device=None if self.device is None else self.device.to_dict(), host=self.host,
+                    budget_bytes=self.budget_bytes, predicted_peak_bytes=self.predicted_peak_bytes,
+                    measured_peak_bytes=self.measured_peak_bytes, ddp_bytes=self.ddp_bytes,
+                    fit=None if self.fit is None else self.fit.to_dict(),
+                    max_batch_size=self.max_batch_size)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RankPlan":
+        def opt_int(k: str) -> Optional[int]:
+            return None if d.get(k) is None else int(d[k])
+
+        return cls(rank=int(d["rank"]), batch_size=int(d["batch_size"]),
+                   loss_scale=float(d["loss_scale"]),
+                   device=None if d.get("device") is None else Device.from_dict(d["device"]),
+                   host=d.get("host"), budget_bytes=opt_int("budget_bytes"),
+                   predicted_peak_bytes=opt_int("predicted_peak_bytes"),
+                   measured_peak_bytes=opt_int("measured_peak_bytes"), ddp_bytes=opt_int("ddp_bytes"),
+                   fit=None if d.get("fit") is None else _fit(d["fit"]),
+                   max_batch_size=opt_int("max_batch_size"))
+
+
+def _fit(d: Mapping[str, Any]) -> Fit:
+    return Fit(intercept_bytes=float(d["intercept_bytes"]), slope_bytes=float(d["slope_bytes"]),
+               batch_slope_bytes=float(d.get("batch_slope_bytes", 0.0)),
+               max_error_bytes=float(d.get("max_error_bytes", 0.0)), points=int(d.get("points", 0)),
+               zero_bytes=None if d.get("zero_bytes") is None else float(d["zero_bytes"]))
+
+
+def loss_scales(batch_sizes: Sequence[int]) -> list[float]:
+    """``W·b_r/B`` per rank (see the module docstring)."""
+    total, world = sum(batch_sizes), len(batch_sizes)
+    return [world * b / total for b in batch_sizes]
+
+
+def _check_sizes(batch_sizes: Sequence[int]) -> list[int]:
+    sizes = list(batch_sizes)
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+        raise UsageError(f"batch_sizes must be one int >= 1 per rank, got {list(batch_sizes)!r}")
+    return sizes
+
+
+@dataclass(frozen=True)
+class DDPPlan:
+    """Per-rank batch sizes for ``DistributedDataParallel``; see the module docstring.
+
+    ``batch_sizes[r]`` is rank r's local batch, ``global_batch`` their sum (the batch the
+    learning rate is tuned for), ``loss_scales[r] = world_size·b_r/B``.
+    """
+
+    ranks: tuple[RankPlan, ...]
+    objective: str = "manual"                 # "balance", "max_batch" or "manual"
+    backend: str = "manual"                   # "simulated", "cuda" or "manual"
+    cluster: str = ""
+    model_name: str = ""
+    headroom_bytes: Optional[int] = None
+    options: DDPOptions = DDPOptions()
+    settings: Optional[dict[str, Any]] = None  # the step settings (amp, accumulate, ...)
+    probes: tuple[RankProbe, ...] = ()
+    rounds: int = 0                            # rounds of probing (one probe per rank each)
+    certified: bool = False                    # max_batch: one more sample measured over on every rank
+    even_batch_size: Optional[int] = None      # largest global batch with equal local batches
+    requested_global_batch: Optional[int] = None
+    seconds: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            raise UsageError("a DDPPlan needs at least one rank")
+        if [r.rank for r in self.ranks] != list(range(len(self.ranks))):
+            raise UsageError(f"a DDPPlan's ranks must be 0..{len(self.ranks) - 1} in order")
+        _check_sizes([r.batch_size for r in self.ranks])
+
+    # ---- the numbers a training script needs ----------------------------------------
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return [r.batch_size for r in self.ranks]
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self.batch_sizes)
+
+    @property
+    def loss_scales(self) -> list[float]:
+        return [r.loss_scale for r in self.ranks]
+
+    def batch_size(self, rank: Optional[int] = None) -> int:
+        """Rank ``rank``'s local batch (default: this process's rank in ``torch.distributed``)."""
+        return self.ranks[self._rank(rank)].batch_size
+
+    def loss_scale(self, rank: Optional[int] = None) -> float:
+        return self.ranks[self._rank(rank)].loss_scale
+
+    def scale_loss(self, loss: Any, rank: Optional[int] = None) -> Any:
+        """``loss × world_size·b_r/B``, so that DDP's average of the ranks' gradients is the
+        gradient of the mean over the global batch (``loss`` is the mean over this rank's
+        ``b_r`` samples). ``rank`` defaults to this process's rank in ``torch.distributed``."""
+        return loss * self.loss_scale(rank)
+
+    def rank_of_uuid(self, uuid: str) -> Optional[int]:
+        """The rank whose card has this UUID in the plan, or ``None``."""
+        for r in self.ranks:
+            if r.device is not None and r.device.uuid == uuid:
+                return r.rank
+        return None
+
+    def _rank(self, rank: Optional[int]) -> int:
+        if rank is None:
+            rank = _current_rank(self.world_size)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise UsageError(f"rank {rank!r} is not in 0..{self.world_size - 1} (the plan has "
+                             f"{self.world_size} ranks)")
+        return rank
+
+    # ---- construction -----------------------------------------------------------------
+    @classmethod
+    def from_batch_sizes(cls, batch_sizes: Sequence[int], **fields: Any) -> "DDPPlan":
+        """A plan made by hand: ``DDPPlan.from_batch_sizes([48, 48, 32, 32])``."""
+        sizes = _check_sizes(batch_sizes)
+        scales = loss_scales(sizes)
+        ranks = tuple(RankPlan(rank=r, batch_size=b, loss_scale=s)
+                      for r, (b, s) in enumerate(zip(sizes, scales)))
+        return cls(ranks=ranks, **fields)
+
+    # ---- files ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dict(kind=PLAN_KIND, version=PLAN_VERSION, objective=self.objective,
+                    backend=self.backend, cluster=self.cluster, model_name=self.model_name,
+                    world_size=self.world_size, batch_sizes=self.batch_sizes,
+                    global_batch=self.global_batch, loss_scales=self.loss_scales,
+                    headroom_bytes=self.headroom_bytes, options=self.options.to_dict(),
+                    settings=self.settings, ranks=[r.to_dict() for r in self.ranks],
+                    probes=[p.to_dict() for p in self.probes], rounds=self.rounds,
+                    certified=self.certified, even_batch_size=self.even_batch_size,
+                    requested_global_batch=self.requested_global_batch, seconds=self.seconds,
+                    notes=list(self.notes))
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "DDPPlan":
+        if not isinstance(d, Mapping) or d.get("kind") != PLAN_KIND:
+            raise ReportError("not a dptune DDP plan (no \"kind\": \"dptune-ddp-plan\"); write one "
+                             "with `dptune plan` or DDPPlan.save")
+        if d.get("version") != PLAN_VERSION:
+            raise ReportError(f"DDP plan version {d.get('version')!r} is not supported (this dptune "
+                             f"reads version {PLAN_VERSION}); re-run `dptune plan`")
+        try:
+            plan = cls(
+                ranks=tuple(RankPlan.from_dict(r) for r in d["ranks"]),
+                objective=str(d.get("objective", "manual")), backend=str(d.get("backend", "manual")),
+                cluster=str(d.get("cluster", "")), model_name=str(d.get("model_name", "")),
+                headroom_bytes=d.get("headroom_bytes"),
+                options=DDPOptions.from_dict(d.get("options") or {}), settings=d.get("settings"),
+                probes=tuple(RankProbe.from_dict(p) for p in d.get("probes", [])),
+                rounds=int(d.get("rounds", 0)), certified=bool(d.get("certified", False)),
+                even_batch_size=d.get("even_batch_size"),
+                requested_global_batch=d.get("requested_global_batch"),
+                seconds=float(d.get("seconds", 0.0)), notes=tuple(d.get("notes", [])))
+        except ReportError:
+            raise
+        except UsageError as e:   # e.g. batch sizes < 1
+            raise ReportError(f"the DDP plan is not valid: {e}") from None
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportError(f"the DDP plan is malformed ({type(e).__name__}: {e}); re-run "
+                             "`dptune plan`") from None
+        if "batch_sizes" in d and list(d["batch_sizes"]) != plan.batch_sizes:
+            raise ReportError(f"the DDP plan's batch_sizes {d['batch_sizes']} disagree with its "
+                             f"ranks {plan.batch_sizes}; re-run `dptune plan`")
+        return plan
+
+    def save(self, path: str) -> str:
+        """Write ``path`` if it ends in ``.json``, else ``path/plan.json`` and ``path/summary.md``;
+        returns the JSON file's path."""
+        text = json.dumps(self.to_dict(), indent=2) + "\n"
+        folder = os.path.dirname(path) if path.endswith(".json") else path
+        try:
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"cannot create the folder {folder!r} ({e.strerror or e}); choose "
+                              "a path you can write to") from None
+        if path.endswith(".json"):
+            target = path
+        else:
+            target = os.path.join(path, "plan.json")
+            _write(os.path.join(path, "summary.md"), self.summary() + "\n")
+        _write(target, text)
+        return target
+
+    @classmethod
+    def load(cls, path: str) -> "DDPPlan":
+        """Read a plan from its JSON file or the folder that holds ``plan.json``."""
+        p = os.path.join(path, "plan.json") if os.path.isdir(path) else path
+        try:
+            with open(p, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise ReportError(f"no DDP plan at {p!r}; give a folder written by `dptune plan` or "
+                             "its plan.json") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ReportError(f"cannot read {p!r} ({e})") from None
+        except json.JSONDecodeError as e:
+            raise ReportError(f"{p!r} is not valid JSON ({e}); re-run `dptune plan`") from None
+        return cls.from_dict(data)
+
+    # ---- text -------------------------------------------------------------------------
+    def table(self) -> str:
+        """One line per rank: batch, loss scale, card, budget, predicted and measured peak."""
+        head = ["rank", "batch", "loss scale", "card", "budget", "predicted", "measured", "share"]
+        rows = []
+        for r in self.ranks:
+            card = "" if r.device is None else r.device.name
+            if r.host:
+                card = f"{r.host}:{card}"
+            share = r.share
+            rows.append([str(r.rank), str(r.batch_size), f"{r.loss_scale:.4f}", card,
+                         format_bytes(r.budget_bytes) if r.budget_bytes is not None else "",
+                         format_bytes(r.predicted_peak_bytes) if r.predicted_peak_bytes is not None else "",
+                         format_bytes(r.measured_peak_bytes) if r.measured_peak_bytes is not None else "",
+                         "" if share is None else f"{100 * share:.1f}%"])
+        widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+
+        def line(cells: Sequence[str]) -> str:
+            return "  ".join(c.rjust(w) if i != 3 else c.ljust(w)
+                             for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+        return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+    def summary(self) -> str:
+        title = f"DDP plan: {self.model_name or 'model'}"
+        if self.cluster:
+            title += f" on {self.cluster}"
+        lines = [title, "",
+                 f"objective {self.objective}, global batch {self.global_batch} over "
+                 f"{self.world_size} ranks: {self.batch_sizes}"]
+        if self.even_batch_size is not None:
+            gain = (f" ({100 * (self.global_batch / self.even_batch_size - 1):+.0f}%)"
+                    if self.even_batch_size else "")
+            lines.append(f"equal local batches fit a global batch of at most {self.even_batch_size}"
+                         f"{gain}")
+        if self.objective == "max_batch":
+            lines.append("certified: no rank fits one more sample" if self.certified else
+                         "not certified: the search stopped before every rank's limit was closed")
+        lines.append(f"DDP: {self.options.describe()}")
+        if self.settings:
+            from dptune.workload import StepSettings
+
+            try:
+                lines.append("step: " + StepSettings.from_dict(self.settings).describe())
+            except (UsageError, KeyError, TypeError, ValueError):
+                lines.append(f"step: {self.settings}")
+        if self.headroom_bytes is not None:
+            lines.append(f"headroom {format_bytes(self.headroom_bytes)} per card; "
+                         f"{len(self.probes)} probes in {self.rounds} rounds")
+        lines += ["", self.table()]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def is_plan_path(path: str) -> bool:
+    """Whether ``path`` is a DDP plan's JSON file or a folder holding ``plan.json``."""
+    if os.path.isdir(path):
+        return os.path.isfile(os.path.join(path, "plan.json"))
+    if not path.endswith(".json") or not os.path.isfile(path):
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            head = f.read(4096)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return f'"kind": "{PLAN_KIND}"' in head
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise OutputError(f"cannot write {path!r} ({e.strerror or e}); choose a path you can "
+                          "write to") from None
+
+
+def _current_rank(world_size: int) -> int:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise UsageError("no rank given and torch.distributed is not initialised; pass rank=... "
+                         "or call init_process_group first (torchrun sets RANK and WORLD_SIZE)")
+    if dist.get_world_size() != world_size:
+        raise UsageError(f"the plan has {world_size} ranks but this job has "
+                         f"{dist.get_world_size()}; make the plan for this world size")
+    return dist.get_rank()

@@ -1,0 +1,128 @@
+"""DDP with per-rank batch sizes in real processes: gloo on the CPU, 2 and 3 ranks.
+
+One job per world size runs every scenario (``tests/ddp_workers.py``), so torch is imported
+once per rank. The NCCL versions need one GPU per rank (one card cannot run two NCCL ranks:
+NCCL refuses two ranks on the same device), so they are marked ``cuda`` and run only where
+several cards are visible.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ddp_workers as w
+
+SIZES = {2: [5, 3], 3: [4, 1, 7]}
+N_SAMPLER = {2: 19, 3: 23}           # not multiples of B: the tail step is exercised
+SPEC = {2: "32GB,24GB", 3: "2x32GB,24GB"}
+TOO_SMALL = {2: "24GB,390MiB", 3: "24GB,390MiB,24GB"}   # 6 MiB left: not even the workspace fits
+
+
+def _jobs(world: int) -> list:
+    sizes = SIZES[world]
+    return [
+        ("grad:scaled", {"sizes": sizes}),
+        ("grad:unscaled", {"sizes": sizes, "scale": False}),
+        ("sampler:keep", {"sizes": sizes, "n": N_SAMPLER[world]}),
+        ("sampler:drop", {"sizes": sizes, "n": N_SAMPLER[world], "drop_last": True}),
+        ("plan:balance", {"spec": SPEC[world], "global_batch": 96}),
+        ("plan:max", {"spec": SPEC[world], "objective": "max_batch"}),
+        ("plan:infeasible", {"spec": TOO_SMALL[world], "global_batch": 8}),
+        ("user_error", {"spec": f"{world}x24GB"}),
+    ]
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
+def job(request):
+    world = request.param
+    return world, w.launch(world, _jobs(world), timeout=240)
+
+
+def _close(a, b, tol=1e-6):
+    return all(abs(x - y) <= tol * max(1.0, abs(y)) for x, y in zip(a, b))
+
+
+def test_every_rank_gets_the_full_batch_gradient(job):
+    world, out = job
+    sizes = SIZES[world]
+    full = w.full_batch_grads(sum(sizes))
+    for r in range(world):
+        got = out[r]["grad:scaled"]
+        assert "error" not in got, got
+        assert got["n"] == sizes[r]
+        assert len(got["grads"]) == len(full)
+        for g, f in zip(got["grads"], full):
+            assert _close(g, f), (r, g[:3], f[:3])
+    # without the scale, DDP's equal-weight average of uneven means is another gradient
+    plain = out[0]["grad:unscaled"]["grads"]
+    assert not all(_close(g, f) for g, f in zip(plain, full))
+
+
+def test_sampler_covers_the_dataset_once_per_epoch_and_reshuffles(job):
+    world, out = job
+    n, sizes = N_SAMPLER[world], SIZES[world]
+    epochs = [out[r]["sampler:keep"]["epochs"] for r in range(world)]
+    steps = {len(e) for rank_epochs in epochs for e in rank_epochs}
+    assert steps == {-(-n // sum(sizes))}                       # same step count everywhere
+    orders = []
+    for epoch in range(2):
+        seen = [i for r in range(world) for batch in epochs[r][epoch] for i in batch]
+        assert sorted(seen) == list(range(n))                  # each sample exactly once
+        for r in range(world):
+            assert all(len(b) <= sizes[r] for b in epochs[r][epoch])
+            assert [len(b) for b in epochs[r][epoch][:-1]] == [sizes[r]] * (len(epochs[r][epoch]) - 1)
+        orders.append([epochs[r][epoch] for r in range(world)])
+    assert orders[0] != orders[1]                               # set_epoch reshuffles
+    # drop_last: only full steps, no sample twice
+    B = sum(sizes)
+    for epoch in range(2):
+        seen = [i for r in range(world) for b in out[r]["sampler:drop"]["epochs"][epoch] for i in b]
+        assert len(seen) == len(set(seen)) == (n // B) * B
+
+
+def test_ranks_agree_on_the_plan_and_it_matches_the_offline_plan(job):
+    from dptune import ddp
+
+    world, out = job
+    for label, kw in (("plan:balance", {"global_batch": 96}), ("plan:max", {"objective": "max_batch"})):
+        plans = [out[r][label] for r in range(world)]
+        assert all("error" not in p for p in plans), plans
+        first = plans[0]["plan"]
+        for p in plans[1:]:
+            assert p["plan"]["batch_sizes"] == first["batch_sizes"]
+            assert p["plan"]["loss_scales"] == first["loss_scales"]
+            assert p["plan"]["probes"] == first["probes"]
+        hosts = {rk["host"] for rk in first["ranks"]}
+        assert None not in hosts
+        offline = ddp.plan(w._plan_model, w._plan_sample, optimizer=w._adamw, simulate=SPEC[world],
+                           headroom=0, **kw)
+        assert first["batch_sizes"] == offline.batch_sizes
+        assert first["probes"] == [p.to_dict() for p in offline.probes]
+    assert sum(out[0]["plan:balance"]["plan"]["batch_sizes"]) == 96
+
+
+def test_an_infeasible_rank_raises_on_every_rank(job):
+    world, out = job
+    for r in range(world):
+        got = out[r]["plan:infeasible"]
+        assert got.get("error") == "NoFeasibleSplitError", got
+        assert "rank 1 (" in got["message"] and "rank 0 (" not in got["message"]
+        assert got["seconds"] < 60
+        err = out[r]["user_error"]
+        assert err.get("error") == "UserCodeError", err
+        assert "broken batch on this rank" in err["message"]
+        if r != 1:
+            assert err["message"].startswith("rank 1 failed")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="NCCL needs one GPU per rank (two NCCL ranks cannot share one card)")
+def test_nccl_gradient_equals_full_batch():  # pragma: no cover - needs 2 GPUs
+    out = w.launch(2, [("grad:nccl", {"sizes": [5, 3], "device": "cuda"})], timeout=240, backend="nccl")
+    full = w.full_batch_grads(8)
+    for r in range(2):
+        assert "error" not in out[r]["grad:nccl"], out[r]["grad:nccl"]
+        for g, f in zip(out[r]["grad:nccl"]["grads"], full):
+            assert _close(g, f, 1e-4)
