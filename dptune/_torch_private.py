@@ -20,6 +20,10 @@
 - ``ShapeEnv`` (``torch.fx.experimental.symbolic_shapes``): with one, ``FakeTensorMode`` gives
   data-dependent sizes (``nonzero``, boolean masks, ``.item()``) as unbacked symbols with a
   value range instead of refusing them; the simulator charges their largest possible size.
+- ``_disable_current_modes`` (``torch.utils._python_dispatch``): a model factory is built on
+  plain meta tensors outside the fake mode, so that it may convert them (``.to(bfloat16)``).
+- ``Tensor._indices`` / ``_values``: the storages of a sparse tensor (``nn.Embedding(sparse=True)``
+  gradients), which has none of its own, uncoalesced as autograd makes them.
 - ``TorchFunctionMode`` (``torch.overrides``): sees ``F.scaled_dot_product_attention`` above
   autograd, where the kernel is chosen.
 
@@ -30,7 +34,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "function_mode_base", "new_shape_env", "upper_bound",
+__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "function_mode_base", "new_shape_env", "no_dispatch_modes",
+           "sparse_parts", "upper_bound",
            "replica_module", "safe_softmax", "scatter_chunks", "sdp_priority_order", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash",
            "include_dispatch_key", "exclude_dispatch_key", "PythonKernels", "amp_as_if_cuda"]
 
@@ -269,3 +274,18 @@ def upper_bound(value: Any) -> Any:
         return int(bound)
     except (TypeError, ValueError):
         return None
+
+
+def no_dispatch_modes() -> Any:
+    """A context manager with no torch-dispatch mode active (the fake mode included)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
+def sparse_parts(t: Any) -> list:
+    """The tensors holding a sparse COO tensor's memory: its indices and values."""
+    try:
+        return [t._indices(), t._values()]
+    except (RuntimeError, NotImplementedError):
+        return []

@@ -193,3 +193,38 @@ def test_a_value_used_for_control_flow_still_stops_with_the_users_line():
     with pytest.raises(BackendUnavailableError, match="reads tensor values at test_sim_constructs.py"):
         estimate_memory(Branches(), lambda n: torch.randn(n, D), [4, 4], "2x24GB",
                         loss_fn=lambda o, b: o.sum())
+
+
+# ---- smaller gaps ---------------------------------------------------------------------------
+class Emb(nn.Module):
+    def __init__(self, sparse: bool = False):
+        super().__init__()
+        self.e = nn.Embedding(1000, 64, sparse=sparse)
+        self.lin = nn.Linear(64, 4)
+
+    def forward(self, x):
+        return self.lin(self.e(x))
+
+
+def ids(n: int) -> torch.Tensor:
+    return torch.randint(0, 1000, (n, 16))
+
+
+def test_sparse_embedding_gradients_are_charged_by_their_indices_and_values():
+    kw = dict(loss_fn=lambda o, b: o.sum(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    sparse = estimate_memory(Emb(sparse=True), ids, [4], "1x24GB", **kw)
+    dense = estimate_memory(Emb(), ids, [4], "1x24GB", **kw)
+    # a dense gradient of the 1000 x 64 table against 64 rows of values and their indices
+    assert dense.breakdown[0]["gradients"] - sparse.breakdown[0]["gradients"] >= 1000 * 64 * 4 // 2
+    assert sparse.peak_bytes[0] < dense.peak_bytes[0]
+
+
+def test_factory_converting_dtype_on_meta_and_compiled_models_run():
+    e = estimate_memory(lambda: Emb().to(torch.bfloat16), ids, [2, 2], "2x24GB",
+                        loss_fn=lambda o, b: o.float().sum())
+    # the table in bf16: 2 bytes an entry, not fp32's 4
+    assert 1000 * 64 * 2 <= e.breakdown[0]["weights"] < 1000 * 64 * 4
+    compiled = estimate_memory(torch.compile(Emb()), ids, [2, 2], "2x24GB", loss_fn=lambda o, b: o.sum())
+    eager = estimate_memory(Emb(), ids, [2, 2], "2x24GB", loss_fn=lambda o, b: o.sum())
+    assert compiled.peak_bytes == eager.peak_bytes
+    assert any("torch.compile: the model runs eagerly" in n for n in compiled.notes)

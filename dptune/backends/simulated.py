@@ -70,7 +70,8 @@ import torch
 import torch.nn as nn
 
 from dptune._torch_private import (dispatch_mode_base, fake_tensor_mode, function_mode_active,
-                                   new_shape_env, replica_module, upper_bound)
+                                   new_shape_env, no_dispatch_modes, replica_module,
+                                   sparse_parts, upper_bound)
 from dptune.backends import _sdpa
 from dptune.backends._autocast import cuda_autocast
 from dptune.backends.base import CATEGORIES, Device, ProbeResult
@@ -298,6 +299,9 @@ class _Ledger:
 
     # -- storages ------------------------------------------------------------------------
     def record_of(self, t: torch.Tensor) -> Optional[_Record]:
+        if t.layout != torch.strided:
+            parts = sparse_parts(t)
+            return self.record_of(parts[0]) if parts else None
         st = t.untyped_storage()
         rec = self._records.get(id(st))
         if rec is not None and rec.ref() is st:
@@ -309,7 +313,12 @@ class _Ledger:
         return HOST if rec is None else rec.card
 
     def charge(self, t: torch.Tensor, card: int, category: str) -> None:
-        """Charge ``t``'s storage to ``card`` if it is not known yet."""
+        """Charge ``t``'s storage to ``card`` if it is not known yet (a sparse tensor: the
+        storages of its indices and values)."""
+        if t.layout != torch.strided:
+            for part in sparse_parts(t):
+                self.charge(part, card, category)
+            return
         st = t.untyped_storage()
         key = id(st)
         old = self._records.get(key)
@@ -868,7 +877,8 @@ def _fake_module(model: Union[nn.Module, Callable[[], nn.Module]]) -> nn.Module:
                 "zero-argument factory instead (e.g. model=lambda: Net()), which dptune builds "
                 "on the meta device") from e
     try:
-        with torch.device("meta"):
+        # plain meta tensors, outside the fake mode: a factory may convert them (.to(dtype))
+        with no_dispatch_modes(), torch.device("meta"):
             module = model()
     except Exception as e:
         raise UserCodeError(f"the model factory {model_name(model)!r} raised while building the "
@@ -888,6 +898,14 @@ def _fake_module(model: Union[nn.Module, Callable[[], nn.Module]]) -> nn.Module:
                     new[id(buf)] = _fake_like(buf)
                 mod._buffers[name] = new[id(buf)]
     return module
+
+
+def _eager(module: nn.Module) -> tuple[nn.Module, bool]:
+    """The module a ``torch.compile`` wrapper holds (run eagerly here), and whether it was one."""
+    inner = getattr(module, "_orig_mod", None)
+    if isinstance(inner, nn.Module) and type(module).__name__ == "OptimizedModule":
+        return inner, True
+    return module, False
 
 
 def _accepts_foreach(group: Mapping[str, Any]) -> bool:
@@ -940,6 +958,7 @@ class SimulatedBackend:
         self.batch_on_card0 = batch_on_card0
         self._fake_mode = fake_tensor_mode(allow_non_fake_inputs=True)
         self._symbolic = False          # data-dependent sizes as symbols (after a value read)
+        self._compiled = False          # the model was a torch.compile wrapper, run eagerly
         self._ledger: Optional[_Ledger] = None
         self._module: Optional[nn.Module] = None
         self._optimizer: Any = None
@@ -987,7 +1006,7 @@ class SimulatedBackend:
         ledger = _Ledger(len(self.cluster))
         with self._modes(ledger):
             with ledger.on(0, "weights"):
-                module = _fake_module(self.workload.model)
+                module, self._compiled = _eager(_fake_module(self.workload.model))
             module.train(self.workload.model.training if isinstance(self.workload.model, nn.Module) else True)
             self.has_batchnorm = has_batchnorm(module)
             self.gradient_checkpointing = gradient_checkpointing(module)
@@ -1088,6 +1107,9 @@ class SimulatedBackend:
         if self._ledger is not None and self._ledger.bounded:
             notes.append("data-dependent sizes bounded by their largest possible value: " + "; ".join(
                 f"{op} {how}" for op, how in sorted(self._ledger.bounded.items())))
+        if self._compiled:
+            notes.append("torch.compile: the model runs eagerly on the simulated cluster (compiled "
+                         "kernels may keep fewer tensors)")
         cap = self.cluster.describe_capability()
         if cap:
             notes.append(f"compute capability: {cap} for cards given by size (set it with cc=)")
