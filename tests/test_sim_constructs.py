@@ -228,3 +228,17 @@ def test_factory_converting_dtype_on_meta_and_compiled_models_run():
     eager = estimate_memory(Emb(), ids, [2, 2], "2x24GB", loss_fn=lambda o, b: o.sum())
     assert compiled.peak_bytes == eager.peak_bytes
     assert any("torch.compile: the model runs eagerly" in n for n in compiled.notes)
+
+
+def test_an_fp16_batch_into_an_fp32_layer_fails_as_on_cuda():
+    from dptune.errors import UserCodeError
+
+    with pytest.raises(UserCodeError, match=r"in the forward.*same dtype.*aten\.addmm"):
+        estimate_memory(nn.Linear(8, 8), lambda n: torch.randn(n, 8, dtype=torch.float16), [2, 2],
+                        "2x24GB", loss_fn=lambda o, b: o.float().sum())
+    with pytest.raises(UserCodeError, match=r"Input type .* should be the same"):
+        estimate_memory(nn.Conv2d(3, 4, 3), lambda n: torch.randn(n, 3, 8, 8, dtype=torch.bfloat16),
+                        [2], "1x24GB", loss_fn=lambda o, b: o.float().sum())
+    # the same batch in the layer's dtype runs
+    assert estimate_memory(nn.Linear(8, 8), lambda n: torch.randn(n, 8), [2, 2], "2x24GB",
+                           loss_fn=lambda o, b: o.sum()).peak_bytes[1] > 0

@@ -476,6 +476,25 @@ def _note_data_dependent(ledger: _Ledger, func: Any, args: Any, out: Any) -> Non
         f"sized as if all of its up to {max(numel) if numel else '?'} elements were selected")
 
 
+# matrix ops whose two operands CUDA requires in one dtype: op name -> their positions
+# (convolutions already refuse mixed dtypes under the fake mode, as on CUDA)
+_SAME_DTYPE = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2),
+               "mv": (0, 1), "addmv": (1, 2)}
+
+
+def _check_dtypes_as_cuda(func: Any, args: Any) -> None:
+    """Raise what CUDA raises for operands of two dtypes (an fp16 batch into an fp32 layer),
+    which the fake kernels let through."""
+    pos = _SAME_DTYPE.get(getattr(func, "__name__", "").split(".")[0])
+    if pos is None or len(args) <= max(pos):
+        return
+    a, b = args[pos[0]], args[pos[1]]
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype != b.dtype:
+        op = getattr(func, "__name__", str(func))
+        raise RuntimeError(f"expected mat1 and mat2 to have the same dtype, but got: {a.dtype} != "
+                           f"{b.dtype} (aten.{op}, as CUDA raises it)")
+
+
 def _make_accountant(ledger: _Ledger) -> Any:
     base = dispatch_mode_base()
 
@@ -503,6 +522,7 @@ def _make_accountant(ledger: _Ledger) -> Any:
         """Charges every new storage an op makes to a virtual card."""
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            _check_dtypes_as_cuda(func, args)
             out = func(*args, **(kwargs or {}))
             account(func, args, kwargs, out)
             return out
