@@ -21,7 +21,11 @@ How a batch is split:
 - neither: the even split DataParallel itself uses (``torch.chunk``: ``ceil(B/n)`` each
   until the batch runs out), through the same code path.
 
-A device given 0 samples gets no input and its replica does not run. On one device the
+A device given 0 samples gets no input and no replica runs there. When that is
+``device_ids[0]``, it keeps the master weights, broadcasts them to the others and receives
+their summed gradients, without a replica of its own (through DataParallel's ``replicate``
+autograd would fill that unused replica's gradients with zeros: a second copy of the
+gradients on the card). On one device the
 module is called directly; without CUDA (``device_ids == []``) the wrapper is a plain
 pass-through, exactly like DataParallel.
 
@@ -240,6 +244,99 @@ def _cuda_scatter(tensor: torch.Tensor, device_ids: Sequence[int], chunk_sizes: 
     return _torch_private.scatter_chunks(tensor, list(device_ids), list(chunk_sizes), dim)
 
 
+#: ``reduce_fn(grads_per_device, destination) -> one summed tensor per parameter there``
+ReduceFn = Callable[[list, Any], list]
+BUCKET_BYTES = 10 * 1024 * 1024      # as torch's reduce_add_coalesced
+
+
+def _cuda_reduce_onto(grads_per_device: list, destination: Any) -> list:
+    """Sum each parameter's gradients over devices onto ``destination``, which ran no replica.
+
+    NCCL's reduce wants one input on the destination, so each bucket of ``BUCKET_BYTES`` of
+    the first device's gradients is copied there first: the card holds one bucket more than
+    the result, never a full copy of the gradients.
+    """
+    from torch.cuda import comm
+
+    first, others = grads_per_device[0], grads_per_device[1:]
+    out: list = []
+    start = 0
+    while start < len(first):
+        end, size = start, 0
+        while end < len(first) and (end == start or size + first[end].nbytes <= BUCKET_BYTES):
+            size += first[end].nbytes
+            end += 1
+        moved = [g.to(destination) for g in first[start:end]]
+        if others:
+            out += comm.reduce_add_coalesced([moved] + [g[start:end] for g in others], destination)
+        else:
+            out += moved
+        start = end
+    return out
+
+
+class _JoinReplicas(torch.autograd.Function):
+    """Tie detached per-device copies of the parameters to the masters for autograd.
+
+    ``forward(ctx, reduce_fn, destination, n, *masters, *copies)`` returns the copies (as
+    views, no new memory); the backward gives each master the sum of its copies' gradients,
+    made by ``reduce_fn`` on ``destination``. A copy that got no gradient counts as zeros.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, reduce_fn: ReduceFn, destination: Any, n: int, *tensors: torch.Tensor
+                ) -> tuple:
+        ctx.reduce_fn, ctx.destination, ctx.n = reduce_fn, destination, n
+        ctx.copy_meta = [(t.shape, t.dtype, t.device) for t in tensors[n:]]
+        ctx.set_materialize_grads(False)
+        return tuple(t.view_as(t) for t in tensors[n:])
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Optional[torch.Tensor]) -> tuple:
+        n = ctx.n
+        if all(g is None for g in grads):
+            return (None,) * (3 + n + len(grads))
+        filled = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                  for g, (shape, dtype, device) in zip(grads, ctx.copy_meta)]
+        per_device = [filled[k:k + n] for k in range(0, len(filled), n)]
+        reduced = ctx.reduce_fn(per_device, ctx.destination)
+        return (None, None, None, *reduced) + (None,) * len(grads)
+
+
+def join_replicas(module: nn.Module, replicas: Sequence[nn.Module], destination: Any,
+                  reduce_fn: ReduceFn) -> list:
+    """Give ``replicas`` (made with ``replicate(..., detach=True)``) autograd to ``module``.
+
+    Each replica's parameter copies are replaced by views that :class:`_JoinReplicas` ties to
+    the master parameters; their gradients are summed onto ``destination`` by ``reduce_fn``.
+    Returns the replicas. Parameters that need no gradient are left detached.
+    """
+    masters = [p for p in module.parameters() if p.requires_grad]
+    if not masters:
+        return list(replicas)
+    index = {id(p): j for j, p in enumerate(masters)}
+    mods = list(module.modules())
+    rep_mods = [list(r.modules()) for r in replicas]
+    copies: list = []
+    for rm in rep_mods:
+        found: list = [None] * len(masters)
+        for m, r in zip(mods, rm):
+            for key, p in m._parameters.items():
+                if p is not None and id(p) in index:
+                    found[index[id(p)]] = getattr(r, key)
+        copies.append(found)
+    flat = [t for dev in copies for t in dev]
+    joined = _JoinReplicas.apply(reduce_fn, destination, len(masters), *masters, *flat)
+    n = len(masters)
+    for k, rm in enumerate(rep_mods):
+        for m, r in zip(mods, rm):
+            for key, p in m._parameters.items():
+                if p is not None and id(p) in index:
+                    r._parameters.pop(key, None)
+                    setattr(r, key, joined[k * n + index[id(p)]])
+    return list(replicas)
+
+
 # ---- the wrapper ------------------------------------------------------------------------
 
 class BalancedDataParallel(nn.DataParallel):
@@ -365,11 +462,33 @@ class BalancedDataParallel(nn.DataParallel):
                         chunk_sizes: Sequence[int], dim: int) -> tuple:
         return _cuda_scatter(tensor, device_ids, chunk_sizes, dim)
 
+    def _reduce_onto(self, grads_per_device: list, destination: Any) -> list:
+        return _cuda_reduce_onto(grads_per_device, destination)
+
     def _parallel_apply(self, replicas: Sequence[nn.Module], inputs: Sequence[Any],
                         kwargs: Sequence[Any], device_ids: Sequence[int]) -> list:
         from torch.nn.parallel.parallel_apply import parallel_apply
 
         return parallel_apply(replicas, inputs, kwargs, list(device_ids))
+
+    def _replicas(self, used_ids: list) -> list:
+        """One replica per device in ``used_ids`` (the devices whose chunk is not empty).
+
+        When device_ids[0] (where the module lives) gets samples, this is DataParallel's
+        ``replicate``: its replica shares the module's storage. When it gets none, no replica
+        runs there: the weights are broadcast from it to the other devices without autograd
+        and joined back by :class:`_JoinReplicas`, whose backward sums the replicas' gradients
+        onto it. (Through ``replicate`` onto device_ids[0] too, autograd would fill the unused
+        replica's gradients with zeros there, one more copy of the gradients on that card.)
+        """
+        src = self.device_ids[0]
+        if used_ids[0] == src:
+            return list(self.replicate(self.module, used_ids))
+        with torch.no_grad():   # DataParallel.replicate detaches when grad mode is off
+            replicas = list(self.replicate(self.module, [src] + used_ids))[1:]
+        if not torch.is_grad_enabled():
+            return replicas
+        return join_replicas(self.module, replicas, src, self._reduce_onto)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         with torch.autograd.profiler.record_function("BalancedDataParallel.forward"):
@@ -394,13 +513,7 @@ class BalancedDataParallel(nn.DataParallel):
             if len(self.device_ids) == 1:
                 return self.module(*parts.args[0], **parts.kwargs[0])
 
-            # Replicas are broadcast from device_ids[0], so it is always replicated (its
-            # replica shares the module's storage) and dropped when it gets no samples.
-            src = self.device_ids[0]
-            targets = [src] + [d for d in parts.device_ids if d != src]
-            replicas = self.replicate(self.module, targets)
-            by_device = dict(zip(targets, replicas))
-            used_replicas = [by_device[d] for d in parts.device_ids]
+            used_replicas = self._replicas(list(parts.device_ids))
             outputs = self._parallel_apply(used_replicas, parts.args, parts.kwargs,
                                            parts.device_ids)
             self._note_outputs(outputs, parts.chunk_sizes)

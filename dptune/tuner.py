@@ -129,6 +129,10 @@ class Tuner:
     - ``amp`` (``None``, ``"bf16"``, ``"fp16"``), ``accumulate``, ``clip_grad_norm``, ``step``:
       the training step's settings, as in :class:`dptune.workload.Workload`; the result
       records them (``result.settings``).
+    - ``output_device``: the card DataParallel gathers the outputs on (default 0). ``"auto"``
+      (``max_batch``, on a backend that can probe it: the simulated cluster) also searches
+      with the outputs on the largest other card and keeps it when that fits a larger batch;
+      an int forces that card. ``result.output_device``, ``result.output_device_gain``.
     """
 
     def __init__(self, model: Any, sample: Callable[[int], Any], batch_size: int = 256,
