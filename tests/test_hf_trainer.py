@@ -220,6 +220,8 @@ def fake_gpus(monkeypatch):
     monkeypatch.setattr(B, "_scatter_tensor", lambda self, t, ids, sizes, dim:
                         narrow_scatter(t, ids, sizes, dim))
     monkeypatch.setattr(B, "replicate", lambda self, module, ids: [module] * len(ids))
+    # every 'replica' is the module itself, so there is nothing to join back onto card 0
+    monkeypatch.setattr(B, "_replicas", lambda self, used_ids: [self.module] * len(used_ids))
     monkeypatch.setattr(B, "_parallel_apply", parallel_apply)
     monkeypatch.setattr(B, "gather", lambda self, outputs, device: _cpu_gather(outputs, self.dim))
     return runs
