@@ -48,6 +48,7 @@ test: lint
 
 bench: install
 	$(PY) -m benchmarks
+	$(PY) -m benchmarks.readme
 
 validate-gpu: install
 	$(PY) benchmarks/validate_gpu.py

@@ -8,7 +8,7 @@ computed). The full-size configurations are factories, built on the meta device.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -16,7 +16,7 @@ import torch.nn as nn
 from dptune.examples import models as M
 
 __all__ = ["HEADROOM", "ModelSpec", "MODELS", "SCENARIOS", "QUICK_MODELS", "QUICK_SCENARIOS",
-           "FullSpec", "FULL_SIZE", "optimizer"]
+           "REALISTIC", "FullSpec", "FULL_SIZE", "optimizer"]
 
 #: Memory left free on every card; a card's budget is its memory - used by others - this.
 HEADROOM = "1GiB"
@@ -35,6 +35,7 @@ class ModelSpec:
     build: Callable[[], nn.Module]
     family: str
     hint_per_card: int          # the starting batch of dptune's max_batch search, per card
+    amp: Optional[str] = None   # the step's autocast ("bf16"), as Tuner(amp=...) takes it
 
     def workload_args(self) -> tuple[nn.Module, Callable[[int], Any]]:
         model = self.build()
@@ -48,6 +49,15 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     ModelSpec("BERT", lambda: M.BertClassifier(n_layers=2), "BERT-style encoder + classifier", 64),
     ModelSpec("SegNet", lambda: M.SegNet(), "segmentation, 21x128x128 logits per sample", 32),
 )}
+
+#: Realistic configurations, each on one cluster (run after the grid; not with --quick).
+REALISTIC: tuple[tuple[ModelSpec, str], ...] = (
+    (ModelSpec("GPT-2 small (seq 1024, bf16)", M.gpt2_small,
+               "GPT-2 small, 124M params, seq 1024, bf16 autocast, returns logits", 8, amp="bf16"),
+     "4x24GB"),
+    (ModelSpec("ViT-B/16 (224 px)", M.vit_base, "ViT-B/16, 86M params, 224 px, 1000 classes", 64),
+     "2x80GB,2x40GB"),
+)
 
 #: Simulated clusters (GB in a spec is GiB, as GPU vendors mean it).
 SCENARIOS: tuple[str, ...] = (

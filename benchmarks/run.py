@@ -76,6 +76,9 @@ class Row:
     max_seconds: float = math.nan
     max_even_batch: int = 0            # the even split's largest batch as dptune reports it
     max_error: str = ""
+    max_certified: bool = False
+    bal_certified: bool = False
+    amp: str = ""
     # baselines
     grid_points: int = 0
     grid_gpu0_bsz: Optional[int] = None
@@ -158,6 +161,8 @@ class Row:
             "time_ratio_max_batch_vs_lightning": _r(self.time_ratio),
             "even_max_exact": self.even_max_exact, "curve_probes": self.curve_probes,
             "seconds": _r(self.seconds), "notes": " | ".join(self.notes),
+            "max_batch_certified": self.max_certified, "balance_certified": self.bal_certified,
+            "amp": self.amp,
         }
 
 
@@ -166,7 +171,7 @@ def _r(x: Optional[float], nd: int = 4) -> Any:
 
 
 def _tune(model: Any, sample: Any, backend: SimulatedBackend, batch_size: int, objective: str,
-          repeats: int, headroom: str) -> tuple[Any, float]:
+          repeats: int, headroom: str, amp: Optional[str] = None) -> tuple[Any, float]:
     """Run dptune's Tuner ``repeats`` times on a prebuilt backend; the result and the median time."""
     from dptune.tuner import Tuner
 
@@ -177,7 +182,7 @@ def _tune(model: Any, sample: Any, backend: SimulatedBackend, batch_size: int, o
             warnings.simplefilter("ignore")   # "no CUDA device: the split is not used" on a laptop
             result = Tuner(model, sample, batch_size=batch_size, optimizer=config.optimizer,
                            objective=objective, headroom=headroom, verbose=False,
-                           backend=backend).fit()
+                           backend=backend, amp=amp).fit()
         times.append(time.perf_counter() - t0)
     return result, statistics.median(times)
 
@@ -193,8 +198,8 @@ def run_case(spec: config.ModelSpec, scenario: str, curves: search.Curves, model
     n, m = len(cluster), curves.min_chunk
     budgets = [d.budget_bytes(parse_bytes(headroom)) for d in cluster.devices]
     row = Row(model=spec.name, scenario=scenario, cards=n, batchnorm=m > 1,
-              headroom_bytes=parse_bytes(headroom), budgets=budgets)
-    backend = SimulatedBackend(Workload(model, sample, None, config.optimizer), cluster)
+              headroom_bytes=parse_bytes(headroom), budgets=budgets, amp=spec.amp or "")
+    backend = SimulatedBackend(Workload(model, sample, None, config.optimizer, amp=spec.amp), cluster)
 
     def say(msg: str) -> None:
         if log is not None:
@@ -229,7 +234,8 @@ def run_case(spec: config.ModelSpec, scenario: str, curves: search.Curves, model
 
     # 2. dptune
     try:
-        res, row.bal_seconds = _tune(model, sample, backend, E, "balance", repeats, headroom)
+        res, row.bal_seconds = _tune(model, sample, backend, E, "balance", repeats, headroom, spec.amp)
+        row.bal_certified = res.certified
         row.bal_split, row.bal_peaks = list(res.chunk_sizes), list(res.peak_bytes)
         row.bal_imbalance = res.imbalance
         row.bal_max_share = search.max_share(res.peak_bytes, budgets)
@@ -240,7 +246,9 @@ def run_case(spec: config.ModelSpec, scenario: str, curves: search.Curves, model
         say(f"dptune balance failed: {row.bal_error}")
     row.max_hint = spec.hint_per_card * n
     try:
-        res, row.max_seconds = _tune(model, sample, backend, row.max_hint, "max_batch", repeats, headroom)
+        res, row.max_seconds = _tune(model, sample, backend, row.max_hint, "max_batch", repeats,
+                                     headroom, spec.amp)
+        row.max_certified = res.certified
         row.max_batch, row.max_split = res.batch_size, list(res.chunk_sizes)
         row.max_peaks, row.max_imbalance = list(res.peak_bytes), res.imbalance
         row.max_probes, row.max_even_batch = res.num_probes, res.even.batch_size
@@ -295,19 +303,37 @@ def _f(x: Optional[float], fmt: str = "{:.2f}") -> str:
 
 
 def headline_table(rows: list[Row]) -> str:
-    """The README table: largest batch, imbalance, probes, distance to the optimum."""
+    """The README table: largest batch, imbalance, probes, certified, distance to the optimum."""
+    return headline_from_csv([r.to_csv() for r in rows])
+
+
+def headline_from_csv(rows: list[dict[str, Any]]) -> str:
+    """The headline table from ``results.csv`` rows (so the README is generated from the output)."""
+    def num(r: dict[str, Any], k: str) -> float:
+        v = r.get(k, "")
+        return math.nan if v in ("", None) else float(v)
+
+    def yes(r: dict[str, Any], k: str) -> str:
+        return "yes" if str(r.get(k, "")).lower() == "true" else "no"
+
     header = ["model", "cluster", "largest batch: even / dptune / optimum", "gain",
-              "imbalance at even max: even → dptune", "probes: dptune (balance, max_batch) / "
-              "Lightning / gpu0_bsz grid",
+              "imbalance at even max: even → dptune",
+              "probes: dptune balance, max_batch / Lightning / gpu0_bsz grid",
+              "certified: balance, max_batch",
               "dptune off optimum: balanced split (samples/card), largest batch (samples)"]
     out = []
     for r in rows:
-        dist = f"{_f(r.bal_distance, '{}')}, {r.max_gap}"
+        even, best, opt = int(num(r, "even_max_batch")), num(r, "max_batch"), int(num(r, "opt_max_batch"))
+        gain = best / even - 1 if even and not math.isnan(best) else math.nan
+        dist = r.get("balance_distance_samples", "")
         out.append([
-            r.model, r.scenario.replace(",", ", "),
-            f"{r.even_max_batch} / {r.max_batch or 'n/a'} / {r.opt_max_batch}",
-            _pct(r.gain), f"{_f(r.even_imbalance)} → {_f(r.bal_imbalance)}",
-            f"{r.bal_probes}, {r.max_probes} / {r.lightning_probes} / {r.grid_points}", dist])
+            str(r["model"]), str(r["scenario"]).replace(",", ", "),
+            f"{even} / {int(best) if best else 'n/a'} / {opt}", _pct(gain),
+            f"{_f(num(r, 'even_imbalance'))} → {_f(num(r, 'balance_imbalance'))}",
+            f"{r['balance_probes']}, {r['max_batch_probes']} / {r['lightning_probes']} / "
+            f"{r['grid_points']}",
+            f"{yes(r, 'balance_certified')}, {yes(r, 'max_batch_certified')}",
+            f"{dist if dist not in ('', None) else 'n/a'}, {r['max_batch_gap_samples']}"])
     return _md(out, header)
 
 
@@ -467,6 +493,8 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--scenarios", nargs="+", help="cluster specs, e.g. 4x24GB '2x80GB,2x40GB'")
     p.add_argument("--repeats", type=int, default=None, help="timed runs of each dptune search (default 3, 1 with --quick)")
     p.add_argument("--no-scale", action="store_true", help="skip the full-size estimates")
+    p.add_argument("--no-realistic", action="store_true",
+                   help="skip the realistic configurations (GPT-2 small bf16, ViT-B)")
     p.add_argument("--out", default="reports/benchmarks", help="output folder")
     return p.parse_args(argv)
 
@@ -493,6 +521,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                2 if has_batchnorm(model) else 1)
         for sc in scenarios:
             rows.append(run_case(spec, sc, curves, model, sample, repeats, log=sys.stderr))
+    if not (args.quick or args.no_realistic or args.models):
+        for spec, sc in config.REALISTIC:   # one timed run each: a probe takes seconds
+            model, sample = spec.workload_args()
+            curves = search.Curves(Workload(model, sample, None, config.optimizer, amp=spec.amp),
+                                   2 if has_batchnorm(model) else 1)
+            rows.append(run_case(spec, sc, curves, model, sample, 1, log=sys.stderr))
     overhead = overhead_mod.measure()
     print(overhead["text"], file=sys.stderr)
     headline = write_outputs(pathlib.Path(args.out), rows, scale_rows, overhead, argv,

@@ -37,7 +37,7 @@ import re
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            DptuneError, UsageError, UserCodeError)
@@ -302,7 +302,8 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
            objective: str = "balance", headroom_bytes: int = 2**30, max_probes: int = 12,
            verbose: bool = True,
            isolate: bool = False, amp: Optional[str] = None, accumulate: int = 1,
-           clip_grad_norm: Optional[float] = None, step: Optional[str] = None) -> "TuneResult":
+           clip_grad_norm: Optional[float] = None, step: Optional[str] = None,
+           output_device: Union[int, str] = 0) -> "TuneResult":
     """``dptune search`` without the printing: build the workload, run the tuner, return
     its result. With neither ``devices`` nor ``simulate``, all visible GPUs are used, or
     the default simulated cluster when none is visible (the tuner says so once)."""
@@ -328,7 +329,8 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
                   optimizer=wl.optimizer, device_ids=list(devices) if devices else None,
                   simulate=simulate, objective=objective, headroom=headroom_bytes,
                   verbose=verbose, max_probes=max_probes, backend=backend, amp=amp,
-                  accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step_fn)
+                  accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step_fn,
+                  output_device=output_device)
     try:
         return tuner.fit()
     finally:
@@ -369,6 +371,18 @@ def default_report_dir(result: "TuneResult") -> pathlib.Path:
 
 
 # ---- argument types ----------------------------------------------------------------------
+
+def _output_device(text: str) -> Union[int, str]:
+    if text == "auto":
+        return "auto"
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a card index (0, 1, ...) or 'auto'")
+    return k
+
 
 def _positive_int(text: str) -> int:
     try:
@@ -500,6 +514,10 @@ def search_parser(subparsers: Any) -> None:
                         "largest batch that fits")
     t.add_argument("--max-probes", type=_positive_int, default=12, metavar="N",
                    help="at most this many training steps are probed (default 12)")
+    t.add_argument("--output-device", type=_output_device, default=0, metavar="K|auto",
+                   help="the card the outputs are gathered on (default 0, as DataParallel); "
+                        "'auto' with --objective max-batch tries another card and keeps it when "
+                        "it fits a larger batch (simulated cards)")
     t.add_argument("--out", metavar="DIR",
                    help="report folder (default reports/<Model>-<cluster>)")
     t.add_argument("--no-plots", action="store_true", help="write the report without PNG plots")
@@ -531,7 +549,8 @@ def _search_command(args: argparse.Namespace) -> int:
             objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
             max_probes=args.max_probes, verbose=not args.quiet,
             isolate=args.isolate, amp=args.amp, accumulate=args.accumulate,
-            clip_grad_norm=args.clip_grad_norm, step=args.step)
+            clip_grad_norm=args.clip_grad_norm, step=args.step,
+            output_device=args.output_device)
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
     if args.json:

@@ -464,4 +464,5 @@ class BalancedDataParallel(nn.DataParallel):
             raise UsageError(
                 f"the report at {str(path)!r} has a split for {n} cards {sizes} but "
                 f"device_ids={list(device_ids)} names {len(device_ids)}; give {n} device ids")
-        return cls(model, device_ids=list(device_ids), chunk_sizes=sizes)
+        ids = list(device_ids)
+        return cls(model, device_ids=ids, output_device=ids[result.output_device], chunk_sizes=sizes)

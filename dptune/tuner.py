@@ -139,7 +139,8 @@ class Tuner:
                  verbose: bool = True, max_probes: int = 12, tolerance: float = 0.02,
                  backend: Optional[Backend] = None, amp: Optional[str] = None,
                  accumulate: int = 1, clip_grad_norm: Optional[float] = None,
-                 step: Optional[Callable[[Any, Any, Any], None]] = None):
+                 step: Optional[Callable[[Any, Any, Any], None]] = None,
+                 output_device: Union[int, str] = 0):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UsageError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if batch_size > MAX_BATCH_SIZE:
@@ -171,6 +172,11 @@ class Tuner:
         self.max_probes = max_probes
         self.tolerance = float(tolerance)
         self.backend = backend
+        if not (output_device == "auto" or (isinstance(output_device, int)
+                                            and not isinstance(output_device, bool)
+                                            and output_device >= 0)):
+            raise UsageError(f"output_device must be a card index >= 0 or 'auto', got {output_device!r}")
+        self.output_device = output_device
 
     def fit(self) -> TuneResult:
         """Run the search and return a :class:`TuneResult` (``result.model`` is wrapped).
@@ -187,8 +193,25 @@ class Tuner:
                 _notice(choice.notice, self.verbose)
                 notes.append(choice.notice)
             backend = _build_backend(self.workload, choice)
+        card0_batch: Optional[int] = None
+        out_dev = 0
         try:
             outcome = self._search(backend)
+            k = self._output_candidate(backend)
+            if k:
+                alt = self._search(backend, output_device=k)
+                probes = outcome.probes + alt.probes
+                if alt.best.batch_size > outcome.best.batch_size or self.output_device == k:
+                    card0_batch, out_dev = outcome.best.batch_size, k
+                    notes.append(f"outputs gathered on card {k}: batch {alt.best.batch_size} "
+                                 f"against {outcome.best.batch_size} gathering on card 0")
+                    outcome = dataclasses.replace(alt, probes=probes, even=outcome.even,
+                                                  even_split=outcome.even_split,
+                                                  notes=outcome.notes + alt.notes)
+                else:
+                    notes.append(f"gathering the outputs on card {k} fits batch "
+                                 f"{alt.best.batch_size}, no more than on card 0: card 0 kept")
+                    outcome = dataclasses.replace(outcome, probes=probes)
         finally:
             if self.backend is None:
                 backend.close()
@@ -197,7 +220,7 @@ class Tuner:
         bn = self._has_batchnorm(backend)
         if bn:
             notes.append("the model has BatchNorm: every card gets 0 or at least 2 samples")
-        model = self._wrap(backend, chunk_sizes, notes)
+        model = self._wrap(backend, chunk_sizes, notes, out_dev)
         budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
         even = _figures(outcome.even, list(outcome.even_split), budgets)
         best = outcome.best
@@ -211,9 +234,12 @@ class Tuner:
             requested_batch_size=self.batch_size, seconds=time.perf_counter() - start,
             advice=_advice(best, even, outcome, budgets), notes=notes,
             certified=outcome.certified, brackets=list(outcome.brackets), model=model,
+            output_device=out_dev, card0_output_batch_size=card0_batch,
             settings=_settings(self.workload, backend))
 
-    def _search(self, backend: Backend) -> search.SearchOutcome:
+    def _search(self, backend: Backend, output_device: int = 0) -> search.SearchOutcome:
+        """One search; with ``output_device=k`` the outputs are gathered on card k, and the
+        search sees the cards with 0 and k swapped (its card 0 is the one that gathers)."""
         devices = list(backend.devices)
         if not devices:
             raise BackendUnavailableError("the backend has no devices")
@@ -222,6 +248,14 @@ class Tuner:
             raise UsageError("batch_size=1 cannot be trained through BatchNorm "
                              "(it needs more than 1 sample per card); use batch_size >= 2")
         budgets = [d.budget_bytes(self.headroom_bytes) for d in devices]
+        perm = list(range(len(devices)))
+        perm[0], perm[output_device] = output_device, 0
+        probe: Callable[[Sequence[int]], ProbeResult] = backend.probe
+        if output_device:
+            def probe(split: Sequence[int]) -> ProbeResult:
+                real = [split[perm[i]] for i in range(len(split))]
+                r = backend.probe(real, output_device=output_device)  # type: ignore[call-arg]
+                return dataclasses.replace(_swapped(r, perm), purpose=r.purpose)
         from tqdm.auto import tqdm
 
         # The total is the most probes the search may run, and stays so: a search that
@@ -229,15 +263,33 @@ class Tuner:
         bar = tqdm(total=self.max_probes, desc="probing (at most)", unit="probe",
                    file=sys.stderr, disable=not self.verbose, leave=True)
         try:
-            return search.run(backend.probe, budgets, self.objective, self.batch_size,
-                              min_chunk=m, max_probes=self.max_probes, tolerance=self.tolerance,
-                              exact_on_oom=getattr(backend, "kind", "") == "simulated",
-                              on_probe=lambda: bar.update(1))
+            out = search.run(probe, [budgets[perm[i]] for i in range(len(perm))], self.objective,
+                             self.batch_size, min_chunk=m, max_probes=self.max_probes,
+                             tolerance=self.tolerance,
+                             exact_on_oom=getattr(backend, "kind", "") == "simulated",
+                             on_probe=lambda: bar.update(1))
+            return out if not output_device else _swapped_outcome(out, perm, output_device)
         finally:
             bar.close()
 
+    def _output_candidate(self, backend: Backend) -> int:
+        """The card to try gathering the outputs on (0: none): the one asked for, or with
+        ``"auto"`` for ``max_batch`` the card other than 0 with the largest budget."""
+        n = len(backend.devices)
+        if self.output_device == 0 or n < 2 or not getattr(backend, "supports_output_device", False):
+            return 0
+        if isinstance(self.output_device, int):
+            if self.output_device >= n:
+                raise UsageError(f"output_device={self.output_device}: there are cards 0..{n - 1}")
+            return self.output_device
+        if self.objective != "max_batch":
+            return 0
+        budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
+        return max(range(1, n), key=lambda i: (budgets[i], -i))
+
     # ---- the wrapped model ------------------------------------------------------------
-    def _wrap(self, backend: Backend, chunk_sizes: list[int], notes: list[str]) -> Any:
+    def _wrap(self, backend: Backend, chunk_sizes: list[int], notes: list[str],
+              output_device: int = 0) -> Any:
         """The user's model in a ``BalancedDataParallel`` with the split found.
 
         On real cards the model is moved to ``device_ids[0]`` (where DataParallel needs its
@@ -256,7 +308,7 @@ class Tuner:
             model = self.workload.model() if self.workload.is_factory else self.workload.model
             assert isinstance(model, torch.nn.Module)
             return BalancedDataParallel(model.to(torch.device("cuda", ids[0])), device_ids=ids,
-                                        chunk_sizes=chunk_sizes)
+                                        output_device=ids[output_device], chunk_sizes=chunk_sizes)
         module = self.workload.model
         if not isinstance(module, torch.nn.Module):
             notes.append("the model was given as a factory and simulated, so result.model is None; "
@@ -268,7 +320,7 @@ class Tuner:
             first = next(module.parameters(), None)
             if first is not None and first.device == torch.device("cuda", 0):
                 return BalancedDataParallel(module, device_ids=list(range(n)),
-                                            chunk_sizes=chunk_sizes)
+                                            output_device=output_device, chunk_sizes=chunk_sizes)
         with warnings.catch_warnings():   # the pass-through is expected after a simulation
             warnings.simplefilter("ignore", UserWarning)
             return BalancedDataParallel(module, chunk_sizes=chunk_sizes)
@@ -338,3 +390,27 @@ def _advice(best: ProbeResult, even: SplitFigures, outcome: search.SearchOutcome
             "forward, a larger card 0" + (", or a smaller optimizer state" if "optimizer"
                                           in holds else "") + " would help")
     return out
+
+
+def _swapped(r: ProbeResult, perm: list[int]) -> ProbeResult:
+    """A probe with its cards reordered by ``perm`` (a swap, its own inverse)."""
+    def per_card(xs: Any) -> Any:
+        return None if xs is None else tuple(xs[perm[i]] for i in range(len(perm)))
+    return dataclasses.replace(
+        r, chunk_sizes=per_card(r.chunk_sizes), peak_bytes=per_card(r.peak_bytes),
+        oom_device=None if r.oom_device is None else perm[r.oom_device],
+        breakdown=per_card(r.breakdown), reserved_bytes=per_card(r.reserved_bytes),
+        nvml_used_bytes=per_card(r.nvml_used_bytes), alloc_retries=per_card(r.alloc_retries),
+        repeat_spread_bytes=per_card(r.repeat_spread_bytes))
+
+
+def _swapped_outcome(out: search.SearchOutcome, perm: list[int], k: int) -> search.SearchOutcome:
+    """A search run with cards 0 and ``k`` swapped, back in the cards' own order."""
+    def probe(r: ProbeResult) -> ProbeResult:
+        return dataclasses.replace(_swapped(r, perm), purpose=f"output {k}: {r.purpose}")
+    return dataclasses.replace(
+        out, best=probe(out.best), even=None if out.even is None else probe(out.even),
+        even_split=tuple(out.even_split[perm[i]] for i in range(len(perm))),
+        probes=tuple(probe(r) for r in out.probes),
+        fits=tuple(out.fits[perm[i]] for i in range(len(perm))),
+        brackets=tuple(dataclasses.replace(b, card=perm[b.card]) for b in out.brackets))

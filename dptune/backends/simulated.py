@@ -489,16 +489,17 @@ class _Broadcast(torch.autograd.Function):
 
 
 class _Gather(torch.autograd.Function):
-    """Concatenate the replicas' outputs on card 0; scatter the gradient back."""
+    """Concatenate the replicas' outputs on the output card; scatter the gradient back."""
 
     @staticmethod
-    def forward(ctx: Any, ledger: _Ledger, cards: tuple, dim: int, *outs: torch.Tensor) -> torch.Tensor:
-        ctx.ledger, ctx.cards = ledger, cards
+    def forward(ctx: Any, ledger: _Ledger, cards: tuple, dim: int, out_card: int,
+                *outs: torch.Tensor) -> torch.Tensor:
+        ctx.ledger, ctx.cards, ctx.out_card = ledger, cards, out_card
         scalar = outs[0].dim() == 0
         ctx.scalar = scalar
         ctx.sizes = [1 if scalar else o.shape[dim] for o in outs]
         ctx.dim = 0 if scalar else dim
-        with ledger.forced(0, "outputs"):
+        with ledger.forced(out_card, "outputs"):
             if scalar:
                 return torch.stack(outs)
             return torch.cat(outs, dim)
@@ -511,31 +512,33 @@ class _Gather(torch.autograd.Function):
             if ctx.scalar:
                 piece = piece.squeeze(0)
             start += size
-            if card == 0:
+            if card == ctx.out_card:
                 grads.append(piece)
             else:
                 with ledger.forced(card, "activations"):
                     grads.append(piece.clone())
-        return (None, None, None, *grads)
+        return (None, None, None, None, *grads)
 
 
-def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0) -> Any:
-    """DataParallel's ``gather`` over tensors nested in dicts, lists, tuples, dataclasses."""
+def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0, out: int = 0) -> Any:
+    """DataParallel's ``gather`` onto card ``out`` over tensors nested in dicts, lists,
+    tuples, dataclasses."""
     first = outputs[0]
     if isinstance(first, torch.Tensor):
-        return _Gather.apply(ledger, cards, dim, *outputs)
+        return _Gather.apply(ledger, cards, dim, out, *outputs)
     if first is None:
         return None
     if isinstance(first, dict):
-        return type(first)((k, _gather(ledger, cards, [o[k] for o in outputs], dim)) for k in first)
+        return type(first)((k, _gather(ledger, cards, [o[k] for o in outputs], dim, out))
+                           for k in first)
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
         return dataclasses.replace(first, **{
-            f.name: _gather(ledger, cards, [getattr(o, f.name) for o in outputs], dim)
+            f.name: _gather(ledger, cards, [getattr(o, f.name) for o in outputs], dim, out)
             for f in dataclasses.fields(first) if f.init})
     if isinstance(first, tuple) and hasattr(first, "_fields"):  # namedtuple
-        return type(first)(*(_gather(ledger, cards, list(x), dim) for x in zip(*outputs)))
+        return type(first)(*(_gather(ledger, cards, list(x), dim, out) for x in zip(*outputs)))
     if isinstance(first, (list, tuple)):
-        return type(first)(_gather(ledger, cards, list(x), dim) for x in zip(*outputs))
+        return type(first)(_gather(ledger, cards, list(x), dim, out) for x in zip(*outputs))
     return first
 
 
@@ -655,10 +658,11 @@ class _SimulatedDataParallel(nn.Module):
     """
 
     def __init__(self, module: nn.Module, ledger: _Ledger, sizes: Sequence[int], source: int,
-                 single: bool):
+                 single: bool, output_device: int = 0):
         super().__init__()
         self.module = module
         self._ledger, self._sizes, self._source, self._single = ledger, list(sizes), source, single
+        self._out = output_device
         self._hooks: list = []
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -678,8 +682,8 @@ class _SimulatedDataParallel(nn.Module):
             outputs.append(_run_replica(ledger, self.module, replicas.pop(card), card, self._source,
                                         split_args[card], split_kwargs[card], sizes))
         del replicas, split_args, split_kwargs
-        with ledger.on(0, "outputs"):
-            return outputs[0] if self._single else _gather(ledger, cards, outputs)
+        with ledger.on(self._out, "outputs"):
+            return outputs[0] if self._single else _gather(ledger, cards, outputs, out=self._out)
 
     def close(self) -> None:
         for h in self._hooks:
@@ -777,6 +781,8 @@ class SimulatedBackend:
     """
 
     kind = "simulated"
+    #: ``probe(chunk_sizes, output_device=k)`` gathers the outputs on card k
+    supports_output_device = True
 
     def __init__(self, workload: Workload, cluster: Union[str, Cluster] = DEFAULT_CLUSTER, *,
                  batch_on_card0: bool = False):
@@ -872,9 +878,13 @@ class SimulatedBackend:
         self._setup_bytes = list(ledger.live)
 
     # -- one step ----------------------------------------------------------------------
-    def estimate(self, chunk_sizes: Sequence[int]) -> MemoryEstimate:
-        """Simulate one training step with this split and return per-card peaks."""
+    def estimate(self, chunk_sizes: Sequence[int], output_device: int = 0) -> MemoryEstimate:
+        """Simulate one training step with this split and return per-card peaks
+        (``output_device``: the card the outputs are gathered on, as DataParallel's)."""
         sizes = validate_chunk_sizes(chunk_sizes, len(self.cluster))
+        if not 0 <= output_device < len(self.cluster):
+            raise UsageError(f"output_device={output_device}: the cluster has cards "
+                             f"0..{len(self.cluster) - 1}")
         t0 = time.perf_counter()
         self._setup()
         ledger = self._ledger
@@ -884,7 +894,7 @@ class SimulatedBackend:
             baseline = list(ledger.live)
             ledger.reset_peaks()
             try:
-                self._step(sizes)
+                self._step(sizes, output_device)
             finally:
                 if self._optimizer is not None:
                     self._optimizer.zero_grad(set_to_none=True)
@@ -906,7 +916,7 @@ class SimulatedBackend:
             notes.append(f"compute capability: {cap} for cards given by size (set it with cc=)")
         return tuple(notes)
 
-    def _step(self, sizes: list[int]) -> None:
+    def _step(self, sizes: list[int], output_device: int = 0) -> None:
         """One training step (:func:`dptune.workload.run_step`) through DataParallel over the
         virtual cards, with CUDA autocast emulated (:mod:`dptune.backends._autocast`)."""
         ledger, module, wl = self._ledger, self._module, self.workload
@@ -944,7 +954,8 @@ class SimulatedBackend:
                 except Exception as e:
                     raise _user_error(e, where, sizes) from e
 
-        wrapper = _SimulatedDataParallel(module, ledger, sizes, source, len(self.cluster) == 1)
+        wrapper = _SimulatedDataParallel(module, ledger, sizes, source, len(self.cluster) == 1,
+                                         output_device)
         try:
             run_step(wl, StepRuntime(model=wrapper, optimizer=self._optimizer,
                                      next_batch=next_batch, phase=phase))
@@ -953,8 +964,8 @@ class SimulatedBackend:
         del ws_keep
 
     # -- the probe interface -----------------------------------------------------------
-    def probe(self, chunk_sizes: Sequence[int]) -> ProbeResult:
-        est = self.estimate(chunk_sizes)
+    def probe(self, chunk_sizes: Sequence[int], output_device: int = 0) -> ProbeResult:
+        est = self.estimate(chunk_sizes, output_device)
         over = [(p - d.available_bytes) / d.available_bytes
                 for p, d in zip(est.peak_bytes, self.devices)]
         worst = max(range(len(over)), key=lambda i: over[i])

@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["MLP", "SmallResNet", "TinyGPT", "BertClassifier", "SegNet",
-           "gpt2_small", "gpt_7b", "resnet50_like", "bert_base", "segnet_full"]
+__all__ = ["MLP", "SmallResNet", "TinyGPT", "BertClassifier", "SegNet", "ViT",
+           "gpt2_small", "gpt_7b", "resnet50_like", "bert_base", "segnet_full", "vit_base"]
 
 
 class MLP(nn.Module):
@@ -209,6 +209,32 @@ class SegNet(nn.Module):
         return torch.randn(batch_size, 3, self.image_size, self.image_size)
 
 
+class ViT(nn.Module):
+    """Vision Transformer: 16x16 patches, a class token, an encoder, a linear head (logits)."""
+
+    def __init__(self, image_size: int = 64, patch: int = 16, d_model: int = 128,
+                 n_layers: int = 2, n_heads: int = 4, num_classes: int = 10):
+        super().__init__()
+        self.image_size = image_size
+        tokens = (image_size // patch) ** 2 + 1
+        self.patch = nn.Conv2d(3, d_model, patch, stride=patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model))
+        self.pos = nn.Parameter(torch.zeros(1, tokens, d_model))
+        self.blocks = nn.ModuleList(_TransformerBlock(d_model, n_heads, False) for _ in range(n_layers))
+        self.ln = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + self.pos
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x[:, 0]))
+
+    def sample(self, batch_size: int) -> torch.Tensor:
+        return torch.randn(batch_size, 3, self.image_size, self.image_size)
+
+
 # ---- full-size configurations (for the scale figures in benchmarks/) --------------------
 def gpt2_small() -> TinyGPT:
     """GPT-2 small: 124M parameters, sequence 1024, vocabulary 50257."""
@@ -230,6 +256,11 @@ def bert_base() -> BertClassifier:
 
 def segnet_full() -> SegNet:
     return SegNet(num_classes=150, width=64, image_size=512)
+
+
+def vit_base() -> ViT:
+    """ViT-B/16: 86M parameters, 224 px, 1000 classes."""
+    return ViT(image_size=224, patch=16, d_model=768, n_layers=12, n_heads=12, num_classes=1000)
 
 
 def n_params(model: nn.Module) -> int:

@@ -27,8 +27,9 @@ from dptune.split import even_split
 
 __all__ = ["MaxBatch"]
 
-#: Largest step up from the largest measured chunk when nothing above was measured (x this).
-GROWTH = 8
+#: Largest step up a secant may take from the largest measured chunk when nothing above was
+#: measured (x this); a single point scales in proportion, which undershoots.
+GROWTH = 64
 
 
 def largest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int:
@@ -145,8 +146,6 @@ class MaxBatch:
         upper = None if br.hi is None else br.hi - 1
         if upper is not None and upper < lower:
             return br.lo
-        if self._stalled(f"card{i}") and br.hi is not None:
-            return max(lower, min(upper or lower, (br.lo + br.hi) // 2))
         budget = obs.budgets[i]
         fit_pts = [p for p in obs.fit_points(i) if p.chunk > 0]
         over_pts = [p for p in obs.over_points(i) if p.exact]
@@ -160,6 +159,9 @@ class MaxBatch:
             pts = [p for p in obs.points[i] if p.exact and p.chunk > 0]
             if line is not None and len({p.chunk for p in pts}) >= 2:
                 guess = int((budget - line.intercept) / line.slope)
+                if upper is None:   # a secant far from its points is not trusted far
+                    top = max([p.chunk for p in obs.points[i]] + [br.lo, 1])
+                    guess = min(guess, GROWTH * top)
             elif pts:   # one point: in proportion (undershoots, since the intercept is >= 0)
                 p = pts[-1]
                 guess = int(p.chunk * budget / max(p.peak_bytes, 1))
@@ -167,10 +169,9 @@ class MaxBatch:
                 guess = br.hi // 2
             else:
                 guess = max(lower, even_split(self.hint, self.n)[i])
-        if upper is None:
-            top = max([p.chunk for p in obs.points[i]] + [br.lo, 1])
-            guess = min(guess, GROWTH * top)
         c = max(lower, guess if upper is None else min(upper, guess))
+        if self._stalled(f"card{i}") and br.hi is not None and c > lower:
+            c = max(lower, (br.lo + br.hi) // 2)   # not halved in two probes: bisect
         return c if c == 0 or c >= m else m
 
     # ---- card 0 along the line -------------------------------------------------------
@@ -195,9 +196,8 @@ class MaxBatch:
         lower, upper = lo + 1, (None if hi is None else hi - 1)
         if upper is not None and upper < lower:
             return None
-        if self._stalled(f"line{line.t}") and hi is not None:
-            return (lo + hi) // 2 if (lo + hi) // 2 >= lower else lower
         budget = self.obs.budgets[0]
+        stalled = self._stalled(f"line{line.t}") and hi is not None
 
         def fits_at(b: int) -> bool:
             c0 = line.c0(b)
@@ -213,7 +213,10 @@ class MaxBatch:
         if b < lower and lower <= line.total and line.c0(line.total) == 0 and \
                 not any(p.exact and p.chunk == 0 for p in self.obs.points[0]):
             return line.total   # card 0 may fit only with no samples (no replica): try that
-        return b if b >= lower else lower
+        b = b if b >= lower else lower
+        if stalled and b > lower and hi is not None:
+            b = max(lower, (lo + hi) // 2)    # not halved in two probes: bisect
+        return b
 
     # ---- the largest batch --------------------------------------------------------------
     def max_certified(self) -> bool:
@@ -310,11 +313,9 @@ class MaxBatch:
                     return False
             return True
 
-        if self._stalled("even") and hi is not None:
-            b = (lo + hi) // 2
-        else:
-            b = largest_true(fits_at, lower, upper)
-        b = min(max(b, lower), upper)
+        b = min(max(largest_true(fits_at, lower, upper), lower), upper)
+        if self._stalled("even") and hi is not None and b > lower:
+            b = (lo + hi) // 2       # not halved in two probes: bisect
         for cand in [b] + list(range(b - 1, lower - 1, -1))[:4] + list(range(b + 1, upper + 1))[:4]:
             s = tuple(even_split(cand, self.n))
             if valid_split(s, self.m) and s not in obs.by_split:

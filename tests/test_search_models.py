@@ -1,0 +1,120 @@
+"""The certified search on the simulated cluster with real (small) models, against the
+exhaustive optimum of ``benchmarks/search.py`` (per-card curves measured on the simulator)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from benchmarks import search as brute
+from dptune.backends.simulated import SimulatedBackend, parse_cluster
+from dptune.examples.models import MLP, BertClassifier, SegNet, SmallResNet, TinyGPT, ViT
+from dptune.split import even_split
+from dptune.tuner import Tuner
+from dptune.workload import Workload, has_batchnorm
+
+HEADROOM = 64 * 2**20
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=1e-4)
+
+
+MODELS = {
+    "mlp-tiny-output": (lambda: MLP(in_features=512, hidden=2048, depth=2, num_classes=2), "4x1GB"),
+    "mlp-mixed-cards": (lambda: MLP(in_features=512, hidden=2048, depth=2, num_classes=2),
+                        "2x2GB,2x1GB,used=0:256MiB"),
+    "causal-lm": (lambda: TinyGPT(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32),
+                  "2x1GB"),
+    "encoder": (lambda: BertClassifier(vocab_size=1000, d_model=64, n_layers=1, n_heads=2,
+                                       seq_len=32), "2x1GB"),
+    "vit": (lambda: ViT(image_size=32, patch=8, d_model=64, n_layers=1, n_heads=2), "2x1GB"),
+    "bn-cnn": (lambda: SmallResNet(widths=(8, 16), blocks=1, num_classes=10, image_size=32), "2x1GB"),
+    "big-output": (lambda: SegNet(num_classes=21, width=4, image_size=64), "2x2GB"),
+}
+
+
+def measured(model, optimizer, cluster):
+    wl = Workload(model, model.sample, None, optimizer)
+    return SimulatedBackend(wl, cluster), wl
+
+
+CASES = [(name, adamw) for name in MODELS] + [("mlp-tiny-output", sgd), ("causal-lm", sgd)]
+
+
+@pytest.mark.parametrize("name,optimizer", CASES,
+                         ids=[f"{n}-{o.__name__}" for n, o in CASES])
+def test_largest_batch_is_the_exhaustive_optimum(name, optimizer):
+    build, cluster = MODELS[name]
+    model = build()
+    backend, wl = measured(model, optimizer, cluster)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = Tuner(model, model.sample, batch_size=8 * len(backend.devices), optimizer=optimizer,
+                  objective="max_batch", headroom=HEADROOM, verbose=False, backend=backend).fit()
+    m = 2 if has_batchnorm(model) else 1
+    curves = brute.Curves(wl, m)
+    budgets = r.budget_bytes
+    best, split = brute.max_batch_optimum(curves, budgets, guess=r.batch_size,
+                                          guess_split=r.chunk_sizes)
+    assert r.batch_size == best, (r.chunk_sizes, split)
+    assert r.certified
+    assert all(p <= b for p, b in zip(r.peak_bytes, budgets))
+    assert any(list(p.chunk_sizes) == r.chunk_sizes for p in r.probes)
+    # the even split's largest batch, measured: fits at E, not at E + 1
+    n = len(budgets)
+    e = r.even.batch_size
+    assert curves.fits(even_split(e, n), budgets) and not curves.fits(even_split(e + 1, n), budgets)
+    assert r.batch_size >= e
+    assert r.num_probes <= 10
+    if m == 2:
+        assert all(1 not in p.chunk_sizes for p in r.probes)
+
+
+@pytest.mark.parametrize("name", ["causal-lm", "bn-cnn", "mlp-mixed-cards"])
+def test_balance_is_optimal_and_certified(name):
+    build, cluster = MODELS[name]
+    model = build()
+    backend, wl = measured(model, adamw, cluster)
+    n = len(parse_cluster(cluster))
+    batch = 12 * n
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = Tuner(model, model.sample, batch_size=batch, optimizer=adamw, headroom=HEADROOM,
+                  verbose=False, backend=backend).fit()
+    curves = brute.Curves(wl, 2 if has_batchnorm(model) else 1)
+    opt = brute.balance_optimum(curves, r.budget_bytes, batch, r.chunk_sizes)
+    assert brute.max_share(r.peak_bytes, r.budget_bytes) == pytest.approx(opt.max_share, rel=1e-9)
+    assert r.certified and r.num_probes <= 6
+
+
+def test_simulator_gathers_on_the_output_device():
+    model = TinyGPT(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32)
+    backend, _ = measured(model, adamw, "2x1GB")
+    on0 = backend.estimate([4, 4]).breakdown
+    on1 = backend.estimate([4, 4], output_device=1).breakdown
+    logits = 8 * 32 * 2000 * 4          # the whole batch's logits, fp32
+    assert on0[0]["outputs"] >= logits and on0[1].get("outputs", 0) == 0
+    assert on1[1]["outputs"] >= logits and on1[0].get("outputs", 0) == 0
+
+
+def test_output_device_auto_keeps_a_card_that_raises_the_largest_batch():
+    model = TinyGPT(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32)
+    backend, _ = measured(model, adamw, "3x1GB")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = Tuner(model, model.sample, batch_size=32, optimizer=adamw, objective="max_batch",
+                  headroom=HEADROOM, verbose=False, backend=backend, output_device="auto").fit()
+    assert r.output_device == 1 and r.card0_output_batch_size is not None
+    assert r.output_device_gain == r.batch_size - r.card0_output_batch_size > 0
+    assert r.certified and all(p <= b for p, b in zip(r.peak_bytes, r.budget_bytes))
+    # the split returned was measured with the outputs on card 1
+    assert any(list(p.chunk_sizes) == r.chunk_sizes and p.purpose.startswith("output 1:")
+               for p in r.probes)
+    assert "outputs gathered on card 1" in str(r)
