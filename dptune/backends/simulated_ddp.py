@@ -97,14 +97,14 @@ class SimulatedDDPRank(SimulatedBackend):
             view.copy_(p.grad)
             p.grad = view
 
-    def _step(self, sizes: list[int]) -> None:
+    def _step(self, sizes: list[int], output_device: int = 0) -> None:
         hooks = []
         if self.options.gradient_as_bucket_view:
             assert self._module is not None
             hooks = [p.register_post_accumulate_grad_hook(self._to_bucket)
                      for p in self._module.parameters() if p.requires_grad]
         try:
-            super()._step(sizes)
+            super()._step(sizes, output_device)
         finally:
             for h in hooks:
                 h.remove()
