@@ -37,7 +37,6 @@ Known limitations:
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from itertools import chain
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
@@ -45,7 +44,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 import torch
 from torch import nn
 
-from dptune import _torch_private
+from dptune import _torch_private, _tree
 from dptune.errors import UsageError
 from dptune.split import even_split, scale_split, validate_chunk_sizes
 
@@ -113,25 +112,9 @@ def narrow_scatter(tensor: torch.Tensor, device_ids: Sequence[Any], chunk_sizes:
     return tuple(tensor.split(list(chunk_sizes), dim=dim))
 
 
-def _is_namedtuple(obj: Any) -> bool:
-    return isinstance(obj, tuple) and hasattr(obj, "_fields") and hasattr(obj, "_asdict")
-
-
-def _iter_tensors(obj: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Depth-first ``(path, tensor)`` pairs of a nested structure of tuples, lists, dicts."""
-    if isinstance(obj, torch.Tensor):
-        yield path, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _iter_tensors(v, f"{path}[{k!r}]")
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _iter_tensors(v, f"{path}[{i}]")
-
-
 def _args_tensors(args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
-    yield from _iter_tensors(tuple(args), "args")
-    yield from _iter_tensors(dict(kwargs), "kwargs")
+    yield from _tree.tensors(tuple(args), "args")
+    yield from _tree.tensors(dict(kwargs), "kwargs")
 
 
 def find_batch_size(args: Sequence[Any], kwargs: Optional[dict[str, Any]], dim: int = 0
@@ -164,7 +147,8 @@ def split_inputs(args: Sequence[Any], kwargs: Optional[dict[str, Any]], chunk_si
                  ) -> SplitInputs:
     """Split a call's arguments into per-device calls with the given chunk sizes.
 
-    Every tensor, at any depth of tuples, lists and dicts (namedtuples keep their type), is
+    The containers follow ``torch.nn.parallel.scatter`` (:func:`dptune._tree.scatter`): every
+    tensor, at any depth of tuples, lists and dicts (namedtuples and dict types are kept), is
     split along ``dim`` with the same sizes by ``scatter_fn`` (the CUDA scatter in
     :class:`BalancedDataParallel`, :func:`narrow_scatter` on the CPU); every other value is
     given as it is to each device. Devices whose chunk is 0 are left out. Each tensor must
@@ -184,55 +168,25 @@ def split_inputs(args: Sequence[Any], kwargs: Optional[dict[str, Any]], chunk_si
     batch = sum(used_sizes)
     n = len(used)
 
-    def split(obj: Any, path: str) -> list:
-        if isinstance(obj, torch.Tensor):
-            if obj.dim() == 0 or obj.dim() <= dim:
-                raise UsageError(
-                    f"{path} has shape {tuple(obj.shape)}, which has no dim {dim} to split the "
-                    f"batch of {batch} along; give it a batch dimension or pass it as a non-tensor")
-            if obj.size(dim) != batch:
-                raise UsageError(
-                    f"{path} has size {obj.size(dim)} along dim {dim} but the batch has {batch} "
-                    f"samples (the first tensor's size); every tensor argument is split into "
-                    f"chunks {used_sizes}, so each needs the batch size along dim {dim}")
-            chunks = tuple(scatter_fn(obj, used_ids, used_sizes, dim))
-            if len(chunks) != n:
-                raise RuntimeError(f"scatter gave {len(chunks)} chunks for {n} devices")
-            return list(chunks)
-        if _is_namedtuple(obj):
-            parts = [split(v, f"{path}.{f}") for f, v in zip(obj._fields, obj)]
-            return [type(obj)(*(p[d] for p in parts)) for d in range(n)]
-        if isinstance(obj, (tuple, list)):
-            parts = [split(v, f"{path}[{i}]") for i, v in enumerate(obj)]
-            return [type(obj)(p[d] for p in parts) if isinstance(obj, tuple) else [p[d] for p in parts]
-                    for d in range(n)]
-        if isinstance(obj, dict):
-            by_key = {k: split(v, f"{path}[{k!r}]") for k, v in obj.items()}
-            out = []
-            for d in range(n):
-                items = [(k, p[d]) for k, p in by_key.items()]
-                try:
-                    out.append(type(obj)(items))
-                except TypeError:
-                    out.append(dict(items))
-            return out
-        return [obj] * n
+    def split(obj: torch.Tensor, path: str) -> list:
+        if obj.dim() == 0 or obj.dim() <= dim:
+            raise UsageError(
+                f"{path} has shape {tuple(obj.shape)}, which has no dim {dim} to split the "
+                f"batch of {batch} along; give it a batch dimension or pass it as a non-tensor")
+        if obj.size(dim) != batch:
+            raise UsageError(
+                f"{path} has size {obj.size(dim)} along dim {dim} but the batch has {batch} "
+                f"samples (the first tensor's size); every tensor argument is split into "
+                f"chunks {used_sizes}, so each needs the batch size along dim {dim}")
+        return list(scatter_fn(obj, used_ids, used_sizes, dim))
 
-    split_args = [tuple(a) for a in split(tuple(args), "args")] if args else [() for _ in range(n)]
-    split_kwargs = split(kwargs, "kwargs") if kwargs else [{} for _ in range(n)]
+    split_args = [tuple(a) for a in _tree.scatter(tuple(args), n, split, "args")]
+    split_kwargs = _tree.scatter(kwargs, n, split, "kwargs") if kwargs else [{} for _ in range(n)]
     return SplitInputs(used_ids, used_sizes, tuple(split_args), tuple(split_kwargs))
 
 
 def _has_scalar_tensor(obj: Any) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return obj.dim() == 0
-    if isinstance(obj, dict):
-        return any(_has_scalar_tensor(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return any(_has_scalar_tensor(v) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return any(_has_scalar_tensor(getattr(obj, f.name)) for f in dataclasses.fields(obj))
-    return False
+    return any(t.dim() == 0 for _, t in _tree.tensors(obj))
 
 
 def _cuda_scatter(tensor: torch.Tensor, device_ids: Sequence[int], chunk_sizes: Sequence[int],

@@ -255,17 +255,9 @@ def _find_loss(output: Any) -> Any:
 
 
 def _tensor_leaves(obj: Any) -> list:
-    import torch
+    from dptune import _tree
 
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensor_leaves(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensor_leaves(v)]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [t for f in dataclasses.fields(obj) for t in _tensor_leaves(getattr(obj, f.name))]
-    return []
+    return [t for _, t in _tree.tensors(obj)]
 
 
 def default_loss(output: Any, batch: Any = None) -> "torch.Tensor":

@@ -438,17 +438,10 @@ class StepContext:
 
 
 def _to_device(obj: Any, device: Any) -> Any:
-    import torch
+    """Every tensor of a batch moved to ``device`` (:func:`dptune._tree.map_tensors`)."""
+    from dptune import _tree
 
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return type(obj)((k, _to_device(v, device)) for k, v in obj.items())
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_to_device(v, device) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_device(v, device) for v in obj)
-    return obj
+    return _tree.map_tensors(lambda t: t.to(device), obj)
 
 
 _STAGES = {"forward": "the forward", "loss": "the loss", "backward": "the backward",

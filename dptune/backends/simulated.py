@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import logging
 import os
 import re
@@ -67,6 +66,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
+from dptune import _tree
 from dptune._torch_private import dispatch_mode_base, fake_tensor_mode
 from dptune.backends import _sdpa
 from dptune.backends._autocast import cuda_autocast
@@ -520,64 +520,36 @@ class _Gather(torch.autograd.Function):
 
 
 def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0) -> Any:
-    """DataParallel's ``gather`` over tensors nested in dicts, lists, tuples, dataclasses."""
-    first = outputs[0]
-    if isinstance(first, torch.Tensor):
-        return _Gather.apply(ledger, cards, dim, *outputs)
-    if first is None:
-        return None
-    if isinstance(first, dict):
-        return type(first)((k, _gather(ledger, cards, [o[k] for o in outputs], dim)) for k in first)
-    if dataclasses.is_dataclass(first) and not isinstance(first, type):
-        return dataclasses.replace(first, **{
-            f.name: _gather(ledger, cards, [getattr(o, f.name) for o in outputs], dim)
-            for f in dataclasses.fields(first) if f.init})
-    if isinstance(first, tuple) and hasattr(first, "_fields"):  # namedtuple
-        return type(first)(*(_gather(ledger, cards, list(x), dim) for x in zip(*outputs)))
-    if isinstance(first, (list, tuple)):
-        return type(first)(_gather(ledger, cards, list(x), dim) for x in zip(*outputs))
-    return first
+    """DataParallel's ``gather`` onto card 0 (:func:`dptune._tree.gather`: torch's rules)."""
+    return _tree.gather(outputs, lambda ts, path: _Gather.apply(ledger, cards, dim, *ts))
 
 
-def _split(obj: Any, chunk_sizes: Sequence[int], batch: int, path: str) -> list:
-    """Split the tensors of ``obj`` along dim 0 into ``chunk_sizes`` (views, on the host)."""
-    if isinstance(obj, torch.Tensor):
-        if obj.dim() == 0 or obj.shape[0] != batch:
-            got = "a 0-dim tensor" if obj.dim() == 0 else f"size {obj.shape[0]} along dim 0"
-            raise UsageError(f"batch tensor {path} has {got}, but the batch has {batch} samples; "
+def _scatter(ledger: _Ledger, obj: Any, cards: Sequence[int], sizes: Sequence[int], source: int,
+             path: str) -> list:
+    """DataParallel's ``scatter`` from ``source`` (:func:`dptune._tree.scatter`: torch's rules):
+    one structure per busy card, each tensor's chunk moved to its card."""
+    batch = sum(sizes)
+
+    def split(t: torch.Tensor, where: str) -> list:
+        if t.dim() == 0 or t.shape[0] != batch:
+            got = "a 0-dim tensor" if t.dim() == 0 else f"size {t.shape[0]} along dim 0"
+            raise UsageError(f"batch tensor {where} has {got}, but the batch has {batch} samples; "
                              "every tensor of a batch must have the batch along dim 0")
         out, start = [], 0
-        for c in chunk_sizes:
-            out.append(obj.narrow(0, start, c))
+        for card, c in zip(cards, sizes):
+            piece = t.narrow(0, start, c)
             start += c
+            out.append(piece if card == source else _Move.apply(piece, ledger, source, card, "inputs"))
         return out
-    if isinstance(obj, dict):
-        by_key = {k: _split(v, chunk_sizes, batch, f"{path}[{k!r}]") for k, v in obj.items()}
-        return [type(obj)((k, by_key[k][i]) for k in obj) for i in range(len(chunk_sizes))]
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        parts = [_split(v, chunk_sizes, batch, f"{path}[{j}]") for j, v in enumerate(obj)]
-        return [type(obj)(p[i] for p in parts) for i in range(len(chunk_sizes))]
-    return [obj] * len(chunk_sizes)
+
+    return _tree.scatter(obj, len(cards), split, path)
 
 
 def _first_batch_size(obj: Any) -> Optional[int]:
-    for t in _tensor_leaves(obj):
+    for _, t in _tree.tensors(obj):
         if t.dim() > 0:
             return int(t.shape[0])
     return None
-
-
-def _move_tree(obj: Any, ledger: _Ledger, src: int, dst: int) -> Any:
-    if isinstance(obj, torch.Tensor):
-        if src == dst:
-            return obj
-        return _Move.apply(obj, ledger, src, dst, "inputs")
-    if isinstance(obj, dict):
-        return type(obj)((k, _move_tree(v, ledger, src, dst)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_move_tree(v, ledger, src, dst) for v in obj)
-    return obj
-
 
 
 def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool) -> tuple[dict, list]:
@@ -616,20 +588,16 @@ def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool) -
 
 
 def _retag_tree(ledger: _Ledger, obj: Any, category: str) -> None:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        obj = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-    for t in _tensor_leaves(obj):
+    for _, t in _tree.tensors(obj):
         ledger.retag(t, category)
 
 
-def _run_replica(ledger: _Ledger, module: nn.Module, params: dict, card: int, source: int,
+def _run_replica(ledger: _Ledger, module: nn.Module, params: dict, card: int,
                  args: Any, kwargs: Any, sizes: Sequence[int]) -> Any:
-    """Scatter one chunk to ``card`` and run the replica's forward there."""
-    a = _move_tree(args, ledger, source, card)
-    kw = _move_tree(kwargs, ledger, source, card)
+    """Run the replica's forward on ``card`` (its inputs already scattered there)."""
     with ledger.on(card, "activations"):
         try:
-            out = torch.func.functional_call(module, params, a, kw, strict=False)
+            out = torch.func.functional_call(module, params, args, kwargs, strict=False)
         except Exception as e:
             raise _user_error(e, f"in the forward of replica {card} on virtual card {card}", sizes) from e
     _retag_tree(ledger, out, "outputs")
@@ -667,17 +635,18 @@ class _SimulatedDataParallel(nn.Module):
         sizes = self._sizes
         if found is not None and found != sum(sizes):
             sizes = scale_split(sizes, found)
-        batch = sum(sizes)
         cards = tuple(i for i, c in enumerate(sizes) if c > 0)
-        split_args = _split(args, sizes, batch, "args")
-        split_kwargs = _split(kwargs, sizes, batch, "kwargs")
+        used = [sizes[c] for c in cards]
+        # the chunks stay referenced until the gather is done, as in DataParallel.forward
+        inputs = _scatter(ledger, tuple(args), cards, used, self._source, "args")
+        module_kwargs = _scatter(ledger, dict(kwargs), cards, used, self._source, "kwargs")
         replicas, hooks = _replicate(ledger, self.module, cards, self._single)
         self._hooks += hooks
         outputs = []
-        for card in cards:
-            outputs.append(_run_replica(ledger, self.module, replicas.pop(card), card, self._source,
-                                        split_args[card], split_kwargs[card], sizes))
-        del replicas, split_args, split_kwargs
+        for k, card in enumerate(cards):
+            outputs.append(_run_replica(ledger, self.module, replicas.pop(card), card,
+                                        inputs[k], module_kwargs[k], sizes))
+        del replicas
         with ledger.on(0, "outputs"):
             return outputs[0] if self._single else _gather(ledger, cards, outputs)
 
