@@ -11,7 +11,8 @@ module and follow torch's rules exactly:
   (numbers, strings, empty containers, dataclasses, ...) is given whole to every card.
 - :func:`gather`: tensors are concatenated (0-dim ones stacked), ``None`` stays ``None``, a
   dict (such as a HF ``ModelOutput``) gives ``type(d)`` over its keys, a namedtuple its type,
-  a list or tuple its type over the zipped elements. torch fails on anything else (numbers,
+  a list or tuple (or another sized iterable, such as a HF ``DynamicCache``) its type over
+  the zipped elements. torch fails on anything else (numbers,
   dataclasses that are not dicts) or returns garbage (a string becomes ``"<map object>"``);
   this raises instead, with a message naming where in the output it is.
 - :func:`tensors` and :func:`map_tensors`: every tensor at any depth of tuples, lists, dicts
@@ -46,6 +47,13 @@ def _is_dataclass_instance(obj: Any) -> bool:
     return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
 
 
+def _is_other_sequence(obj: Any) -> bool:
+    """A sized iterable that torch's gather rebuilds as ``type(obj)(elements)``, such as a HF
+    ``DynamicCache`` (an iterable of per-layer ``(key, value)``); strings are not."""
+    return (hasattr(obj, "__iter__") and hasattr(obj, "__len__")
+            and not isinstance(obj, (str, bytes, bytearray, dict, list, tuple, _tensor_type())))
+
+
 def tensors(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
     """Depth-first ``(path, tensor)`` for every tensor in ``obj`` (tuples, lists, dicts,
     dataclasses; a dict that is also a dataclass, like a HF ``ModelOutput``, is walked as a
@@ -65,6 +73,9 @@ def tensors(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
     elif _is_dataclass_instance(obj):
         for f in dataclasses.fields(obj):
             yield from tensors(getattr(obj, f.name), f"{path}.{f.name}")
+    elif _is_other_sequence(obj):
+        for i, v in enumerate(obj):
+            yield from tensors(v, f"{path}[{i}]")
 
 
 def map_tensors(fn: Callable[[Any], Any], obj: Any) -> Any:
@@ -159,8 +170,14 @@ def gather(outputs: Sequence[Any], cat: Callable[[list, str], Any], path: str = 
         if isinstance(out, tuple):
             return _rebuild_tuple(out, items)
         return items if type(out) is list else type(out)(items)
+    if _is_other_sequence(out):
+        if not all(len(o) == len(out) for o in outputs):
+            raise UsageError(f"the replicas' outputs{path} have different lengths, which "
+                             "DataParallel cannot gather; return the same structure from every replica")
+        return type(out)([gather(list(x), cat, f"{path}[{i}]") for i, x in enumerate(zip(*outputs))])
     where = f"output{path}" if path else "output"
     raise UsageError(
         f"the model's {where} is a {type(out).__name__}, which DataParallel cannot gather "
-        "(torch.nn.parallel.gather takes tensors, None, dicts, namedtuples, lists and tuples); "
+        "(torch.nn.parallel.gather takes tensors, None, dicts, namedtuples, lists, tuples and "
+        "other sized iterables); "
         "return one of those from forward (e.g. a dict, or a HF ModelOutput)")

@@ -47,7 +47,7 @@ def _same(a, b):
         assert list(a) == list(b)
         for k in a:
             _same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
+    elif isinstance(a, (list, tuple)) or (hasattr(a, "__len__") and not isinstance(a, str)):
         assert len(a) == len(b)
         for x, y in zip(a, b):
             _same(x, y)
@@ -59,6 +59,11 @@ def _batches():
     t = torch.arange(8.0).reshape(4, 2)
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache()
+    cache.update(t.view(4, 1, 1, 2), t.view(4, 1, 1, 2), 0)
+    cache.update(t.view(4, 1, 1, 2) + 1, t.view(4, 1, 1, 2), 1)
     return {
         "tensor": t,
         "tuple": (t, t + 1),
@@ -67,6 +72,7 @@ def _batches():
         "ordered": collections.OrderedDict(a=t, b=t),
         "namedtuple": Pair(t, {"z": t}),
         "model_output": CausalLMOutputWithPast(logits=t, loss=t[:, 0]),
+        "model_output_with_cache": CausalLMOutputWithPast(logits=t, past_key_values=cache),
         "empty": ((), [], {}),
         "other": (3, "s", None, Plain(t)),
     }

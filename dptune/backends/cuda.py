@@ -93,7 +93,7 @@ from dptune.errors import BackendUnavailableError, DptuneError, UsageError, User
 from dptune.oom import is_oom, oom_device, oom_summary, replica_where
 from dptune.split import validate_chunk_sizes
 from dptune.state import Snapshot, restore, snapshot
-from dptune.workload import StepRuntime, Workload, run_step
+from dptune.workload import StepOutcome, StepRuntime, Workload, run_step
 
 __all__ = ["CudaBackend", "CudaRuntime", "WorkloadSpec", "StepContext", "default_step"]
 
@@ -428,6 +428,7 @@ class StepContext:
     batch_on_card0: bool = False
     wrapper: Any = None              # BalancedDataParallel for this probe (default step)
     stage: str = ""                  # what the step is doing, for error messages
+    outcome: Optional[StepOutcome] = None   # what the last default step saw
 
     def zero_grad(self) -> None:
         """Drop every gradient (``set_to_none``), as ``zero_grad()`` does by default."""
@@ -484,9 +485,9 @@ def default_step(ctx: StepContext, chunk_sizes: Sequence[int]) -> None:
         yield
 
     device_type = getattr(dev0, "type", "cuda")
-    run_step(wl, StepRuntime(model=wrapper, optimizer=ctx.optimizer, next_batch=next_batch,
-                             batch_for_loss=batch_for_loss, phase=phase,
-                             device_type=device_type, scaler_device=device_type))
+    ctx.outcome = run_step(wl, StepRuntime(model=wrapper, optimizer=ctx.optimizer, next_batch=next_batch,
+                                           batch_for_loss=batch_for_loss, phase=phase,
+                                           device_type=device_type, scaler_device=device_type))
     ctx.stage = "done"
 
 
@@ -887,6 +888,9 @@ class CudaBackend:
         nvml = None if all(v is None for v in nvml_cards) else tuple(nvml_cards)
         spread = (tuple(max(r.peak[i] for r in runs) - min(r.peak[i] for r in runs) for i in range(n))
                   if runs else None)
+        busy = sum(1 for c in sizes if c > 0)
+        unread = ctx.outcome.unread_outputs if ctx.outcome is not None and busy > 1 else None
+        ctx.outcome = None
         oom_pos = None
         if failure is not None:
             oom_pos, how = self._oom_position(failure, peak, reserved)
@@ -896,7 +900,8 @@ class CudaBackend:
         return ProbeResult(chunk_sizes=tuple(sizes), peak_bytes=tuple(peak), oom_device=oom_pos,
                            breakdown=None, reserved_bytes=tuple(reserved), nvml_used_bytes=nvml,
                            alloc_retries=tuple(retries), repeat_spread_bytes=spread,
-                           seconds=time.perf_counter() - t0, note="; ".join(notes))
+                           seconds=time.perf_counter() - t0, note="; ".join(notes),
+                           unread_outputs=unread)
 
     def _oom_position(self, failure: _Failure, peak: list[int], reserved: list[int]) -> tuple[int, str]:
         idx = failure.torch_index

@@ -74,7 +74,7 @@ from dptune.backends.base import CATEGORIES, Device, ProbeResult
 from dptune.errors import BackendUnavailableError, DptuneError, SpecError, UsageError, UserCodeError
 from dptune.split import scale_split, validate_chunk_sizes
 from dptune.units import GiB, MiB, format_bytes, parse_bytes
-from dptune.workload import (StepRuntime, Workload, batch_to_args, gradient_checkpointing, has_batchnorm,
+from dptune.workload import (StepOutcome, StepRuntime, Workload, batch_to_args, gradient_checkpointing, has_batchnorm,
                              model_name, run_step)
 
 __all__ = ["Cluster", "CARD_TYPES", "DEFAULT_CLUSTER", "parse_cluster", "SimulatedBackend",
@@ -730,6 +730,8 @@ class MemoryEstimate:
     cluster: Cluster
     seconds: float = 0.0
     notes: tuple[str, ...] = ()        # what was modelled how (attention kernels, bounds...)
+    # gathered output entries the loss never read, with their bytes on card 0
+    unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
 
     @property
     def oom_devices(self) -> list[int]:
@@ -853,7 +855,7 @@ class SimulatedBackend:
             baseline = list(ledger.live)
             ledger.reset_peaks()
             try:
-                self._step(sizes)
+                outcome = self._step(sizes)
             finally:
                 if self._optimizer is not None:
                     self._optimizer.zero_grad(set_to_none=True)
@@ -862,7 +864,8 @@ class SimulatedBackend:
         return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=list(ledger.peak),
                               breakdown=[dict(b) for b in ledger.peak_breakdown],
                               baseline_bytes=baseline, cluster=self.cluster,
-                              seconds=time.perf_counter() - t0, notes=self._notes())
+                              seconds=time.perf_counter() - t0, notes=self._notes(),
+                              unread_outputs=outcome.unread_outputs)
 
     def _notes(self) -> tuple[str, ...]:
         notes = []
@@ -875,7 +878,7 @@ class SimulatedBackend:
             notes.append(f"compute capability: {cap} for cards given by size (set it with cc=)")
         return tuple(notes)
 
-    def _step(self, sizes: list[int]) -> None:
+    def _step(self, sizes: list[int]) -> StepOutcome:
         """One training step (:func:`dptune.workload.run_step`) through DataParallel over the
         virtual cards, with CUDA autocast emulated (:mod:`dptune.backends._autocast`)."""
         ledger, module, wl = self._ledger, self._module, self.workload
@@ -913,13 +916,16 @@ class SimulatedBackend:
                 except Exception as e:
                     raise _user_error(e, where, sizes) from e
 
-        wrapper = _SimulatedDataParallel(module, ledger, sizes, source, len(self.cluster) == 1)
+        single = len(self.cluster) == 1
+        wrapper = _SimulatedDataParallel(module, ledger, sizes, source, single)
         try:
-            run_step(wl, StepRuntime(model=wrapper, optimizer=self._optimizer,
-                                     next_batch=next_batch, phase=phase))
+            outcome = run_step(wl, StepRuntime(model=wrapper, optimizer=self._optimizer,
+                                               next_batch=next_batch, phase=phase))
         finally:
             wrapper.close()
         del ws_keep
+        # on one card nothing is gathered, so unread outputs cost nothing extra
+        return StepOutcome() if single else outcome
 
     # -- the probe interface -----------------------------------------------------------
     def probe(self, chunk_sizes: Sequence[int]) -> ProbeResult:
@@ -930,7 +936,8 @@ class SimulatedBackend:
         oom = worst if over[worst] > 0 else None
         return ProbeResult(chunk_sizes=est.chunk_sizes, peak_bytes=tuple(est.peak_bytes),
                            oom_device=oom, breakdown=tuple(est.breakdown), seconds=est.seconds,
-                           note="; ".join(("simulated",) + est.notes))
+                           note="; ".join(("simulated",) + est.notes),
+                           unread_outputs=est.unread_outputs)
 
     def close(self) -> None:
         self._ledger = self._module = self._optimizer = None
