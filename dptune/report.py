@@ -700,6 +700,7 @@ def write_report(result: TuneResult, directory: str | pathlib.Path, *,
         os.chmod(tmp, 0o777 & ~_umask())   # mkdtemp makes it private; a report is not
         if out.exists():
             old = out.with_name(f".{out.name}.{os.getpid()}.old")
+            shutil.rmtree(old, ignore_errors=True)   # left by a run that was killed
             os.replace(out, old)
         os.replace(tmp, out)
     except OSError as e:

@@ -521,3 +521,65 @@ def test_value_reading_model_is_refused_in_one_line(workdir, capsys):
                           "y.sum().item()", "tune on real GPUs (--devices)")
     assert err.strip() == line          # nothing else: no FakeTensor internals
     assert "fake_tensor" not in err
+
+
+# ---- the README's commands -------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_commands() -> list[list[str]]:
+    """The `dptune ...` lines of the README's "From the shell" block, as argument lists."""
+    import shlex
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("### From the shell", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    joined = block.replace("\\\n", " ")
+    return [shlex.split(line.split(" #", 1)[0])[1:] for line in joined.splitlines()
+            if line.startswith("dptune ")]
+
+
+def test_readme_show_and_plot_commands_work_as_written(tmp_path, monkeypatch, capsys):
+    """Run from a copy of the repository's reports/, so the committed example is untouched."""
+    import shutil
+
+    shutil.copytree(ROOT / "reports" / "TinyGPT-4x24GB", tmp_path / "reports" / "TinyGPT-4x24GB")
+    monkeypatch.chdir(tmp_path)
+    commands = [c for c in readme_commands() if c[0] in ("show", "plot")]
+    assert [c[0] for c in commands] == ["show", "plot"]
+    before = {p.name: p.read_bytes() for p in (tmp_path / "reports" / "TinyGPT-4x24GB").iterdir()}
+    for argv in commands:
+        code, out, err = run(capsys, *argv)
+        assert code == 0, (argv, err)
+    assert out.count("wrote reports/_scratch/plots/") == 3
+    after = {p.name: p.read_bytes() for p in (tmp_path / "reports" / "TinyGPT-4x24GB").iterdir()}
+    assert after == before      # the README's commands leave the example as committed
+
+
+def test_readme_simulated_search_writes_to_scratch(monkeypatch):
+    """The README's simulated search writes under reports/_scratch (git-ignored), as `make
+    demo` does: neither rewrites the committed example."""
+    search = [c for c in readme_commands() if c[0] == "search" and "--simulate" in c]
+    assert len(search) == 1 and search[0][search[0].index("--out") + 1].startswith("reports/_scratch/")
+    makefile = (ROOT / "Makefile").read_text()
+    demo = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    assert "--out $(DEMO)" in demo and "DEMO   := reports/_scratch/" in makefile
+    assert "reports/_scratch/" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_a_ddp_wrapped_model_is_unwrapped_with_one_line():
+    """DDP needs a process group to be built; its wrapper shape (a module under .module) is
+    all unwrapping reads, so one is assembled without one."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from dptune.workload import unwrap_parallel
+
+    net = nn.Linear(4, 4)
+    ddp = DistributedDataParallel.__new__(DistributedDataParallel)
+    nn.Module.__init__(ddp)
+    ddp.module = net
+    with pytest.warns(DptuneWarning) as caught:
+        assert unwrap_parallel(ddp) is net
+    assert [str(w.message) for w in caught] == [
+        "the model is wrapped in DistributedDataParallel; dptune tunes the module inside it "
+        "(model.module, a Linear) and wraps that in its own BalancedDataParallel"]
