@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
-                           BackendUnavailableError, DptuneError, UsageError, UserCodeError)
+                           DptuneError, UsageError, UserCodeError)
 from dptune.importer import import_from_string
 from dptune.presets import (LOSSES, OPTIMIZERS, Named, adam, adamw, cross_entropy_loss, mean_loss,
                             mse_loss, sgd, sum_loss)
@@ -291,41 +291,24 @@ def load_step(step: Optional[str]) -> Optional[Callable[..., Any]]:
     return fn
 
 
-def _visible_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
            sample: Optional[str] = None, input_shape: Optional[Sequence[int]] = None,
            dtype: Optional[str] = None, vocab_size: Optional[int] = None,
            batch_size: int = 256, loss: str = "default", optimizer: str = "adamw",
            devices: Optional[Sequence[int]] = None, simulate: Optional[str] = None,
            objective: str = "balance", headroom_bytes: int = 2**30, max_probes: int = 12,
-           verbose: bool = True, announce: Callable[[str], None] = lambda line: None,
+           verbose: bool = True,
            isolate: bool = False, amp: Optional[str] = None, accumulate: int = 1,
            clip_grad_norm: Optional[float] = None, step: Optional[str] = None) -> "TuneResult":
     """``dptune search`` without the printing: build the workload, run the tuner, return
     its result. With neither ``devices`` nor ``simulate``, all visible GPUs are used, or
-    the default simulated cluster when none is visible (said through ``announce``)."""
-    from dptune.backends.simulated import DEFAULT_CLUSTER, parse_cluster
-    from dptune.tuner import Tuner
+    the default simulated cluster when none is visible (the tuner says so once)."""
+    from dptune.tuner import Tuner, choose_backend
 
-    if devices is not None and simulate is not None:
-        raise UsageError("give --devices or --simulate, not both")
-    if devices is not None and _visible_gpus() == 0:
-        raise BackendUnavailableError(
-            f"--devices {','.join(map(str, devices))}: no CUDA GPU is visible here; use "
-            f"--simulate SPEC (e.g. --simulate {DEFAULT_CLUSTER}) to tune for virtual cards")
-    defaulted = devices is None and simulate is None and _visible_gpus() == 0
-    if defaulted:
-        simulate = DEFAULT_CLUSTER
-        announce(f"no GPU is visible: simulating {DEFAULT_CLUSTER} "
-                 "(choose cards with --simulate SPEC)")
-    # A bad spec is a usage error before the user's code is imported; the tuner gets the
-    # parsed cluster.
-    cluster = parse_cluster(simulate) if simulate is not None else None
+    # Real GPUs or simulated cards, decided once (a bad spec is a usage error before the
+    # user's code is imported); the tuner says so when it chose the default cluster.
+    choice = choose_backend(list(devices) if devices else None, simulate)
+    cluster = choice.cluster
     wl = load_workload(model, model_kwargs=model_kwargs, sample=sample, input_shape=input_shape,
                        dtype=dtype, vocab_size=vocab_size, loss=loss, optimizer=optimizer,
                        simulated=cluster is not None)
@@ -340,18 +323,14 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
                                     clip_grad_norm=clip_grad_norm, step=step)
     tuner = Tuner(wl.model, wl.sample, batch_size=batch_size, loss_fn=wl.loss_fn,
                   optimizer=wl.optimizer, device_ids=list(devices) if devices else None,
-                  simulate=cluster, objective=objective, headroom=headroom_bytes,
+                  simulate=simulate, objective=objective, headroom=headroom_bytes,
                   verbose=verbose, max_probes=max_probes, backend=backend, amp=amp,
                   accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step_fn)
     try:
-        result = tuner.fit()
+        return tuner.fit()
     finally:
         if backend is not None:
             backend.close()
-    if defaulted:
-        result.notes.append(f"no GPU was visible, so the default simulated cluster "
-                            f"{DEFAULT_CLUSTER} was used")
-    return result
 
 
 def _isolated_backend(model: str, model_kwargs: Optional[dict[str, Any]], sample: Optional[str],
@@ -527,10 +506,6 @@ def _search_command(args: argparse.Namespace) -> int:
     if args.out:  # before minutes of probing
         check_output_folder(args.out, "--out", report=True)
 
-    def announce(line: str) -> None:
-        if not args.quiet:
-            print(f"dptune: {line}", file=sys.stderr)
-
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with redirect:
@@ -540,7 +515,7 @@ def _search_command(args: argparse.Namespace) -> int:
             batch_size=args.batch_size, loss=args.loss, optimizer=args.optimizer,
             devices=args.devices, simulate=args.simulate,
             objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
-            max_probes=args.max_probes, verbose=not args.quiet, announce=announce,
+            max_probes=args.max_probes, verbose=not args.quiet,
             isolate=args.isolate, amp=args.amp, accumulate=args.accumulate,
             clip_grad_norm=args.clip_grad_norm, step=args.step)
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)

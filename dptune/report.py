@@ -163,12 +163,29 @@ def _footer(result: TuneResult) -> list[str]:
                      "(its peaks are lower bounds)")
     lines.append(f"imbalance (max/min share of budget): even {_ratio(even.imbalance)} "
                  f"-> dptune {_ratio(result.imbalance)}")
+    if result.card0_floor:
+        lines.append("card 0 with no samples holds the largest share (a floor no split can "
+                     "beat): the imbalance is among the cards that hold samples")
     if result.objective == "max_batch":
         lines.append(f"max batch that fits: even {even.batch_size} -> balanced "
                      f"{result.batch_size}{_gain(result)}")
+    if result.output_device != 0:
+        lines.append(f"outputs gathered on card {result.output_device}: "
+                     f"+{result.output_device_gain} samples over gathering on card 0")
+    lines.append(_certificate(result))
     return lines
 
 
+def _certificate(result: TuneResult) -> str:
+    """One line: certified or not, and the brackets ``[lo, hi)`` that say why."""
+    if not result.brackets:
+        return "certified: no (no brackets recorded)"
+    br = "; ".join(b.describe() for b in result.brackets)
+    if result.certified:
+        why = ("one more sample does not fit" if result.objective == "max_batch"
+               else "no split lowers the largest share")
+        return f"certified: yes ({why}; brackets {br})"
+    return f"certified: no (brackets {br})"
 def _subject(result: TuneResult) -> str:
     """``"Net on 4x24GB (simulated), bf16 autocast, accumulate 2"``: what was tuned, for what step."""
     return f"{result.model_name} on {result.cluster}, {result.settings.describe()}"
@@ -221,6 +238,7 @@ def render_summary(result: TuneResult, plots: Optional[Sequence[str]] = None) ->
         f"even split: `{list(result.even.chunk_sizes)}`",
         f"- headroom: {format_bytes(result.headroom_bytes)} per card",
         f"- probes: {result.num_probes} in {result.seconds:.1f} s",
+        f"- {_certificate(result)}",
         "",
         "## Per card",
         "",

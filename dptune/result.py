@@ -14,14 +14,16 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dptune.backends.base import Device, ProbeResult
 from dptune.errors import ReportError, UsageError
+from dptune.search.observations import Bracket
+from dptune.solver import Fit
 from dptune.workload import StepSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
     import torch
 
-__all__ = ["Fit", "SplitFigures", "TuneResult", "REPORT_VERSION", "OBJECTIVES", "shares", "imbalance",
-           "load_result"]
+__all__ = ["Fit", "Bracket", "SplitFigures", "TuneResult", "REPORT_VERSION", "OBJECTIVES", "shares",
+           "imbalance", "load_result"]
 
 REPORT_VERSION = 1
 
@@ -36,39 +38,17 @@ def shares(peak_bytes: Sequence[int], budget_bytes: Sequence[int]) -> list[float
 
 def imbalance(peak_bytes: Sequence[int], budget_bytes: Sequence[int],
               chunk_sizes: Sequence[int]) -> float:
-    """max/min share of budget over the cards in use.
+    """max/min share of budget over the cards that hold samples (1.0 is perfectly balanced).
 
-    A card is in use when it was given samples; card 0 always is (it holds the master
-    weights). 1.0 is perfectly balanced.
+    Card 0 with no samples is left out: it runs no replica, so what it holds (the master
+    weights, the gradients, the optimizer state, the gathered outputs) is a floor that no split
+    changes (:attr:`TuneResult.card0_floor` says when that floor is the largest share).
     """
-    s = [x for i, x in enumerate(shares(peak_bytes, budget_bytes))
-         if i == 0 or chunk_sizes[i] > 0]
+    s = [x for i, x in enumerate(shares(peak_bytes, budget_bytes)) if chunk_sizes[i] > 0]
+    if not s:
+        return float("inf")
     lo = min(s)
     return max(s) / lo if lo > 0 else float("inf")
-
-
-@dataclass(frozen=True)
-class Fit:
-    """Card memory as an affine function of its chunk, and of the whole batch on card 0.
-
-    ``predict(c, B) = intercept_bytes + slope_bytes * c + batch_slope_bytes * B``
-    (``batch_slope_bytes`` is 0 except on the output card, which gathers the whole batch).
-    ``max_error_bytes`` is the largest residual over the points fitted.
-    """
-
-    intercept_bytes: float
-    slope_bytes: float
-    batch_slope_bytes: float = 0.0
-    max_error_bytes: float = 0.0
-    points: int = 0
-
-    def predict(self, chunk: int, batch_size: int) -> float:
-        return self.intercept_bytes + self.slope_bytes * chunk + self.batch_slope_bytes * batch_size
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(intercept_bytes=self.intercept_bytes, slope_bytes=self.slope_bytes,
-                    batch_slope_bytes=self.batch_slope_bytes,
-                    max_error_bytes=self.max_error_bytes, points=self.points)
 
 
 @dataclass(frozen=True)
@@ -104,6 +84,11 @@ class TuneResult:
     - ``even``: the plain even split at the same batch (for ``max_batch``: at the largest
       batch the even split fits).
     - ``probes``: every probe run, in order; ``fits``: one :class:`Fit` per card.
+    - ``certified``: the answer is proven: for ``max_batch`` one more sample was measured not
+      to fit (every bracket closed); for ``balance`` no split can lower the largest share.
+      ``brackets``: per card ``[lo, hi)``, ``lo`` measured within budget, ``hi`` over.
+    - ``output_device``: the card DataParallel gathers the outputs on (0 unless another card
+      raised the largest batch; ``card0_output_batch_size`` is then the batch with card 0).
     - ``settings``: the training step the split was tuned for (mixed precision,
       accumulation, clipping, the user's step function); a split is only valid for it.
     - ``model``: the user's model wrapped in a ``BalancedDataParallel`` with this split
@@ -127,6 +112,10 @@ class TuneResult:
     seconds: float = 0.0
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    certified: bool = False
+    brackets: list[Bracket] = field(default_factory=list)
+    output_device: int = 0
+    card0_output_batch_size: Optional[int] = None
     settings: StepSettings = field(default_factory=StepSettings)
     model: Optional["torch.nn.Module"] = field(default=None, repr=False, compare=False)
 
@@ -146,6 +135,20 @@ class TuneResult:
     @property
     def imbalance(self) -> float:
         return imbalance(self.peak_bytes, self.budget_bytes, self.chunk_sizes)
+
+    @property
+    def card0_floor(self) -> bool:
+        """Card 0 holds no samples and still the largest share: a floor no split can beat."""
+        s = self.shares
+        return self.chunk_sizes[0] == 0 and len(s) > 1 and s[0] >= max(s[1:])
+
+    @property
+    def output_device_gain(self) -> int:
+        """Samples the chosen ``output_device`` adds to the largest batch over gathering on
+        card 0 (0 when card 0 was kept or the comparison was not run)."""
+        if self.card0_output_batch_size is None:
+            return 0
+        return self.batch_size - self.card0_output_batch_size
 
     @property
     def num_probes(self) -> int:
@@ -200,6 +203,9 @@ class TuneResult:
             probes=[p.to_dict() for p in self.probes], fits=[f.to_dict() for f in self.fits],
             requested_batch_size=self.requested_batch_size, seconds=self.seconds,
             advice=list(self.advice), notes=list(self.notes), settings=self.settings.to_dict(),
+            certified=self.certified,
+            brackets=[b.to_dict() for b in self.brackets], output_device=self.output_device,
+            card0_output_batch_size=self.card0_output_batch_size,
         )
 
     @classmethod
@@ -426,10 +432,27 @@ def _read_device(c: _Checked) -> Device:
 
 
 def _read_fit(c: _Checked) -> Fit:
+    zero = c.raw("zero_bytes", optional=True)
     return Fit(intercept_bytes=c.number("intercept_bytes"), slope_bytes=c.number("slope_bytes"),
                batch_slope_bytes=c.number("batch_slope_bytes", optional=True),
                max_error_bytes=c.number("max_error_bytes", optional=True),
-               points=c.integer("points", optional=True) or 0)
+               points=c.integer("points", optional=True) or 0,
+               zero_bytes=None if zero is None else c.number("zero_bytes"))
+
+
+def _read_flag(c: _Checked, key: str) -> bool:
+    v = c.raw(key, optional=True)
+    if v is not None and not isinstance(v, bool):
+        raise c.fail(key, "true or false", v)
+    return bool(v)
+
+
+def _read_bracket(c: _Checked) -> Bracket:
+    what = c.text("what", optional=True, default="chunk")
+    if what not in ("chunk", "batch"):
+        raise ReportError(f"{c.path('what')} is {what!r}, expected 'chunk' or 'batch'; {_AGAIN}")
+    return Bracket(card=c.integer("card"), lo=c.integer("lo"), hi=c.integer("hi", optional=True),
+                   what=what, min_chunk=c.integer("min_chunk", optional=True, minimum=1) or 1)
 
 
 def _read_result(d: Any) -> TuneResult:
@@ -465,6 +488,10 @@ def _read_result(d: Any) -> TuneResult:
         fits=[_read_fit(x) for x in c.objects("fits", n)], breakdown=c.breakdowns("breakdown", n),
         requested_batch_size=requested, seconds=c.number("seconds", optional=True),
         advice=c.strings("advice"), notes=c.strings("notes"), settings=_read_settings(c),
+        certified=_read_flag(c, "certified"),
+        brackets=[_read_bracket(x) for x in c.objects("brackets", optional=True) or []],
+        output_device=c.card("output_device", n) or 0,
+        card0_output_batch_size=c.integer("card0_output_batch_size", optional=True),
     )
 
 

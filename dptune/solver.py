@@ -22,22 +22,55 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from dptune.errors import NoFeasibleSplitError
-from dptune.result import Fit
 from dptune.split import even_split
-from dptune.units import format_bytes
 
 __all__ = [
-    "fit_affine", "predict", "shares_of", "max_share",
-    "solve_balance", "solve_max_batch", "max_even_batch", "infeasible_error",
+    "Fit", "fit_affine", "predict", "shares_of", "max_share",
+    "solve_balance", "solve_max_batch", "max_even_batch", "over_budget",
 ]
 
 #: A fitted slope below this (noise can make it 0 or negative) is treated as this, in bytes.
 MIN_SLOPE_BYTES = 1.0
 
 Caps = Optional[Sequence[Optional[int]]]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Card memory as an affine function of its chunk, and of the whole batch on card 0.
+
+    ``predict(c, B) = intercept_bytes + slope_bytes * c + batch_slope_bytes * B``
+    (``batch_slope_bytes`` is 0 except on the output card, which gathers the whole batch).
+    ``zero_bytes``: card 0 with no samples runs no replica, a step rather than a point of the
+    line; where it was measured it is given here (at the batch of the fit, in bytes).
+    ``max_error_bytes`` is the largest residual over the points fitted.
+    """
+
+    intercept_bytes: float
+    slope_bytes: float
+    batch_slope_bytes: float = 0.0
+    max_error_bytes: float = 0.0
+    points: int = 0
+    zero_bytes: Optional[float] = None
+
+    def predict(self, chunk: int, batch_size: int) -> float:
+        if chunk == 0 and self.zero_bytes is not None:
+            return self.zero_bytes
+        return self.intercept_bytes + self.slope_bytes * chunk + self.batch_slope_bytes * batch_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(intercept_bytes=self.intercept_bytes, slope_bytes=self.slope_bytes,
+                    batch_slope_bytes=self.batch_slope_bytes,
+                    max_error_bytes=self.max_error_bytes, points=self.points,
+                    zero_bytes=self.zero_bytes)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Fit":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
 # ---- fitting ---------------------------------------------------------------------------
@@ -128,6 +161,8 @@ def fit_affine(points: Sequence[Sequence[float]], *, batch_term: bool = False) -
 def _card_bytes(fit: Fit, card: int, chunk: int, batch_size: int) -> float:
     if card > 0 and chunk == 0:
         return 0.0
+    if chunk == 0 and fit.zero_bytes is not None:
+        return fit.zero_bytes
     return fit.intercept_bytes + max(fit.slope_bytes, MIN_SLOPE_BYTES) * chunk \
         + fit.batch_slope_bytes * batch_size
 
@@ -162,19 +197,12 @@ def max_share(fits: Sequence[Fit], budgets: Sequence[int], split: Sequence[int],
 
 # ---- errors ----------------------------------------------------------------------------
 
-def infeasible_error(card: Optional[int], shortfall_bytes: Optional[float], batch_size: int,
-                     detail: str = "") -> NoFeasibleSplitError:
-    """The error for "no split fits", saying where, by how much, and what to try."""
-    short = None if shortfall_bytes is None else max(0, int(math.ceil(shortfall_bytes)))
-    where = ""
-    if card is not None and short is not None:
-        where = (f": at best, card {card} is {format_bytes(short)} over its budget")
-    elif card is not None:
-        where = f": card {card} runs out of memory"
-    msg = (f"no split of batch size {batch_size} fits every card's budget{where}"
-           f"{'; ' + detail if detail else ''}. Try a smaller batch_size, a smaller headroom, "
-           "more or larger cards, or gradient accumulation (several smaller batches per step).")
-    return NoFeasibleSplitError(msg, shortfall_bytes=short)
+def over_budget(card: int, shortfall_bytes: float, batch_size: int) -> NoFeasibleSplitError:
+    """No split of ``batch_size`` is predicted to fit: ``card`` is short by this much."""
+    short = max(0, int(math.ceil(shortfall_bytes)))
+    return NoFeasibleSplitError(
+        f"no split of batch size {batch_size} is predicted to fit: card {card} is "
+        f"{short} bytes over its budget", shortfall_bytes=short)
 
 
 # ---- balance ---------------------------------------------------------------------------
@@ -199,7 +227,10 @@ def _cmax_at(fits: Sequence[Fit], budgets: Sequence[int], level: float, batch_si
             continue
         room = level * bud - base
         if i == 0 and room < 0:
-            return None
+            if f.zero_bytes is None or f.zero_bytes > level * bud:
+                return None
+            out.append(0)   # card 0 fits with no samples only (no replica there)
+            continue
         slope = max(f.slope_bytes, MIN_SLOPE_BYTES)
         x = room / slope
         c = hi if x >= hi else max(0, int(math.floor(x)))
@@ -271,8 +302,8 @@ def solve_balance(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, 
         raise ValueError(f"batch size must be >= 0, got {batch_size}")
     m = max(1, int(min_chunk_nonzero))
     if budgets[0] <= 0:
-        raise infeasible_error(0, -budgets[0] + max(0.0, _card_bytes(fits[0], 0, 0, batch_size)),
-                               batch_size, "card 0 has no memory left within the headroom")
+        raise over_budget(0, -budgets[0] + max(0.0, _card_bytes(fits[0], 0, 0, batch_size)),
+                          batch_size)
     top = [_cap(caps, i, batch_size) for i in range(n)]
     # every level share reachable: all cards at their caps
     hi = max([_card_bytes(fits[i], i, top[i], batch_size) / budgets[i]
@@ -305,7 +336,7 @@ def solve_balance(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, 
                 for i, (p, b) in enumerate(zip(peaks, budgets))]
         worst = max(range(n), key=lambda i: over[i])
         if over[worst] > 0:
-            raise infeasible_error(worst, over[worst], batch_size)
+            raise over_budget(worst, over[worst], batch_size)
     return split
 
 
@@ -356,7 +387,7 @@ def solve_max_batch(fits: Sequence[Fit], budgets: Sequence[int], *, min_chunk_no
         b -= 1
     if best == 0:
         solve_balance(fits, budgets, m, min_chunk_nonzero=m, caps=caps, strict=True)
-        raise infeasible_error(0, None, m)  # pragma: no cover - the line above raises
+        raise over_budget(0, 0.0, m)  # pragma: no cover - the line above raises
     return best, solve_balance(fits, budgets, best, min_chunk_nonzero=m, caps=caps, strict=True)
 
 

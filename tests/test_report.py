@@ -125,8 +125,9 @@ def test_render_table_balance():
     lines = text.splitlines()
     assert "device" in lines[1] and "even split" in lines[1] and "dptune split" in lines[1]
     assert lines[2].startswith("0: NVIDIA GeForce RTX 4090")
-    assert len(lines) == 2 + 4 + 1
-    assert f"even {r.even.imbalance:.2f} -> dptune {r.imbalance:.2f}" in lines[-1]
+    assert len(lines) == 2 + 4 + 2
+    assert f"even {r.even.imbalance:.2f} -> dptune {r.imbalance:.2f}" in lines[-2]
+    assert lines[-1].startswith("certified: ")
     assert "max batch" not in text
     assert str(r) == text
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dptune.errors import NoFeasibleSplitError
-from dptune.result import Fit
+from dptune.solver import Fit
 from dptune.solver import (fit_affine, max_even_batch, max_share, predict, solve_balance,
                            solve_max_batch)
 from dptune.split import even_split
@@ -109,7 +109,7 @@ def test_balance_is_optimal_and_feasible_when_possible(cs, batch, g):
         with pytest.raises(NoFeasibleSplitError) as e:
             solve_balance(fits, budgets, batch)
         assert e.value.shortfall_bytes is not None and e.value.shortfall_bytes > 0
-        assert "card" in str(e.value) and "gradient accumulation" in str(e.value)
+        assert "card" in str(e.value) and "over its budget" in str(e.value)
 
 
 @settings(max_examples=100, deadline=None)

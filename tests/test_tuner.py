@@ -55,9 +55,8 @@ class SyntheticBackend:
         peaks = [self.memory(i, c, batch) for i, c in enumerate(sizes)]
         for i, p in enumerate(peaks):
             avail = self.devices[i].available_bytes
-            if p > avail:
-                return ProbeResult(sizes, tuple(min(x, d.available_bytes)
-                                                for x, d in zip(peaks, self.devices)), oom_device=i)
+            if p > avail:   # like the simulator: the whole step is measured
+                return ProbeResult(sizes, tuple(peaks), oom_device=i)
         bd = tuple({"weights": p // 4, "activations": p // 2,
                     "outputs": int(self.outputs * p) if i == 0 else 0} for i, p in enumerate(peaks))
         return ProbeResult(sizes, tuple(peaks), breakdown=bd)
@@ -95,17 +94,19 @@ def assert_verified(r: TuneResult) -> None:
 # ---- balance ------------------------------------------------------------------------------
 
 
-def test_balance_affine_takes_exactly_three_probes():
+def test_balance_affine_exact_probe_sequence_and_certificate():
     be = identical()
     r = tune(be)
-    assert be.calls == [[64, 64, 64, 64], [49, 69, 69, 69], [9, 82, 82, 83]]
-    assert [p.purpose for p in r.probes] == ["even", "fit", "verify"]
-    assert r.chunk_sizes == [9, 82, 82, 83] == list(r.probes[-1].chunk_sizes)
-    assert r.peak_bytes == list(r.probes[-1].peak_bytes)
+    assert be.calls == [[64, 64, 64, 64], [49, 69, 69, 69], [9, 82, 82, 83],
+                        [10, 83, 83, 80]]   # card 3 (the heaviest) gives one to each other card
+    assert [p.purpose for p in r.probes] == ["even", "fit", "verify", "certify"]
+    assert r.chunk_sizes == [9, 82, 82, 83] and r.certified
+    assert [(b.lo, b.hi) for b in r.brackets] == [(9, 10), (82, 83), (82, 83), (83, 84)]
+    assert r.peak_bytes == list(r.probes[2].peak_bytes)
     assert r.imbalance < 1.02 < r.even.imbalance
     assert r.even.chunk_sizes == (64, 64, 64, 64)
     assert r.objective == "balance" and r.requested_batch_size == 256 and r.batch_size == 256
-    assert r.num_probes == 3 and len(r.fits) == 4
+    assert r.num_probes == 4 and len(r.fits) == 4
     # the fits are exact on affine cards
     for i, f in enumerate(r.fits):
         assert f.predict(r.chunk_sizes[i], 256) == pytest.approx(r.peak_bytes[i], abs=2)
@@ -238,13 +239,17 @@ def test_max_batch_affine():
     budgets = [23 * GiB] * 4
     want, _ = solver.solve_max_batch(truth, budgets)
     assert r.batch_size == want == 767
-    assert [p.purpose for p in r.probes] == ["even", "fit", "fit", "verify", "even-max"]
-    assert be.calls[:3] == [[64, 64, 64, 64], [49, 69, 69, 69], [0, 42, 43, 43]]
+    assert [p.purpose for p in r.probes] == ["even", "fit", "max", "max", "max", "even-max",
+                                             "even-max"]
+    assert be.calls[:3] == [[64, 64, 64, 64], [64, 185, 185, 185], [92, 225, 225, 225]]
     assert r.even.batch_size == solver.max_even_batch(truth, budgets) == 496
     assert r.even.feasible and r.batch_gain > 0.5
     assert r.fits[0].batch_slope_bytes == pytest.approx(0.011 * GiB, rel=1e-6)
-    assert any("768 is predicted not to fit" in n for n in r.notes)
+    assert r.certified and [(b.what, b.lo, b.hi) for b in r.brackets] == [
+        ("batch", 767, 768), ("chunk", 225, 226), ("chunk", 225, 226), ("chunk", 225, 226)]
     assert_verified(r)
+    back = TuneResult.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back.certified and back.brackets == r.brackets
 
 
 def test_max_batch_dash_spelling_and_convex_cards():
@@ -284,7 +289,7 @@ def test_verbose_false_prints_nothing(capsys):
 def test_verbose_shows_progress_on_stderr(capsys):
     tune(identical(), verbose=True)
     out, err = capsys.readouterr()
-    assert out == "" and "probing" in err and "3/3" in err
+    assert out == "" and "probing" in err and "4/4" in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA GPUs")

@@ -1,0 +1,142 @@
+"""The certified search: brackets from measured probes, fits only to choose the next probe.
+
+- :mod:`dptune.search.observations`: the points each probe gives each card, and the
+  brackets ``[lo, hi)`` (measured within budget, measured over) they imply;
+- :mod:`dptune.search.models`: local fits that pick the next point inside a bracket;
+- :mod:`dptune.search.loop`: one refine loop, propose -> cached probe -> update -> accept;
+- :mod:`dptune.search.balance` and :mod:`dptune.search.max_batch`: the two objectives as
+  strategies of that loop.
+
+:func:`run` is the entry point: it returns a :class:`SearchOutcome` (only splits a probe
+measured within every budget are ever returned).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from dptune.backends.base import ProbeResult
+from dptune.search.balance import Balance
+from dptune.search.loop import Proposal, refine
+from dptune.search.max_batch import MaxBatch
+from dptune.search.messages import infeasible_error
+from dptune.search.models import CardFits
+from dptune.search.observations import Bracket, Observations
+from dptune.solver import Fit
+from dptune.split import even_split
+
+__all__ = ["SearchOutcome", "run", "Bracket", "Observations", "Proposal"]
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """What one search found.
+
+    ``best``: the probe of the split returned (measured within every budget). ``even``: the
+    probe of the even split compared with (balance: at the same batch; max_batch: at the
+    largest batch the even split fits), ``None`` when none was measured within budget;
+    ``even_split``: that split. ``certified``: every bracket closed (see the objectives).
+    """
+
+    best: ProbeResult
+    even: Optional[ProbeResult]
+    even_split: tuple[int, ...]
+    probes: tuple[ProbeResult, ...]
+    fits: tuple[Fit, ...]
+    brackets: tuple[Bracket, ...]
+    certified: bool
+    card0_floor: bool
+    notes: tuple[str, ...]
+
+
+def _fits(obs: Observations, split: Sequence[int]) -> tuple[Fit, ...]:
+    """One fit per card near ``split`` (card 0 with its cost per sample of the whole batch)."""
+    cf = CardFits(obs)
+    b = sum(split)
+    out = []
+    for i, c in enumerate(split):
+        if i == 0:
+            line = cf.card0_line(max(c, 1), b)
+            g = cf.g or 0.0
+            zero = cf.predict0(0, b) if c == 0 else None
+            fit = None if line is None else Fit(line.intercept - g * b, line.slope, g,
+                                                 points=len(obs.points[0]), zero_bytes=zero)
+        else:
+            line = cf.card_line(i, max(c, 1))
+            fit = None if line is None else Fit(line.intercept, line.slope,
+                                                 points=len(obs.points[i]))
+        if fit is None:
+            peak = max((p.peak_bytes for p in obs.points[i] if p.exact), default=0)
+            fit = Fit(float(peak), 0.0, points=1)
+        out.append(fit)
+    return tuple(out)
+
+
+def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], objective: str,
+        batch_size: int, *, min_chunk: int = 1, max_probes: int = 12, tolerance: float = 0.02,
+        exact_on_oom: bool = True, on_probe: Callable[[], None] = lambda: None) -> SearchOutcome:
+    """Search for the balanced split of ``batch_size`` (``objective="balance"``) or the
+    largest batch (``"max_batch"``, from ``batch_size`` as a first guess).
+
+    ``probe(split)`` runs one training step; ``budgets`` are bytes per card; ``min_chunk=2``
+    under BatchNorm (no card gets a single sample); ``exact_on_oom``: an out-of-memory probe
+    still measures every card (the simulator) rather than only the failing one (real cards).
+    Raises :class:`dptune.errors.NoFeasibleSplitError` when nothing fits.
+    """
+    obs = Observations(budgets, exact_on_oom=exact_on_oom, min_chunk=min_chunk)
+    n = obs.n
+    notes: list[str] = []
+    if objective == "balance":
+        bal = Balance(obs, batch_size, max_probes, tolerance, notes)
+        refine(probe, bal, obs, max_probes, on_probe)
+        best = obs.best_within(batch_size)
+        if best is None:
+            raise bal.no_split()
+        certified = bal.certified(best)
+        brackets = bal.brackets(best)
+        floor = bal.floor(best)
+        even_s = tuple(even_split(batch_size, n))
+        even = obs.by_split.get(even_s)
+        if floor:
+            notes.append("card 0 with no samples already holds the largest share (its master "
+                         "weights, gradients, optimizer state and the gathered outputs): no "
+                         "split can do better; the imbalance is given among the cards that "
+                         "hold samples")
+    else:
+        mb = MaxBatch(obs, batch_size, max_probes)
+        refine(probe, mb, obs, max_probes, on_probe)
+        best = obs.best_within()
+        if best is None:
+            card = next((r.oom_device for r in reversed(obs.probes) if not r.feasible), None)
+            raise infeasible_error(card, None, min_chunk,
+                                   f"not even the smallest batch was measured within budget "
+                                   f"in {len(obs.probes)} probes")
+        certified = mb.max_certified()
+        brackets = mb.brackets()
+        floor = False
+        lo, hi = mb.even_bracket()
+        even_s = tuple(even_split(lo, n)) if lo > 0 else tuple(even_split(batch_size, n))
+        even = obs.by_split.get(even_s) if lo > 0 else None
+        if even is not None and not obs.within_budget(even):
+            even = None
+        if not mb.even_certified():
+            evens = [r for r in obs.probes if tuple(r.chunk_sizes) == tuple(even_split(r.batch_size, n))
+                     and obs.within_budget(r)]
+            if evens:
+                even = max(evens, key=lambda r: r.batch_size)
+                even_s = tuple(even.chunk_sizes)
+            notes.append("the even split's largest batch was not bracketed within the probes; "
+                         + (f"the largest even batch measured within budget ({even.batch_size}) "
+                            "is shown" if even is not None else "no even split was measured "
+                            "within budget"))
+        if even is not None and even.batch_size > best.batch_size:  # pragma: no cover - guard
+            best = even
+    if not certified:
+        open_ = [b.describe() for b in brackets if not b.closed]
+        notes.append(f"not certified: {len(obs.probes)} of {max_probes} probes run and "
+                     f"{len(open_)} bracket(s) still open ({'; '.join(open_)}); the best split "
+                     "measured within every budget is returned")
+    return SearchOutcome(best=best, even=even, even_split=even_s, probes=tuple(obs.probes),
+                         fits=_fits(obs, best.chunk_sizes), brackets=tuple(brackets),
+                         certified=certified, card0_floor=floor, notes=tuple(notes))

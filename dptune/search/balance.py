@@ -1,0 +1,283 @@
+"""Balance: the split of a fixed batch with the lowest largest share of budget.
+
+Probe the even split and a second split that changes every card's chunk; fit each card near
+the split of interest (a secant through its two nearest measured points; card 0 only on
+points at this batch, chunk 0 apart); solve for the split that minimises the largest share
+(:func:`dptune.solver.solve_balance`), with every card capped below a chunk measured over
+budget; verify it with a probe. When the probe matches its prediction within ``tolerance``,
+one more probe certifies it: every card other than the heaviest one is given one more sample
+(the heaviest gives them). If each is then at least at the heaviest card's share, no split
+can lower the largest share (each card is non-decreasing): the split is optimal. Otherwise
+the new points refine the fits and the loop goes on.
+
+When card 0 with no samples already holds the largest share (its master weights, gradients,
+optimizer state and gathered outputs), no split can do better: certified at once.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from dptune import solver
+from dptune.backends.base import ProbeResult
+from dptune.errors import NoFeasibleSplitError
+from dptune.search.loop import Proposal, valid_split
+from dptune.search.messages import infeasible_error
+from dptune.search.models import CardFits
+from dptune.search.observations import Bracket, Observations, next_chunk
+from dptune.split import even_split
+
+__all__ = ["Balance"]
+
+#: Fraction of the donor card's chunk moved by the second probe.
+SECOND_SPLIT_SHARE = 0.25
+
+
+class Balance:
+    """The balance strategy (see the module docstring)."""
+
+    def __init__(self, obs: Observations, batch: int, max_probes: int, tolerance: float,
+                 notes: list[str]):
+        self.obs = obs
+        self.B = batch
+        self.n = obs.n
+        self.m = obs.min_chunk
+        self.max_probes = max_probes
+        self.tol = tolerance
+        self.notes = notes
+        self.pred: dict[tuple[int, ...], list[float]] = {}
+
+    # ---- the certificate --------------------------------------------------------------
+    def heaviest(self, r: ProbeResult) -> tuple[int, float]:
+        s = self.obs.shares(r)
+        h = max(range(self.n), key=lambda i: (s[i], -i))
+        return h, s[h]
+
+    def floor(self, r: ProbeResult) -> bool:
+        """Card 0 with no samples holds the largest share: no split can do better."""
+        h, _ = self.heaviest(r)
+        return h == 0 and r.chunk_sizes[0] == 0
+
+    def _known_at_least(self, i: int, chunk: int, level: float) -> bool:
+        """Card i's share with ``chunk`` samples (at this batch) is measured >= ``level``."""
+        bud = self.obs.budgets[i]
+        return any(p.chunk <= chunk and p.batch <= self.B and p.peak_bytes >= level * bud
+                   for p in self.obs.points[i] if p.chunk > 0 or i == 0)
+
+    def brackets(self, r: ProbeResult) -> list[Bracket]:
+        """Per card: ``[its chunk, the next chunk measured at or above the largest share)``."""
+        h, level = self.heaviest(r)
+        out = []
+        for i, c in enumerate(r.chunk_sizes):
+            nxt = next_chunk(c, self.m)
+            closed = i == h or self.floor(r) or self._known_at_least(i, nxt, level)
+            out.append(Bracket(card=i, lo=c, hi=nxt if closed else None, min_chunk=self.m))
+        return out
+
+    def certified(self, r: ProbeResult) -> bool:
+        return all(b.closed for b in self.brackets(r))
+
+    def _certificate_split(self, r: ProbeResult) -> Optional[tuple[int, ...]]:
+        h, _ = self.heaviest(r)
+        split = list(r.chunk_sizes)
+        for b in self.brackets(r):
+            if not b.closed:
+                step = next_chunk(b.lo, self.m) - b.lo
+                split[b.card] += step
+                split[h] -= step
+        if not valid_split(split, self.m) or min(split) < 0:
+            return None
+        return tuple(split)
+
+    # ---- fits -------------------------------------------------------------------------
+    def fits(self, target: Sequence[int]) -> Optional[list[solver.Fit]]:
+        cf = CardFits(self.obs)
+        out: list[solver.Fit] = []
+        for i in range(self.n):
+            if i == 0:
+                line = cf.card0_line(max(target[0], 1), self.B)
+                if line is None:
+                    return None
+                zero = [p for p in self.obs.points[0] if p.exact and p.chunk == 0 and p.batch == self.B]
+                out.append(solver.Fit(line.intercept, line.slope,
+                                      zero_bytes=float(zero[-1].peak_bytes) if zero else None))
+            else:
+                line = cf.card_line(i, max(target[i], 1))
+                if line is None:
+                    return None
+                out.append(solver.Fit(line.intercept, line.slope))
+        return out
+
+    def caps(self) -> list[Optional[int]]:
+        """Each card's largest chunk not measured over budget at this batch (or below)."""
+        out: list[Optional[int]] = []
+        for i in range(self.n):
+            overs = [p.chunk for p in self.obs.over_points(i) if i > 0 or p.batch <= self.B]
+            out.append(min(overs) - 1 if overs else None)
+        return out
+
+    def error(self, r: ProbeResult) -> float:
+        """Largest miss of the prediction for a probe, as a share of each card's budget (or of
+        its peak where that is smaller)."""
+        pred = self.pred.get(tuple(r.chunk_sizes))
+        if pred is None or not r.feasible:
+            return float("inf")
+        out = 0.0
+        for i, (p, q, b, c) in enumerate(zip(r.peak_bytes, pred, self.obs.budgets, r.chunk_sizes)):
+            if i == 0 or c > 0:
+                scale = min(b, max(p, q))
+                out = max(out, abs(p - q) / scale if scale > 0 else float("inf"))
+        return out
+
+    # ---- the second split -------------------------------------------------------------
+    def shift(self, base: Sequence[int], r: Optional[ProbeResult]) -> list[int]:
+        """Every card changed: the heaviest card (or the one that ran out of memory) gives a
+        share of its samples, in equal parts, to every other card."""
+        n, m = self.n, self.m
+        base = list(base)
+        if r is not None and not r.feasible:
+            donor = int(r.oom_device)  # type: ignore[arg-type]
+        elif r is not None:
+            donor = self.heaviest(r)[0]
+        else:
+            donor = 0
+        if base[donor] == 0:
+            donor = max(range(n), key=lambda i: (base[i], -i))
+        receivers = [i for i in range(n) if i != donor]
+        streak = 0   # the donor ran out of memory this many times in a row: move more
+        for q in reversed(self.obs.probes):
+            if q.feasible or q.oom_device != donor:
+                break
+            streak += 1
+        share = min(1.0, SECOND_SPLIT_SHARE * 2 ** max(0, streak - 1))
+        k = max(1, round(share * base[donor] / max(1, len(receivers))))
+        k = min(k, base[donor] // max(1, len(receivers)))
+        out = list(base)
+        if k >= 1:
+            for i in receivers:
+                give = k if out[i] > 0 else max(k, m)
+                if out[donor] - give < 0:
+                    continue
+                out[i] += give
+                out[donor] -= give
+        else:
+            for i in receivers:
+                give = 1 if out[i] > 0 else m
+                if out[donor] >= give:
+                    out[i] += give
+                    out[donor] -= give
+        return _fix_batchnorm(out, m)
+
+    # ---- the strategy -------------------------------------------------------------------
+    def propose(self) -> Optional[Proposal]:
+        obs, B, n = self.obs, self.B, self.n
+        even = even_split(B, n)
+        if not obs.probes:
+            if valid_split(even, self.m):
+                return Proposal(tuple(even), "even")
+            self.notes.append(f"the even split {even} gives a card a single sample, which "
+                              "BatchNorm cannot train on; it was not probed")
+            return Proposal(tuple(self.shift(even, None)), "fit")
+        if n == 1:
+            return None
+        if len(obs.probes) == 1:
+            s = tuple(self.shift(obs.probes[0].chunk_sizes, obs.probes[0]))
+            if s not in obs.by_split and sum(s) == B:
+                return Proposal(s, "fit")
+        self._check_card0_alone()
+        last = obs.probes[-1]
+        best = obs.best_within(B)
+        if best is not None and self.certified(best):
+            return None
+        good = (best is not None and last is best and last.purpose in ("verify", "refine")
+                and self.error(last) <= self.tol)
+        if not good:
+            prop = self._solve(last)
+            if prop is not None:
+                return prop
+            if best is None:
+                return None
+        assert best is not None
+        cert = self._certificate_split(best)
+        if cert is None or cert in obs.by_split:
+            return self._solve(last) if good else None
+        return Proposal(cert, "certify")
+
+    def _solve(self, last: ProbeResult) -> Optional[Proposal]:
+        obs, B = self.obs, self.B
+        target = list(last.chunk_sizes) if last.batch_size == B else even_split(B, self.n)
+        fits = self.fits(target)
+        if fits is None:
+            s = tuple(self.shift(last.chunk_sizes, last)) if last.batch_size == B else None
+            return Proposal(s, "fit") if s is not None and s not in obs.by_split else None
+        caps = self.caps()
+        try:
+            prop = solver.solve_balance(fits, obs.budgets, B, min_chunk_nonzero=self.m,
+                                        caps=caps, strict=False)
+        except NoFeasibleSplitError:
+            # the cards may not take the batch below the chunks measured over budget: no
+            # split fits; the shortfall is the fits' estimate for the best split without caps
+            raise self.no_split(fits) from None
+        peaks = solver.predict(fits, prop, B)
+        over = max(solver.shares_of(peaks, obs.budgets, prop)) > 1.0
+        if over and self.error(last) <= self.tol and last.purpose in ("verify", "refine"):
+            worst = max(range(self.n), key=lambda i: (peaks[i] - obs.budgets[i])
+                        if i == 0 or prop[i] > 0 else -float("inf"))
+            raise infeasible_error(worst, peaks[worst] - obs.budgets[worst], B,
+                                   f"predicted for the best split {list(prop)}")
+        key = tuple(prop)
+        if key in obs.by_split:
+            return None
+        self.pred[key] = peaks
+        verified = any(p.purpose in ("verify", "refine") for p in obs.probes)
+        return Proposal(key, "refine" if verified else "verify")
+
+    # ---- errors -----------------------------------------------------------------------
+    def _check_card0_alone(self) -> None:
+        for p in self.obs.over_points(0):
+            if p.chunk == 0 and p.batch <= self.B:
+                raise infeasible_error(
+                    0, None, self.B,
+                    "card 0 runs out of memory with no samples at all (master weights, "
+                    "gradients, optimizer state and the gathered outputs of the whole batch)")
+
+    def no_split(self, fits: Optional[Sequence[solver.Fit]] = None) -> NoFeasibleSplitError:
+        """The error when nothing at this batch was measured within budget."""
+        obs = self.obs
+        if fits is not None:
+            prop = solver.solve_balance(fits, obs.budgets, self.B, min_chunk_nonzero=self.m,
+                                        strict=False)
+            peaks = solver.predict(fits, prop, self.B)
+            worst = max(range(self.n), key=lambda i: (peaks[i] - obs.budgets[i])
+                        if i == 0 or prop[i] > 0 else -float("inf"))
+            return infeasible_error(worst, peaks[worst] - obs.budgets[worst], self.B,
+                                    f"measured caps leave no split; predicted for the best "
+                                    f"split {list(prop)}")
+        measured = [r for r in obs.probes if r.feasible and r.batch_size == self.B]
+        if measured:
+            def over(r: ProbeResult) -> tuple[float, int]:
+                return max((p - b, i) for i, (p, b, c) in enumerate(
+                    zip(r.peak_bytes, obs.budgets, r.chunk_sizes)) if i == 0 or c > 0)
+            r = min(measured, key=over)
+            short, card = over(r)
+            return infeasible_error(card, short, self.B,
+                                    f"measured for the best split {list(r.chunk_sizes)}")
+        failed = obs.probes[-1].oom_device if obs.probes else None
+        return infeasible_error(failed, None, self.B,
+                                f"every one of {len(obs.probes)} probes ran out of memory")
+
+
+def _fix_batchnorm(split: list[int], m: int) -> list[int]:
+    """No card gets 1..m-1 samples (BatchNorm)."""
+    if m < 2:
+        return split
+    split = list(split)
+    for j in range(len(split)):
+        if 0 < split[j] < m:
+            others = [k for k in range(len(split)) if k != j and split[k] > 0]
+            if not others:
+                break
+            k = max(others, key=lambda k: (split[k], -k))
+            split[k] += split[j]
+            split[j] = 0
+    return split

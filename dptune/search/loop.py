@@ -1,0 +1,85 @@
+"""The refine loop shared by both objectives: propose -> cached probe -> update -> accept.
+
+A strategy (:class:`dptune.search.balance.Balance`, :class:`dptune.search.max_batch.MaxBatch`)
+looks at the observations and proposes the next split, or ``None`` when it has its answer
+(or can make no more progress). The loop runs the probe, records it, and stops at
+``max_probes``. A split is never probed twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol, Sequence
+
+from dptune.backends.base import ProbeResult
+from dptune.search.observations import Observations
+
+__all__ = ["Proposal", "Strategy", "refine", "valid_split", "fill"]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The next split to probe, and why (recorded as the probe's ``purpose``)."""
+
+    split: tuple[int, ...]
+    purpose: str
+
+
+class Strategy(Protocol):
+    def propose(self) -> Optional[Proposal]:
+        ...
+
+
+def valid_split(split: Sequence[int], min_chunk: int) -> bool:
+    """Non-negative chunks, at least one sample, none between 1 and ``min_chunk - 1``."""
+    return sum(split) > 0 and all(c == 0 or c >= min_chunk for c in split) and min(split) >= 0
+
+
+def fill(total: int, caps: Sequence[int], min_chunk: int) -> Optional[list[int]]:
+    """Chunks ``0`` or ``min_chunk..caps[i]`` summing to ``total``, in proportion to the caps."""
+    cap_sum = sum(caps)
+    if total > cap_sum or total < 0:
+        return None
+    if total == cap_sum:
+        return list(caps)
+    out = [c * total // cap_sum for c in caps] if cap_sum else [0] * len(caps)
+    left = total - sum(out)
+    for i in sorted(range(len(caps)), key=lambda i: -(caps[i] * total % max(cap_sum, 1))):
+        if left == 0:
+            break
+        if out[i] < caps[i]:
+            out[i] += 1
+            left -= 1
+    # the BatchNorm rule: a chunk of 1..m-1 goes to 0 or up to m
+    for i, c in enumerate(out):
+        if 0 < c < min_chunk:
+            need = min_chunk - c
+            donors = [j for j in range(len(out)) if j != i and out[j] - need >= min_chunk]
+            if caps[i] >= min_chunk and donors:
+                j = max(donors, key=lambda j: out[j])
+                out[j] -= need
+                out[i] = min_chunk
+            else:
+                takers = [j for j in range(len(out)) if j != i and out[j] > 0 and out[j] + c <= caps[j]]
+                if not takers:
+                    return None
+                out[takers[0]] += c
+                out[i] = 0
+    ok = all((c == 0 or c >= min_chunk) and c <= cap for c, cap in zip(out, caps))
+    return out if ok and sum(out) == total else None
+
+
+def refine(probe: Callable[[Sequence[int]], ProbeResult], strategy: Strategy,
+           obs: Observations, max_probes: int, on_probe: Callable[[], None] = lambda: None) -> None:
+    """Run ``strategy`` until it is done or ``max_probes`` probes have been run in all."""
+    while len(obs.probes) < max_probes:
+        prop = strategy.propose()
+        if prop is None or prop.split in obs.by_split:
+            return
+        r = probe(list(prop.split))
+        if tuple(r.chunk_sizes) != prop.split or len(r.peak_bytes) != obs.n:
+            raise RuntimeError(f"the backend returned a probe for {list(r.chunk_sizes)} with "
+                               f"{len(r.peak_bytes)} peaks; asked for {list(prop.split)}")
+        obs.add(dataclasses.replace(r, purpose=prop.purpose))
+        on_probe()

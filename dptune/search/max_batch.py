@@ -1,0 +1,348 @@
+"""The largest batch: every card's cap in a bracket, card 0 along the whole-batch line.
+
+Each card ``i >= 1`` has a cap ``C_i`` (its largest chunk within budget), kept as a bracket
+``[lo, hi)``. Card 0 takes what the others leave: with the others at chunks ``t``, the
+batch ``B`` puts card 0 at the fewest samples it can take, ``c0(B) = max(0, B - sum(t))``
+(BatchNorm: no chunk of 1), so card 0's cap is a bracket on ``B`` along that line. Every
+probe puts each open card inside its bracket (where a local fit says the cap is; the
+midpoint when the bracket has not halved in two probes) and card 0 at the largest batch its
+fit allows inside its own bracket, so every probe shrinks a bracket.
+
+The answer is the largest batch measured within every budget. It is *certified* when one
+more sample is measured not to fit: with each card ``i >= 1`` at most ``hi_i - 1``, every
+split of ``B + 1`` leaves card 0 at least a chunk where it was measured over budget.
+
+Then the even split's largest batch ``E`` is bracketed the same way, from measured points
+only: ``even(E)`` measured within budget, ``even(E + 1)`` shown over.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from dptune.search.loop import Proposal, fill, valid_split
+from dptune.search.models import CardFits, chord_cap
+from dptune.search.observations import Bracket, Observations, next_chunk
+from dptune.split import even_split
+
+__all__ = ["MaxBatch"]
+
+#: Largest step up from the largest measured chunk when nothing above was measured (x this).
+GROWTH = 8
+
+
+def largest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int:
+    """Largest ``x`` in ``[lo, hi]`` with ``pred(x)`` (``pred`` true then false); ``lo - 1``
+    when none."""
+    if hi < lo or not pred(lo):
+        return lo - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if pred(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _last_within(line: "_Line", chunk: int, batch: int) -> int:
+    """The largest batch up to ``batch`` at which the line leaves card 0 at most ``chunk``."""
+    def ok(b: int) -> bool:
+        c0 = line.c0(b)
+        return c0 is not None and c0 <= chunk
+    return largest_true(ok, 0, batch)
+
+
+def _first_over(line: "_Line", chunk: int, batch: int) -> int:
+    """The smallest batch from ``batch`` at which the line leaves card 0 at least ``chunk``."""
+    def below(b: int) -> bool:
+        c0 = line.c0(b)
+        return c0 is not None and c0 < chunk
+    return largest_true(below, batch, batch + line.total + chunk + 1) + 1
+
+
+class _Line:
+    """Card 0 along the batch, with the other cards at most at chunks ``t``."""
+
+    def __init__(self, t: list[int], m: int):
+        self.t, self.m, self.total = t, m, sum(t)
+        reach = [(0, 0)]
+        for c in t:
+            if c < m:
+                continue
+            new = sorted(reach + [(a + m, b + c) for a, b in reach])
+            merged: list[tuple[int, int]] = []
+            for a, b in new:
+                if merged and a <= merged[-1][1] + 1:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+                else:
+                    merged.append((a, b))
+            reach = merged
+        self.reach = reach
+
+    def c0(self, batch: int) -> Optional[int]:
+        """The fewest samples card 0 can take of ``batch`` (None: no split)."""
+        c = max(0, batch - self.total)
+        while c <= batch:
+            if (c == 0 or c >= self.m) and any(a <= batch - c <= b for a, b in self.reach):
+                return c
+            c += 1
+        return None
+
+    def split(self, batch: int) -> Optional[tuple[int, ...]]:
+        c0 = self.c0(batch)
+        if c0 is None:
+            return None
+        rest = fill(batch - c0, self.t, self.m)
+        return None if rest is None else (c0, *rest)
+
+
+class MaxBatch:
+    """The largest-batch strategy (see the module docstring)."""
+
+    def __init__(self, obs: Observations, hint: int, max_probes: int):
+        self.obs = obs
+        self.n = obs.n
+        self.m = obs.min_chunk
+        self.hint = max(hint, self.m)
+        self.max_probes = max_probes
+        self.g_tries = 0
+        self.widths: dict[str, list[Optional[int]]] = {}
+        self._seen = 0
+        self._last_t: tuple[int, ...] = ()   # the other cards' chunks in the last line probed
+
+    # ---- bookkeeping ------------------------------------------------------------------
+    def _record_widths(self) -> None:
+        if len(self.obs.probes) == self._seen:
+            return
+        self._seen = len(self.obs.probes)
+        if self.max_certified():     # only the phase under way counts its probes
+            elo, ehi = self.even_bracket()
+            self.widths.setdefault("even", []).append(None if ehi is None else ehi - elo)
+            return
+        for i in range(1, self.n):
+            self.widths.setdefault(f"card{i}", []).append(self.obs.bracket(i).width)
+        for t in {tuple(self._caps_lo()), self._last_t}:
+            line = self._line(list(t))
+            lo, hi = self._line_bracket(line)
+            self.widths.setdefault(f"line{line.t}", []).append(None if hi is None else hi - lo)
+
+    def _stalled(self, key: str) -> bool:
+        """The bracket has not halved in the last two probes."""
+        h = self.widths.get(key, [])
+        return len(h) >= 3 and h[-1] is not None and h[-3] is not None and h[-1] > h[-3] / 2
+
+    def _caps_lo(self) -> list[int]:
+        return [self.obs.bracket(i).lo for i in range(1, self.n)]
+
+    # ---- card targets -----------------------------------------------------------------
+    def _target(self, i: int, fits: CardFits) -> int:
+        obs, m = self.obs, self.m
+        br = obs.bracket(i)
+        if br.closed:
+            return br.lo
+        lower = next_chunk(br.lo, m)
+        upper = None if br.hi is None else br.hi - 1
+        if upper is not None and upper < lower:
+            return br.lo
+        if self._stalled(f"card{i}") and br.hi is not None:
+            return max(lower, min(upper or lower, (br.lo + br.hi) // 2))
+        budget = obs.budgets[i]
+        fit_pts = [p for p in obs.fit_points(i) if p.chunk > 0]
+        over_pts = [p for p in obs.over_points(i) if p.exact]
+        lo_pt = max(fit_pts, key=lambda p: p.chunk, default=None)
+        hi_pt = min(over_pts, key=lambda p: p.chunk, default=None)
+        guess: Optional[int] = None
+        if lo_pt is not None and hi_pt is not None and hi_pt.chunk > lo_pt.chunk:
+            guess = chord_cap((lo_pt.chunk, lo_pt.peak_bytes), (hi_pt.chunk, hi_pt.peak_bytes), budget)
+        else:
+            line = fits.card_line(i, br.lo)
+            pts = [p for p in obs.points[i] if p.exact and p.chunk > 0]
+            if line is not None and len({p.chunk for p in pts}) >= 2:
+                guess = int((budget - line.intercept) / line.slope)
+            elif pts:   # one point: in proportion (undershoots, since the intercept is >= 0)
+                p = pts[-1]
+                guess = int(p.chunk * budget / max(p.peak_bytes, 1))
+            elif br.hi is not None:
+                guess = br.hi // 2
+            else:
+                guess = max(lower, even_split(self.hint, self.n)[i])
+        if upper is None:
+            top = max([p.chunk for p in obs.points[i]] + [br.lo, 1])
+            guess = min(guess, GROWTH * top)
+        c = max(lower, guess if upper is None else min(upper, guess))
+        return c if c == 0 or c >= m else m
+
+    # ---- card 0 along the line -------------------------------------------------------
+    def _line(self, t: list[int]) -> _Line:
+        return _Line(t, self.m)
+
+    def _line_bracket(self, line: _Line) -> tuple[int, Optional[int]]:
+        """``[lo, hi)`` of the batch along ``line``, from card 0's measured points."""
+        lo = 0
+        for p in self.obs.fit_points(0):
+            lo = max(lo, _last_within(line, p.chunk, p.batch))
+        hi: Optional[int] = None
+        for p in self.obs.over_points(0):
+            b = max(p.batch, _first_over(line, p.chunk, p.batch))
+            hi = b if hi is None else min(hi, b)
+        if hi is not None and lo >= hi:
+            lo = hi - 1
+        return lo, hi
+
+    def _line_target(self, line: _Line, fits: CardFits) -> Optional[int]:
+        lo, hi = self._line_bracket(line)
+        lower, upper = lo + 1, (None if hi is None else hi - 1)
+        if upper is not None and upper < lower:
+            return None
+        if self._stalled(f"line{line.t}") and hi is not None:
+            return (lo + hi) // 2 if (lo + hi) // 2 >= lower else lower
+        budget = self.obs.budgets[0]
+
+        def fits_at(b: int) -> bool:
+            c0 = line.c0(b)
+            if c0 is None:
+                return False
+            p = fits.predict0(c0, b)
+            return p is not None and p <= budget
+
+        cap = upper if upper is not None else GROWTH * max(lo, line.total, self.hint, 1)
+        if fits.predict0(0, max(lower, 1)) is None:
+            return (lo + hi) // 2 if hi is not None else min(cap, 2 * max(lo, 1))
+        b = largest_true(fits_at, lower, cap)
+        if b < lower and lower <= line.total and line.c0(line.total) == 0 and \
+                not any(p.exact and p.chunk == 0 for p in self.obs.points[0]):
+            return line.total   # card 0 may fit only with no samples (no replica): try that
+        return b if b >= lower else lower
+
+    # ---- the largest batch --------------------------------------------------------------
+    def max_certified(self) -> bool:
+        best = self.obs.best_within()
+        return best is not None and self.infeasible(best.batch_size + 1)
+
+    def infeasible(self, batch: int) -> bool:
+        """No split of ``batch`` fits, from measured points: with each card ``i >= 1`` at
+        most ``hi_i - 1``, card 0 is left at least a chunk measured over budget."""
+        caps = []
+        for i in range(1, self.n):
+            br = self.obs.bracket(i)
+            caps.append(batch if br.hi is None else br.hi - 1)
+        c0 = _Line(caps, self.m).c0(batch)
+        return c0 is None or self.obs.card0_over(c0, batch)
+
+    def _max_step(self) -> Optional[Proposal]:
+        obs = self.obs
+        fits = CardFits(obs)
+        t = [self._target(i, fits) for i in range(1, self.n)]
+        if fits.g is None and self.g_tries < 2:
+            # card 0's cost per sample of the whole batch: card 0's chunk as in an earlier
+            # probe, the others moved
+            ref = next((p for p in reversed(obs.points[0]) if p.exact), None)
+            if ref is not None:
+                split = (ref.chunk, *t)
+                if sum(split) != ref.batch and valid_split(split, self.m) \
+                        and split not in obs.by_split:
+                    self.g_tries += 1
+                    return Proposal(split, "fit")
+        line = self._line(t)
+        self._last_t = tuple(t)
+        b = self._line_target(line, fits)
+        if b is None:   # card 0 is closed on this line: move the open cards, card 0 as it was
+            b = self._line_bracket(line)[0]
+        for cand in (b, b + 1, b - 1):
+            s = line.split(cand) if cand >= 1 else None
+            if s is not None and s not in obs.by_split and valid_split(s, self.m):
+                return Proposal(s, "max")
+        # a split known to fit at the best batch but not probed as a whole
+        lo_line = self._line(self._caps_lo())
+        lo, _ = self._line_bracket(lo_line)
+        known = lo_line.split(lo) if lo >= 1 else None
+        best = obs.best_within()
+        if known is not None and known not in obs.by_split and \
+                (best is None or lo > best.batch_size):
+            return Proposal(known, "max")
+        return None
+
+    # ---- the even split's largest batch -------------------------------------------------
+    def _even_fits(self, b: int) -> bool:
+        s = even_split(b, self.n)
+        return valid_split(s, self.m) and self.obs.split_fits(s)
+
+    def _even_over(self, b: int) -> bool:
+        s = even_split(b, self.n)
+        return not valid_split(s, self.m) or self.obs.split_over(s) or self.infeasible(b)
+
+    def _upper(self) -> int:
+        best = self.obs.best_within()
+        top = max([r.batch_size for r in self.obs.probes] + [self.hint])
+        return max(top, best.batch_size if best else 0) + 1
+
+    def even_bracket(self) -> tuple[int, Optional[int]]:
+        up = self._upper()
+        start = self.m * self.n if self.m > 1 else 1   # BatchNorm: no even split below
+        lo = largest_true(self._even_fits, start, up)
+        lo = lo if lo >= start else 0
+        hi = largest_true(lambda b: not self._even_over(b), lo + 1, up) + 1
+        return lo, (hi if hi <= up and self._even_over(hi) else None)
+
+    def even_certified(self) -> bool:
+        lo, hi = self.even_bracket()
+        if hi != lo + 1:
+            return False
+        return lo == 0 or tuple(even_split(lo, self.n)) in self.obs.by_split
+
+    def _even_step(self) -> Optional[Proposal]:
+        obs = self.obs
+        lo, hi = self.even_bracket()
+        if hi == lo + 1:
+            s = tuple(even_split(lo, self.n))
+            return None if lo == 0 or s in obs.by_split else Proposal(s, "even-max")
+        lower, upper = lo + 1, (self._upper() if hi is None else hi - 1)
+        fits = CardFits(obs)
+
+        def fits_at(b: int) -> bool:
+            s = even_split(b, self.n)
+            if not valid_split(s, self.m):
+                return False
+            for i, c in enumerate(s):
+                p = fits.predict(i, c, b)
+                if p is None or p > obs.budgets[i]:
+                    return False
+            return True
+
+        if self._stalled("even") and hi is not None:
+            b = (lo + hi) // 2
+        else:
+            b = largest_true(fits_at, lower, upper)
+        b = min(max(b, lower), upper)
+        for cand in [b] + list(range(b - 1, lower - 1, -1))[:4] + list(range(b + 1, upper + 1))[:4]:
+            s = tuple(even_split(cand, self.n))
+            if valid_split(s, self.m) and s not in obs.by_split:
+                return Proposal(s, "even-max")
+        return None
+
+    # ---- the strategy -------------------------------------------------------------------
+    def brackets(self) -> list[Bracket]:
+        """Per card ``i >= 1`` its chunk bracket; card 0 its bracket on the batch."""
+        out = [Bracket(card=i, lo=self.obs.bracket(i).lo, hi=self.obs.bracket(i).hi,
+                       min_chunk=self.m) for i in range(1, self.n)]
+        best = self.obs.best_within()
+        lo = best.batch_size if best is not None else 0
+        hi = lo + 1 if best is not None and self.infeasible(lo + 1) else None
+        return [Bracket(card=0, lo=lo, hi=hi, what="batch")] + out
+
+    def propose(self) -> Optional[Proposal]:
+        obs = self.obs
+        if not obs.probes:
+            s = even_split(self.hint, self.n)
+            if not valid_split(s, self.m):
+                s = fill(self.hint, [self.hint] * self.n, self.m) or s
+            return Proposal(tuple(s), "even")
+        self._record_widths()
+        if not self.max_certified():
+            prop = self._max_step()
+            if prop is not None:
+                return prop
+        if not self.even_certified():
+            return self._even_step()
+        return None

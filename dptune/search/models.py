@@ -1,0 +1,140 @@
+"""Local fits of each card's memory, used only to choose the next point inside a bracket.
+
+Nothing here decides an answer: a fit proposes, a probe measures, the brackets keep the
+result. The rules that keep fits honest:
+
+- no fit spans chunk 0: a card with no samples runs no replica (card 0 still pays for the
+  weights, gradients, optimizer state and the gathered outputs), a step, not a slope;
+- card 0's cost per sample of the whole batch (``g``) comes only from two probes that gave
+  card 0 the same chunk; its cost per sample of its own chunk from probes at different chunks
+  after ``g * batch`` is taken off;
+- a secant uses the two measured points nearest the target (the curves are a maximum of a
+  few affine pieces, so a far point misleads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from dptune.search.observations import Observations, Point
+
+__all__ = ["Line", "secant", "chord_cap", "CardFits"]
+
+#: A fitted slope below this (a plateau) is treated as this, in bytes per sample.
+MIN_SLOPE_BYTES = 1.0
+
+
+@dataclass(frozen=True)
+class Line:
+    """``intercept + slope * x`` in bytes."""
+
+    intercept: float
+    slope: float
+
+    def at(self, x: float) -> float:
+        return self.intercept + self.slope * x
+
+
+def secant(pts: Sequence[tuple[int, float]], target: int) -> Optional[Line]:
+    """The line through the two points with distinct x nearest ``target`` (None if fewer)."""
+    if not pts:
+        return None
+    order = sorted(pts, key=lambda p: (abs(p[0] - target), -p[0]))
+    a = order[0]
+    b = next((p for p in order if p[0] != a[0]), None)
+    if b is None:
+        return None
+    slope = (b[1] - a[1]) / (b[0] - a[0])
+    return Line(a[1] - slope * a[0], slope)
+
+
+def chord_cap(lo: tuple[int, float], hi: tuple[int, float], budget: float) -> int:
+    """Where the chord between a point within budget and one over it crosses the budget."""
+    (c0, p0), (c1, p1) = lo, hi
+    if p1 <= p0:
+        return (c0 + c1) // 2
+    return c0 + int((budget - p0) / (p1 - p0) * (c1 - c0))
+
+
+class CardFits:
+    """Per-card predictions from the observations as they stand (rebuilt after each probe)."""
+
+    def __init__(self, obs: Observations):
+        self.obs = obs
+        self.n = obs.n
+        self.g = self._batch_slope()
+        others = [s for s in (self._slope(i) for i in range(1, self.n)) if s is not None]
+        self.median_slope: Optional[float] = sorted(others)[len(others) // 2] if others else None
+
+    # ---- card 0's cost per sample of the whole batch ------------------------------------
+    def _batch_slope(self) -> Optional[float]:
+        if self.n == 1:
+            return 0.0          # chunk and batch move together: one slope holds both
+        pts = [p for p in self.obs.points[0] if p.exact]
+        best: Optional[tuple[int, float]] = None     # (batch gap, slope) of the latest pair
+        for k, p in enumerate(pts):
+            for q in pts[:k]:
+                if q.chunk == p.chunk and q.batch != p.batch:
+                    s = (p.peak_bytes - q.peak_bytes) / (p.batch - q.batch)
+                    best = (abs(p.batch - q.batch), s)
+        return None if best is None else max(0.0, best[1])
+
+    # ---- cards >= 1 -------------------------------------------------------------------
+    def _exact(self, i: int) -> list[Point]:
+        return [p for p in self.obs.points[i] if p.exact and p.chunk > 0]
+
+    def _slope(self, i: int) -> Optional[float]:
+        pts = self._exact(i)
+        line = secant([(p.chunk, float(p.peak_bytes)) for p in pts],
+                      max((p.chunk for p in pts), default=0))
+        return None if line is None else line.slope
+
+    def card_line(self, i: int, target: int) -> Optional[Line]:
+        """Card ``i >= 1`` near chunk ``target``: a secant, or one point and the others' slope."""
+        pts = [(p.chunk, float(p.peak_bytes)) for p in self._exact(i)]
+        line = secant(pts, target)
+        if line is not None:
+            return Line(line.intercept, max(line.slope, MIN_SLOPE_BYTES))
+        if pts and self.median_slope is not None:
+            c, m = pts[0]
+            s = max(self.median_slope, MIN_SLOPE_BYTES)
+            return Line(m - s * c, s)
+        return None
+
+    def predict(self, i: int, c: int, batch: int) -> Optional[float]:
+        """Predicted peak of card ``i`` (bytes) with chunk ``c`` in a batch; None if unknown."""
+        if i == 0:
+            return self.predict0(c, batch)
+        if c == 0:
+            return 0.0
+        line = self.card_line(i, c)
+        return None if line is None else line.at(c)
+
+    # ---- card 0 -------------------------------------------------------------------------
+    def card0_line(self, target: int, batch: int) -> Optional[Line]:
+        """Card 0 against its own chunk at this batch (chunks >= 1; ``g * batch`` included)."""
+        g = self.g if self.g is not None else 0.0
+        pts = [p for p in self.obs.points[0] if p.exact and p.chunk > 0]
+        if self.g is None:  # without g only points at this batch are comparable
+            same = [p for p in pts if p.batch == batch]
+            pts = same or pts
+        adj = [(p.chunk, p.peak_bytes - g * p.batch) for p in pts]
+        line = secant(adj, target)
+        if line is None and adj:
+            near = min(adj, key=lambda a: abs(a[0] - target))
+            s = self.median_slope if self.median_slope is not None else 0.0
+            line = Line(near[1] - s * near[0], s)
+        if line is None:
+            return None
+        return Line(line.intercept + g * batch, max(line.slope, MIN_SLOPE_BYTES))
+
+    def predict0(self, c: int, batch: int) -> Optional[float]:
+        g = self.g if self.g is not None else 0.0
+        if c == 0:
+            zero = [p for p in self.obs.points[0] if p.exact and p.chunk == 0]
+            if zero:
+                p = min(zero, key=lambda p: abs(p.batch - batch))
+                return p.peak_bytes + g * (batch - p.batch)
+        line = self.card0_line(max(c, 1), batch)
+        return None if line is None else line.at(c)

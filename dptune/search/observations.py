@@ -1,0 +1,170 @@
+"""What the probes showed: per-card points and the brackets they put around each card's cap.
+
+Facts the search rests on (checked on the simulator, see ``benchmarks/search.py``): a card
+``i >= 1`` depends only on its own chunk (and costs nothing with none); card 0 depends on its
+own chunk and on the whole batch (it gathers the outputs); every card is non-decreasing in
+each of these. So one probe tells every card something:
+
+- a card measured within its budget at chunk ``c`` fits at every chunk ``<= c``;
+- a card measured over its budget (or out of memory) at ``c`` is over at every chunk ``>= c``;
+- card 0 measured within budget at ``(c, B)`` fits at every ``(c' <= c, B' <= B)``; over at
+  ``(c, B)``, it is over at every ``(c' >= c, B' >= B)``.
+
+On real cards an out-of-memory probe stops the step: only the failing card is known to be
+over, and the other cards' peaks are lower bounds (over budget when the bound already is,
+unknown otherwise). The simulator runs the whole step, so every card is known there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from dptune.backends.base import ProbeResult
+
+__all__ = ["Point", "Bracket", "Observations", "next_chunk"]
+
+
+def next_chunk(c: int, min_chunk: int) -> int:
+    """The next chunk a card may take after ``c`` (BatchNorm: 0, then ``min_chunk``)."""
+    return max(c + 1, min_chunk) if c == 0 else c + 1
+
+
+@dataclass(frozen=True)
+class Point:
+    """One card in one probe: its chunk, the batch, its peak and what the peak shows."""
+
+    chunk: int
+    batch: int
+    peak_bytes: int
+    over: bool          # over budget or out of memory on this card
+    exact: bool         # a measurement; False: a lower bound (another card failed first)
+
+
+@dataclass(frozen=True)
+class Bracket:
+    """A card's cap kept as ``[lo, hi)``: ``lo`` measured within budget, ``hi`` measured over.
+
+    ``what`` is ``"chunk"`` (a card's own chunk) or ``"batch"`` (card 0 in the largest-batch
+    search: the whole batch along the line where the other cards sit at their caps).
+    ``hi`` is ``None`` until something was measured over. Closed: ``hi`` is the next value
+    after ``lo`` (one more sample was measured not to fit).
+    """
+
+    card: int
+    lo: int
+    hi: Optional[int]
+    what: str = "chunk"
+    min_chunk: int = 1
+
+    @property
+    def closed(self) -> bool:
+        if self.hi is None:
+            return False
+        step = next_chunk(self.lo, self.min_chunk) if self.what == "chunk" else self.lo + 1
+        return self.hi <= step
+
+    @property
+    def width(self) -> Optional[int]:
+        return None if self.hi is None else self.hi - self.lo
+
+    def to_dict(self) -> dict[str, object]:
+        return dict(card=self.card, lo=self.lo, hi=self.hi, what=self.what,
+                    min_chunk=self.min_chunk, closed=self.closed)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Bracket":
+        return cls(card=int(d["card"]), lo=int(d["lo"]),
+                   hi=None if d.get("hi") is None else int(d["hi"]), what=str(d.get("what", "chunk")),
+                   min_chunk=int(d.get("min_chunk", 1)))
+
+    def describe(self) -> str:
+        hi = "?" if self.hi is None else str(self.hi)
+        what = f"card {self.card}" if self.what == "chunk" else "whole batch"
+        return f"{what} [{self.lo}, {hi}){'' if self.closed else ' open'}"
+
+
+class Observations:
+    """Every probe, and per card the points it gave (the search's only memory)."""
+
+    def __init__(self, budgets: Sequence[int], *, exact_on_oom: bool, min_chunk: int = 1):
+        self.budgets = list(budgets)
+        self.n = len(self.budgets)
+        self.exact_on_oom = exact_on_oom
+        self.min_chunk = min_chunk
+        self.probes: list[ProbeResult] = []
+        self.points: list[list[Point]] = [[] for _ in range(self.n)]
+        self.by_split: dict[tuple[int, ...], ProbeResult] = {}
+
+    # ---- recording -------------------------------------------------------------------
+    def add(self, r: ProbeResult) -> None:
+        self.probes.append(r)
+        self.by_split[tuple(r.chunk_sizes)] = r
+        b = r.batch_size
+        for i, (c, p) in enumerate(zip(r.chunk_sizes, r.peak_bytes)):
+            if i > 0 and c == 0:
+                continue               # no replica ran there: nothing measured
+            p = int(p)
+            if r.feasible or self.exact_on_oom:
+                over = p > self.budgets[i] or r.oom_device == i
+                self.points[i].append(Point(c, b, p, over, True))
+            elif r.oom_device == i:
+                self.points[i].append(Point(c, b, max(p, self.budgets[i] + 1), True, False))
+            elif p > self.budgets[i]:   # a lower bound already over budget
+                self.points[i].append(Point(c, b, p, True, False))
+
+    def within_budget(self, r: ProbeResult) -> bool:
+        """Measured to fit every card in use within its budget."""
+        return r.feasible and all(p <= bud for i, (p, bud, c) in enumerate(
+            zip(r.peak_bytes, self.budgets, r.chunk_sizes)) if i == 0 or c > 0)
+
+    def shares(self, r: ProbeResult) -> list[float]:
+        return [(p / b if b > 0 else float("inf")) if (i == 0 or c > 0) else 0.0
+                for i, (p, b, c) in enumerate(zip(r.peak_bytes, self.budgets, r.chunk_sizes))]
+
+    # ---- what is known ------------------------------------------------------------------
+    def fit_points(self, i: int) -> list[Point]:
+        return [p for p in self.points[i] if p.exact and not p.over]
+
+    def over_points(self, i: int) -> list[Point]:
+        return [p for p in self.points[i] if p.over]
+
+    def bracket(self, i: int) -> Bracket:
+        """Card ``i >= 1``'s cap: the largest chunk measured within budget, the smallest over."""
+        overs = [p.chunk for p in self.over_points(i)]
+        hi = min(overs) if overs else None
+        fits = [p.chunk for p in self.fit_points(i) if hi is None or p.chunk < hi]
+        return Bracket(card=i, lo=max(fits, default=0), hi=hi, min_chunk=self.min_chunk)
+
+    def card_fits(self, i: int, c: int) -> bool:
+        """Card ``i >= 1`` is known to fit with chunk ``c``."""
+        return c == 0 or any(p.chunk >= c for p in self.fit_points(i))
+
+    def card_over(self, i: int, c: int) -> bool:
+        return c > 0 and any(p.chunk <= c for p in self.over_points(i))
+
+    def card0_fits(self, c: int, batch: int) -> bool:
+        return any(p.chunk >= c and p.batch >= batch for p in self.fit_points(0))
+
+    def card0_over(self, c: int, batch: int) -> bool:
+        return any(p.chunk <= c and p.batch <= batch for p in self.over_points(0))
+
+    def split_fits(self, split: Sequence[int]) -> bool:
+        """Every card is known to fit this split (from measured points, never from a fit)."""
+        b = sum(split)
+        return self.card0_fits(split[0], b) and all(
+            self.card_fits(i, c) for i, c in enumerate(split) if i > 0)
+
+    def split_over(self, split: Sequence[int]) -> bool:
+        """Some card is known to be over its budget with this split."""
+        b = sum(split)
+        return self.card0_over(split[0], b) or any(
+            self.card_over(i, c) for i, c in enumerate(split) if i > 0)
+
+    def best_within(self, batch: Optional[int] = None) -> Optional[ProbeResult]:
+        """The largest batch measured within budget (then the lowest largest share)."""
+        ok = [(k, r) for k, r in enumerate(self.probes) if self.within_budget(r)
+              and (batch is None or r.batch_size == batch)]
+        if not ok:
+            return None
+        return min(ok, key=lambda kr: (-kr[1].batch_size, max(self.shares(kr[1])), -kr[0]))[1]

@@ -1,0 +1,402 @@
+"""dptune.search against analytic per-card memory curves (no torch work in the probes).
+
+Every answer is checked against a brute-force optimum over the same curves: the largest
+batch (each card >= 1 at its cap, card 0 the rest, as ``benchmarks/search.py`` computes it)
+and the balanced split (the lowest largest share over all splits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import pytest
+
+from dptune import search
+from dptune.backends.base import Device, ProbeResult
+from dptune.errors import NoFeasibleSplitError
+from dptune.search.loop import fill
+from dptune.split import even_split
+
+GiB = 2**30
+MiB = 2**20
+HEAD = 1 * GiB
+
+
+@dataclass
+class Shape:
+    """Card ``i >= 1``: ``f(i, c)`` bytes (0 with no samples); card 0: ``g(c0, B)``."""
+
+    name: str
+    totals: list[int]
+    f: Callable[[int, int], int]
+    g: Callable[[int, int], int]
+    used: Optional[list[int]] = None
+    bn: bool = False
+
+
+class CurveBackend:
+    """Probes read off the curves; out of memory above a card's available bytes.
+
+    ``real=True`` gives real-GPU semantics: an out-of-memory probe names the failing card
+    and the others' peaks are only lower bounds (half of what they would have reached)."""
+
+    def __init__(self, shape: Shape, real: bool = False):
+        used = shape.used or [0] * len(shape.totals)
+        self.kind = "cuda" if real else "simulated"
+        self.devices = [Device(i, f"card{i}", t, used_bytes=u)
+                        for i, (t, u) in enumerate(zip(shape.totals, used))]
+        self.shape = shape
+        self.real = real
+        self.calls: list[list[int]] = []
+
+    def describe(self) -> str:
+        return self.shape.name
+
+    def peaks(self, split: Sequence[int]) -> list[int]:
+        b = sum(split)
+        return [self.shape.g(split[0], b)] + [self.shape.f(i, c) if c else 0
+                                              for i, c in enumerate(split) if i > 0]
+
+    def probe(self, chunk_sizes: Sequence[int]) -> ProbeResult:
+        split = tuple(int(c) for c in chunk_sizes)
+        assert sum(split) > 0 and min(split) >= 0
+        if self.shape.bn:
+            assert 1 not in split, "a chunk of 1 sample under BatchNorm"
+        self.calls.append(list(split))
+        peaks = self.peaks(split)
+        over = [i for i in list(range(1, len(split))) + [0]
+                if (i == 0 or split[i] > 0) and peaks[i] > self.devices[i].available_bytes]
+        if not over:
+            return ProbeResult(split, tuple(peaks))
+        d = over[0]
+        if self.real:
+            peaks = [p if i == d else p // 2 for i, p in enumerate(peaks)]
+        return ProbeResult(split, tuple(peaks), oom_device=d)
+
+    def close(self) -> None:
+        pass
+
+
+# ---- brute force ----------------------------------------------------------------------------
+
+def budgets(shape: Shape) -> list[int]:
+    used = shape.used or [0] * len(shape.totals)
+    return [t - u - HEAD for t, u in zip(shape.totals, used)]
+
+
+def fits(shape: Shape, split: Sequence[int]) -> bool:
+    be = CurveBackend(shape)
+    m = 2 if shape.bn else 1
+    return all(c == 0 or c >= m for c in split) and all(
+        p <= b for i, (p, b) in enumerate(zip(be.peaks(split), budgets(shape)))
+        if i == 0 or split[i] > 0)
+
+
+def cap(shape: Shape, i: int) -> int:
+    b, m = budgets(shape)[i], (2 if shape.bn else 1)
+    c = 0
+    while shape.f(i, c + 1) <= b:
+        c += 1
+    return c if c >= m else 0
+
+
+def best_batch(shape: Shape) -> int:
+    """The largest batch any split fits (card 0 takes what the capped others leave)."""
+    n, m = len(shape.totals), (2 if shape.bn else 1)
+    caps = [cap(shape, i) for i in range(1, n)]
+    best, b = 0, m
+    while True:
+        ok = False
+        for c0 in range(max(0, b - sum(caps)), b + 1):
+            if c0 and c0 < m:
+                continue
+            rest = fill(b - c0, caps, m)
+            if rest is not None:
+                ok = fits(shape, [c0] + rest)
+                break
+        if not ok:
+            return best
+        best, b = b, b + 1
+
+
+def best_even(shape: Shape) -> int:
+    """The even split's largest batch as a user finds it: it fits at E, not at E + 1."""
+    n, m = len(shape.totals), (2 if shape.bn else 1)
+    last, b = 0, 1
+    while True:
+        s = even_split(b, n)
+        if all(c == 0 or c >= m for c in s):   # BatchNorm: batches with a chunk of 1 are skipped
+            if not fits(shape, s):
+                return last
+            last = b
+        b += 1
+
+
+def best_share(shape: Shape, batch: int) -> float:
+    """The lowest largest share of budget over every split of ``batch`` (exact)."""
+    be, bud, n = CurveBackend(shape), budgets(shape), len(shape.totals)
+    m = 2 if shape.bn else 1
+    share0 = [shape.g(c, batch) / bud[0] for c in range(batch + 1)]
+    shares = [[shape.f(i, c) / bud[i] if c else 0.0 for c in range(batch + 1)] for i in range(1, n)]
+    levels = sorted(set(share0) | {s for row in shares for s in row})
+
+    def ok(level: float) -> bool:
+        u0 = [c for c in range(batch + 1) if share0[c] <= level and (c == 0 or c >= m)]
+        if not u0:
+            return False
+        total = max(u0) + sum(max([c for c in range(batch + 1) if row[c] <= level
+                                   and (c == 0 or c >= m)], default=0) for row in shares)
+        return total >= batch
+
+    lo, hi = 0, len(levels) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(levels[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    del be
+    return levels[lo]
+
+
+def run(shape: Shape, objective: str, batch: int, *, real: bool = False, max_probes: int = 16):
+    be = CurveBackend(shape, real=real)
+    out = search.run(be.probe, budgets(shape), objective, batch, min_chunk=2 if shape.bn else 1,
+                     max_probes=max_probes, exact_on_oom=not real)
+    return out, be
+
+
+def measured_within(shape: Shape, out: search.SearchOutcome) -> None:
+    """The split returned was probed and measured within every budget."""
+    r = out.best
+    assert any(p.chunk_sizes == r.chunk_sizes for p in out.probes)
+    assert fits(shape, r.chunk_sizes)
+
+
+# ---- shapes ---------------------------------------------------------------------------------
+
+def mlp(n: int = 4, totals: Optional[list[int]] = None, used: Optional[list[int]] = None,
+        opt: int = 4 * GiB) -> Shape:
+    """A wide MLP with a tiny output: replicas of 2 GiB, 30 MiB per sample, card 0 pays the
+    optimizer state and a few KiB per sample of the whole batch."""
+    w, a = 2 * GiB, 30 * MiB
+    return Shape(f"mlp{n}", totals or [24 * GiB] * n,
+                 f=lambda i, c: w + a * c,
+                 g=lambda c0, b: w + opt + a * c0 + 4096 * b, used=used)
+
+
+def slope_drop(n: int = 4) -> Shape:
+    """Per-card slope 15% lower at small chunks: a maximum of two affine pieces."""
+    w, a = 2 * GiB, 30 * MiB
+
+    def f(i: int, c: int) -> int:
+        return w + max(int(0.85 * a * c), a * c - 40 * a)
+
+    return Shape("slope-drop", [24 * GiB] * n, f=f, g=lambda c0, b: f(1, c0) + 4 * GiB + 8192 * b)
+
+
+def big_output(n: int = 4) -> Shape:
+    """A gathered output of 1.5 MiB per sample on card 0 (a segmentation-like model)."""
+    w, a = 1 * GiB, 40 * MiB
+    return Shape("big-output", [24 * GiB] * n, f=lambda i, c: w + a * c,
+                 g=lambda c0, b: w + 2 * GiB + a * c0 + 3 * MiB * b // 2)
+
+
+def sheds_replica(n: int = 4) -> Shape:
+    """Tiny output, heavy card 0: card 0 drops a 3 GiB replica when it gets no samples, so
+    the optimum gives card 0 nothing (a step at chunk 0, not a slope)."""
+    w, a = 3 * GiB, 50 * MiB
+
+    def g(c0: int, b: int) -> int:
+        return 20 * GiB + 2048 * b + (w + a * c0 if c0 else 0)
+
+    return Shape("sheds", [24 * GiB] * n, f=lambda i, c: w + a * c, g=g)
+
+
+def plateau(n: int = 4) -> Shape:
+    """Card 0's peak is set by the optimizer step over a range of chunks (zero slope), then
+    by the forward pass."""
+    w, a = 2 * GiB, 30 * MiB
+
+    def g(c0: int, b: int) -> int:
+        return max(10 * GiB, w + 2 * GiB + a * c0) + 6000 * b
+
+    return Shape("plateau", [24 * GiB] * n, f=lambda i, c: w + a * c, g=g)
+
+
+def batchnorm(n: int = 4) -> Shape:
+    w, a = 1 * GiB, 200 * MiB
+    return Shape("bn", [24 * GiB] * n, f=lambda i, c: w + a * c,
+                 g=lambda c0, b: w + 2 * GiB + a * c0 + 100_000 * b, bn=True)
+
+
+TYPICAL = [
+    mlp(2), mlp(4), mlp(8),
+    mlp(4, totals=[80 * GiB, 80 * GiB, 40 * GiB, 40 * GiB]),
+    mlp(4, used=[6 * GiB, 0, 0, 0]),
+    big_output(), batchnorm(),
+]
+HARD = [slope_drop(), sheds_replica(), plateau(), slope_drop(8), sheds_replica(2)]
+
+
+# ---- the largest batch ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", TYPICAL + HARD, ids=lambda s: s.name)
+def test_max_batch_is_the_exhaustive_optimum_and_certified(shape):
+    out, be = run(shape, "max_batch", 64 * len(shape.totals))
+    assert out.best.batch_size == best_batch(shape)
+    assert out.certified and all(b.closed for b in out.brackets)
+    measured_within(shape, out)
+    e = best_even(shape)
+    assert (out.even.batch_size if out.even is not None else 0) == e
+    assert out.best.batch_size >= e
+    limit = 9 if shape in HARD else 7
+    assert len(be.calls) <= limit, be.calls
+
+
+@pytest.mark.parametrize("shape", [mlp(4), mlp(8), slope_drop(), big_output(), batchnorm()],
+                         ids=lambda s: s.name)
+def test_max_batch_with_real_gpu_oom_semantics(shape):
+    out, be = run(shape, "max_batch", 64 * len(shape.totals), real=True, max_probes=12)
+    assert out.best.batch_size == best_batch(shape)
+    assert out.certified
+    measured_within(shape, out)
+    assert len(be.calls) <= 12
+
+
+def test_max_batch_exact_probe_sequence_mlp4():
+    out, be = run(mlp(4), "max_batch", 256)
+    assert be.calls == [
+        [64, 64, 64, 64],        # the even split at the hint
+        [64, 379, 379, 379],     # card 0 as before, the others in proportion: card 0's batch term
+        [579, 716, 716, 716],    # every card >= 1 at its fitted cap, card 0 the largest batch left
+        [579, 717, 717, 717],    # one more on each card >= 1: over (card 0 within, at B + 3)
+        [580, 716, 716, 716],    # one more on card 0, at B + 1: over
+        [580, 580, 580, 577],    # the even split's largest batch, from the fits: over
+        [579, 579, 579, 579],    # one less: within (E + 1 = 2317 is shown over by the above)
+    ]
+    assert [p.purpose for p in out.probes] == ["even", "fit", "max", "max", "max",
+                                               "even-max", "even-max"]
+    assert out.best.chunk_sizes == (579, 716, 716, 716) and out.certified
+    assert out.even is not None and out.even.batch_size == 2316
+
+
+def test_max_batch_exact_probe_sequence_card0_sheds_its_replica():
+    out, be = run(sheds_replica(2), "max_batch", 128)
+    assert be.calls == [
+        [64, 64],      # the even split: card 0 over (20 GiB + a replica)
+        [64, 240],     # card 0's batch term
+        [0, 409],      # card 0 fits at no chunk only: card 1 at its fitted cap
+        [0, 410],      # one more on card 1: over
+        [1, 409],      # one on card 0 (its replica): over -> certified
+        [1, 0],        # the even split of 1: over -> no even split fits at all
+    ]
+    assert out.best.chunk_sizes == (0, 409) and out.certified and out.even is None
+
+
+def test_hint_far_too_large_still_certified():
+    shape = mlp(4)
+    out, be = run(shape, "max_batch", 40000)
+    assert out.best.batch_size == best_batch(shape) and out.certified
+    assert len(be.calls) <= 10
+
+
+def test_max_batch_single_card():
+    shape = Shape("one", [24 * GiB], f=lambda i, c: 0, g=lambda c0, b: 2 * GiB + 100 * MiB * c0)
+    out, be = run(shape, "max_batch", 16)
+    assert out.best.batch_size == best_batch(shape) == 215 and out.certified
+
+
+def test_nothing_fits_raises():
+    shape = mlp(2, opt=30 * GiB)
+    with pytest.raises(NoFeasibleSplitError):
+        run(shape, "max_batch", 64)
+
+
+# ---- staircases: any monotone surface ends within max_probes with a verified split ----------
+
+def staircase(seed: int) -> Shape:
+    """Monotone staircases (steps of random height every few samples), card 0 with a batch
+    term; nothing affine for a fit to find."""
+    import random
+
+    rng = random.Random(seed)
+    n = rng.choice([2, 3, 4])
+    steps = [[rng.randint(1, 9) * 37 * MiB for _ in range(400)] for _ in range(n)]
+    width = [rng.randint(1, 7) for _ in range(n)]
+    base = [rng.randint(1, 4) * GiB for _ in range(n)]
+
+    def level(i: int, c: int) -> int:
+        return base[i] + sum(steps[i][: c // width[i] + 1])
+
+    return Shape(f"stairs{seed}", [24 * GiB] * n, f=level,
+                 g=lambda c0, b: level(0, c0) + 2 * GiB + rng_b[0] * b)
+
+
+rng_b = [3 * MiB]
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("objective", ["max_batch", "balance"])
+def test_staircases_end_within_max_probes_with_a_verified_split(seed, objective):
+    shape = staircase(seed)
+    n = len(shape.totals)
+    max_probes = 12
+    batch = 20 * n if objective == "balance" else 8 * n
+    try:
+        out, be = run(shape, objective, batch, max_probes=max_probes)
+    except NoFeasibleSplitError:
+        assert objective == "balance" and best_share(shape, batch) > 1.0
+        return
+    assert len(be.calls) <= max_probes
+    measured_within(shape, out)
+    if out.certified:
+        if objective == "max_batch":
+            assert out.best.batch_size == best_batch(shape)
+        else:
+            s = CurveBackend(shape).peaks(out.best.chunk_sizes)
+            share = max(p / b for i, (p, b) in enumerate(zip(s, budgets(shape)))
+                        if i == 0 or out.best.chunk_sizes[i] > 0)
+            assert share == pytest.approx(best_share(shape, batch))
+    else:
+        assert any(not b.closed for b in out.brackets)
+        assert any("not certified" in note for note in out.notes)
+
+
+# ---- balance ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", TYPICAL + HARD, ids=lambda s: s.name)
+def test_balance_matches_the_exhaustive_optimum(shape):
+    n = len(shape.totals)
+    batch = max(2 * n, best_even(shape) // 2)
+    out, be = run(shape, "balance", batch)
+    s = CurveBackend(shape).peaks(out.best.chunk_sizes)
+    share = max(p / b for i, (p, b) in enumerate(zip(s, budgets(shape)))
+                if i == 0 or out.best.chunk_sizes[i] > 0)
+    assert share == pytest.approx(best_share(shape, batch), abs=1e-9)
+    measured_within(shape, out)
+    assert out.certified
+    assert len(be.calls) <= (8 if shape in HARD else 6)
+
+
+def test_balance_card0_floor_is_said_and_certified():
+    shape = sheds_replica(4)
+    out, be = run(shape, "balance", 120)
+    assert out.best.chunk_sizes[0] == 0 and out.card0_floor and out.certified
+    assert any("no split can do better" in n for n in out.notes)
+
+
+def test_batchnorm_never_gets_one_sample():
+    shape = batchnorm(4)
+    for objective, batch in (("balance", 10), ("max_batch", 9), ("balance", 7)):
+        out, be = run(shape, objective, batch)
+        assert all(1 not in c for c in be.calls)
+        assert 1 not in out.best.chunk_sizes
+
+
+def test_fill_respects_caps_and_the_batchnorm_rule():
+    assert fill(10, [5, 5, 5], 1) is not None and sum(fill(10, [5, 5, 5], 1)) == 10
+    out = fill(7, [2, 10, 10], 2)
+    assert out is not None and sum(out) == 7 and 1 not in out
+    assert fill(31, [10, 10, 10], 1) is None
