@@ -24,6 +24,7 @@ from dptune.advice import unread_outputs_advice
 from dptune.backends.base import Backend, ProbeResult
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
+from dptune.search.messages import card0_holdings
 from dptune.units import format_bytes, parse_bytes
 from dptune.workload import Workload, has_batchnorm, model_name
 
@@ -220,16 +221,16 @@ class Tuner:
         budgets = [d.budget_bytes(self.headroom_bytes) for d in devices]
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=self.max_probes, desc="probing", unit="probe", file=sys.stderr,
-                   disable=not self.verbose, leave=True)
+        # The total is the most probes the search may run, and stays so: a search that
+        # certifies its answer early ends short of it ("7/12"), it is never rewritten.
+        bar = tqdm(total=self.max_probes, desc="probing (at most)", unit="probe",
+                   file=sys.stderr, disable=not self.verbose, leave=True)
         try:
             return search.run(backend.probe, budgets, self.objective, self.batch_size,
                               min_chunk=m, max_probes=self.max_probes, tolerance=self.tolerance,
                               exact_on_oom=getattr(backend, "kind", "") == "simulated",
                               on_probe=lambda: bar.update(1))
         finally:
-            bar.total = bar.n
-            bar.refresh()
             bar.close()
 
     # ---- the wrapped model ------------------------------------------------------------
@@ -326,12 +327,14 @@ def _advice(best: ProbeResult, even: SplitFigures, outcome: search.SearchOutcome
     if outcome.card0_floor:
         s = [p / b for p, b in zip(best.peak_bytes, budgets)]
         used = [s[i] for i in range(1, len(s)) if best.chunk_sizes[i] > 0]
+        holds = card0_holdings([best]).replace("gathered outputs", "whole batch's outputs")
         out.append(
             f"no split can balance these cards: card 0 is the heaviest even with no samples "
-            f"(it holds {format_bytes(best.peak_bytes[0])} for the master weights, gradients, "
-            f"optimizer state and the whole batch's outputs: {s[0]:.0%} of its budget, while "
+            f"(it holds {format_bytes(best.peak_bytes[0])} for the {holds}: "
+            f"{s[0]:.0%} of its budget, while "
             f"the cards holding samples reach at most {max(used, default=0.0):.0%} and are "
             f"within {imbalance(best.peak_bytes, budgets, best.chunk_sizes):.3f} of each "
             "other); the split given is the best possible. Returning only the loss from "
-            "forward, a larger card 0, or a smaller optimizer state would help")
+            "forward, a larger card 0" + (", or a smaller optimizer state" if "optimizer"
+                                          in holds else "") + " would help")
     return out

@@ -583,3 +583,64 @@ def test_a_ddp_wrapped_model_is_unwrapped_with_one_line():
     assert [str(w.message) for w in caught] == [
         "the model is wrapped in DistributedDataParallel; dptune tunes the module inside it "
         "(model.module, a Linear) and wraps that in its own BalancedDataParallel"]
+
+
+# ---- exit 3 says by how much, and blames only what is there -------------------------------------
+
+BIG = '''
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)])
+
+    def forward(self, x):
+        return self.layers(x)
+'''
+
+
+def test_no_fit_says_by_how_much_and_names_no_optimizer_without_one(workdir, capsys):
+    """4 x 4 MiB of weights (and as much of gradients on card 0) on 24 MiB cards, headroom 0."""
+    _, write = workdir
+    name = write(BIG)
+    for optimizer in ("none", "adamw"):
+        code, _, err = run(capsys, "search", "--model", f"{name}:Net", "--input-shape", "1024",
+                           "--batch-size", "8", "--simulate", "2x24MiB,context=1MiB",
+                           "--headroom", "0", "--optimizer", optimizer, "-q")
+        line = one_line_error(code, err, 3, "no split of batch size 8 fits every card's budget",
+                              "MiB over", "Try a smaller batch_size")
+        if optimizer == "none":
+            assert "optimizer" not in line
+
+
+def test_every_probe_out_of_memory_still_gives_the_amount():
+    """The message takes the amount from the closest out-of-memory probe (a lower bound)."""
+    from dptune.backends.base import ProbeResult
+    from dptune.search.messages import card0_holdings, infeasible_error
+    from dptune.units import MiB
+
+    probes = [ProbeResult((4, 4), (900 * MiB, 700 * MiB), oom_device=0,
+                          breakdown=({"weights": 1, "optimizer": 0}, {"weights": 1})),
+              ProbeResult((0, 8), (650 * MiB, 900 * MiB), oom_device=1)]
+    e = infeasible_error(0, None, 8, "every one of 2 probes ran out of memory",
+                         probes=probes, budgets=[512 * MiB, 512 * MiB])
+    assert ("the closest probe, split [4, 4], is at least 388.0 MiB over card 0's budget"
+            in str(e)), str(e)
+    assert e.shortfall_bytes == 388 * MiB
+    assert card0_holdings(probes[:1]) == "master weights, gradients and the gathered outputs"
+    assert "optimizer state" in card0_holdings(probes[1:])   # no breakdown: cannot tell
+
+
+def test_progress_bar_total_does_not_change(capsys):
+    """The bar counts up to the most probes the search may run and keeps that total."""
+    import re
+
+    from dptune import Tuner
+
+    Tuner(nn.Linear(16, 16), lambda n: torch.randn(n, 16), batch_size=8, simulate="2x2GB",
+          verbose=True, max_probes=6).fit()
+    err = capsys.readouterr().err
+    totals = set(re.findall(r"\| ?\d+/(\d+) \[", err))
+    assert totals == {"6"}, err

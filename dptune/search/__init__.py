@@ -20,7 +20,7 @@ from dptune.backends.base import ProbeResult
 from dptune.search.balance import Balance
 from dptune.search.loop import Proposal, refine
 from dptune.search.max_batch import MaxBatch
-from dptune.search.messages import infeasible_error
+from dptune.search.messages import card0_holdings, infeasible_error
 from dptune.search.models import CardFits
 from dptune.search.observations import Bracket, Observations
 from dptune.solver import Fit
@@ -99,8 +99,8 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         even_s = tuple(even_split(batch_size, n))
         even = obs.by_split.get(even_s)
         if floor:
-            notes.append("card 0 with no samples already holds the largest share (its master "
-                         "weights, gradients, optimizer state and the gathered outputs): no "
+            notes.append("card 0 with no samples already holds the largest share (its "
+                         f"{card0_holdings(obs.probes)}): no "
                          "split can do better; the imbalance is given among the cards that "
                          "hold samples")
     else:
@@ -111,7 +111,8 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
             card = next((r.oom_device for r in reversed(obs.probes) if not r.feasible), None)
             raise infeasible_error(card, None, min_chunk,
                                    f"not even the smallest batch was measured within budget "
-                                   f"in {len(obs.probes)} probes")
+                                   f"in {len(obs.probes)} probes", probes=obs.probes,
+                                   budgets=obs.budgets)
         certified = mb.max_certified()
         brackets = mb.brackets()
         floor = False

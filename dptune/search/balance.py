@@ -22,7 +22,7 @@ from dptune import solver
 from dptune.backends.base import ProbeResult
 from dptune.errors import NoFeasibleSplitError
 from dptune.search.loop import Proposal, valid_split
-from dptune.search.messages import infeasible_error
+from dptune.search.messages import card0_holdings, infeasible_error
 from dptune.search.models import CardFits
 from dptune.search.observations import Bracket, Observations, next_chunk
 from dptune.split import even_split
@@ -238,8 +238,8 @@ class Balance:
             if p.chunk == 0 and p.batch <= self.B:
                 raise infeasible_error(
                     0, None, self.B,
-                    "card 0 runs out of memory with no samples at all (master weights, "
-                    "gradients, optimizer state and the gathered outputs of the whole batch)")
+                    f"card 0 runs out of memory with no samples at all ({card0_holdings(self.obs.probes)} "
+                    "of the whole batch)", probes=self.obs.probes, budgets=self.obs.budgets)
 
     def no_split(self, fits: Optional[Sequence[solver.Fit]] = None) -> NoFeasibleSplitError:
         """The error when nothing at this batch was measured within budget."""
@@ -264,7 +264,8 @@ class Balance:
                                     f"measured for the best split {list(r.chunk_sizes)}")
         failed = obs.probes[-1].oom_device if obs.probes else None
         return infeasible_error(failed, None, self.B,
-                                f"every one of {len(obs.probes)} probes ran out of memory")
+                                f"every one of {len(obs.probes)} probes ran out of memory",
+                                probes=obs.probes, budgets=obs.budgets)
 
 
 def _fix_batchnorm(split: list[int], m: int) -> list[int]:

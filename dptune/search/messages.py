@@ -3,21 +3,58 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
+from dptune.backends.base import ProbeResult
 from dptune.errors import NoFeasibleSplitError
 from dptune.units import format_bytes
 
-__all__ = ["infeasible_error"]
+__all__ = ["infeasible_error", "card0_holdings"]
+
+
+def card0_holdings(probes: Sequence[ProbeResult]) -> str:
+    """What card 0 holds besides its own samples, as the probes measured it: the optimizer
+    state is named only when a probe's breakdown shows one (or no breakdown is known)."""
+    known = [p.breakdown[0] for p in probes if p.breakdown]
+    if known and all(int(b.get("optimizer", 0)) == 0 for b in known):
+        return "master weights, gradients and the gathered outputs"
+    return "master weights, gradients, optimizer state and the gathered outputs"
+
+
+def _closest_oom(probes: Sequence[ProbeResult], budgets: Sequence[int]
+                 ) -> Optional[tuple[float, int, ProbeResult]]:
+    """The out-of-memory probe that came closest: (bytes over, card, probe), or None when no
+    probe recorded a peak above a budget (real cards may stop before the peak)."""
+    best: Optional[tuple[float, int, ProbeResult]] = None
+    for r in probes:
+        if r.feasible or len(r.peak_bytes) != len(budgets):
+            continue
+        over, card = max((r.peak_bytes[i] - budgets[i], i) for i in range(len(budgets))
+                         if i == 0 or r.chunk_sizes[i] > 0)
+        if over > 0 and (best is None or over < best[0]):
+            best = (over, card, r)
+    return best
 
 
 def infeasible_error(card: Optional[int], shortfall_bytes: Optional[float], batch_size: int,
-                     detail: str = "") -> NoFeasibleSplitError:
-    """The error for "no split fits", saying where, by how much, and what to try."""
+                     detail: str = "", *, probes: Sequence[ProbeResult] = (),
+                     budgets: Sequence[int] = ()) -> NoFeasibleSplitError:
+    """The error for "no split fits", saying where, by how much, and what to try.
+
+    Without a ``shortfall_bytes``, the amount comes from the out-of-memory probe among
+    ``probes`` that came closest to the ``budgets`` (a lower bound: a step stops at the
+    allocation that fails).
+    """
     short = None if shortfall_bytes is None else max(0, int(math.ceil(shortfall_bytes)))
     where = ""
+    closest = _closest_oom(probes, budgets) if short is None else None
     if card is not None and short is not None:
         where = f": at best, card {card} is {format_bytes(short)} over its budget"
+    elif closest is not None:
+        over, card, r = closest
+        short = int(math.ceil(over))
+        where = (f": the closest probe, split {list(r.chunk_sizes)}, is at least "
+                 f"{format_bytes(short)} over card {card}'s budget")
     elif card is not None:
         where = f": card {card} runs out of memory"
     msg = (f"no split of batch size {batch_size} fits every card's budget{where}"
