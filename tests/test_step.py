@@ -325,3 +325,27 @@ def test_gpt2_through_the_cli_with_bf16_and_accumulation(tmp_path, capsys):
     assert "training step: bf16 autocast, accumulate 2, clip 1" in summary
     assert "use_cache=False" in summary                          # the advice on the cache
     assert (out / "peaks.png").exists()
+
+
+def test_from_report_warns_when_the_step_differs(tmp_path):
+    from dptune.errors import DptuneWarning
+    from dptune.parallel import BalancedDataParallel
+
+    res = Tuner(mlp(), sample, batch_size=32, simulate="2x24GB", amp="bf16", accumulate=2,
+                verbose=False).fit()
+    res.save(str(tmp_path))
+
+    def warnings_for(**kw):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            BalancedDataParallel.from_report(mlp(), str(tmp_path), **kw)
+        return [str(w.message) for w in caught if "another training step" in str(w.message)]
+
+    assert warnings_for() == []                                  # nothing given, nothing to compare
+    assert warnings_for(amp="bf16", accumulate=2, clip_grad_norm=None) == []
+    [msg] = warnings_for(amp=None, accumulate=2)
+    assert "amp='bf16' in the report, None here" in msg and "accumulate=" not in msg
+    [msg] = warnings_for(amp="bf16", accumulate=4, clip_grad_norm=1.0)
+    assert "accumulate=2 in the report, 4 here" in msg and "clip_grad_norm=None in the report, 1.0 here" in msg
+    with pytest.warns(DptuneWarning, match="another training step"):
+        BalancedDataParallel.from_report(mlp(), str(tmp_path), step=lambda m, b, o: None)
