@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            DptuneError, UsageError, UserCodeError)
 from dptune.importer import import_from_string
+from dptune.split import MAX_BATCH_SIZE
 from dptune.presets import (LOSSES, OPTIMIZERS, Named, adam, adamw, cross_entropy_loss, mean_loss,
                             mse_loss, sgd, sum_loss)
 from dptune.units import parse_bytes
@@ -385,10 +386,6 @@ def _positive_float(text: str) -> float:
     if not (value > 0 and value != float("inf")):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
-
-
-#: The largest --batch-size taken: far beyond any cluster's memory, well inside a tensor's size.
-MAX_BATCH_SIZE = 2**40
 
 
 def _batch_size(text: str) -> int:

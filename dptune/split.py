@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["even_split", "scale_split", "validate_chunk_sizes"]
+__all__ = ["even_split", "scale_split", "validate_chunk_sizes", "MAX_BATCH_SIZE"]
+
+#: The largest total batch dptune takes: far beyond any cluster's memory, well inside what a
+#: tensor's size can count (a larger one is a typo, not a workload).
+MAX_BATCH_SIZE = 2**40
 
 
 def even_split(batch_size: int, n: int) -> list[int]:

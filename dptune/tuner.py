@@ -24,6 +24,7 @@ from dptune.advice import unread_outputs_advice
 from dptune.backends.base import Backend, ProbeResult
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
+from dptune.split import MAX_BATCH_SIZE
 from dptune.search.messages import card0_holdings
 from dptune.units import format_bytes, parse_bytes
 from dptune.workload import Workload, has_batchnorm, model_name
@@ -142,6 +143,9 @@ class Tuner:
                  step: Optional[Callable[[Any, Any, Any], None]] = None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UsageError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if batch_size > MAX_BATCH_SIZE:
+            raise UsageError(f"batch_size={batch_size} is beyond what any cluster holds (at most "
+                             f"{MAX_BATCH_SIZE:,} samples); give the total batch over all cards")
         if objective not in OBJECTIVES:
             raise UsageError(f"objective must be 'balance' or 'max_batch', got {objective!r}")
         try:

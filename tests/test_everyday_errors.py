@@ -644,3 +644,11 @@ def test_progress_bar_total_does_not_change(capsys):
     err = capsys.readouterr().err
     totals = set(re.findall(r"\| ?\d+/(\d+) \[", err))
     assert totals == {"6"}, err
+
+
+def test_absurd_batch_size_through_the_api():
+    from dptune import Tuner
+
+    with pytest.raises(UsageError, match=r"batch_size=1000000000000000000 is beyond what any "
+                                         r"cluster holds \(at most 1,099,511,627,776 samples\)"):
+        Tuner(nn.Linear(8, 8), lambda n: torch.randn(n, 8), batch_size=10**18, simulate="2x24GB")
