@@ -5,8 +5,11 @@
 :class:`dptune.parallel.BalancedDataParallel` with the split: the batch from
 ``workload.sample(B)`` is built on the host and scattered from there (as the simulated backend
 assumes; ``batch_on_card0=True`` moves it to ``device_ids[0]`` first, as a loop that calls
-``x.cuda()`` does), then the forward, the workload's loss on ``device_ids[0]``, the backward
-and ``optimizer.step()`` (when the workload has an optimizer factory). Gradients are set to
+``x.cuda()`` does), then the workload's step (:func:`dptune.workload.run_step`, shared with
+the simulated backend): per micro-batch the forward and the loss on ``device_ids[0]`` (under
+``torch.autocast`` with ``amp=``), the backward (through a ``GradScaler`` for fp16), then
+clipping and ``optimizer.step()`` (when the workload has an optimizer factory); or the
+user's own ``step(model, batch, optimizer)`` with the wrapper as ``model``. Gradients are set to
 ``None`` before each step (``zero_grad(set_to_none=True)``, torch's default). When a
 ``loss_fn`` is given and the batch is on the host, the batch's tensors are copied to
 ``device_ids[0]`` for the loss (the loss's targets must live where the output is).
