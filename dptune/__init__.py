@@ -5,7 +5,7 @@ matplotlib, and prints nothing. Public names are loaded on first use.
 
 Public API (grouped):
 
-- Tuning: :class:`Tuner`, :class:`TuneResult`
+- Tuning: :class:`Tuner`, :class:`TuneResult`, :class:`StepSettings` (what a split was tuned for)
 - Wrapping: :class:`BalancedDataParallel`
 - Simulation: :func:`estimate_memory`, :class:`Cluster`, :func:`parse_cluster`
 - Devices: :func:`devices`, :class:`Device`, :class:`ProbeResult`
@@ -25,6 +25,7 @@ _LAZY = {
     # tuning
     "Tuner": "dptune.tuner",
     "TuneResult": "dptune.result",
+    "StepSettings": "dptune.workload",
     # wrapping
     "BalancedDataParallel": "dptune.parallel",
     # simulation
