@@ -172,3 +172,27 @@ def test_validate_gpu_cases_and_plain_step_run_without_a_gpu():
     v.plain_step(model, opt, [small.sample(model, 2) for _ in range(2)], "bf16", "cpu")
     assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))   # it stepped
     assert v.estimate(small, 2, Cluster.uniform(1, 24 * 2**30)) > 0
+
+
+def test_ddp_benchmark_exact_caps_agree_with_the_plan():
+    import torch
+    import torch.nn as nn
+
+    from benchmarks.ddp import DDPRow, exact_caps, table
+    from dptune import ddp
+    from dptune.workload import Workload
+
+    def net() -> nn.Module:
+        return nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 8))
+
+    def batch(b: int) -> torch.Tensor:
+        return torch.randn(b, 128)
+
+    spec = "32GB,24GB,used=1:20GB"
+    caps = exact_caps(Workload(net, batch), spec, 1 << 30)
+    plan = ddp.plan(net, batch, objective="max_batch", simulate=spec)
+    assert plan.batch_sizes == caps and plan.certified and caps[0] > caps[1]
+    row = DDPRow(model="net", cluster=spec, caps=caps, equal=2 * min(caps), planned=plan.batch_sizes,
+                 optimum=sum(caps), rounds=plan.rounds, probes=len(plan.probes),
+                 certified=plan.certified, seconds=0.0)
+    assert f"| {sum(caps)} {caps} | {sum(caps)} |" in table([row])
