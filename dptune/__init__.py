@@ -6,7 +6,8 @@ matplotlib, and prints nothing. Public names are loaded on first use.
 Public API (grouped):
 
 - Tuning: :class:`Tuner`, :class:`TuneResult`, :class:`StepSettings` (what a split was tuned for)
-- Wrapping: :class:`BalancedDataParallel`
+- Wrapping: :class:`BalancedDataParallel`, :func:`patch_dataparallel` (scripts that build
+  ``torch.nn.DataParallel`` themselves); the Hugging Face Trainer: :mod:`dptune.integrations.transformers`
 - Simulation: :func:`estimate_memory`, :class:`Cluster`, :func:`parse_cluster`
 - Devices: :func:`devices`, :class:`Device`, :class:`ProbeResult`
 - Checkpoints: :func:`state_dict`, :func:`load_state_dict`
@@ -28,6 +29,7 @@ _LAZY = {
     "StepSettings": "dptune.workload",
     # wrapping
     "BalancedDataParallel": "dptune.parallel",
+    "patch_dataparallel": "dptune.integrations.dataparallel",
     # simulation
     "estimate_memory": "dptune.backends.simulated",
     "Cluster": "dptune.backends.simulated",

@@ -26,6 +26,9 @@
   gradients), which has none of its own, uncoalesced as autograd makes them.
 - ``TorchFunctionMode`` (``torch.overrides``): sees ``F.scaled_dot_product_attention`` above
   autograd, where the kernel is chosen.
+- ``torch.overrides._get_current_function_mode_stack``: autograd does not run the backward
+  under the forward's torch-function modes, so an activation checkpoint's recomputation must
+  enter them again (the Trainer integration captures them when the forward runs).
 
 Everything is imported lazily: importing this module imports nothing heavy.
 """
@@ -34,10 +37,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "function_mode_base", "new_shape_env", "no_dispatch_modes",
-           "sparse_parts", "upper_bound",
-           "replica_module", "safe_softmax", "scatter_chunks", "sdp_priority_order", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash",
-           "include_dispatch_key", "exclude_dispatch_key", "PythonKernels", "amp_as_if_cuda"]
+__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "function_mode_base",
+           "function_mode_stack", "new_shape_env", "no_dispatch_modes", "sparse_parts", "upper_bound",
+           "replica_module", "safe_softmax", "scatter_chunks", "sdp_priority_order", "sdpa_cudnn",
+           "sdpa_efficient", "sdpa_flash", "include_dispatch_key", "exclude_dispatch_key",
+           "PythonKernels", "amp_as_if_cuda"]
 
 
 def scatter_chunks(tensor: Any, device_ids: list, chunk_sizes: list, dim: int) -> tuple:
@@ -86,6 +90,13 @@ def function_mode_active() -> bool:
     import torch
 
     return bool(torch._C._len_torch_function_stack())
+
+
+def function_mode_stack() -> list:
+    """The torch-function modes active now, outermost first."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    return list(_get_current_function_mode_stack())
 
 
 def sdp_priority_order() -> list:
