@@ -5,8 +5,9 @@ matplotlib, and prints nothing. Public names are loaded on first use.
 
 Public API (grouped):
 
-- Tuning: :class:`Tuner`, :class:`TuneResult`
-- Wrapping: :class:`BalancedDataParallel`
+- Tuning: :class:`Tuner`, :class:`TuneResult`, :class:`StepSettings` (what a split was tuned for)
+- Wrapping: :class:`BalancedDataParallel`, :func:`patch_dataparallel` (scripts that build
+  ``torch.nn.DataParallel`` themselves); the Hugging Face Trainer: :mod:`dptune.integrations.transformers`
 - Simulation: :func:`estimate_memory`, :class:`Cluster`, :func:`parse_cluster`
 - Devices: :func:`devices`, :class:`Device`, :class:`ProbeResult`
 - Checkpoints: :func:`state_dict`, :func:`load_state_dict`
@@ -25,8 +26,10 @@ _LAZY = {
     # tuning
     "Tuner": "dptune.tuner",
     "TuneResult": "dptune.result",
+    "StepSettings": "dptune.workload",
     # wrapping
     "BalancedDataParallel": "dptune.parallel",
+    "patch_dataparallel": "dptune.integrations.dataparallel",
     # simulation
     "estimate_memory": "dptune.backends.simulated",
     "Cluster": "dptune.backends.simulated",

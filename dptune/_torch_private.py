@@ -13,8 +13,22 @@
   ``torch._C._get_sdp_priority_order``: the simulator runs the kernel a CUDA card would choose
   (through its meta kernel) so that the backward keeps that kernel's tensors; there is no
   public way to call a given kernel, nor to read the order ``sdpa_kernel`` may have set.
+- ``Module._replicate_for_data_parallel``: the simulator's replicas are module copies made
+  as ``torch.nn.parallel.replicate`` makes them (parameters as plain attributes), so that
+  code re-running a replica's forward later (activation checkpointing) uses that card's
+  weights; ``replicate`` itself only broadcasts between real CUDA devices.
+- ``ShapeEnv`` (``torch.fx.experimental.symbolic_shapes``): with one, ``FakeTensorMode`` gives
+  data-dependent sizes (``nonzero``, boolean masks, ``.item()``) as unbacked symbols with a
+  value range instead of refusing them; the simulator charges their largest possible size.
+- ``_disable_current_modes`` (``torch.utils._python_dispatch``): a model factory is built on
+  plain meta tensors outside the fake mode, so that it may convert them (``.to(bfloat16)``).
+- ``Tensor._indices`` / ``_values``: the storages of a sparse tensor (``nn.Embedding(sparse=True)``
+  gradients), which has none of its own, uncoalesced as autograd makes them.
 - ``TorchFunctionMode`` (``torch.overrides``): sees ``F.scaled_dot_product_attention`` above
   autograd, where the kernel is chosen.
+- ``torch.overrides._get_current_function_mode_stack``: autograd does not run the backward
+  under the forward's torch-function modes, so an activation checkpoint's recomputation must
+  enter them again (the Trainer integration captures them when the forward runs).
 
 Everything is imported lazily: importing this module imports nothing heavy.
 """
@@ -23,9 +37,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_base", "safe_softmax",
-           "scatter_chunks", "sdp_priority_order", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash",
-           "include_dispatch_key", "exclude_dispatch_key", "PythonKernels", "amp_as_if_cuda"]
+__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "function_mode_base",
+           "function_mode_stack", "new_shape_env", "no_dispatch_modes", "sparse_parts", "upper_bound",
+           "replica_module", "safe_softmax", "scatter_chunks", "sdp_priority_order", "sdpa_cudnn",
+           "sdpa_efficient", "sdpa_flash", "include_dispatch_key", "exclude_dispatch_key",
+           "PythonKernels", "amp_as_if_cuda"]
 
 
 def scatter_chunks(tensor: Any, device_ids: list, chunk_sizes: list, dim: int) -> tuple:
@@ -68,6 +84,21 @@ def function_mode_base() -> type:
     return TorchFunctionMode
 
 
+def function_mode_active() -> bool:
+    """Whether any torch-function mode is active on this thread (the autograd engine runs
+    backward nodes with none: the simulator enters its mode again around each node)."""
+    import torch
+
+    return bool(torch._C._len_torch_function_stack())
+
+
+def function_mode_stack() -> list:
+    """The torch-function modes active now, outermost first."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    return list(_get_current_function_mode_stack())
+
+
 def sdp_priority_order() -> list:
     """The order torch tries attention kernels in (``torch.nn.attention.SDPBackend`` values)."""
     import torch
@@ -108,6 +139,35 @@ def safe_softmax(x: Any, dim: int) -> Any:
 
     return torch.ops.aten._safe_softmax(x, dim)
 
+
+
+def replica_module(module: Any, tensors: dict) -> Any:
+    """A replica of ``module`` as ``torch.nn.parallel.replicate`` makes one for a device.
+
+    ``tensors`` maps ``id()`` of each of the module's parameters and buffers to the tensor the
+    replica uses in its place (one that is missing keeps the module's own). Submodules are
+    shallow copies (``_replicate_for_data_parallel``) sharing hooks and attributes.
+    """
+    mods = list(module.modules())
+    copies = {id(m): m._replicate_for_data_parallel() for m in mods}
+    for m in mods:
+        r = copies[id(m)]
+        for key, child in m._modules.items():
+            if child is None:
+                r._modules[key] = None
+            else:
+                setattr(r, key, copies[id(child)])
+        for key, p in m._parameters.items():
+            if p is None:
+                r._parameters[key] = None
+            else:
+                setattr(r, key, tensors.get(id(p), p))
+        for key, b in m._buffers.items():
+            if b is None:
+                r._buffers[key] = None
+            else:
+                setattr(r, key, tensors.get(id(b), b))
+    return copies[id(module)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -204,3 +264,39 @@ class amp_as_if_cuda:
         while self._saved:
             obj, name, old = self._saved.pop()
             setattr(obj, name, old)
+
+
+def new_shape_env() -> Any:
+    """A fresh ``ShapeEnv`` for a ``FakeTensorMode`` (data-dependent sizes become symbols)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return ShapeEnv()
+
+
+def upper_bound(value: Any) -> Any:
+    """The largest value a possibly symbolic int can take (an ``int``), or ``None`` if unbounded."""
+    import torch
+
+    if not isinstance(value, torch.SymInt):
+        return int(value)
+    node = value.node
+    bound = node.shape_env.bound_sympy(node.expr).upper
+    try:
+        return int(bound)
+    except (TypeError, ValueError):
+        return None
+
+
+def no_dispatch_modes() -> Any:
+    """A context manager with no torch-dispatch mode active (the fake mode included)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
+def sparse_parts(t: Any) -> list:
+    """The tensors holding a sparse COO tensor's memory: its indices and values."""
+    try:
+        return [t._indices(), t._values()]
+    except (RuntimeError, NotImplementedError):
+        return []

@@ -52,7 +52,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from dptune.result import TuneResult
 
-__all__ = ["main", "build_parser", "search", "ddp_plan", "load_workload", "LoadedWorkload", "DTYPES",
+__all__ = ["main", "build_parser", "search", "search_trainer", "ddp_plan", "load_workload",
+           "LoadedWorkload", "DTYPES",
            # the built-ins, from dptune.presets
            "LOSSES", "OPTIMIZERS", "sum_loss", "mean_loss", "cross_entropy_loss", "mse_loss",
            "sgd", "adam", "adamw"]
@@ -78,6 +79,8 @@ _HIDDEN_FRAMES = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
 # ---- building blocks: batch, loss, optimizer ---------------------------------------------
 
 DTYPES = ("float32", "float16", "bfloat16", "long")
+#: ``--batch-size`` when not given (with --model).
+DEFAULT_BATCH_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -338,6 +341,56 @@ def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
             backend.close()
 
 
+def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
+                   batch_size: Optional[int] = None, devices: Optional[Sequence[int]] = None,
+                   simulate: Optional[str] = None, objective: str = "balance",
+                   headroom_bytes: int = 2**30, max_probes: int = 12,
+                   verbose: bool = True) -> "TuneResult":
+    """``dptune search --hf-trainer mymod:make_trainer``: call ``make_trainer()`` and tune the
+    Trainer it returns with :func:`dptune.integrations.transformers.tune_trainer`.
+
+    ``ignored`` names flags given that describe a model, which the Trainer already defines.
+    """
+    from dptune.backends.simulated import parse_cluster
+
+    if ignored:
+        raise UsageError(f"--hf-trainer takes the model, batch, loss, optimizer and step "
+                         f"settings from the Trainer and its TrainingArguments; drop "
+                         f"{', '.join(ignored)}")
+    cluster = parse_cluster(simulate) if simulate is not None else None
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError("--hf-trainer needs the transformers package: "
+                         "pip install 'dptune[hf]'") from None
+    factory = _import(make_trainer, "--hf-trainer")
+    if not callable(factory):
+        raise UsageError(f"--hf-trainer {make_trainer!r} names a {type(factory).__name__}; give "
+                         "a function that returns a configured transformers.Trainer")
+    with _users_code(f"building the Trainer with {make_trainer}()"):
+        trainer = factory()
+    if not isinstance(trainer, transformers.Trainer):
+        raise UsageError(f"--hf-trainer {make_trainer}() returned a {type(trainer).__name__}, "
+                         "not a transformers.Trainer")
+    from dptune.integrations.transformers import tune_trainer
+
+    return tune_trainer(trainer, objective=objective, simulate=cluster, headroom=headroom_bytes,
+                        batch_size=batch_size, device_ids=list(devices) if devices else None,
+                        max_probes=max_probes, verbose=verbose)
+
+
+def _model_only_flags(args: argparse.Namespace) -> list[str]:
+    """Flags given that describe a model and its batch (meaningless with --hf-trainer)."""
+    given = [("--model-kwargs", args.model_kwargs is not None), ("--sample", args.sample is not None),
+             ("--input-shape", args.input_shape is not None), ("--dtype", args.dtype is not None),
+             ("--vocab-size", args.vocab_size is not None), ("--loss", args.loss != "default"),
+             ("--optimizer", args.optimizer != "adamw"), ("--isolate", args.isolate),
+             ("--amp", args.amp is not None), ("--accumulate", args.accumulate != 1),
+             ("--clip-grad-norm", args.clip_grad_norm is not None), ("--step", args.step is not None),
+             ("--output-device", args.output_device != 0)]
+    return [flag for flag, on in given if on]
+
+
 def _isolated_backend(model: str, model_kwargs: Optional[dict[str, Any]], sample: Optional[str],
                       input_shape: Optional[Sequence[int]], dtype: Optional[str],
                       vocab_size: Optional[int], loss: str, optimizer: str,
@@ -441,12 +494,20 @@ def _shape(text: str) -> tuple[int, ...]:
 # ---- subcommands -----------------------------------------------------------------------
 
 def workload_arguments(p: argparse.ArgumentParser, *, batch_default: Optional[int],
-                       batch_help: str) -> Any:
-    """The "model and batch" flags, shared by ``search`` and ``plan``; returns the group."""
+                       batch_help: str, hf_trainer: bool = False) -> Any:
+    """The "model and batch" flags, shared by ``search`` and ``plan``; returns the group.
+
+    ``hf_trainer``: ``--hf-trainer`` may stand in for ``--model`` (``search`` only)."""
     g = p.add_argument_group("model and batch")
-    g.add_argument("--model", required=True, metavar="MODULE:ATTR",
-                   help="model class or factory, e.g. mymodels:Net (imported from the working "
-                        "directory or installed packages)")
+    what = g.add_mutually_exclusive_group(required=True) if hf_trainer else g
+    what.add_argument("--model", metavar="MODULE:ATTR", required=not hf_trainer,
+                      help="model class or factory, e.g. mymodels:Net (imported from the working "
+                           "directory or installed packages)")
+    if hf_trainer:
+        what.add_argument("--hf-trainer", metavar="MODULE:FUNC",
+                          help="a function returning a configured transformers.Trainer: its "
+                               "model, data, optimizer and step settings are tuned (needs "
+                               "dptune[hf])")
     g.add_argument("--model-kwargs", metavar="JSON", default=None,
                    help='keyword arguments for the model, as a JSON object, e.g. \'{"depth": 12}\'')
     batch = g.add_mutually_exclusive_group()
@@ -494,8 +555,9 @@ def search_parser(subparsers: Any) -> None:
                     "per-card memory and pick the split that balances it (or fits the largest\n"
                     "batch); print a table and write a report folder.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    workload_arguments(p, batch_default=256,
-                       batch_help="total batch size over all cards (default 256; for "
+    workload_arguments(p, batch_default=None, hf_trainer=True,
+                       batch_help="total batch size over all cards (default 256, with "
+                                  "--hf-trainer per_device_train_batch_size x cards; for "
                                   "--objective max-batch, where the search starts)")
     step_arguments(p)
     c = p.add_argument_group("cards")
@@ -541,16 +603,24 @@ def _search_command(args: argparse.Namespace) -> int:
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with redirect:
-        result = search(
-            args.model, model_kwargs=parse_model_kwargs(args.model_kwargs), sample=args.sample,
-            input_shape=args.input_shape, dtype=args.dtype, vocab_size=args.vocab_size,
-            batch_size=args.batch_size, loss=args.loss, optimizer=args.optimizer,
-            devices=args.devices, simulate=args.simulate,
-            objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
-            max_probes=args.max_probes, verbose=not args.quiet,
-            isolate=args.isolate, amp=args.amp, accumulate=args.accumulate,
-            clip_grad_norm=args.clip_grad_norm, step=args.step,
-            output_device=args.output_device)
+        if args.hf_trainer:
+            result = search_trainer(
+                args.hf_trainer, ignored=_model_only_flags(args), batch_size=args.batch_size,
+                devices=args.devices, simulate=args.simulate,
+                objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
+                max_probes=args.max_probes, verbose=not args.quiet)
+        else:
+            result = search(
+                args.model, model_kwargs=parse_model_kwargs(args.model_kwargs), sample=args.sample,
+                input_shape=args.input_shape, dtype=args.dtype, vocab_size=args.vocab_size,
+                batch_size=args.batch_size or DEFAULT_BATCH_SIZE, loss=args.loss,
+                optimizer=args.optimizer,
+                devices=args.devices, simulate=args.simulate,
+                objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
+                max_probes=args.max_probes, verbose=not args.quiet,
+                isolate=args.isolate, amp=args.amp, accumulate=args.accumulate,
+                clip_grad_norm=args.clip_grad_norm, step=args.step,
+                output_device=args.output_device)
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
     if args.json:

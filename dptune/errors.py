@@ -11,8 +11,10 @@ and what to do. The tree::
     │   └── OutputError                      a report or plot folder that cannot be written
     ├── NoFeasibleSplitError         exit 3  no split of the batch fits every card's budget
     ├── BackendUnavailableError      exit 4  GPUs asked for are missing, NVML/CUDA unusable
-    └── UserCodeError (RuntimeError) exit 1  the user's model, loss or optimizer raised;
-                                             chained (``raise ... from``) to their exception
+    ├── UserCodeError (RuntimeError) exit 1  the user's model, loss or optimizer raised;
+    │                                        chained (``raise ... from``) to their exception
+    └── InternalError (RuntimeError) exit 1  dptune's own machinery failed (a bug in dptune,
+                                             never blamed on the user's code), naming the part
 
 Out-of-memory during a probe is not an error: the probe records which card ran out.
 Things dptune did on the user's behalf that they should know about (e.g. unwrapping a model
@@ -31,7 +33,8 @@ EXIT_BACKEND = 4
 __all__ = [
     "EXIT_OK", "EXIT_USER_CODE", "EXIT_USAGE", "EXIT_NO_FIT", "EXIT_BACKEND",
     "DptuneError", "UsageError", "SpecError", "ImportStringError", "ReportError", "OutputError",
-    "NoFeasibleSplitError", "BackendUnavailableError", "UserCodeError", "DptuneWarning",
+    "NoFeasibleSplitError", "BackendUnavailableError", "UserCodeError", "InternalError",
+    "DptuneWarning",
 ]
 
 
@@ -87,6 +90,16 @@ class UserCodeError(DptuneError, RuntimeError):
     """The user's model, batch builder, loss or optimizer raised during a probe.
 
     The original exception is the ``__cause__``; the message says where (card, split).
+    """
+
+    exit_code = EXIT_USER_CODE
+
+
+class InternalError(DptuneError, RuntimeError):
+    """dptune's own code failed (a simulator hook, the ledger...): a bug to report.
+
+    The message names the part of dptune and the construct that was running; the original
+    exception is the ``__cause__``.
     """
 
     exit_code = EXIT_USER_CODE

@@ -21,7 +21,11 @@ How a batch is split:
 - neither: the even split DataParallel itself uses (``torch.chunk``: ``ceil(B/n)`` each
   until the batch runs out), through the same code path.
 
-A device given 0 samples gets no input and its replica does not run. On one device the
+A device given 0 samples gets no input and no replica runs there. When that is
+``device_ids[0]``, it keeps the master weights, broadcasts them to the others and receives
+their summed gradients, without a replica of its own (through DataParallel's ``replicate``
+autograd would fill that unused replica's gradients with zeros: a second copy of the
+gradients on the card). On one device the
 module is called directly; without CUDA (``device_ids == []``) the wrapper is a plain
 pass-through, exactly like DataParallel.
 
@@ -37,7 +41,6 @@ Known limitations:
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from itertools import chain
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
@@ -45,8 +48,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 import torch
 from torch import nn
 
-from dptune import _torch_private
-from dptune.errors import UsageError
+from dptune import _torch_private, _tree
+from dptune.errors import DptuneWarning, UsageError
 from dptune.split import even_split, scale_split, validate_chunk_sizes
 
 __all__ = [
@@ -113,25 +116,9 @@ def narrow_scatter(tensor: torch.Tensor, device_ids: Sequence[Any], chunk_sizes:
     return tuple(tensor.split(list(chunk_sizes), dim=dim))
 
 
-def _is_namedtuple(obj: Any) -> bool:
-    return isinstance(obj, tuple) and hasattr(obj, "_fields") and hasattr(obj, "_asdict")
-
-
-def _iter_tensors(obj: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Depth-first ``(path, tensor)`` pairs of a nested structure of tuples, lists, dicts."""
-    if isinstance(obj, torch.Tensor):
-        yield path, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _iter_tensors(v, f"{path}[{k!r}]")
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _iter_tensors(v, f"{path}[{i}]")
-
-
 def _args_tensors(args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
-    yield from _iter_tensors(tuple(args), "args")
-    yield from _iter_tensors(dict(kwargs), "kwargs")
+    yield from _tree.tensors(tuple(args), "args")
+    yield from _tree.tensors(dict(kwargs), "kwargs")
 
 
 def find_batch_size(args: Sequence[Any], kwargs: Optional[dict[str, Any]], dim: int = 0
@@ -164,7 +151,8 @@ def split_inputs(args: Sequence[Any], kwargs: Optional[dict[str, Any]], chunk_si
                  ) -> SplitInputs:
     """Split a call's arguments into per-device calls with the given chunk sizes.
 
-    Every tensor, at any depth of tuples, lists and dicts (namedtuples keep their type), is
+    The containers follow ``torch.nn.parallel.scatter`` (:func:`dptune._tree.scatter`): every
+    tensor, at any depth of tuples, lists and dicts (namedtuples and dict types are kept), is
     split along ``dim`` with the same sizes by ``scatter_fn`` (the CUDA scatter in
     :class:`BalancedDataParallel`, :func:`narrow_scatter` on the CPU); every other value is
     given as it is to each device. Devices whose chunk is 0 are left out. Each tensor must
@@ -184,60 +172,148 @@ def split_inputs(args: Sequence[Any], kwargs: Optional[dict[str, Any]], chunk_si
     batch = sum(used_sizes)
     n = len(used)
 
-    def split(obj: Any, path: str) -> list:
-        if isinstance(obj, torch.Tensor):
-            if obj.dim() == 0 or obj.dim() <= dim:
-                raise UsageError(
-                    f"{path} has shape {tuple(obj.shape)}, which has no dim {dim} to split the "
-                    f"batch of {batch} along; give it a batch dimension or pass it as a non-tensor")
-            if obj.size(dim) != batch:
-                raise UsageError(
-                    f"{path} has size {obj.size(dim)} along dim {dim} but the batch has {batch} "
-                    f"samples (the first tensor's size); every tensor argument is split into "
-                    f"chunks {used_sizes}, so each needs the batch size along dim {dim}")
-            chunks = tuple(scatter_fn(obj, used_ids, used_sizes, dim))
-            if len(chunks) != n:
-                raise RuntimeError(f"scatter gave {len(chunks)} chunks for {n} devices")
-            return list(chunks)
-        if _is_namedtuple(obj):
-            parts = [split(v, f"{path}.{f}") for f, v in zip(obj._fields, obj)]
-            return [type(obj)(*(p[d] for p in parts)) for d in range(n)]
-        if isinstance(obj, (tuple, list)):
-            parts = [split(v, f"{path}[{i}]") for i, v in enumerate(obj)]
-            return [type(obj)(p[d] for p in parts) if isinstance(obj, tuple) else [p[d] for p in parts]
-                    for d in range(n)]
-        if isinstance(obj, dict):
-            by_key = {k: split(v, f"{path}[{k!r}]") for k, v in obj.items()}
-            out = []
-            for d in range(n):
-                items = [(k, p[d]) for k, p in by_key.items()]
-                try:
-                    out.append(type(obj)(items))
-                except TypeError:
-                    out.append(dict(items))
-            return out
-        return [obj] * n
+    def split(obj: torch.Tensor, path: str) -> list:
+        if obj.dim() == 0 or obj.dim() <= dim:
+            raise UsageError(
+                f"{path} has shape {tuple(obj.shape)}, which has no dim {dim} to split the "
+                f"batch of {batch} along; give it a batch dimension or pass it as a non-tensor")
+        if obj.size(dim) != batch:
+            raise UsageError(
+                f"{path} has size {obj.size(dim)} along dim {dim} but the batch has {batch} "
+                f"samples (the first tensor's size); every tensor argument is split into "
+                f"chunks {used_sizes}, so each needs the batch size along dim {dim}")
+        return list(scatter_fn(obj, used_ids, used_sizes, dim))
 
-    split_args = [tuple(a) for a in split(tuple(args), "args")] if args else [() for _ in range(n)]
-    split_kwargs = split(kwargs, "kwargs") if kwargs else [{} for _ in range(n)]
+    split_args = [tuple(a) for a in _tree.scatter(tuple(args), n, split, "args")]
+    split_kwargs = _tree.scatter(kwargs, n, split, "kwargs") if kwargs else [{} for _ in range(n)]
     return SplitInputs(used_ids, used_sizes, tuple(split_args), tuple(split_kwargs))
 
 
 def _has_scalar_tensor(obj: Any) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return obj.dim() == 0
-    if isinstance(obj, dict):
-        return any(_has_scalar_tensor(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return any(_has_scalar_tensor(v) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return any(_has_scalar_tensor(getattr(obj, f.name)) for f in dataclasses.fields(obj))
-    return False
+    return any(t.dim() == 0 for _, t in _tree.tensors(obj))
 
 
 def _cuda_scatter(tensor: torch.Tensor, device_ids: Sequence[int], chunk_sizes: Sequence[int],
                   dim: int) -> tuple:
     return _torch_private.scatter_chunks(tensor, list(device_ids), list(chunk_sizes), dim)
+
+
+#: ``reduce_fn(grads_per_device, destination) -> one summed tensor per parameter there``
+ReduceFn = Callable[[list, Any], list]
+BUCKET_BYTES = 10 * 1024 * 1024      # as torch's reduce_add_coalesced
+
+
+def _cuda_reduce_onto(grads_per_device: list, destination: Any) -> list:
+    """Sum each parameter's gradients over devices onto ``destination``, which ran no replica.
+
+    NCCL's reduce wants one input on the destination, so each bucket of ``BUCKET_BYTES`` of
+    the first device's gradients is copied there first: the card holds one bucket more than
+    the result, never a full copy of the gradients.
+    """
+    from torch.cuda import comm
+
+    first, others = grads_per_device[0], grads_per_device[1:]
+    out: list = []
+    start = 0
+    while start < len(first):
+        end, size = start, 0
+        while end < len(first) and (end == start or size + first[end].nbytes <= BUCKET_BYTES):
+            size += first[end].nbytes
+            end += 1
+        moved = [g.to(destination) for g in first[start:end]]
+        if others:
+            out += comm.reduce_add_coalesced([moved] + [g[start:end] for g in others], destination)
+        else:
+            out += moved
+        start = end
+    return out
+
+
+class _JoinReplicas(torch.autograd.Function):
+    """Tie detached per-device copies of the parameters to the masters for autograd.
+
+    ``forward(ctx, reduce_fn, destination, n, *masters, *copies)`` returns the copies (as
+    views, no new memory); the backward gives each master the sum of its copies' gradients,
+    made by ``reduce_fn`` on ``destination``. A copy that got no gradient counts as zeros.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, reduce_fn: ReduceFn, destination: Any, n: int, *tensors: torch.Tensor
+                ) -> tuple:
+        ctx.reduce_fn, ctx.destination, ctx.n = reduce_fn, destination, n
+        ctx.copy_meta = [(t.shape, t.dtype, t.device) for t in tensors[n:]]
+        ctx.set_materialize_grads(False)
+        return tuple(t.view_as(t) for t in tensors[n:])
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Optional[torch.Tensor]) -> tuple:
+        n = ctx.n
+        if all(g is None for g in grads):
+            return (None,) * (3 + n + len(grads))
+        filled = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                  for g, (shape, dtype, device) in zip(grads, ctx.copy_meta)]
+        per_device = [filled[k:k + n] for k in range(0, len(filled), n)]
+        reduced = ctx.reduce_fn(per_device, ctx.destination)
+        return (None, None, None, *reduced) + (None,) * len(grads)
+
+
+def join_replicas(module: nn.Module, replicas: Sequence[nn.Module], destination: Any,
+                  reduce_fn: ReduceFn) -> list:
+    """Give ``replicas`` (made with ``replicate(..., detach=True)``) autograd to ``module``.
+
+    Each replica's parameter copies are replaced by views that :class:`_JoinReplicas` ties to
+    the master parameters; their gradients are summed onto ``destination`` by ``reduce_fn``.
+    Returns the replicas. Parameters that need no gradient are left detached.
+    """
+    masters = [p for p in module.parameters() if p.requires_grad]
+    if not masters:
+        return list(replicas)
+    index = {id(p): j for j, p in enumerate(masters)}
+    mods = list(module.modules())
+    rep_mods = [list(r.modules()) for r in replicas]
+    copies: list = []
+    for rm in rep_mods:
+        found: list = [None] * len(masters)
+        for m, r in zip(mods, rm):
+            for key, p in m._parameters.items():
+                if p is not None and id(p) in index:
+                    found[index[id(p)]] = getattr(r, key)
+        copies.append(found)
+    flat = [t for dev in copies for t in dev]
+    joined = _JoinReplicas.apply(reduce_fn, destination, len(masters), *masters, *flat)
+    n = len(masters)
+    for k, rm in enumerate(rep_mods):
+        for m, r in zip(mods, rm):
+            for key, p in m._parameters.items():
+                if p is not None and id(p) in index:
+                    r._parameters.pop(key, None)
+                    setattr(r, key, joined[k * n + index[id(p)]])
+    return list(replicas)
+
+
+_NOT_GIVEN: Any = object()
+
+
+def _warn_settings(tuned: Any, model: nn.Module, path: str, **given: Any) -> None:
+    """One :class:`DptuneWarning` listing how the step described by ``given`` (those given)
+    and the model's gradient checkpointing differ from the report's ``tuned`` settings."""
+    from dptune.workload import StepSettings, function_name, gradient_checkpointing
+
+    if given.get("step") is not _NOT_GIVEN and callable(given.get("step")):
+        given["step"] = function_name(given["step"])
+    if given.get("clip_grad_norm") not in (_NOT_GIVEN, None):
+        given["clip_grad_norm"] = float(given["clip_grad_norm"])
+    given = {k: v for k, v in given.items() if v is not _NOT_GIVEN}
+    given["gradient_checkpointing"] = gradient_checkpointing(model)
+    mine = StepSettings.from_dict({**tuned.to_dict(), **given})
+    diffs = [f"{k}={getattr(tuned, k)!r} in the report, {getattr(mine, k)!r} here"
+             for k in given if getattr(tuned, k) != getattr(mine, k)]
+    if diffs:
+        warnings.warn(
+            f"the split in {path!r} was tuned for another training step ({tuned.describe()}; "
+            f"now {mine.describe()}): {'; '.join(diffs)}. Its memory was measured for that step, "
+            "so it may run out of memory or leave memory unused: re-run `dptune search` with "
+            "these settings", DptuneWarning, stacklevel=3)
 
 
 # ---- the wrapper ------------------------------------------------------------------------
@@ -365,11 +441,33 @@ class BalancedDataParallel(nn.DataParallel):
                         chunk_sizes: Sequence[int], dim: int) -> tuple:
         return _cuda_scatter(tensor, device_ids, chunk_sizes, dim)
 
+    def _reduce_onto(self, grads_per_device: list, destination: Any) -> list:
+        return _cuda_reduce_onto(grads_per_device, destination)
+
     def _parallel_apply(self, replicas: Sequence[nn.Module], inputs: Sequence[Any],
                         kwargs: Sequence[Any], device_ids: Sequence[int]) -> list:
         from torch.nn.parallel.parallel_apply import parallel_apply
 
         return parallel_apply(replicas, inputs, kwargs, list(device_ids))
+
+    def _replicas(self, used_ids: list) -> list:
+        """One replica per device in ``used_ids`` (the devices whose chunk is not empty).
+
+        When device_ids[0] (where the module lives) gets samples, this is DataParallel's
+        ``replicate``: its replica shares the module's storage. When it gets none, no replica
+        runs there: the weights are broadcast from it to the other devices without autograd
+        and joined back by :class:`_JoinReplicas`, whose backward sums the replicas' gradients
+        onto it. (Through ``replicate`` onto device_ids[0] too, autograd would fill the unused
+        replica's gradients with zeros there, one more copy of the gradients on that card.)
+        """
+        src = self.device_ids[0]
+        if used_ids[0] == src:
+            return list(self.replicate(self.module, used_ids))
+        with torch.no_grad():   # DataParallel.replicate detaches when grad mode is off
+            replicas = list(self.replicate(self.module, [src] + used_ids))[1:]
+        if not torch.is_grad_enabled():
+            return replicas
+        return join_replicas(self.module, replicas, src, self._reduce_onto)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         with torch.autograd.profiler.record_function("BalancedDataParallel.forward"):
@@ -394,13 +492,7 @@ class BalancedDataParallel(nn.DataParallel):
             if len(self.device_ids) == 1:
                 return self.module(*parts.args[0], **parts.kwargs[0])
 
-            # Replicas are broadcast from device_ids[0], so it is always replicated (its
-            # replica shares the module's storage) and dropped when it gets no samples.
-            src = self.device_ids[0]
-            targets = [src] + [d for d in parts.device_ids if d != src]
-            replicas = self.replicate(self.module, targets)
-            by_device = dict(zip(targets, replicas))
-            used_replicas = [by_device[d] for d in parts.device_ids]
+            used_replicas = self._replicas(list(parts.device_ids))
             outputs = self._parallel_apply(used_replicas, parts.args, parts.kwargs,
                                            parts.device_ids)
             self._note_outputs(outputs, parts.chunk_sizes)
@@ -437,17 +529,27 @@ class BalancedDataParallel(nn.DataParallel):
     # ---- from a report ----------------------------------------------------------------
     @classmethod
     def from_report(cls, model: nn.Module, path: str,
-                    device_ids: Optional[Sequence[Any]] = None) -> "BalancedDataParallel":
+                    device_ids: Optional[Sequence[Any]] = None, *, amp: Any = _NOT_GIVEN,
+                    accumulate: Any = _NOT_GIVEN, clip_grad_norm: Any = _NOT_GIVEN,
+                    step: Any = _NOT_GIVEN) -> "BalancedDataParallel":
         """Wrap ``model`` with the split saved by ``dptune search`` (a folder or report.json).
 
         ``device_ids`` defaults to the first ``len(chunk_sizes)`` visible CUDA devices. On a
         machine without CUDA the wrapper is a plain pass-through (with the constructor's
         warning that the split is not used), so a script runs unchanged on a laptop. The
         report is read and checked by the one report reader, :meth:`TuneResult.load`.
+
+        ``amp``, ``accumulate``, ``clip_grad_norm`` and ``step`` (a function or its
+        ``"module:qualname"``) describe the training step this model will run, as for
+        ``Tuner``; each one given is compared with the step the report was tuned for, as is
+        the model's own gradient checkpointing flag, and a :class:`~dptune.errors.DptuneWarning`
+        lists any difference: the split's memory was measured for the other step.
         """
         from dptune.result import TuneResult
 
         result = TuneResult.load(str(path))
+        _warn_settings(result.settings, model, str(path), amp=amp, accumulate=accumulate,
+                       clip_grad_norm=clip_grad_norm, step=step)
         sizes = list(result.chunk_sizes)
         n = len(sizes)
         if device_ids is None and not torch.cuda.is_available():

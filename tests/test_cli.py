@@ -242,7 +242,7 @@ def test_no_way_to_build_a_batch(tiny, capsys):
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    ([], "the following arguments are required: --model"),
+    ([], "one of the arguments --model --hf-trainer is required"),
     (["--model", "m:N", "--devices", "0", "--simulate", "2x2GB"], "not allowed with"),
     (["--model", "m:N", "--headroom", "lots"], "not a byte size"),
     (["--model", "m:N", "--batch-size", "0"], "expected a positive integer"),

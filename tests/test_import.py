@@ -11,7 +11,7 @@ import pytest
 
 import dptune
 
-HEAVY = ("pandas", "matplotlib", "pynvml")
+HEAVY = ("pandas", "matplotlib", "pynvml", "transformers")
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
@@ -42,7 +42,8 @@ def test_import_loads_nothing_heavy():
 
 
 @pytest.mark.parametrize("module", ["dptune.parallel", "dptune.checkpoint", "dptune.gpus",
-                                    "dptune._nvml", "dptune.split", "dptune.result"])
+                                    "dptune._nvml", "dptune.split", "dptune.result",
+                                    "dptune.integrations.dataparallel"])
 def test_modules_are_lazy_about_cuda_nvml_pandas(module):
     # torch itself may import pynvml (torch.cuda does, where it is installed): only what the
     # module adds on top of torch counts.

@@ -7,6 +7,7 @@ the CUDA steps (scatter, replicate, parallel_apply, gather) with CPU ones.
 
 from __future__ import annotations
 
+import copy
 import json
 import warnings
 from collections import namedtuple
@@ -38,7 +39,13 @@ class CpuBDP(BalancedDataParallel):
 
     def replicate(self, module, device_ids):
         self.replicated_to = list(device_ids)
+        if not torch.is_grad_enabled():   # detached copies, as replicate(..., detach=True)
+            return [copy.deepcopy(module) for _ in device_ids]
         return [module for _ in device_ids]
+
+    def _reduce_onto(self, grads_per_device, destination):
+        self.reduced_from = len(grads_per_device)
+        return [sum(gs) for gs in zip(*grads_per_device)]
 
     def _parallel_apply(self, replicas, inputs, kwargs, device_ids):
         self.ran_on = list(device_ids)
@@ -313,6 +320,55 @@ def test_zero_chunk_devices_are_skipped_and_output_still_gathered():
     assert w.replicated_to == [0, 1, 3]   # broadcast starts from device_ids[0]
     assert w.gathered_to == 0
     assert w.last_chunk_sizes == [0, 5, 0, 3]
+
+
+def test_zero_chunk_card0_runs_no_replica_and_receives_the_summed_gradients():
+    torch.manual_seed(0)
+    model, ref = MLP(), MLP()
+    ref.load_state_dict(model.state_dict())
+    w = make_cpu(model, 3, chunk_sizes=[0, 5, 3])
+    x = torch.randn(8, 4)
+    out = w(x)
+    assert w.ran_on == [1, 2] and w.replicated_to == [0, 1, 2]
+    out.pow(2).mean().backward()
+    assert w.reduced_from == 2            # the two replicas that ran, nothing from card 0
+    ref(x).pow(2).mean().backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert p.grad is not None and torch.allclose(p.grad, q.grad, atol=1e-6), name
+    # the user's module keeps its parameters (the replicas got the joined views)
+    assert all(isinstance(p, nn.Parameter) for p in model.parameters())
+
+
+def test_zero_chunk_card0_without_grad_needs_no_join():
+    model = MLP()
+    w = make_cpu(model, 2, chunk_sizes=[0, 4])
+    x = torch.randn(4, 4)
+    with torch.no_grad():
+        assert torch.allclose(w(x), model(x))
+    assert not hasattr(w, "reduced_from")
+
+
+def test_reduce_onto_a_card_without_replica_copies_one_bucket_at_a_time(monkeypatch):
+    """``_cuda_reduce_onto`` with torch.cuda.comm replaced by a CPU sum that records buckets."""
+    from torch.cuda import comm
+
+    from dptune import parallel
+
+    buckets = []
+
+    def fake_reduce(inputs, destination):
+        buckets.append(sum(t.nbytes for t in inputs[0]))
+        return [sum(ts) for ts in zip(*inputs)]
+
+    monkeypatch.setattr(comm, "reduce_add_coalesced", fake_reduce)
+    monkeypatch.setattr(parallel, "BUCKET_BYTES", 4096)
+    sizes = [300, 300, 700, 10, 2000]            # fp32 elements
+    grads = [[torch.full((n,), float(d + 1)) for n in sizes] for d in range(3)]
+    out = parallel._cuda_reduce_onto(grads, "cpu")
+    assert [t.tolist() for t in out] == [[6.0] * n for n in sizes]
+    assert buckets == [2400, 2840, 8000]         # <= 4096 bytes, or one tensor larger than that
+    one = parallel._cuda_reduce_onto(grads[:1], "cpu")   # a single replica: just moved
+    assert [t.tolist() for t in one] == [[1.0] * n for n in sizes]
 
 
 def test_default_is_the_even_split():

@@ -55,26 +55,32 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import os
 import re
 import time
 import traceback
 import weakref
+from itertools import chain
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
 
 import torch
 import torch.nn as nn
 
-from dptune._torch_private import dispatch_mode_base, fake_tensor_mode
+from dptune import _tree
+from dptune._torch_private import (dispatch_mode_base, fake_tensor_mode, function_mode_active,
+                                   new_shape_env, no_dispatch_modes, replica_module,
+                                   sparse_parts, upper_bound)
 from dptune.backends import _sdpa
 from dptune.backends._autocast import cuda_autocast
 from dptune.backends.base import CATEGORIES, Device, ProbeResult
-from dptune.errors import BackendUnavailableError, DptuneError, SpecError, UsageError, UserCodeError
+from dptune.errors import (BackendUnavailableError, DptuneError, InternalError, SpecError, UsageError,
+                           UserCodeError)
 from dptune.split import scale_split, validate_chunk_sizes
 from dptune.units import GiB, MiB, format_bytes, parse_bytes
-from dptune.workload import (StepRuntime, Workload, batch_to_args, gradient_checkpointing, has_batchnorm,
+from dptune.workload import (StepOutcome, StepRuntime, Workload, batch_to_args, gradient_checkpointing, has_batchnorm,
                              model_name, run_step)
 
 __all__ = ["Cluster", "CARD_TYPES", "DEFAULT_CLUSTER", "parse_cluster", "SimulatedBackend",
@@ -84,6 +90,7 @@ DEFAULT_CLUSTER = "4x24GB"
 DEFAULT_CONTEXT_BYTES = 384 * MiB     # a CUDA context with torch's kernels loaded
 ROUND_BYTES = 512                     # the caching allocator's minimum block size
 HOST = -1                             # "card" of tensors on the host: not charged
+FOLLOW = -2                           # current card in the backward: the card last computed on
 
 # Total memory of common cards as torch.cuda.get_device_properties reports it (in bytes).
 CARD_TYPES: dict[str, int] = {
@@ -170,10 +177,12 @@ class Cluster:
 
     @classmethod
     def uniform(cls, n: int, total_bytes: int, name: Optional[str] = None,
-                context_bytes: int = DEFAULT_CONTEXT_BYTES) -> "Cluster":
+                context_bytes: int = DEFAULT_CONTEXT_BYTES,
+                capability: Optional[tuple[int, int]] = None) -> "Cluster":
         name = name or format_bytes(total_bytes, precision=0).replace(" ", "")
+        caps = (tuple(capability),) * n if capability is not None else ()
         return cls(names=(name,) * n, total_bytes=(total_bytes,) * n, used_bytes=(0,) * n,
-                   context_bytes=context_bytes, spec=f"{n}x{name}")
+                   context_bytes=context_bytes, spec=f"{n}x{name}", capabilities=caps)  # type: ignore[arg-type]
 
 
 def parse_cluster(spec: Union[str, Cluster]) -> Cluster:
@@ -283,12 +292,17 @@ class _Ledger:
         self._seq = 0                  # allocations so far
         self._peak_seq = [0] * n       # allocations made when each card reached its peak
         # what the dispatch mode consults
-        self.current_card = HOST       # the replica running (factory ops go there)
+        self.current_card = HOST       # the replica running (factory ops go there), or FOLLOW
+        self.last_card = 0             # the card of the last op that read a card's tensor
         self.forced_card: Optional[int] = None
         self.category = "other"
+        self.bounded: dict[str, str] = {}   # data-dependent ops seen -> how their size was bounded
 
     # -- storages ------------------------------------------------------------------------
     def record_of(self, t: torch.Tensor) -> Optional[_Record]:
+        if t.layout != torch.strided:
+            parts = sparse_parts(t)
+            return self.record_of(parts[0]) if parts else None
         st = t.untyped_storage()
         rec = self._records.get(id(st))
         if rec is not None and rec.ref() is st:
@@ -300,14 +314,28 @@ class _Ledger:
         return HOST if rec is None else rec.card
 
     def charge(self, t: torch.Tensor, card: int, category: str) -> None:
-        """Charge ``t``'s storage to ``card`` if it is not known yet."""
+        """Charge ``t``'s storage to ``card`` if it is not known yet (a sparse tensor: the
+        storages of its indices and values)."""
+        if t.layout != torch.strided:
+            for part in sparse_parts(t):
+                self.charge(part, card, category)
+            return
         st = t.untyped_storage()
         key = id(st)
         old = self._records.get(key)
         if old is not None and old.ref() is st:
             return
+        nbytes = st.nbytes()
+        if not isinstance(nbytes, int):   # a size that depends on tensor values
+            bound = upper_bound(nbytes)
+            if bound is None:
+                raise BackendUnavailableError(
+                    f"a tensor's size depends on tensor values with no known bound ({nbytes} "
+                    "bytes, e.g. torch.zeros(int(x.item()))); the simulated cluster computes no "
+                    "values: tune on real GPUs (--devices), or give the size without reading values")
+            nbytes = bound
         self._seq += 1
-        rec = _Record(card, _rounded(st.nbytes()), category, self._seq)
+        rec = _Record(card, _rounded(nbytes), category, self._seq)
         records = self._records
 
         def release(_ref: Any, key: int = key, rec: _Record = rec) -> None:
@@ -388,6 +416,27 @@ class _Ledger:
             self.category = prev
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _internal(part: str) -> Callable[[_F], _F]:
+    """Report a failure inside ``part`` of dptune's machinery as dptune's, not the user's."""
+    def wrap(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except DptuneError:
+                raise
+            except Exception as e:
+                raise InternalError(
+                    f"dptune's simulator failed in {part} ({type(e).__name__}: {e}); this is a bug "
+                    "in dptune, not in your model: please report it with the model that shows it"
+                ) from e
+        return run  # type: ignore[return-value]
+    return wrap
+
+
 def _tensor_leaves(obj: Any) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         yield obj
@@ -397,35 +446,86 @@ def _tensor_leaves(obj: Any) -> Iterator[torch.Tensor]:
     elif isinstance(obj, dict):
         for x in obj.values():
             yield from _tensor_leaves(x)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _tensor_leaves(getattr(obj, f.name))
+
+
+# aten ops whose output size depends on the input's values
+_DATA_DEPENDENT = {"nonzero", "nonzero_static", "masked_select", "index", "unique", "_unique",
+                   "_unique2", "unique_consecutive", "unique_dim", "repeat_interleave", "bincount",
+                   "masked_scatter", "argwhere"}
+
+
+def _symbolic(t: torch.Tensor) -> bool:
+    return any(isinstance(d, torch.SymInt) for d in t.shape)
+
+
+def _note_data_dependent(ledger: _Ledger, func: Any, args: Any, out: Any) -> None:
+    """Remember ops that read tensor values: a size that depends on them, or ``.item()``."""
+    name = getattr(func, "__name__", str(func))
+    if name.startswith("_local_scalar_dense"):
+        ledger.bounded["value read as a Python number (.item(), int(t), float(t))"] = "kept symbolic"
+        return
+    if name.split(".")[0] not in _DATA_DEPENDENT:
+        return
+    outs = [t for t in _tensor_leaves(out) if _symbolic(t)]
+    if not outs or any(_symbolic(t) for t in _tensor_leaves(args)):
+        return
+    numel = [t.numel() for t in _tensor_leaves(args) if not _symbolic(t)]
+    ledger.bounded[f"aten.{name.split('.')[0]}"] = (
+        f"sized as if all of its up to {max(numel) if numel else '?'} elements were selected")
+
+
+# matrix ops whose two operands CUDA requires in one dtype: op name -> their positions
+# (convolutions already refuse mixed dtypes under the fake mode, as on CUDA)
+_SAME_DTYPE = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2),
+               "mv": (0, 1), "addmv": (1, 2)}
+
+
+def _check_dtypes_as_cuda(func: Any, args: Any) -> None:
+    """Raise what CUDA raises for operands of two dtypes (an fp16 batch into an fp32 layer),
+    which the fake kernels let through."""
+    pos = _SAME_DTYPE.get(getattr(func, "__name__", "").split(".")[0])
+    if pos is None or len(args) <= max(pos):
+        return
+    a, b = args[pos[0]], args[pos[1]]
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype != b.dtype:
+        op = getattr(func, "__name__", str(func))
+        raise RuntimeError(f"expected mat1 and mat2 to have the same dtype, but got: {a.dtype} != "
+                           f"{b.dtype} (aten.{op}, as CUDA raises it)")
 
 
 def _make_accountant(ledger: _Ledger) -> Any:
     base = dispatch_mode_base()
 
+    @_internal("the ledger (charging an op's outputs to a card)")
+    def account(func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        _note_data_dependent(ledger, func, args, out)
+        card = ledger.forced_card
+        if card is None:
+            card = HOST
+            for t in chain(_tensor_leaves(args), _tensor_leaves(kwargs or {})):
+                c = ledger.card_of(t)
+                if c != HOST:
+                    card = c
+                    break
+            if card == HOST:
+                card = ledger.current_card
+                if card == FOLLOW:
+                    card = ledger.last_card
+            else:
+                ledger.last_card = card
+        for t in _tensor_leaves(out):
+            ledger.charge(t, card, ledger.category)
+
     class _Accountant(base):  # type: ignore[misc, valid-type]
         """Charges every new storage an op makes to a virtual card."""
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            _check_dtypes_as_cuda(func, args)
             out = func(*args, **(kwargs or {}))
-            card = ledger.forced_card
-            if card is None:
-                card = HOST
-                for t in _tensor_leaves(args):
-                    c = ledger.card_of(t)
-                    if c != HOST:
-                        card = c
-                        break
-                else:
-                    if kwargs:
-                        for t in _tensor_leaves(kwargs):
-                            c = ledger.card_of(t)
-                            if c != HOST:
-                                card = c
-                                break
-                if card == HOST:
-                    card = ledger.current_card
-            for t in _tensor_leaves(out):
-                ledger.charge(t, card, ledger.category)
+            account(func, args, kwargs, out)
             return out
 
     return _Accountant()
@@ -438,12 +538,14 @@ class _Move(torch.autograd.Function):
     """Copy ``x`` from card ``src`` to card ``dst``; the gradient goes back to ``src``."""
 
     @staticmethod
+    @_internal("the copy of a batch chunk between cards (DataParallel's scatter)")
     def forward(ctx: Any, x: torch.Tensor, ledger: _Ledger, src: int, dst: int, category: str) -> torch.Tensor:
         ctx.ledger, ctx.src = ledger, src
         with ledger.forced(dst, category):
             return x.clone()
 
     @staticmethod
+    @_internal("the backward of the scatter (a chunk's gradient copied back)")
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         with ctx.ledger.forced(ctx.src):
             return g.clone(), None, None, None, None
@@ -455,12 +557,17 @@ class _Broadcast(torch.autograd.Function):
     Card 0's replica uses the master weights themselves (aliases, no copy), as
     ``comm.broadcast_coalesced`` does for the source device. The backward runs once every
     replica's gradients exist, as ``ReduceAddCoalesced`` does, and writes the sum into a new
-    buffer on card 0.
+    buffer on card 0. When it runs with some gradients missing (each segment of a reentrant
+    checkpoint runs its own backward through it), autograd fills the missing ones with zeros
+    on their replica's card, as it does for torch's ``Broadcast``.
     """
 
     @staticmethod
+    @_internal("the broadcast of the weights to the replicas")
     def forward(ctx: Any, ledger: _Ledger, cards: tuple, *params: torch.Tensor) -> tuple:
-        ctx.ledger, ctx.n_params, ctx.n_cards = ledger, len(params), len(cards)
+        ctx.ledger, ctx.n_params, ctx.n_cards, ctx.cards = ledger, len(params), len(cards), cards
+        ctx.meta = [(p.shape, p.dtype) for p in params]
+        ctx.set_materialize_grads(False)
         outs: list[torch.Tensor] = []
         for card in cards:
             if card == 0:
@@ -471,15 +578,21 @@ class _Broadcast(torch.autograd.Function):
         return tuple(outs)
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+    @_internal("the reduction of the replicas' gradients onto card 0")
+    def backward(ctx: Any, *given: Optional[torch.Tensor]) -> tuple:
         ledger, n = ctx.ledger, ctx.n_params
+        if all(g is None for g in given):
+            return (None, None) + (None,) * n
+        grads = list(given)
+        for i, g in enumerate(grads):
+            if g is None:
+                shape, dtype = ctx.meta[i % n]
+                with ledger.forced(ctx.cards[i // n], "gradients"):
+                    grads[i] = torch.zeros(shape, dtype=dtype)
         reduced: list[Optional[torch.Tensor]] = []
         with ledger.forced(0, "gradients"):
             for j in range(n):
-                gs = [grads[k * n + j] for k in range(ctx.n_cards) if grads[k * n + j] is not None]
-                if not gs:
-                    reduced.append(None)
-                    continue
+                gs = [grads[k * n + j] for k in range(ctx.n_cards)]
                 total = torch.empty_like(gs[0])
                 total.copy_(gs[0])
                 for g in gs[1:]:
@@ -492,6 +605,7 @@ class _Gather(torch.autograd.Function):
     """Concatenate the replicas' outputs on the output card; scatter the gradient back."""
 
     @staticmethod
+    @_internal("the gather of the replicas' outputs onto the output card")
     def forward(ctx: Any, ledger: _Ledger, cards: tuple, dim: int, out_card: int,
                 *outs: torch.Tensor) -> torch.Tensor:
         ctx.ledger, ctx.cards, ctx.out_card = ledger, cards, out_card
@@ -505,6 +619,7 @@ class _Gather(torch.autograd.Function):
             return torch.cat(outs, dim)
 
     @staticmethod
+    @_internal("the backward of the gather (the output's gradient scattered back)")
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         ledger, grads, start = ctx.ledger, [], 0
         for card, size in zip(ctx.cards, ctx.sizes):
@@ -521,69 +636,40 @@ class _Gather(torch.autograd.Function):
 
 
 def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0, out: int = 0) -> Any:
-    """DataParallel's ``gather`` onto card ``out`` over tensors nested in dicts, lists,
-    tuples, dataclasses."""
-    first = outputs[0]
-    if isinstance(first, torch.Tensor):
-        return _Gather.apply(ledger, cards, dim, out, *outputs)
-    if first is None:
-        return None
-    if isinstance(first, dict):
-        return type(first)((k, _gather(ledger, cards, [o[k] for o in outputs], dim, out))
-                           for k in first)
-    if dataclasses.is_dataclass(first) and not isinstance(first, type):
-        return dataclasses.replace(first, **{
-            f.name: _gather(ledger, cards, [getattr(o, f.name) for o in outputs], dim, out)
-            for f in dataclasses.fields(first) if f.init})
-    if isinstance(first, tuple) and hasattr(first, "_fields"):  # namedtuple
-        return type(first)(*(_gather(ledger, cards, list(x), dim, out) for x in zip(*outputs)))
-    if isinstance(first, (list, tuple)):
-        return type(first)(_gather(ledger, cards, list(x), dim, out) for x in zip(*outputs))
-    return first
+    """DataParallel's ``gather`` onto card ``out`` (:func:`dptune._tree.gather`: torch's rules)."""
+    return _tree.gather(outputs, lambda ts, path: _Gather.apply(ledger, cards, dim, out, *ts))
 
 
-def _split(obj: Any, chunk_sizes: Sequence[int], batch: int, path: str) -> list:
-    """Split the tensors of ``obj`` along dim 0 into ``chunk_sizes`` (views, on the host)."""
-    if isinstance(obj, torch.Tensor):
-        if obj.dim() == 0 or obj.shape[0] != batch:
-            got = "a 0-dim tensor" if obj.dim() == 0 else f"size {obj.shape[0]} along dim 0"
-            raise UsageError(f"batch tensor {path} has {got}, but the batch has {batch} samples; "
+def _scatter(ledger: _Ledger, obj: Any, cards: Sequence[int], sizes: Sequence[int], source: int,
+             path: str) -> list:
+    """DataParallel's ``scatter`` from ``source`` (:func:`dptune._tree.scatter`: torch's rules):
+    one structure per busy card, each tensor's chunk moved to its card."""
+    batch = sum(sizes)
+
+    def split(t: torch.Tensor, where: str) -> list:
+        if t.dim() == 0 or t.shape[0] != batch:
+            got = "a 0-dim tensor" if t.dim() == 0 else f"size {t.shape[0]} along dim 0"
+            raise UsageError(f"batch tensor {where} has {got}, but the batch has {batch} samples; "
                              "every tensor of a batch must have the batch along dim 0")
         out, start = [], 0
-        for c in chunk_sizes:
-            out.append(obj.narrow(0, start, c))
+        for card, c in zip(cards, sizes):
+            piece = t.narrow(0, start, c)
             start += c
+            out.append(piece if card == source else _Move.apply(piece, ledger, source, card, "inputs"))
         return out
-    if isinstance(obj, dict):
-        by_key = {k: _split(v, chunk_sizes, batch, f"{path}[{k!r}]") for k, v in obj.items()}
-        return [type(obj)((k, by_key[k][i]) for k in obj) for i in range(len(chunk_sizes))]
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        parts = [_split(v, chunk_sizes, batch, f"{path}[{j}]") for j, v in enumerate(obj)]
-        return [type(obj)(p[i] for p in parts) for i in range(len(chunk_sizes))]
-    return [obj] * len(chunk_sizes)
+
+    return _tree.scatter(obj, len(cards), split, path)
 
 
 def _first_batch_size(obj: Any) -> Optional[int]:
-    for t in _tensor_leaves(obj):
+    for _, t in _tree.tensors(obj):
         if t.dim() > 0:
             return int(t.shape[0])
     return None
 
 
-def _move_tree(obj: Any, ledger: _Ledger, src: int, dst: int) -> Any:
-    if isinstance(obj, torch.Tensor):
-        if src == dst:
-            return obj
-        return _Move.apply(obj, ledger, src, dst, "inputs")
-    if isinstance(obj, dict):
-        return type(obj)((k, _move_tree(v, ledger, src, dst)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_move_tree(v, ledger, src, dst) for v in obj)
-    return obj
-
-
-
-def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool) -> tuple[dict, list]:
+def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool
+               ) -> tuple[dict[int, Optional[dict]], list]:
     """Each busy card's parameters and buffers, by name, as DataParallel's ``replicate`` makes them.
 
     Returns the replicas and the hooks to remove after the backward. Every gradient that
@@ -594,14 +680,16 @@ def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool) -
     names = [n for n, p in named.items() if p.requires_grad]
     frozen = {n: p for n, p in named.items() if not p.requires_grad}
 
-    def tag(g: torch.Tensor) -> None:
-        ledger.retag(g, "gradients")
+    @_internal("the gradient hook that tags the replicas' weight gradients")
+    def tag(g: Optional[torch.Tensor]) -> None:
+        if g is not None:
+            ledger.retag(g, "gradients")
 
     if single:  # DataParallel on one device runs the module itself
         hooks = [named[n].register_hook(tag) for n in names]
-        return {0: {**named, **buffers}}, hooks
+        return {0: None}, hooks
     flat = _Broadcast.apply(ledger, cards, *[named[n] for n in names])
-    replicas: dict[int, dict] = {}
+    replicas: dict[int, Optional[dict]] = {}
     for k, card in enumerate(cards):
         rep = dict(zip(names, flat[k * len(names):(k + 1) * len(names)]))
         for t in rep.values():
@@ -619,24 +707,78 @@ def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool) -
 
 
 def _retag_tree(ledger: _Ledger, obj: Any, category: str) -> None:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        obj = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-    for t in _tensor_leaves(obj):
+    for _, t in _tree.tensors(obj):
         ledger.retag(t, category)
 
 
-def _run_replica(ledger: _Ledger, module: nn.Module, params: dict, card: int, source: int,
+def _run_replica(ledger: _Ledger, module: nn.Module, params: Optional[dict], card: int,
                  args: Any, kwargs: Any, sizes: Sequence[int]) -> Any:
-    """Scatter one chunk to ``card`` and run the replica's forward there."""
-    a = _move_tree(args, ledger, source, card)
-    kw = _move_tree(kwargs, ledger, source, card)
+    """Run the replica's forward on ``card`` (its inputs already scattered there).
+
+    The replica is a module copy holding the card's weights (as DataParallel's replicas are),
+    so a forward that runs again in the backward (activation checkpointing) uses them too.
+    """
+    if params is None:
+        replica = module
+    else:
+        by_id = {}
+        for name, t in chain(module.named_parameters(), module.named_buffers()):
+            if name in params:
+                by_id[id(t)] = params[name]
+        replica = replica_module(module, by_id)
     with ledger.on(card, "activations"):
         try:
-            out = torch.func.functional_call(module, params, a, kw, strict=False)
+            out = replica(*args, **kwargs)
         except Exception as e:
             raise _user_error(e, f"in the forward of replica {card} on virtual card {card}", sizes) from e
     _retag_tree(ledger, out, "outputs")
     return out
+
+
+def _backward_hooks(outputs: Any, mode: Any, ledger: _Ledger) -> list:
+    """Hooks on every autograd node behind ``outputs`` that make its backward run as on a card.
+
+    The autograd engine runs every node without the caller's torch-function modes and (on
+    real GPUs) on the device of its gradients. A node may run forward code again (activation
+    checkpointing recomputes its segment): that code must see the CUDA kernel choices of the
+    forward (``mode`` is entered around the node), and what it makes without reading a card's
+    tensor lands on the card of the node's gradients. Returns the hook handles.
+    """
+    handles: list = []
+    saved: list[tuple[bool, int]] = []
+
+    @_internal("the backward hook that keeps CUDA's kernel choices in recomputation")
+    def pre(grads: Any) -> None:
+        enter = mode is not None and not function_mode_active()
+        saved.append((enter, ledger.current_card))
+        if enter:
+            mode.__enter__()
+        ledger.current_card = FOLLOW
+        for g in grads:
+            if isinstance(g, torch.Tensor):
+                card = ledger.card_of(g)
+                if card != HOST:
+                    ledger.last_card = card
+                    break
+
+    @_internal("the backward hook that keeps CUDA's kernel choices in recomputation")
+    def post(_grad_inputs: Any, _grad_outputs: Any) -> None:
+        if saved:
+            enter, card = saved.pop()
+            ledger.current_card = card
+            if enter:
+                mode.__exit__(None, None, None)
+
+    seen: set[int] = set()
+    todo = [t.grad_fn for t in _tensor_leaves(outputs)]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        handles += [node.register_prehook(pre), node.register_hook(post)]
+        todo.extend(nxt for nxt, _ in node.next_functions)
+    return handles
 
 
 _PHASES = {  # step phase -> (category of what it allocates on card 0, where, for errors)
@@ -658,11 +800,12 @@ class _SimulatedDataParallel(nn.Module):
     """
 
     def __init__(self, module: nn.Module, ledger: _Ledger, sizes: Sequence[int], source: int,
-                 single: bool, output_device: int = 0):
+                 single: bool, output_device: int = 0, fn_mode: Any = None):
         super().__init__()
         self.module = module
         self._ledger, self._sizes, self._source, self._single = ledger, list(sizes), source, single
         self._out = output_device
+        self._fn_mode = fn_mode
         self._hooks: list = []
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -671,17 +814,19 @@ class _SimulatedDataParallel(nn.Module):
         sizes = self._sizes
         if found is not None and found != sum(sizes):
             sizes = scale_split(sizes, found)
-        batch = sum(sizes)
         cards = tuple(i for i, c in enumerate(sizes) if c > 0)
-        split_args = _split(args, sizes, batch, "args")
-        split_kwargs = _split(kwargs, sizes, batch, "kwargs")
+        used = [sizes[c] for c in cards]
+        # the chunks stay referenced until the gather is done, as in DataParallel.forward
+        inputs = _scatter(ledger, tuple(args), cards, used, self._source, "args")
+        module_kwargs = _scatter(ledger, dict(kwargs), cards, used, self._source, "kwargs")
         replicas, hooks = _replicate(ledger, self.module, cards, self._single)
         self._hooks += hooks
         outputs = []
-        for card in cards:
-            outputs.append(_run_replica(ledger, self.module, replicas.pop(card), card, self._source,
-                                        split_args[card], split_kwargs[card], sizes))
-        del replicas, split_args, split_kwargs
+        for k, card in enumerate(cards):
+            outputs.append(_run_replica(ledger, self.module, replicas.pop(card), card,
+                                        inputs[k], module_kwargs[k], sizes))
+        del replicas
+        self._hooks += _backward_hooks(outputs, self._fn_mode, ledger)
         with ledger.on(self._out, "outputs"):
             return outputs[0] if self._single else _gather(ledger, cards, outputs, out=self._out)
 
@@ -720,7 +865,8 @@ def _fake_module(model: Union[nn.Module, Callable[[], nn.Module]]) -> nn.Module:
                 "zero-argument factory instead (e.g. model=lambda: Net()), which dptune builds "
                 "on the meta device") from e
     try:
-        with torch.device("meta"):
+        # plain meta tensors, outside the fake mode: a factory may convert them (.to(dtype))
+        with no_dispatch_modes(), torch.device("meta"):
             module = model()
     except Exception as e:
         raise UserCodeError(f"the model factory {model_name(model)!r} raised while building the "
@@ -740,6 +886,14 @@ def _fake_module(model: Union[nn.Module, Callable[[], nn.Module]]) -> nn.Module:
                     new[id(buf)] = _fake_like(buf)
                 mod._buffers[name] = new[id(buf)]
     return module
+
+
+def _eager(module: nn.Module) -> tuple[nn.Module, bool]:
+    """The module a ``torch.compile`` wrapper holds (run eagerly here), and whether it was one."""
+    inner = getattr(module, "_orig_mod", None)
+    if isinstance(inner, nn.Module) and type(module).__name__ == "OptimizedModule":
+        return inner, True
+    return module, False
 
 
 def _accepts_foreach(group: Mapping[str, Any]) -> bool:
@@ -765,6 +919,8 @@ class MemoryEstimate:
     cluster: Cluster
     seconds: float = 0.0
     notes: tuple[str, ...] = ()        # what was modelled how (attention kernels, bounds...)
+    # gathered output entries the loss never read, with their bytes on card 0
+    unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
 
     @property
     def oom_devices(self) -> list[int]:
@@ -791,12 +947,15 @@ class SimulatedBackend:
         self.devices = self.cluster.devices
         self.batch_on_card0 = batch_on_card0
         self._fake_mode = fake_tensor_mode(allow_non_fake_inputs=True)
+        self._symbolic = False          # data-dependent sizes as symbols (after a value read)
+        self._compiled = False          # the model was a torch.compile wrapper, run eagerly
         self._ledger: Optional[_Ledger] = None
         self._module: Optional[nn.Module] = None
         self._optimizer: Any = None
         self._params: list[nn.Parameter] = []
         self._setup_bytes: list[int] = []
         self._kernels: dict[tuple[str, tuple[int, int]], int] = {}   # attention kernel choices
+        self._fn_mode: Any = None
         self.has_batchnorm: Optional[bool] = (
             has_batchnorm(workload.model) if isinstance(workload.model, nn.Module) else None)
         self.gradient_checkpointing: Optional[bool] = (
@@ -824,8 +983,8 @@ class SimulatedBackend:
             self._kernels[(kernel, cap)] = self._kernels.get((kernel, cap), 0) + 1
 
         try:
-            with cuda_autocast(), self._fake_mode, _make_accountant(ledger), \
-                    _sdpa.sdpa_mode(capability_of, chosen):
+            self._fn_mode = _sdpa.sdpa_mode(capability_of, chosen)
+            with cuda_autocast(), self._fake_mode, _make_accountant(ledger), self._fn_mode:
                 yield
         finally:
             torch.set_rng_state(rng)
@@ -837,7 +996,7 @@ class SimulatedBackend:
         ledger = _Ledger(len(self.cluster))
         with self._modes(ledger):
             with ledger.on(0, "weights"):
-                module = _fake_module(self.workload.model)
+                module, self._compiled = _eager(_fake_module(self.workload.model))
             module.train(self.workload.model.training if isinstance(self.workload.model, nn.Module) else True)
             self.has_batchnorm = has_batchnorm(module)
             self.gradient_checkpointing = gradient_checkpointing(module)
@@ -880,7 +1039,23 @@ class SimulatedBackend:
     # -- one step ----------------------------------------------------------------------
     def estimate(self, chunk_sizes: Sequence[int], output_device: int = 0) -> MemoryEstimate:
         """Simulate one training step with this split and return per-card peaks
-        (``output_device``: the card the outputs are gathered on, as DataParallel's)."""
+        (``output_device``: the card the outputs are gathered on, as DataParallel's).
+
+        A step that reads tensor values (``nonzero``, boolean masks, ``.item()``) is run again
+        with symbolic data-dependent sizes (a ``ShapeEnv``, a few times slower, so only then),
+        each charged at its largest possible value; the notes say which ops were bounded.
+        """
+        try:
+            return self._estimate(chunk_sizes, output_device)
+        except _ValueReadingError:
+            if self._symbolic:
+                raise
+        self.close()
+        self._symbolic = True
+        self._fake_mode = fake_tensor_mode(allow_non_fake_inputs=True, shape_env=new_shape_env())
+        return self._estimate(chunk_sizes, output_device)
+
+    def _estimate(self, chunk_sizes: Sequence[int], output_device: int) -> MemoryEstimate:
         sizes = validate_chunk_sizes(chunk_sizes, len(self.cluster))
         if not 0 <= output_device < len(self.cluster):
             raise UsageError(f"output_device={output_device}: the cluster has cards "
@@ -890,11 +1065,19 @@ class SimulatedBackend:
         ledger = self._ledger
         assert ledger is not None and self._module is not None
         self._kernels = {}
+        if self._ledger is not None:
+            self._ledger.bounded = {}
         with self._modes(ledger):
             baseline = list(ledger.live)
             ledger.reset_peaks()
             try:
-                self._step(sizes, output_device)
+                outcome = self._step(sizes, output_device)
+            except DptuneError:
+                raise
+            except Exception as e:   # user code is wrapped where it runs; this is dptune's
+                raise InternalError(f"dptune's simulator failed in the simulated step "
+                                    f"(split {sizes}; {type(e).__name__}: {e}); this is a bug in "
+                                    "dptune, not in your model: please report it") from e
             finally:
                 if self._optimizer is not None:
                     self._optimizer.zero_grad(set_to_none=True)
@@ -903,7 +1086,8 @@ class SimulatedBackend:
         return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=list(ledger.peak),
                               breakdown=[dict(b) for b in ledger.peak_breakdown],
                               baseline_bytes=baseline, cluster=self.cluster,
-                              seconds=time.perf_counter() - t0, notes=self._notes())
+                              seconds=time.perf_counter() - t0, notes=self._notes(),
+                              unread_outputs=outcome.unread_outputs)
 
     def _notes(self) -> tuple[str, ...]:
         notes = []
@@ -911,12 +1095,18 @@ class SimulatedBackend:
             calls = ", ".join(f"{kernel} x{n} (sm {cap[0]}.{cap[1]})"
                               for (kernel, cap), n in sorted(self._kernels.items()))
             notes.append(f"attention (scaled_dot_product_attention) kernels as CUDA picks them: {calls}")
+        if self._ledger is not None and self._ledger.bounded:
+            notes.append("data-dependent sizes bounded by their largest possible value: " + "; ".join(
+                f"{op} {how}" for op, how in sorted(self._ledger.bounded.items())))
+        if self._compiled:
+            notes.append("torch.compile: the model runs eagerly on the simulated cluster (compiled "
+                         "kernels may keep fewer tensors)")
         cap = self.cluster.describe_capability()
         if cap:
             notes.append(f"compute capability: {cap} for cards given by size (set it with cc=)")
         return tuple(notes)
 
-    def _step(self, sizes: list[int], output_device: int = 0) -> None:
+    def _step(self, sizes: list[int], output_device: int = 0) -> StepOutcome:
         """One training step (:func:`dptune.workload.run_step`) through DataParallel over the
         virtual cards, with CUDA autocast emulated (:mod:`dptune.backends._autocast`)."""
         ledger, module, wl = self._ledger, self._module, self.workload
@@ -954,14 +1144,17 @@ class SimulatedBackend:
                 except Exception as e:
                     raise _user_error(e, where, sizes) from e
 
-        wrapper = _SimulatedDataParallel(module, ledger, sizes, source, len(self.cluster) == 1,
-                                         output_device)
+        single = len(self.cluster) == 1
+        wrapper = _SimulatedDataParallel(module, ledger, sizes, source, single,
+                                         output_device, self._fn_mode)
         try:
-            run_step(wl, StepRuntime(model=wrapper, optimizer=self._optimizer,
-                                     next_batch=next_batch, phase=phase))
+            outcome = run_step(wl, StepRuntime(model=wrapper, optimizer=self._optimizer,
+                                               next_batch=next_batch, phase=phase))
         finally:
             wrapper.close()
         del ws_keep
+        # on one card nothing is gathered, so unread outputs cost nothing extra
+        return StepOutcome() if single else outcome
 
     # -- the probe interface -----------------------------------------------------------
     def probe(self, chunk_sizes: Sequence[int], output_device: int = 0) -> ProbeResult:
@@ -972,11 +1165,16 @@ class SimulatedBackend:
         oom = worst if over[worst] > 0 else None
         return ProbeResult(chunk_sizes=est.chunk_sizes, peak_bytes=tuple(est.peak_bytes),
                            oom_device=oom, breakdown=tuple(est.breakdown), seconds=est.seconds,
-                           note="; ".join(("simulated",) + est.notes))
+                           note="; ".join(("simulated",) + est.notes),
+                           unread_outputs=est.unread_outputs)
 
     def close(self) -> None:
         self._ledger = self._module = self._optimizer = None
         self._params = []
+
+
+class _ValueReadingError(BackendUnavailableError):
+    """The step reads tensor values in a way even symbolic sizes cannot follow."""
 
 
 def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
@@ -987,9 +1185,11 @@ def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
         # Not a bug in the model: the simulator computes no values. One line, naming the
         # user's line that reads them, instead of FakeTensor's internals.
         at = _users_line(e)
-        return BackendUnavailableError(
-            f"the model reads tensor values{at}, e.g. with .item(), nonzero() or a boolean mask "
-            f"({e}); the simulated cluster computes no values, so it cannot run this step: "
+        first = (str(e).strip().splitlines() or [""])[0].strip()
+        return _ValueReadingError(
+            f"the model reads tensor values{at} and decides on them (an `if` on .item(), or a size "
+            f"from int(t)) ({first}); the simulated cluster computes no values, so it cannot run "
+            "this step (sizes from nonzero() or boolean masks it can bound, not decisions): "
             "tune on real GPUs (--devices), or move value-dependent code out of the training step")
     return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}")
 

@@ -1,0 +1,150 @@
+"""``patch_dataparallel``: make scripts that build ``torch.nn.DataParallel`` themselves balanced.
+
+Some training scripts construct DataParallel in their own code, e.g. YOLOv5's ``train.py`` in its
+single-process multi-GPU mode::
+
+    # DP mode
+    if cuda and RANK == -1 and torch.cuda.device_count() > 1:
+        model = torch.nn.DataParallel(model)
+
+Forks of such scripts paste a hand-tuned ``BalancedDataParallel(gpu0_bsz, ...)`` at that line.
+Instead, leave the script as it is and run it under the patch::
+
+    import dptune
+    with dptune.patch_dataparallel("reports/yolov5s-4xV100"):      # or a TuneResult, or [10, 18, 18, 18]
+        train.run(data="coco128.yaml", weights="yolov5s.pt", batch_size=64, device="0,1,2,3")
+
+Inside the ``with`` block, ``torch.nn.DataParallel(module, device_ids=..., output_device=...,
+dim=...)`` returns a :class:`dptune.BalancedDataParallel` with the tuned split and every other
+argument as given; a batch of another size than the tuned one is split in the same proportions.
+On exit (also after an exception) the original class is back. ``isinstance(x,
+torch.nn.DataParallel)`` keeps its meaning inside the block (true for plain and balanced
+wrappers alike), and patches nest: the innermost split applies, and each exit restores what was
+there when its block was entered.
+
+Known limitations:
+
+- Only the names ``torch.nn.DataParallel`` and ``torch.nn.parallel.DataParallel`` are patched,
+  so code must look them up when it builds the wrapper (``torch.nn.DataParallel(...)``,
+  ``nn.DataParallel(...)``). A ``from torch.nn import DataParallel`` executed *before* the block
+  keeps the original class.
+- The patch is process-wide while the block runs (other threads see it too), and blocks must be
+  exited in the reverse order of entering them, as ``with`` statements are.
+- Where the model returns one loss per replica, weight them with ``model.reduce(losses)``
+  (see :class:`dptune.BalancedDataParallel`); YOLOv5 computes its loss on the gathered
+  predictions, so it needs nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator, Sequence, Union
+
+from dptune.errors import UsageError
+from dptune.split import validate_chunk_sizes
+
+__all__ = ["patch_dataparallel", "chunk_sizes_of"]
+
+#: The name patched, in ``torch.nn`` and ``torch.nn.parallel``.
+_NAME = "DataParallel"
+
+#: What a tuned split may be given as.
+Tuned = Union["os.PathLike[str]", str, Sequence[int], Any]
+
+
+def chunk_sizes_of(tuned: Tuned) -> list[int]:
+    """The split in ``tuned``: a :class:`~dptune.TuneResult` (or anything with ``chunk_sizes``),
+    a report folder or ``report.json`` written by ``dptune search``, or a list of ints."""
+    sizes: Any
+    if isinstance(tuned, (str, os.PathLike)):
+        from dptune.result import TuneResult
+
+        sizes = TuneResult.load(os.fspath(tuned)).chunk_sizes  # UsageError names what is wrong
+    else:
+        sizes = getattr(tuned, "chunk_sizes", tuned)
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+        raise UsageError(f"expected a TuneResult, a report folder or a list of chunk sizes, got "
+                         f"{type(tuned).__name__}")
+    try:
+        return validate_chunk_sizes(sizes)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+class _PatchedMeta(type):
+    """Metaclass of the stand-in class: calling the stand-in builds a ``BalancedDataParallel``,
+    and ``isinstance``/``issubclass`` against it answer as the original DataParallel would."""
+
+    _dptune_original: type
+    _dptune_chunk_sizes: list[int]
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if "_dptune_original" not in cls.__dict__:  # a user's subclass of the stand-in
+            return super().__call__(*args, **kwargs)
+        from dptune.parallel import BalancedDataParallel
+
+        if "chunk_sizes" in kwargs or "gpu0_bsz" in kwargs:
+            raise UsageError("torch.nn.DataParallel takes no chunk_sizes or gpu0_bsz; under "
+                             "dptune.patch_dataparallel the split comes from the tuned result")
+        return BalancedDataParallel(*args, chunk_sizes=list(cls._dptune_chunk_sizes), **kwargs)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if "_dptune_original" in cls.__dict__:
+            return isinstance(obj, cls._dptune_original)
+        return super().__instancecheck__(obj)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        if "_dptune_original" in cls.__dict__:
+            return issubclass(sub, cls._dptune_original)
+        return super().__subclasscheck__(sub)
+
+    def __repr__(cls) -> str:
+        if "_dptune_original" in cls.__dict__:
+            return (f"<torch.nn.DataParallel patched by dptune: BalancedDataParallel with "
+                    f"chunk_sizes={cls._dptune_chunk_sizes}>")
+        return super().__repr__()
+
+
+def _stand_in(original: type, sizes: list[int]) -> type:
+    return _PatchedMeta(original.__name__, (original,), {
+        "_dptune_original": original,
+        "_dptune_chunk_sizes": list(sizes),
+        "__module__": original.__module__,
+        "__qualname__": original.__qualname__,
+        "__doc__": (f"torch.nn.DataParallel, patched by dptune.patch_dataparallel: builds a "
+                    f"BalancedDataParallel with chunk_sizes={sizes}.\n\n{original.__doc__ or ''}"),
+    })
+
+
+@contextlib.contextmanager
+def patch_dataparallel(tuned: Tuned) -> Iterator[list[int]]:
+    """Under this context, ``torch.nn.DataParallel(...)`` builds a ``BalancedDataParallel``.
+
+    ``tuned`` is a :class:`~dptune.TuneResult`, a report folder written by ``dptune search``, or
+    a list of chunk sizes (one non-negative int per device). The wrapper gets that split and the
+    call's own arguments (``device_ids``, ``output_device``, ``dim``); when ``device_ids`` names
+    another number of devices than the split has entries, building it raises a
+    :class:`~dptune.UsageError` that says so. The block's value is the split.
+
+    The original class is restored on exit, also after an exception; blocks nest (the innermost
+    split applies). See the module docstring for an example and the known limitations.
+    """
+    import torch.nn
+    import torch.nn.parallel
+
+    import dptune.parallel  # noqa: F401  (BalancedDataParallel subclasses the real class)
+
+    sizes = chunk_sizes_of(tuned)
+    homes = (torch.nn, torch.nn.parallel)
+    saved = [(home, home.__dict__[_NAME]) for home in homes]
+    current = torch.nn.DataParallel
+    original = current.__dict__.get("_dptune_original", current)
+    stand_in = _stand_in(original, sizes)
+    try:
+        for home, _ in saved:
+            setattr(home, _NAME, stand_in)
+        yield list(sizes)
+    finally:
+        for home, previous in saved:
+            setattr(home, _NAME, previous)

@@ -1,0 +1,247 @@
+"""Constructs where a simulated card must behave as a CUDA card: activation checkpointing on
+several cards, a card given no samples, models that read tensor values, host tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from dptune.backends.simulated import estimate_memory
+
+D, T, HID, BLOCKS = 64, 128, 256, 4
+
+
+class Stack(nn.Module):
+    """An input layer, then blocks Linear-GELU-Linear, each optionally checkpointed."""
+
+    def __init__(self, mode: str = "none"):
+        super().__init__()
+        self.mode = mode
+        self.inp = nn.Linear(D, D)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(D, HID), nn.GELU(), nn.Linear(HID, D)) for _ in range(BLOCKS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for b in self.blocks:
+            if self.mode == "none":
+                x = b(x)
+            else:
+                x = checkpoint(b, x, use_reentrant=self.mode == "reentrant")
+        return x
+
+
+def peaks(mode: str, sizes: list[int]) -> list[int]:
+    e = estimate_memory(lambda: Stack(mode), lambda n: torch.randn(n, T, D), sizes,
+                        f"{len(sizes)}x24GB", loss_fn=lambda out, batch: out.sum())
+    return e.peak_bytes
+
+
+def u(c: int) -> int:
+    """Bytes of one block input/output for a chunk of c samples (fp32)."""
+    return c * T * D * 4
+
+
+def params_bytes() -> int:
+    """The model's parameters, each rounded as the allocator rounds it."""
+    return sum(-(-p.numel() * 4 // 512) * 512 for p in Stack().parameters())
+
+
+@pytest.mark.parametrize("mode", ["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("sizes", [[0, 16], [8, 16], [0, 8, 16, 24], [16, 16, 8, 8]])
+def test_checkpointing_on_several_cards_saves_on_each_card_its_own_chunk(mode, sizes):
+    plain, ckpt = peaks("none", sizes), peaks(mode, sizes)
+    saved = [p - q for p, q in zip(plain, ckpt)]
+    # The hidden activations (h and GELU(h), 4 u each) of all but the block being recomputed
+    # are not kept: 3 blocks x 8 u, less checkpoint's own small tensors. With the reentrant
+    # form each segment runs its own backward through DataParallel's broadcast, which fills
+    # the gradients of the parameters it did not reach with zeros on every card (one
+    # transient copy of the parameters' size) and reduces them onto card 0; and it holds the
+    # recomputed segment's output (u) while that segment's backward runs.
+    reentrant = mode == "reentrant"
+    extra = params_bytes() if reentrant else 0
+    for card, c in enumerate(sizes):
+        if c == 0:
+            # card 0 runs no replica: nothing of the other cards' recomputation lands there
+            assert 0 <= ckpt[card] - plain[card] <= extra
+        elif card > 0:
+            low = (23 if reentrant else 24) * u(c) - 32 * 1024
+            assert low <= saved[card] <= 24 * u(c), (card, saved[card] / u(c))
+        else:   # card 0 also holds the gathered output; its peak comes at another moment
+            assert 20 * u(c) - extra <= saved[card] <= 24 * u(c), saved[card] / u(c)
+    # the saving on a card depends on its own chunk only
+    for a in range(1, len(sizes)):
+        for b in range(1, len(sizes)):
+            if sizes[a] == sizes[b]:
+                assert saved[a] == saved[b]
+
+
+def test_hf_gradient_checkpointing_on_two_cards():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def model(ckpt: bool):
+        # no cache: DataParallel gathers past_key_values onto card 0, and HF drops the cache
+        # under checkpointing, which would change card 0 for another reason
+        cfg = GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=128, vocab_size=100,
+                         use_cache=False)
+        m = GPT2LMHeadModel._from_config(cfg, attn_implementation="sdpa")
+        if ckpt:
+            m.gradient_checkpointing_enable()   # HF's default: the reentrant form
+        return m
+
+    def sample(n: int) -> dict:
+        ids = torch.randint(0, 100, (n, 128))
+        return {"input_ids": ids, "labels": ids}
+
+    plain = estimate_memory(model(False), sample, [0, 8], "2x24GB").peak_bytes
+    ckpt = estimate_memory(model(True), sample, [0, 8], "2x24GB").peak_bytes
+    assert ckpt[0] == plain[0]          # nothing of card 1's recomputation lands on card 0
+    assert ckpt[1] < plain[1] - 2 * u(8)
+
+
+def test_a_failure_in_dptunes_own_hook_is_reported_as_dptunes(monkeypatch):
+    from dptune.backends import simulated
+    from dptune.errors import InternalError, UserCodeError
+
+    real = simulated._Ledger.retag
+
+    def broken(self, t, category):
+        if category == "gradients":        # only in the hook on the replicas' weights
+            raise KeyError("boom")
+        return real(self, t, category)
+
+    monkeypatch.setattr(simulated._Ledger, "retag", broken)
+    with pytest.raises(InternalError, match="dptune's simulator failed in the gradient hook") as info:
+        estimate_memory(Stack(), lambda n: torch.randn(n, T, D), [2, 2], "2x24GB",
+                        loss_fn=lambda out, batch: out.sum())
+    assert not isinstance(info.value, UserCodeError)
+    assert "bug in dptune, not in your model" in str(info.value)
+    causes, e = [], info.value
+    while e is not None:
+        causes.append(type(e))
+        e = e.__cause__
+    assert KeyError in causes               # the original failure stays chained
+
+
+# ---- models that read tensor values -------------------------------------------------------
+class Experts(nn.Module):
+    """Top-1 routing over two experts; ``dense`` runs every expert on every row instead."""
+
+    def __init__(self, dense: bool = False):
+        super().__init__()
+        self.dense = dense
+        self.router = nn.Linear(D, 2)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(D, HID), nn.GELU(), nn.Linear(HID, D))
+                                     for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        choice = self.router(x).argmax(-1)
+        y = torch.zeros_like(x)
+        for i, expert in enumerate(self.experts):
+            if self.dense:
+                y = y + expert(x)
+            else:
+                rows = (choice == i).nonzero().squeeze(-1)
+                y = y.index_add(0, rows, expert(x.index_select(0, rows)))
+        return y
+
+
+def test_nonzero_is_bounded_by_its_element_count_and_said_so():
+    sample = lambda n: torch.randn(n, D)   # noqa: E731
+    routed = estimate_memory(Experts(), sample, [0, 64, 64], "3x24GB", loss_fn=lambda o, b: o.sum())
+    dense = estimate_memory(Experts(dense=True), sample, [0, 64, 64], "3x24GB",
+                            loss_fn=lambda o, b: o.sum())
+    note = next(n for n in routed.notes if "data-dependent" in n)
+    assert "aten.nonzero sized as if all of its up to 64 elements were selected" in note
+    # each expert is charged as if it got every row: the dense model's activations, plus the
+    # routing's own small tensors (masks, indices, selected copies: at most 64 x (D+HID) floats)
+    for card in (1, 2):
+        extra = routed.peak_bytes[card] - dense.peak_bytes[card]
+        assert 0 < extra <= 2 * 64 * (D + HID) * 4, extra
+    assert routed.peak_bytes[0] == dense.peak_bytes[0]   # card 0 runs no replica
+
+
+def test_item_used_as_a_number_and_boolean_masks_run():
+    class Normalised(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            y = self.lin(x)
+            kept = y[y > 0]                              # boolean-mask indexing
+            return y.sum() / (y > 0).sum().item() + kept.sum()
+
+    e = estimate_memory(Normalised(), lambda n: torch.randn(n, D), [8, 8], "2x24GB",
+                        loss_fn=lambda o, b: o.sum())
+    note = next(n for n in e.notes if "data-dependent" in n)
+    assert ".item()" in note and "aten.index" in note
+    assert e.peak_bytes[1] > 0
+
+
+def test_a_value_used_for_control_flow_still_stops_with_the_users_line():
+    from dptune.errors import BackendUnavailableError
+
+    class Branches(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y * 2 if y.sum().item() > 0 else y
+
+    with pytest.raises(BackendUnavailableError, match="reads tensor values at test_sim_constructs.py"):
+        estimate_memory(Branches(), lambda n: torch.randn(n, D), [4, 4], "2x24GB",
+                        loss_fn=lambda o, b: o.sum())
+
+
+# ---- smaller gaps ---------------------------------------------------------------------------
+class Emb(nn.Module):
+    def __init__(self, sparse: bool = False):
+        super().__init__()
+        self.e = nn.Embedding(1000, 64, sparse=sparse)
+        self.lin = nn.Linear(64, 4)
+
+    def forward(self, x):
+        return self.lin(self.e(x))
+
+
+def ids(n: int) -> torch.Tensor:
+    return torch.randint(0, 1000, (n, 16))
+
+
+def test_sparse_embedding_gradients_are_charged_by_their_indices_and_values():
+    kw = dict(loss_fn=lambda o, b: o.sum(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    sparse = estimate_memory(Emb(sparse=True), ids, [4], "1x24GB", **kw)
+    dense = estimate_memory(Emb(), ids, [4], "1x24GB", **kw)
+    # a dense gradient of the 1000 x 64 table against 64 rows of values and their indices
+    assert dense.breakdown[0]["gradients"] - sparse.breakdown[0]["gradients"] >= 1000 * 64 * 4 // 2
+    assert sparse.peak_bytes[0] < dense.peak_bytes[0]
+
+
+def test_factory_converting_dtype_on_meta_and_compiled_models_run():
+    e = estimate_memory(lambda: Emb().to(torch.bfloat16), ids, [2, 2], "2x24GB",
+                        loss_fn=lambda o, b: o.float().sum())
+    # the table in bf16: 2 bytes an entry, not fp32's 4
+    assert 1000 * 64 * 2 <= e.breakdown[0]["weights"] < 1000 * 64 * 4
+    compiled = estimate_memory(torch.compile(Emb()), ids, [2, 2], "2x24GB", loss_fn=lambda o, b: o.sum())
+    eager = estimate_memory(Emb(), ids, [2, 2], "2x24GB", loss_fn=lambda o, b: o.sum())
+    assert compiled.peak_bytes == eager.peak_bytes
+    assert any("torch.compile: the model runs eagerly" in n for n in compiled.notes)
+
+
+def test_an_fp16_batch_into_an_fp32_layer_fails_as_on_cuda():
+    from dptune.errors import UserCodeError
+
+    with pytest.raises(UserCodeError, match=r"in the forward.*same dtype.*aten\.addmm"):
+        estimate_memory(nn.Linear(8, 8), lambda n: torch.randn(n, 8, dtype=torch.float16), [2, 2],
+                        "2x24GB", loss_fn=lambda o, b: o.float().sum())
+    with pytest.raises(UserCodeError, match=r"Input type .* should be the same"):
+        estimate_memory(nn.Conv2d(3, 4, 3), lambda n: torch.randn(n, 3, 8, 8, dtype=torch.bfloat16),
+                        [2], "1x24GB", loss_fn=lambda o, b: o.float().sum())
+    # the same batch in the layer's dtype runs
+    assert estimate_memory(nn.Linear(8, 8), lambda n: torch.randn(n, 8), [2, 2], "2x24GB",
+                           loss_fn=lambda o, b: o.sum()).peak_bytes[1] > 0
