@@ -1,10 +1,15 @@
 """Check the simulated estimate against a real card: ``python benchmarks/validate_gpu.py``.
 
-For several models and batch sizes, one training step on ``cuda:0`` (forward, default loss,
-backward, ``optimizer.step()``; steady state: after one warm-up step, gradients set to
-``None`` before the step, cuDNN benchmark mode off) is measured three ways:
+For several models, training steps and batch sizes, one training step on ``cuda:0`` (forward
+and default loss, kept alive through the backward as a plain loop keeps them, backward,
+``optimizer.step()``; steady state: after one warm-up step, gradients set to ``None`` before
+the step, cuDNN benchmark mode off) is measured three ways. The steps: fp32; bf16 autocast
+(``amp="bf16"``); two micro-batches of gradient accumulation; and a GPT-2-style Hugging Face
+model (``dptune.examples.hf``, built from its config) that returns its cache
+(``past_key_values``), in fp32 and in bf16 with accumulation.
 
-- ``real``: a plain training loop and ``torch.cuda.max_memory_allocated`` (the ground truth);
+- ``real``: a plain training loop written out here, with ``torch.autocast`` and accumulation
+  as the step says, and ``torch.cuda.max_memory_allocated`` (the ground truth);
 - ``probe``: dptune's real-GPU backend (:class:`dptune.backends.cuda.CudaBackend`);
 - ``estimate``: :func:`dptune.estimate_memory` on a simulated cluster of one card like this
   one (same total memory and name, so the same cuBLAS workspace).
@@ -30,7 +35,8 @@ import gc
 import os
 import sys
 import time
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 TARGET = 0.05
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,7 +78,7 @@ def make_moe(vocab: int = 8192, d: int = 1024, experts: int = 8, hidden: int = 4
     return MoE()
 
 
-def _hf_cases(adamw: Callable) -> list:
+def _hf_cases(adamw: Callable) -> list["Case"]:
     """The transformers rows: GPT-2 style with dropout (fp32, bf16), checkpointed, BERT style."""
     try:
         import transformers
@@ -109,24 +115,37 @@ def _hf_cases(adamw: Callable) -> list:
         return {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, 4, (b,))}
 
     return [
-        ("GPT2-drop-fp32", gpt2(), lm_batch(1024, 50257), [2, 4], adamw, None),
-        ("GPT2-drop-bf16", gpt2(), lm_batch(1024, 50257), [2, 4], adamw, "bf16"),
-        ("GPT2-ckpt", gpt2(ckpt=True), lm_batch(1024, 50257), [4, 8], adamw, None),
-        ("BERT-mask", bert, bert_batch, [8, 16], adamw, None),
+        Case("GPT2-drop-fp32", gpt2(), lm_batch(1024, 50257), [2, 4], adamw),
+        Case("GPT2-drop-bf16", gpt2(), lm_batch(1024, 50257), [2, 4], adamw, {"amp": "bf16"}),
+        Case("GPT2-ckpt", gpt2(ckpt=True), lm_batch(1024, 50257), [4, 8], adamw),
+        Case("BERT-mask", bert, bert_batch, [8, 16], adamw),
     ]
 
 
-def _cases() -> list[tuple[str, Callable[[], Any], Callable[[Any, int], Any], list[int], Callable,
-                           Any]]:
-    """(label, model factory, sample(model, batch), batch sizes, optimizer factory, amp)."""
+@dataclass(frozen=True)
+class Case:
+    label: str
+    factory: Callable[[], Any]
+    sample: Callable[[Any, int], Any]        # (model, batch size) -> batch
+    batches: list[int]
+    optimizer: Callable[[Any], Any]
+    step: dict = field(default_factory=dict)  # Workload step settings: amp=, accumulate=
+
+    @property
+    def step_label(self) -> str:
+        from dptune.workload import StepSettings
+
+        return StepSettings(**self.step).describe()
+
+
+def _cases() -> list[Case]:
     import torch
 
     try:
+        from dptune.examples import hf
         from dptune.examples import models as ex
     except ImportError:  # pragma: no cover - the examples ship with dptune
-        ex = None
-    if ex is None:
-        raise SystemExit("dptune.examples.models is missing")
+        raise SystemExit("dptune.examples is missing") from None
 
     def adam(p: Any) -> Any:
         return torch.optim.Adam(p, lr=1e-4)
@@ -137,18 +156,36 @@ def _cases() -> list[tuple[str, Callable[[], Any], Callable[[Any, int], Any], li
     def sgd(p: Any) -> Any:
         return torch.optim.SGD(p, lr=0.1, momentum=0.9)
 
+    def own(m: Any, b: int) -> Any:
+        return m.sample(b)
+
+    def gpt2_tokens(m: Any, b: int) -> Any:
+        return hf.gpt2_batch(b, seq_len=512, vocab_size=m.config.vocab_size)
+
+    def gpt2_mid() -> Any:
+        return hf.tiny_gpt2(n_layer=6, n_embd=512, n_head=8, vocab_size=32000, n_positions=512)
+
+    bf16 = {"amp": "bf16"}
+    acc2 = {"accumulate": 2}
     return [
-        ("MLP", lambda: ex.MLP(), lambda m, b: m.sample(b), [64, 512], adam, None),
-        ("MLP-wide", lambda: ex.MLP(in_features=4096, hidden=8192, depth=3), lambda m, b: m.sample(b),
-         [32, 256], sgd, None),
-        ("SmallResNet(BN)", lambda: ex.SmallResNet(), lambda m, b: m.sample(b), [16, 64], sgd, None),
-        ("TinyGPT", lambda: ex.TinyGPT(), lambda m, b: m.sample(b), [4, 16], adamw, None),
-        ("TinyGPT-768", lambda: ex.TinyGPT(d_model=768, n_layers=6, n_heads=12, seq_len=512),
-         lambda m, b: m.sample(b), [2, 8], adamw, None),
-        ("BertClassifier", lambda: ex.BertClassifier(), lambda m, b: m.sample(b), [16, 64], adamw, None),
-        ("SegNet", lambda: ex.SegNet(), lambda m, b: m.sample(b), [4, 16], sgd, None),
+        Case("MLP", lambda: ex.MLP(), own, [64, 512], adam),
+        Case("MLP-wide", lambda: ex.MLP(in_features=4096, hidden=8192, depth=3), own, [32, 256], sgd),
+        Case("MLP-wide", lambda: ex.MLP(in_features=4096, hidden=8192, depth=3), own, [256], sgd, bf16),
+        Case("SmallResNet(BN)", lambda: ex.SmallResNet(), own, [16, 64], sgd),
+        Case("SmallResNet(BN)", lambda: ex.SmallResNet(), own, [64], sgd, bf16),
+        Case("TinyGPT", lambda: ex.TinyGPT(), own, [4, 16], adamw),
+        Case("TinyGPT-768", lambda: ex.TinyGPT(d_model=768, n_layers=6, n_heads=12, seq_len=512),
+             own, [2, 8], adamw),
+        Case("TinyGPT-768", lambda: ex.TinyGPT(d_model=768, n_layers=6, n_heads=12, seq_len=512),
+             own, [8], adamw, bf16),
+        Case("TinyGPT-768", lambda: ex.TinyGPT(d_model=768, n_layers=6, n_heads=12, seq_len=512),
+             own, [8], adamw, acc2),
+        Case("BertClassifier", lambda: ex.BertClassifier(), own, [16, 64], adamw),
+        Case("SegNet", lambda: ex.SegNet(), own, [4, 16], sgd),
+        Case("HF-GPT2+cache", gpt2_mid, gpt2_tokens, [4, 16], adamw),
+        Case("HF-GPT2+cache", gpt2_mid, gpt2_tokens, [16], adamw, {"amp": "bf16", "accumulate": 2}),
         *_hf_cases(adamw),
-        ("MoE-top1", make_moe, lambda m, b: m.sample(b), [4, 8], adamw, None),
+        Case("MoE-top1", make_moe, own, [4, 8], adamw),
     ]
 
 
@@ -160,47 +197,62 @@ def _free() -> None:
     torch.cuda.empty_cache()
 
 
-def measure_real(factory: Callable[[], Any], sample: Callable[[int], Any], batch: int,
-                 opt_factory: Callable, amp: Any = None) -> int:
-    """``max_memory_allocated`` of a steady-state step in a plain training loop on cuda:0."""
+def plain_step(model: Any, opt: Any, host_batches: list, amp: Optional[str], device: Any) -> None:
+    """The training step as a user writes it: per micro-batch, the batch moved to the card,
+    forward and loss under ``torch.autocast`` when ``amp`` is set, the loss divided by the
+    number of micro-batches, backward; the output stays alive until the next forward has
+    returned and through ``optimizer.step()`` (a plain loop's variables)."""
+    import contextlib
+
     import torch
 
     from dptune.workload import batch_to_args, default_loss
 
     def to_card(obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
-            return obj.cuda(0)
+            return obj.to(device)
         if isinstance(obj, dict):
             return {k: to_card(v) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
             return type(obj)(to_card(v) for v in obj)
         return obj
 
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp or "")
+    n = len(host_batches)
+    out = loss = None
+    for host in host_batches:
+        batch_dev = to_card(host)
+        args, kwargs = batch_to_args(batch_dev)
+        cast = (torch.autocast(torch.device(device).type, dtype=dtype) if dtype is not None
+                else contextlib.nullcontext())
+        with cast:
+            out = model(*args, **kwargs)
+            loss = default_loss(out, batch_dev)
+        if n > 1:
+            loss = loss / n
+        del args, kwargs, batch_dev
+        loss.backward()
+    opt.step()
+    del out, loss
+
+
+def measure_real(case: Case, batch: int) -> int:
+    """``max_memory_allocated`` of a steady-state step in a plain training loop on cuda:0."""
+    import torch
+
     torch.manual_seed(0)
-    model = factory().cuda(0)
-    opt = opt_factory(model.parameters())
-    scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
+    model = case.factory().cuda(0)
+    opt = case.optimizer(model.parameters())
+    accumulate = int(case.step.get("accumulate", 1))
     peak = 0
     try:
         for _ in range(2):                      # warm-up, then the measured step
             model.zero_grad(set_to_none=True)
-            host = sample(batch)
+            hosts = [case.sample(model, batch) for _ in range(accumulate)]
             _free()
             torch.cuda.reset_peak_memory_stats(0)
-            batch_dev = to_card(host)
-            args, kwargs = batch_to_args(batch_dev)
-            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp or "", torch.float32)
-            with torch.autocast("cuda", dtype=dtype, enabled=amp is not None):
-                out = model(*args, **kwargs)
-                loss = default_loss(out, batch_dev)
-            del out, args, kwargs
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            del loss, batch_dev
-            if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
+            plain_step(model, opt, hosts, case.step.get("amp"), "cuda:0")
+            del hosts
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated(0)
     finally:
@@ -209,8 +261,7 @@ def measure_real(factory: Callable[[], Any], sample: Callable[[int], Any], batch
     return int(peak)
 
 
-def measure_probe(factory: Callable[[], Any], sample: Callable[[Any, int], Any], batch: int,
-                  opt_factory: Callable, amp: Any = None) -> int:
+def measure_probe(case: Case, batch: int) -> int:
     """dptune's real-GPU probe of the same step."""
     import torch
 
@@ -218,8 +269,9 @@ def measure_probe(factory: Callable[[], Any], sample: Callable[[Any, int], Any],
     from dptune.workload import Workload
 
     torch.manual_seed(0)
-    model = factory()
-    wl = Workload(model=model, sample=lambda b, m=model: sample(m, b), optimizer=opt_factory, amp=amp)
+    model = case.factory()
+    wl = Workload(model=model, sample=lambda b, m=model: case.sample(m, b), optimizer=case.optimizer,
+                  **case.step)
     with CudaBackend(wl, [0], repeats=2) as backend:
         result = backend.probe([batch])
     del model, wl
@@ -229,16 +281,15 @@ def measure_probe(factory: Callable[[], Any], sample: Callable[[Any, int], Any],
     return int(result.peak_bytes[0])
 
 
-def estimate(factory: Callable[[], Any], sample: Callable[[Any, int], Any], batch: int,
-             opt_factory: Callable, cluster: Any, amp: Any = None) -> int:
+def estimate(case: Case, batch: int, cluster: Any) -> int:
     import torch
 
     from dptune import estimate_memory
 
     with torch.device("meta"):
-        shape_model = factory()             # for sample(); the estimate builds its own model
-    est = estimate_memory(factory, lambda b: sample(shape_model, b), [batch], cluster,
-                          optimizer=opt_factory, amp=amp)
+        shape_model = case.factory()        # for sample(); the estimate builds its own model
+    est = estimate_memory(case.factory, lambda b: case.sample(shape_model, b), [batch], cluster,
+                          optimizer=case.optimizer, **case.step)
     return int(est.peak_bytes[0])
 
 
@@ -270,30 +321,29 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     print(f"compute capability {props.major}.{props.minor}; date {time.strftime('%Y-%m-%d')}")
-    header = f"{'model':<18}{'batch':>6}{'real':>12}{'probe':>12}{'estimate':>12}{'est err':>9}{'probe err':>10}  ok"
+    header = (f"{'model':<16}{'step':<24}{'batch':>6}{'real':>12}{'probe':>12}{'estimate':>12}"
+              f"{'est err':>9}{'probe err':>10}  ok")
     print(header)
     print("-" * len(header))
     worst = 0.0
-    for label, factory, sample, batches, opt_factory, amp in _cases():
-        for batch in batches[:1] if args.quick else batches:
+    for case in _cases():
+        for batch in case.batches[:1] if args.quick else case.batches:
             t0 = time.perf_counter()
+            label, step = case.label, case.step_label
             try:
-                with torch.device("meta"):
-                    shape_model = factory()
-                real = measure_real(factory, lambda b, m=shape_model, s=sample: s(m, b), batch,
-                                    opt_factory, amp)
-                probe = measure_probe(factory, sample, batch, opt_factory, amp)
+                real = measure_real(case, batch)
+                probe = measure_probe(case, batch)
             except torch.OutOfMemoryError:
                 _free()
-                print(f"{label:<18}{batch:>6}  out of memory on this card, skipped")
+                print(f"{label:<16}{step:<24}{batch:>6}  out of memory on this card, skipped")
                 continue
             try:
-                est = estimate(factory, sample, batch, opt_factory, cluster, amp)
+                est = estimate(case, batch, cluster)
             except Exception as e:   # a construct the simulator cannot run yet: say which
-                print(f"{label:<18}{batch:>6}{format_bytes(real):>12}{format_bytes(probe):>12}"
+                print(f"{label:<16}{step:<24}{batch:>6}{format_bytes(real):>12}{format_bytes(probe):>12}"
                       f"  not simulated: {type(e).__name__}: {str(e)[:120]}")
-                rows.append({"device": name, "model": label, "batch_size": batch, "real_bytes": real,
-                             "probe_bytes": probe, "estimate_bytes": "", "estimate_rel_error": "",
+                rows.append({"device": name, "model": label, "step": step, "batch_size": batch,
+                             "real_bytes": real, "probe_bytes": probe, "estimate_bytes": "", "estimate_rel_error": "",
                              "probe_rel_error": round((probe - real) / real, 5),
                              "within_target": False, "seconds": round(time.perf_counter() - t0, 2)})
                 continue
@@ -301,10 +351,10 @@ def main(argv: list[str] | None = None) -> int:
             probe_err = (probe - real) / real
             ok = abs(est_err) <= TARGET
             worst = max(worst, abs(est_err))
-            print(f"{label:<18}{batch:>6}{format_bytes(real):>12}{format_bytes(probe):>12}"
+            print(f"{label:<16}{step:<24}{batch:>6}{format_bytes(real):>12}{format_bytes(probe):>12}"
                   f"{format_bytes(est):>12}{est_err:>+9.1%}{probe_err:>+10.1%}  {'yes' if ok else 'NO'}")
-            rows.append({"device": name, "model": label, "batch_size": batch, "real_bytes": real,
-                         "probe_bytes": probe, "estimate_bytes": est,
+            rows.append({"device": name, "model": label, "step": step, "batch_size": batch,
+                         "real_bytes": real, "probe_bytes": probe, "estimate_bytes": est,
                          "estimate_rel_error": round(est_err, 5), "probe_rel_error": round(probe_err, 5),
                          "within_target": ok, "seconds": round(time.perf_counter() - t0, 2)})
     os.makedirs(os.path.dirname(args.csv), exist_ok=True)

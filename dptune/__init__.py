@@ -5,7 +5,7 @@ matplotlib, and prints nothing. Public names are loaded on first use.
 
 Public API (grouped):
 
-- Tuning: :class:`Tuner`, :class:`TuneResult`
+- Tuning: :class:`Tuner`, :class:`TuneResult`, :class:`StepSettings` (what a split was tuned for)
 - Wrapping: :class:`BalancedDataParallel`, :func:`patch_dataparallel` (scripts that build
   ``torch.nn.DataParallel`` themselves); the Hugging Face Trainer: :mod:`dptune.integrations.transformers`
 - Simulation: :func:`estimate_memory`, :class:`Cluster`, :func:`parse_cluster`
@@ -26,6 +26,7 @@ _LAZY = {
     # tuning
     "Tuner": "dptune.tuner",
     "TuneResult": "dptune.result",
+    "StepSettings": "dptune.workload",
     # wrapping
     "BalancedDataParallel": "dptune.parallel",
     "patch_dataparallel": "dptune.integrations.dataparallel",

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "function_mode_base", "new_shape_env", "no_dispatch_modes",
-           "sparse_parts", "upper_bound",
-           "replica_module", "safe_softmax", "scatter_chunks", "sdp_priority_order", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash",
-           "include_dispatch_key", "exclude_dispatch_key", "PythonKernels", "amp_as_if_cuda",
-           "function_mode_stack"]
+__all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "function_mode_base",
+           "function_mode_stack", "new_shape_env", "no_dispatch_modes", "sparse_parts", "upper_bound",
+           "replica_module", "safe_softmax", "scatter_chunks", "sdp_priority_order", "sdpa_cudnn",
+           "sdpa_efficient", "sdpa_flash", "include_dispatch_key", "exclude_dispatch_key",
+           "PythonKernels", "amp_as_if_cuda"]
 
 
 def scatter_chunks(tensor: Any, device_ids: list, chunk_sizes: list, dim: int) -> tuple:
@@ -84,19 +84,19 @@ def function_mode_base() -> type:
     return TorchFunctionMode
 
 
-def function_mode_stack() -> list:
-    """The torch-function modes active now, outermost first."""
-    from torch.overrides import _get_current_function_mode_stack
-
-    return list(_get_current_function_mode_stack())
-
-
 def function_mode_active() -> bool:
     """Whether any torch-function mode is active on this thread (the autograd engine runs
     backward nodes with none: the simulator enters its mode again around each node)."""
     import torch
 
     return bool(torch._C._len_torch_function_stack())
+
+
+def function_mode_stack() -> list:
+    """The torch-function modes active now, outermost first."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    return list(_get_current_function_mode_stack())
 
 
 def sdp_priority_order() -> list:

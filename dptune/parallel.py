@@ -41,7 +41,6 @@ Known limitations:
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from itertools import chain
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
@@ -49,8 +48,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 import torch
 from torch import nn
 
-from dptune import _torch_private
-from dptune.errors import UsageError
+from dptune import _torch_private, _tree
+from dptune.errors import DptuneWarning, UsageError
 from dptune.split import even_split, scale_split, validate_chunk_sizes
 
 __all__ = [
@@ -117,25 +116,9 @@ def narrow_scatter(tensor: torch.Tensor, device_ids: Sequence[Any], chunk_sizes:
     return tuple(tensor.split(list(chunk_sizes), dim=dim))
 
 
-def _is_namedtuple(obj: Any) -> bool:
-    return isinstance(obj, tuple) and hasattr(obj, "_fields") and hasattr(obj, "_asdict")
-
-
-def _iter_tensors(obj: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Depth-first ``(path, tensor)`` pairs of a nested structure of tuples, lists, dicts."""
-    if isinstance(obj, torch.Tensor):
-        yield path, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _iter_tensors(v, f"{path}[{k!r}]")
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _iter_tensors(v, f"{path}[{i}]")
-
-
 def _args_tensors(args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
-    yield from _iter_tensors(tuple(args), "args")
-    yield from _iter_tensors(dict(kwargs), "kwargs")
+    yield from _tree.tensors(tuple(args), "args")
+    yield from _tree.tensors(dict(kwargs), "kwargs")
 
 
 def find_batch_size(args: Sequence[Any], kwargs: Optional[dict[str, Any]], dim: int = 0
@@ -168,7 +151,8 @@ def split_inputs(args: Sequence[Any], kwargs: Optional[dict[str, Any]], chunk_si
                  ) -> SplitInputs:
     """Split a call's arguments into per-device calls with the given chunk sizes.
 
-    Every tensor, at any depth of tuples, lists and dicts (namedtuples keep their type), is
+    The containers follow ``torch.nn.parallel.scatter`` (:func:`dptune._tree.scatter`): every
+    tensor, at any depth of tuples, lists and dicts (namedtuples and dict types are kept), is
     split along ``dim`` with the same sizes by ``scatter_fn`` (the CUDA scatter in
     :class:`BalancedDataParallel`, :func:`narrow_scatter` on the CPU); every other value is
     given as it is to each device. Devices whose chunk is 0 are left out. Each tensor must
@@ -188,55 +172,25 @@ def split_inputs(args: Sequence[Any], kwargs: Optional[dict[str, Any]], chunk_si
     batch = sum(used_sizes)
     n = len(used)
 
-    def split(obj: Any, path: str) -> list:
-        if isinstance(obj, torch.Tensor):
-            if obj.dim() == 0 or obj.dim() <= dim:
-                raise UsageError(
-                    f"{path} has shape {tuple(obj.shape)}, which has no dim {dim} to split the "
-                    f"batch of {batch} along; give it a batch dimension or pass it as a non-tensor")
-            if obj.size(dim) != batch:
-                raise UsageError(
-                    f"{path} has size {obj.size(dim)} along dim {dim} but the batch has {batch} "
-                    f"samples (the first tensor's size); every tensor argument is split into "
-                    f"chunks {used_sizes}, so each needs the batch size along dim {dim}")
-            chunks = tuple(scatter_fn(obj, used_ids, used_sizes, dim))
-            if len(chunks) != n:
-                raise RuntimeError(f"scatter gave {len(chunks)} chunks for {n} devices")
-            return list(chunks)
-        if _is_namedtuple(obj):
-            parts = [split(v, f"{path}.{f}") for f, v in zip(obj._fields, obj)]
-            return [type(obj)(*(p[d] for p in parts)) for d in range(n)]
-        if isinstance(obj, (tuple, list)):
-            parts = [split(v, f"{path}[{i}]") for i, v in enumerate(obj)]
-            return [type(obj)(p[d] for p in parts) if isinstance(obj, tuple) else [p[d] for p in parts]
-                    for d in range(n)]
-        if isinstance(obj, dict):
-            by_key = {k: split(v, f"{path}[{k!r}]") for k, v in obj.items()}
-            out = []
-            for d in range(n):
-                items = [(k, p[d]) for k, p in by_key.items()]
-                try:
-                    out.append(type(obj)(items))
-                except TypeError:
-                    out.append(dict(items))
-            return out
-        return [obj] * n
+    def split(obj: torch.Tensor, path: str) -> list:
+        if obj.dim() == 0 or obj.dim() <= dim:
+            raise UsageError(
+                f"{path} has shape {tuple(obj.shape)}, which has no dim {dim} to split the "
+                f"batch of {batch} along; give it a batch dimension or pass it as a non-tensor")
+        if obj.size(dim) != batch:
+            raise UsageError(
+                f"{path} has size {obj.size(dim)} along dim {dim} but the batch has {batch} "
+                f"samples (the first tensor's size); every tensor argument is split into "
+                f"chunks {used_sizes}, so each needs the batch size along dim {dim}")
+        return list(scatter_fn(obj, used_ids, used_sizes, dim))
 
-    split_args = [tuple(a) for a in split(tuple(args), "args")] if args else [() for _ in range(n)]
-    split_kwargs = split(kwargs, "kwargs") if kwargs else [{} for _ in range(n)]
+    split_args = [tuple(a) for a in _tree.scatter(tuple(args), n, split, "args")]
+    split_kwargs = _tree.scatter(kwargs, n, split, "kwargs") if kwargs else [{} for _ in range(n)]
     return SplitInputs(used_ids, used_sizes, tuple(split_args), tuple(split_kwargs))
 
 
 def _has_scalar_tensor(obj: Any) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return obj.dim() == 0
-    if isinstance(obj, dict):
-        return any(_has_scalar_tensor(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return any(_has_scalar_tensor(v) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return any(_has_scalar_tensor(getattr(obj, f.name)) for f in dataclasses.fields(obj))
-    return False
+    return any(t.dim() == 0 for _, t in _tree.tensors(obj))
 
 
 def _cuda_scatter(tensor: torch.Tensor, device_ids: Sequence[int], chunk_sizes: Sequence[int],
@@ -335,6 +289,31 @@ def join_replicas(module: nn.Module, replicas: Sequence[nn.Module], destination:
                     r._parameters.pop(key, None)
                     setattr(r, key, joined[k * n + index[id(p)]])
     return list(replicas)
+
+
+_NOT_GIVEN: Any = object()
+
+
+def _warn_settings(tuned: Any, model: nn.Module, path: str, **given: Any) -> None:
+    """One :class:`DptuneWarning` listing how the step described by ``given`` (those given)
+    and the model's gradient checkpointing differ from the report's ``tuned`` settings."""
+    from dptune.workload import StepSettings, function_name, gradient_checkpointing
+
+    if given.get("step") is not _NOT_GIVEN and callable(given.get("step")):
+        given["step"] = function_name(given["step"])
+    if given.get("clip_grad_norm") not in (_NOT_GIVEN, None):
+        given["clip_grad_norm"] = float(given["clip_grad_norm"])
+    given = {k: v for k, v in given.items() if v is not _NOT_GIVEN}
+    given["gradient_checkpointing"] = gradient_checkpointing(model)
+    mine = StepSettings.from_dict({**tuned.to_dict(), **given})
+    diffs = [f"{k}={getattr(tuned, k)!r} in the report, {getattr(mine, k)!r} here"
+             for k in given if getattr(tuned, k) != getattr(mine, k)]
+    if diffs:
+        warnings.warn(
+            f"the split in {path!r} was tuned for another training step ({tuned.describe()}; "
+            f"now {mine.describe()}): {'; '.join(diffs)}. Its memory was measured for that step, "
+            "so it may run out of memory or leave memory unused: re-run `dptune search` with "
+            "these settings", DptuneWarning, stacklevel=3)
 
 
 # ---- the wrapper ------------------------------------------------------------------------
@@ -550,17 +529,27 @@ class BalancedDataParallel(nn.DataParallel):
     # ---- from a report ----------------------------------------------------------------
     @classmethod
     def from_report(cls, model: nn.Module, path: str,
-                    device_ids: Optional[Sequence[Any]] = None) -> "BalancedDataParallel":
+                    device_ids: Optional[Sequence[Any]] = None, *, amp: Any = _NOT_GIVEN,
+                    accumulate: Any = _NOT_GIVEN, clip_grad_norm: Any = _NOT_GIVEN,
+                    step: Any = _NOT_GIVEN) -> "BalancedDataParallel":
         """Wrap ``model`` with the split saved by ``dptune search`` (a folder or report.json).
 
         ``device_ids`` defaults to the first ``len(chunk_sizes)`` visible CUDA devices. On a
         machine without CUDA the wrapper is a plain pass-through (with the constructor's
         warning that the split is not used), so a script runs unchanged on a laptop. The
         report is read and checked by the one report reader, :meth:`TuneResult.load`.
+
+        ``amp``, ``accumulate``, ``clip_grad_norm`` and ``step`` (a function or its
+        ``"module:qualname"``) describe the training step this model will run, as for
+        ``Tuner``; each one given is compared with the step the report was tuned for, as is
+        the model's own gradient checkpointing flag, and a :class:`~dptune.errors.DptuneWarning`
+        lists any difference: the split's memory was measured for the other step.
         """
         from dptune.result import TuneResult
 
         result = TuneResult.load(str(path))
+        _warn_settings(result.settings, model, str(path), amp=amp, accumulate=accumulate,
+                       clip_grad_norm=clip_grad_norm, step=step)
         sizes = list(result.chunk_sizes)
         n = len(sizes)
         if device_ids is None and not torch.cuda.is_available():

@@ -408,7 +408,18 @@ def _read_probe(c: _Checked, n: int) -> ProbeResult:
                        breakdown=tuple(bd) if bd is not None else None,
                        **{k: tuple(v) if v is not None else None for k, v in arrays.items()},
                        seconds=c.number("seconds", optional=True), purpose=c.text("purpose", optional=True),
-                       note=c.text("note", optional=True))
+                       note=c.text("note", optional=True), unread_outputs=_read_unread(c))
+
+
+def _read_unread(c: _Checked) -> Optional[tuple[tuple[str, int], ...]]:
+    raw = c.raw("unread_outputs", optional=True)
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(
+            isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and _is_int(x[1]) and x[1] >= 0
+            for x in raw):
+        raise c.fail("unread_outputs", "a list of [output entry, bytes] pairs", raw)
+    return tuple((str(e), int(b)) for e, b in raw)
 
 
 def _read_device(c: _Checked) -> Device:

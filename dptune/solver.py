@@ -80,7 +80,7 @@ class Fit:
 # ---- fitting ---------------------------------------------------------------------------
 
 
-def _bisect_last(pred: Callable[[int], bool], lo: int, hi: int) -> int:
+def bisect_last(pred: Callable[[int], bool], lo: int, hi: int) -> int:
     """The largest x in [lo, hi] with ``pred(x)``, for ``pred`` true up to a point then false
     (``lo`` itself is not tested; ``lo`` is returned when ``hi <= lo``)."""
     while lo < hi:
@@ -398,7 +398,7 @@ def solve_max_batch(fits: Sequence[Fit], budgets: Sequence[int], *, min_chunk_no
     lo, hi = (smallest, upper) if every_card else (0, upper)
     if not loose(lo):
         hi = lo - 1
-    lo = _bisect_last(loose, lo, hi)
+    lo = bisect_last(loose, lo, hi)
     best = 0
     b = lo
     while b >= smallest:  # exact check (the BatchNorm rule can leave gaps)
@@ -444,7 +444,7 @@ def max_even_batch(fits: Sequence[Fit], budgets: Sequence[int], *, min_chunk_non
     upper = solve_max_batch(fits, budgets, min_chunk_nonzero=m, caps=caps, limit=limit)[0] \
         if _feasible_batch(fits, budgets, m, caps, m) else 0
     lo, hi = 0, upper
-    lo = _bisect_last(every_card_full, lo, hi)
+    lo = bisect_last(every_card_full, lo, hi)
     best = lo
     for b in range(lo + 1, min(upper, lo + 2 * n + 2) + 1):  # last cards may get less
         if _even_fits(fits, budgets, b, caps, m):

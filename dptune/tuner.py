@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from dptune import search
+from dptune.advice import unread_outputs_advice
 from dptune.backends.base import Backend, ProbeResult
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
@@ -372,7 +373,10 @@ def _advice(best: ProbeResult, even: SplitFigures, outcome: search.SearchOutcome
     out = []
     bd = even.breakdown if even.breakdown is not None else best.breakdown
     peaks = even.peak_bytes if even.breakdown is not None else best.peak_bytes
-    if bd is not None and peaks and peaks[0] > 0:
+    unread = unread_outputs_advice(best.unread_outputs, best.peak_bytes[0])
+    if unread is not None:   # names what to drop, so the general line below is not needed
+        out.append(unread)
+    elif bd is not None and peaks and peaks[0] > 0:
         outputs = int(bd[0].get("outputs", 0))
         frac = outputs / peaks[0]
         if frac > OUTPUTS_ADVICE_SHARE:

@@ -34,7 +34,7 @@ from dptune.errors import DptuneWarning, UsageError
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["Workload", "StepSettings", "StepRuntime", "run_step", "AMP_DTYPES", "batch_to_args",
+__all__ = ["Workload", "StepSettings", "StepRuntime", "StepOutcome", "run_step", "AMP_DTYPES", "batch_to_args",
            "default_loss", "has_batchnorm", "model_name", "function_name", "unwrap_parallel",
            "UnwrappingFactory"]
 
@@ -255,17 +255,9 @@ def _find_loss(output: Any) -> Any:
 
 
 def _tensor_leaves(obj: Any) -> list:
-    import torch
+    from dptune import _tree
 
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensor_leaves(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensor_leaves(v)]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [t for f in dataclasses.fields(obj) for t in _tensor_leaves(getattr(obj, f.name))]
-    return []
+    return [t for _, t in _tree.tensors(obj)]
 
 
 def default_loss(output: Any, batch: Any = None) -> "torch.Tensor":
@@ -344,7 +336,46 @@ class StepRuntime:
     scaler_device: str = "cuda"
 
 
-def run_step(wl: Workload, rt: StepRuntime) -> None:
+@dataclass(frozen=True)
+class StepOutcome:
+    """What :func:`run_step` saw: the output entries the loss never read.
+
+    ``unread_outputs`` holds ``(entry, bytes)`` per top-level entry of the model's output
+    (e.g. ``"output['past_key_values']"``) whose tensors require grad but got no gradient from
+    the loss: DataParallel gathers them onto the output card all the same. Bytes are those of
+    the whole batch's tensors. ``None`` when the user's own step function ran.
+    """
+
+    unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
+
+
+def _watch_reads(output: Any) -> Callable[[], tuple[tuple[str, int], ...]]:
+    """Hooks on the output's tensors; the returned function lists the entries never read."""
+    from dptune import _tree
+
+    read: set[str] = set()
+    sizes: dict[str, int] = {}
+    for path, t in _tree.tensors(output, "output"):
+        if not t.requires_grad:
+            continue
+        entry = _entry(path)
+        sizes[entry] = sizes.get(entry, 0) + t.numel() * t.element_size()
+        t.register_hook(lambda g, entry=entry: read.add(entry))
+
+    def unread() -> tuple[tuple[str, int], ...]:
+        return tuple((e, b) for e, b in sizes.items() if e not in read)
+    return unread
+
+
+def _entry(path: str) -> str:
+    """``"output['past_key_values'][3][0]"`` -> ``"output['past_key_values']"``."""
+    import re
+
+    m = re.match(r"output(\[[^\]]*\]|\.\w+)?", path)
+    return m.group(0) if m else path
+
+
+def run_step(wl: Workload, rt: StepRuntime) -> StepOutcome:
     """One training step as described by ``wl`` (see the module docstring).
 
     With ``wl.step`` set, that function runs instead: ``wl.step(rt.model, batch, rt.optimizer)``.
@@ -356,7 +387,7 @@ def run_step(wl: Workload, rt: StepRuntime) -> None:
         batch = rt.next_batch()
         with rt.phase("step"):
             wl.step(rt.model, batch, rt.optimizer)
-        return
+        return StepOutcome()
     dtype = getattr(torch, AMP_DTYPES[wl.amp]) if wl.amp else None
     scaler = None
     if wl.amp == "fp16" and rt.optimizer is not None:
@@ -364,6 +395,7 @@ def run_step(wl: Workload, rt: StepRuntime) -> None:
     n = wl.accumulate
     output: Any = None
     loss: Any = None
+    unread: Callable[[], tuple[tuple[str, int], ...]] = tuple
     for _ in range(n):
         batch = rt.next_batch()
         args, kwargs = batch_to_args(batch)
@@ -373,6 +405,7 @@ def run_step(wl: Workload, rt: StepRuntime) -> None:
         del args, kwargs
         output = new_output            # the previous micro-batch's output lives until here
         del new_output
+        unread = _watch_reads(output)
         with rt.phase("loss"):
             with _autocast(rt.device_type, dtype):
                 loss = wl.loss(output, rt.batch_for_loss(batch))
@@ -398,6 +431,7 @@ def run_step(wl: Workload, rt: StepRuntime) -> None:
             else:
                 rt.optimizer.step()
     del output, loss
+    return StepOutcome(unread_outputs=unread() if n else ())
 
 
 def _autocast(device_type: str, dtype: Any) -> ContextManager[Any]:

@@ -148,3 +148,51 @@ def test_run_case_tiny_dptune_near_the_optimum(setup):
     md = run.headline_table([row])
     assert "tiny-MLP" in md and f"{row.even_max_batch} / {row.max_batch} / {row.opt_max_batch}" in md
     assert set(row.to_csv()) >= {"balance_distance_samples", "max_batch_gap_samples", "grid_points"}
+
+
+def test_validate_gpu_cases_and_plain_step_run_without_a_gpu():
+    """The GPU check cannot run here; its plain loop (the ground truth) and its estimate for
+    each kind of step can, so the script is runnable when a GPU is at hand."""
+    import torch
+
+    from benchmarks import validate_gpu as v
+    from dptune.backends.simulated import Cluster
+
+    cases = v._cases()
+    from dptune.examples.hf import gpt2_batch, tiny_gpt2
+
+    assert {c.step_label for c in cases} >= {"fp32", "bf16 autocast", "fp32, accumulate 2",
+                                             "bf16 autocast, accumulate 2"}
+    hf = next(c for c in cases if c.label == "HF-GPT2+cache" and c.step)
+    small = v.Case(hf.label, tiny_gpt2, lambda m, b: gpt2_batch(b, seq_len=16), [2], hf.optimizer,
+                   hf.step)
+    model = small.factory()
+    opt = small.optimizer(model.parameters())
+    before = [p.detach().clone() for p in model.parameters()]
+    v.plain_step(model, opt, [small.sample(model, 2) for _ in range(2)], "bf16", "cpu")
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))   # it stepped
+    assert v.estimate(small, 2, Cluster.uniform(1, 24 * 2**30)) > 0
+
+
+def test_ddp_benchmark_exact_caps_agree_with_the_plan():
+    import torch
+    import torch.nn as nn
+
+    from benchmarks.ddp import DDPRow, exact_caps, table
+    from dptune import ddp
+    from dptune.workload import Workload
+
+    def net() -> nn.Module:
+        return nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 8))
+
+    def batch(b: int) -> torch.Tensor:
+        return torch.randn(b, 128)
+
+    spec = "32GB,24GB,used=1:20GB"
+    caps = exact_caps(Workload(net, batch), spec, 1 << 30)
+    plan = ddp.plan(net, batch, objective="max_batch", simulate=spec)
+    assert plan.batch_sizes == caps and plan.certified and caps[0] > caps[1]
+    row = DDPRow(model="net", cluster=spec, caps=caps, equal=2 * min(caps), planned=plan.batch_sizes,
+                 optimum=sum(caps), rounds=plan.rounds, probes=len(plan.probes),
+                 certified=plan.certified, seconds=0.0)
+    assert f"| {sum(caps)} {caps} | {sum(caps)} |" in table([row])

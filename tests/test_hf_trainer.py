@@ -9,6 +9,7 @@ wrapping, the batch drawn and the loss combination are the real code.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 
@@ -219,9 +220,16 @@ def fake_gpus(monkeypatch):
     monkeypatch.setattr(B, "_check_module_device", lambda self: None)
     monkeypatch.setattr(B, "_scatter_tensor", lambda self, t, ids, sizes, dim:
                         narrow_scatter(t, ids, sizes, dim))
-    monkeypatch.setattr(B, "replicate", lambda self, module, ids: [module] * len(ids))
-    # every 'replica' is the module itself, so there is nothing to join back onto card 0
-    monkeypatch.setattr(B, "_replicas", lambda self, used_ids: [self.module] * len(used_ids))
+    def replicate(self, module, ids):
+        # with autograd on, replicate's copies are differentiable views of the weights: the
+        # module itself stands for them; with it off (card 0 gets no samples), detached copies
+        if torch.is_grad_enabled():
+            return [module] * len(ids)
+        return [copy.deepcopy(module) for _ in ids]
+
+    monkeypatch.setattr(B, "replicate", replicate)
+    monkeypatch.setattr(B, "_reduce_onto", lambda self, per_device, destination:
+                        [sum(gs) for gs in zip(*per_device)])
     monkeypatch.setattr(B, "_parallel_apply", parallel_apply)
     monkeypatch.setattr(B, "gather", lambda self, outputs, device: _cpu_gather(outputs, self.dim))
     return runs

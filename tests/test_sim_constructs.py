@@ -82,7 +82,10 @@ def test_hf_gradient_checkpointing_on_two_cards():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     def model(ckpt: bool):
-        cfg = GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=128, vocab_size=100)
+        # no cache: DataParallel gathers past_key_values onto card 0, and HF drops the cache
+        # under checkpointing, which would change card 0 for another reason
+        cfg = GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=128, vocab_size=100,
+                         use_cache=False)
         m = GPT2LMHeadModel._from_config(cfg, attn_implementation="sdpa")
         if ckpt:
             m.gradient_checkpointing_enable()   # HF's default: the reentrant form

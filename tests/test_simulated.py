@@ -243,8 +243,13 @@ class KwModel(nn.Module):
 def test_kwargs_dataclass_output_and_model_loss():
     batch = lambda b: {"input_ids": torch.randn(b, 16), "mask": torch.ones(b, 16),
                        "labels": torch.zeros(b, dtype=torch.long)}
-    e = estimate_memory(KwModel(), batch, [3, 5], "2x24GB")
-    assert all(p > 0 for p in e.peak_bytes)
+    # one card: DataParallel runs the module itself, nothing is gathered
+    e = estimate_memory(KwModel(), batch, [8], "1x24GB")
+    assert e.peak_bytes[0] > 0
+    # two cards: torch's gather cannot combine a plain dataclass (TypeError on a GPU), and
+    # the simulated cluster says so instead of gathering it anyway
+    with pytest.raises(UsageError, match="Out, which DataParallel cannot gather"):
+        estimate_memory(KwModel(), batch, [3, 5], "2x24GB")
 
 
 def test_bert_dict_output_sdpa_and_batchnorm_models():

@@ -228,3 +228,124 @@ def test_attention_under_autocast_is_chosen_on_the_cast_inputs():
 
     assert "efficient x2" in kernels(None)      # fp32 cannot run flash
     assert "flash x2" in kernels("bf16")
+
+
+# ---- the same step on the real-GPU backend (against the fake CUDA runtime) ---------------------
+def _cuda_probe(wl, sizes=(4, 4)):
+    from test_cuda_backend import FakeRuntime
+
+    from dptune.backends.cuda import CudaBackend
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # BalancedDataParallel passes through without CUDA
+        with CudaBackend(wl, [0, 1], runtime=FakeRuntime()) as b:
+            return b.probe(list(sizes))
+
+
+@pytest.mark.parametrize("amp,dtype", [(None, torch.float32), ("bf16", torch.bfloat16),
+                                       ("fp16", torch.float16)])
+def test_cuda_backend_runs_autocast_accumulation_and_clipping(monkeypatch, amp, dtype):
+    seen, clipped, steps = [], [], []
+    real_clip = torch.nn.utils.clip_grad_norm_
+
+    def clip(params, max_norm, *a, **k):
+        clipped.append(max_norm)
+        return real_clip(params, max_norm, *a, **k)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+
+    def loss_fn(out, batch):
+        seen.append(out.dtype)
+        return out.float().pow(2).mean()
+
+    def opt(p):
+        o = torch.optim.SGD(p, lr=0.1)
+        o.register_step_post_hook(lambda *a: steps.append(1))
+        return o
+
+    wl = Workload(nn.Linear(6, 3), lambda b: torch.randn(b, 6), loss_fn, opt, amp=amp,
+                  accumulate=2, clip_grad_norm=0.5)
+    r = _cuda_probe(wl)
+    # warm-up and two measured steps, two micro-batches each, one clip and one optimizer step
+    # per step (the fake runtime's cards are the CPU, so autocast runs on the CPU there)
+    assert r.feasible and seen == [dtype] * 6
+    assert clipped == [0.5] * 3 and len(steps) == 3
+
+
+def test_cuda_backend_runs_the_users_step_function_on_the_wrapped_model():
+    from dptune.parallel import BalancedDataParallel
+
+    calls = []
+
+    def step(model, batch, optimizer):
+        calls.append((type(model), tuple(batch.shape), type(optimizer).__name__))
+        model(batch).sum().backward()
+        optimizer.step()
+
+    wl = Workload(nn.Linear(6, 3), lambda b: torch.randn(b, 6),
+                  optimizer=lambda p: torch.optim.SGD(p, lr=0.1), step=step)
+    assert _cuda_probe(wl, (3, 5)).feasible
+    assert calls == [(BalancedDataParallel, (8, 6), "SGD")] * 3
+
+
+# ---- gathered outputs the loss never reads ------------------------------------------------------
+def test_unread_gathered_outputs_are_named_with_their_bytes_and_advised():
+    from dptune.advice import unread_outputs_advice
+    from dptune.examples.hf import SEQ_LEN, VOCAB_SIZE, gpt2_batch, tiny_gpt2
+
+    b, d, layers = 8, 64, 2
+    with_cache = estimate_memory(lambda: tiny_gpt2(), gpt2_batch, [4, 4], "2x24GB")
+    # the model computes its loss per replica; its logits and its cache (a key and a value
+    # of (B, heads, T, d/heads) fp32 per layer) are gathered onto card 0 and never read
+    assert dict(with_cache.unread_outputs) == {
+        "output['logits']": b * SEQ_LEN * VOCAB_SIZE * 4,
+        "output['past_key_values']": layers * 2 * b * SEQ_LEN * d * 4}
+    text = unread_outputs_advice(with_cache.unread_outputs, with_cache.peak_bytes[0])
+    assert "output['past_key_values']" in text and "use_cache=False" in text
+    no_cache = estimate_memory(lambda: tiny_gpt2(use_cache=False), gpt2_batch, [4, 4], "2x24GB")
+    assert dict(no_cache.unread_outputs) == {"output['logits']": b * SEQ_LEN * VOCAB_SIZE * 4}
+    assert no_cache.peak_bytes[0] < with_cache.peak_bytes[0]
+    # one card: nothing is gathered, nothing to advise
+    assert estimate_memory(lambda: tiny_gpt2(), gpt2_batch, [8], "1x24GB").unread_outputs is None
+
+
+def test_gpt2_through_the_cli_with_bf16_and_accumulation(tmp_path, capsys):
+    from dptune.cli import main
+
+    out = tmp_path / "rep"
+    rc = main(["search", "--model", "dptune.examples.hf:tiny_gpt2", "--sample",
+               "dptune.examples.hf:gpt2_batch", "--batch-size", "16", "--simulate", "2x24GB",
+               "--amp", "bf16", "--accumulate", "2", "--clip-grad-norm", "1", "--out", str(out),
+               "--quiet"])
+    assert rc == 0
+    data = json.loads((out / "report.json").read_text())
+    assert data["settings"] == {"amp": "bf16", "accumulate": 2, "clip_grad_norm": 1.0, "step": None,
+                                "gradient_checkpointing": False}
+    summary = (out / "summary.md").read_text()
+    assert "training step: bf16 autocast, accumulate 2, clip 1" in summary
+    assert "use_cache=False" in summary                          # the advice on the cache
+    assert (out / "peaks.png").exists()
+
+
+def test_from_report_warns_when_the_step_differs(tmp_path):
+    from dptune.errors import DptuneWarning
+    from dptune.parallel import BalancedDataParallel
+
+    res = Tuner(mlp(), sample, batch_size=32, simulate="2x24GB", amp="bf16", accumulate=2,
+                verbose=False).fit()
+    res.save(str(tmp_path))
+
+    def warnings_for(**kw):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            BalancedDataParallel.from_report(mlp(), str(tmp_path), **kw)
+        return [str(w.message) for w in caught if "another training step" in str(w.message)]
+
+    assert warnings_for() == []                                  # nothing given, nothing to compare
+    assert warnings_for(amp="bf16", accumulate=2, clip_grad_norm=None) == []
+    [msg] = warnings_for(amp=None, accumulate=2)
+    assert "amp='bf16' in the report, None here" in msg and "accumulate=" not in msg
+    [msg] = warnings_for(amp="bf16", accumulate=4, clip_grad_norm=1.0)
+    assert "accumulate=2 in the report, 4 here" in msg and "clip_grad_norm=None in the report, 1.0 here" in msg
+    with pytest.warns(DptuneWarning, match="another training step"):
+        BalancedDataParallel.from_report(mlp(), str(tmp_path), step=lambda m, b, o: None)

@@ -15,19 +15,20 @@ def test_without_a_gpu_it_says_so_and_exits_0(capsys):
 
 def test_rows_cover_the_constructs_and_build():
     cases = validate_gpu._cases()
-    labels = [c[0] for c in cases]
+    labels = [c.label for c in cases]
     for needed in ("GPT2-drop-fp32", "GPT2-drop-bf16", "GPT2-ckpt", "BERT-mask", "MoE-top1"):
         assert needed in labels
-    amps = {c[0]: c[5] for c in cases}
+    amps = {c.label: c.step.get("amp") for c in cases}
     assert amps["GPT2-drop-bf16"] == "bf16" and amps["GPT2-drop-fp32"] is None
-    for label, factory, sample, batches, opt_factory, _amp in cases:
+    for case in cases:
+        label, batches, opt_factory = case.label, case.batches, case.optimizer
         with torch.device("meta"):
-            model = factory()
-        batch = sample(model, 2)
+            model = case.factory()
+        batch = case.sample(model, 2)
         first = batch if isinstance(batch, torch.Tensor) else next(
             iter(batch.values()) if isinstance(batch, dict) else iter(batch))
         assert first.shape[0] == 2, label
         assert batches == sorted(batches) and callable(opt_factory)
-    ckpt = next(c for c in cases if c[0] == "GPT2-ckpt")
+    ckpt = next(c for c in cases if c.label == "GPT2-ckpt")
     with torch.device("meta"):
-        assert ckpt[1]().is_gradient_checkpointing
+        assert ckpt.factory().is_gradient_checkpointing

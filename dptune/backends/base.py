@@ -70,6 +70,8 @@ class ProbeResult:
     seconds: float = 0.0
     purpose: str = ""                                         # set by the tuner: why it ran
     note: str = ""
+    # gathered output entries the loss never read: (entry, bytes on the output card)
+    unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
 
     @property
     def feasible(self) -> bool:
@@ -83,7 +85,7 @@ class ProbeResult:
         d = asdict(self)
         for k, v in d.items():
             if isinstance(v, tuple):
-                d[k] = list(v)
+                d[k] = [list(x) if isinstance(x, tuple) else x for x in v]
         return d
 
     @classmethod
@@ -93,6 +95,8 @@ class ProbeResult:
                   "alloc_retries", "repeat_spread_bytes"):
             if kw.get(k) is not None:
                 kw[k] = tuple(kw[k])
+        if kw.get("unread_outputs") is not None:
+            kw["unread_outputs"] = tuple((str(e), int(b)) for e, b in kw["unread_outputs"])
         return cls(**{k: v for k, v in kw.items() if k in cls.__dataclass_fields__})
 
 

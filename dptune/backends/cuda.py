@@ -5,8 +5,11 @@
 :class:`dptune.parallel.BalancedDataParallel` with the split: the batch from
 ``workload.sample(B)`` is built on the host and scattered from there (as the simulated backend
 assumes; ``batch_on_card0=True`` moves it to ``device_ids[0]`` first, as a loop that calls
-``x.cuda()`` does), then the forward, the workload's loss on ``device_ids[0]``, the backward
-and ``optimizer.step()`` (when the workload has an optimizer factory). Gradients are set to
+``x.cuda()`` does), then the workload's step (:func:`dptune.workload.run_step`, shared with
+the simulated backend): per micro-batch the forward and the loss on ``device_ids[0]`` (under
+``torch.autocast`` with ``amp=``), the backward (through a ``GradScaler`` for fp16), then
+clipping and ``optimizer.step()`` (when the workload has an optimizer factory); or the
+user's own ``step(model, batch, optimizer)`` with the wrapper as ``model``. Gradients are set to
 ``None`` before each step (``zero_grad(set_to_none=True)``, torch's default). When a
 ``loss_fn`` is given and the batch is on the host, the batch's tensors are copied to
 ``device_ids[0]`` for the loss (the loss's targets must live where the output is).
@@ -93,7 +96,7 @@ from dptune.errors import BackendUnavailableError, DptuneError, UsageError, User
 from dptune.oom import is_oom, oom_device, oom_summary, replica_where
 from dptune.split import validate_chunk_sizes
 from dptune.state import Snapshot, restore, snapshot
-from dptune.workload import StepRuntime, Workload, run_step
+from dptune.workload import StepOutcome, StepRuntime, Workload, run_step
 
 __all__ = ["CudaBackend", "CudaRuntime", "WorkloadSpec", "StepContext", "default_step"]
 
@@ -428,6 +431,7 @@ class StepContext:
     batch_on_card0: bool = False
     wrapper: Any = None              # BalancedDataParallel for this probe (default step)
     stage: str = ""                  # what the step is doing, for error messages
+    outcome: Optional[StepOutcome] = None   # what the last default step saw
 
     def zero_grad(self) -> None:
         """Drop every gradient (``set_to_none``), as ``zero_grad()`` does by default."""
@@ -438,17 +442,10 @@ class StepContext:
 
 
 def _to_device(obj: Any, device: Any) -> Any:
-    import torch
+    """Every tensor of a batch moved to ``device`` (:func:`dptune._tree.map_tensors`)."""
+    from dptune import _tree
 
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return type(obj)((k, _to_device(v, device)) for k, v in obj.items())
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_to_device(v, device) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_device(v, device) for v in obj)
-    return obj
+    return _tree.map_tensors(lambda t: t.to(device), obj)
 
 
 _STAGES = {"forward": "the forward", "loss": "the loss", "backward": "the backward",
@@ -491,9 +488,9 @@ def default_step(ctx: StepContext, chunk_sizes: Sequence[int]) -> None:
         yield
 
     device_type = getattr(dev0, "type", "cuda")
-    run_step(wl, StepRuntime(model=wrapper, optimizer=ctx.optimizer, next_batch=next_batch,
-                             batch_for_loss=batch_for_loss, phase=phase,
-                             device_type=device_type, scaler_device=device_type))
+    ctx.outcome = run_step(wl, StepRuntime(model=wrapper, optimizer=ctx.optimizer, next_batch=next_batch,
+                                           batch_for_loss=batch_for_loss, phase=phase,
+                                           device_type=device_type, scaler_device=device_type))
     ctx.stage = "done"
 
 
@@ -894,6 +891,9 @@ class CudaBackend:
         nvml = None if all(v is None for v in nvml_cards) else tuple(nvml_cards)
         spread = (tuple(max(r.peak[i] for r in runs) - min(r.peak[i] for r in runs) for i in range(n))
                   if runs else None)
+        busy = sum(1 for c in sizes if c > 0)
+        unread = ctx.outcome.unread_outputs if ctx.outcome is not None and busy > 1 else None
+        ctx.outcome = None
         oom_pos = None
         if failure is not None:
             oom_pos, how = self._oom_position(failure, peak, reserved)
@@ -903,7 +903,8 @@ class CudaBackend:
         return ProbeResult(chunk_sizes=tuple(sizes), peak_bytes=tuple(peak), oom_device=oom_pos,
                            breakdown=None, reserved_bytes=tuple(reserved), nvml_used_bytes=nvml,
                            alloc_retries=tuple(retries), repeat_spread_bytes=spread,
-                           seconds=time.perf_counter() - t0, note="; ".join(notes))
+                           seconds=time.perf_counter() - t0, note="; ".join(notes),
+                           unread_outputs=unread)
 
     def _oom_position(self, failure: _Failure, peak: list[int], reserved: list[int]) -> tuple[int, str]:
         idx = failure.torch_index

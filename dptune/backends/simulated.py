@@ -54,8 +54,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -69,6 +69,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
 import torch
 import torch.nn as nn
 
+from dptune import _tree
 from dptune._torch_private import (dispatch_mode_base, fake_tensor_mode, function_mode_active,
                                    new_shape_env, no_dispatch_modes, replica_module,
                                    sparse_parts, upper_bound)
@@ -79,7 +80,7 @@ from dptune.errors import (BackendUnavailableError, DptuneError, InternalError, 
                            UserCodeError)
 from dptune.split import scale_split, validate_chunk_sizes
 from dptune.units import GiB, MiB, format_bytes, parse_bytes
-from dptune.workload import (StepRuntime, Workload, batch_to_args, gradient_checkpointing, has_batchnorm,
+from dptune.workload import (StepOutcome, StepRuntime, Workload, batch_to_args, gradient_checkpointing, has_batchnorm,
                              model_name, run_step)
 
 __all__ = ["Cluster", "CARD_TYPES", "DEFAULT_CLUSTER", "parse_cluster", "SimulatedBackend",
@@ -635,66 +636,36 @@ class _Gather(torch.autograd.Function):
 
 
 def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0, out: int = 0) -> Any:
-    """DataParallel's ``gather`` onto card ``out`` over tensors nested in dicts, lists,
-    tuples, dataclasses."""
-    first = outputs[0]
-    if isinstance(first, torch.Tensor):
-        return _Gather.apply(ledger, cards, dim, out, *outputs)
-    if first is None:
-        return None
-    if isinstance(first, dict):
-        return type(first)((k, _gather(ledger, cards, [o[k] for o in outputs], dim, out))
-                           for k in first)
-    if dataclasses.is_dataclass(first) and not isinstance(first, type):
-        return dataclasses.replace(first, **{
-            f.name: _gather(ledger, cards, [getattr(o, f.name) for o in outputs], dim, out)
-            for f in dataclasses.fields(first) if f.init})
-    if isinstance(first, tuple) and hasattr(first, "_fields"):  # namedtuple
-        return type(first)(*(_gather(ledger, cards, list(x), dim, out) for x in zip(*outputs)))
-    if isinstance(first, (list, tuple)):
-        return type(first)(_gather(ledger, cards, list(x), dim, out) for x in zip(*outputs))
-    return first
+    """DataParallel's ``gather`` onto card ``out`` (:func:`dptune._tree.gather`: torch's rules)."""
+    return _tree.gather(outputs, lambda ts, path: _Gather.apply(ledger, cards, dim, out, *ts))
 
 
-def _split(obj: Any, chunk_sizes: Sequence[int], batch: int, path: str) -> list:
-    """Split the tensors of ``obj`` along dim 0 into ``chunk_sizes`` (views, on the host)."""
-    if isinstance(obj, torch.Tensor):
-        if obj.dim() == 0 or obj.shape[0] != batch:
-            got = "a 0-dim tensor" if obj.dim() == 0 else f"size {obj.shape[0]} along dim 0"
-            raise UsageError(f"batch tensor {path} has {got}, but the batch has {batch} samples; "
+def _scatter(ledger: _Ledger, obj: Any, cards: Sequence[int], sizes: Sequence[int], source: int,
+             path: str) -> list:
+    """DataParallel's ``scatter`` from ``source`` (:func:`dptune._tree.scatter`: torch's rules):
+    one structure per busy card, each tensor's chunk moved to its card."""
+    batch = sum(sizes)
+
+    def split(t: torch.Tensor, where: str) -> list:
+        if t.dim() == 0 or t.shape[0] != batch:
+            got = "a 0-dim tensor" if t.dim() == 0 else f"size {t.shape[0]} along dim 0"
+            raise UsageError(f"batch tensor {where} has {got}, but the batch has {batch} samples; "
                              "every tensor of a batch must have the batch along dim 0")
         out, start = [], 0
-        for c in chunk_sizes:
-            out.append(obj.narrow(0, start, c))
+        for card, c in zip(cards, sizes):
+            piece = t.narrow(0, start, c)
             start += c
+            out.append(piece if card == source else _Move.apply(piece, ledger, source, card, "inputs"))
         return out
-    if isinstance(obj, dict):
-        by_key = {k: _split(v, chunk_sizes, batch, f"{path}[{k!r}]") for k, v in obj.items()}
-        return [type(obj)((k, by_key[k][i]) for k in obj) for i in range(len(chunk_sizes))]
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        parts = [_split(v, chunk_sizes, batch, f"{path}[{j}]") for j, v in enumerate(obj)]
-        return [type(obj)(p[i] for p in parts) for i in range(len(chunk_sizes))]
-    return [obj] * len(chunk_sizes)
+
+    return _tree.scatter(obj, len(cards), split, path)
 
 
 def _first_batch_size(obj: Any) -> Optional[int]:
-    for t in _tensor_leaves(obj):
+    for _, t in _tree.tensors(obj):
         if t.dim() > 0:
             return int(t.shape[0])
     return None
-
-
-def _move_tree(obj: Any, ledger: _Ledger, src: int, dst: int) -> Any:
-    if isinstance(obj, torch.Tensor):
-        if src == dst:
-            return obj
-        return _Move.apply(obj, ledger, src, dst, "inputs")
-    if isinstance(obj, dict):
-        return type(obj)((k, _move_tree(v, ledger, src, dst)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_move_tree(v, ledger, src, dst) for v in obj)
-    return obj
-
 
 
 def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool
@@ -736,21 +707,17 @@ def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool
 
 
 def _retag_tree(ledger: _Ledger, obj: Any, category: str) -> None:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        obj = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-    for t in _tensor_leaves(obj):
+    for _, t in _tree.tensors(obj):
         ledger.retag(t, category)
 
 
-def _run_replica(ledger: _Ledger, module: nn.Module, params: Optional[dict], card: int, source: int,
+def _run_replica(ledger: _Ledger, module: nn.Module, params: Optional[dict], card: int,
                  args: Any, kwargs: Any, sizes: Sequence[int]) -> Any:
-    """Scatter one chunk to ``card`` and run the replica's forward there.
+    """Run the replica's forward on ``card`` (its inputs already scattered there).
 
     The replica is a module copy holding the card's weights (as DataParallel's replicas are),
     so a forward that runs again in the backward (activation checkpointing) uses them too.
     """
-    a = _move_tree(args, ledger, source, card)
-    kw = _move_tree(kwargs, ledger, source, card)
     if params is None:
         replica = module
     else:
@@ -761,7 +728,7 @@ def _run_replica(ledger: _Ledger, module: nn.Module, params: Optional[dict], car
         replica = replica_module(module, by_id)
     with ledger.on(card, "activations"):
         try:
-            out = replica(*a, **kw)
+            out = replica(*args, **kwargs)
         except Exception as e:
             raise _user_error(e, f"in the forward of replica {card} on virtual card {card}", sizes) from e
     _retag_tree(ledger, out, "outputs")
@@ -847,17 +814,18 @@ class _SimulatedDataParallel(nn.Module):
         sizes = self._sizes
         if found is not None and found != sum(sizes):
             sizes = scale_split(sizes, found)
-        batch = sum(sizes)
         cards = tuple(i for i, c in enumerate(sizes) if c > 0)
-        split_args = _split(args, sizes, batch, "args")
-        split_kwargs = _split(kwargs, sizes, batch, "kwargs")
+        used = [sizes[c] for c in cards]
+        # the chunks stay referenced until the gather is done, as in DataParallel.forward
+        inputs = _scatter(ledger, tuple(args), cards, used, self._source, "args")
+        module_kwargs = _scatter(ledger, dict(kwargs), cards, used, self._source, "kwargs")
         replicas, hooks = _replicate(ledger, self.module, cards, self._single)
         self._hooks += hooks
         outputs = []
-        for card in cards:
-            outputs.append(_run_replica(ledger, self.module, replicas.pop(card), card, self._source,
-                                        split_args[card], split_kwargs[card], sizes))
-        del replicas, split_args, split_kwargs
+        for k, card in enumerate(cards):
+            outputs.append(_run_replica(ledger, self.module, replicas.pop(card), card,
+                                        inputs[k], module_kwargs[k], sizes))
+        del replicas
         self._hooks += _backward_hooks(outputs, self._fn_mode, ledger)
         with ledger.on(self._out, "outputs"):
             return outputs[0] if self._single else _gather(ledger, cards, outputs, out=self._out)
@@ -951,6 +919,8 @@ class MemoryEstimate:
     cluster: Cluster
     seconds: float = 0.0
     notes: tuple[str, ...] = ()        # what was modelled how (attention kernels, bounds...)
+    # gathered output entries the loss never read, with their bytes on card 0
+    unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
 
     @property
     def oom_devices(self) -> list[int]:
@@ -1101,7 +1071,7 @@ class SimulatedBackend:
             baseline = list(ledger.live)
             ledger.reset_peaks()
             try:
-                self._step(sizes, output_device)
+                outcome = self._step(sizes, output_device)
             except DptuneError:
                 raise
             except Exception as e:   # user code is wrapped where it runs; this is dptune's
@@ -1116,7 +1086,8 @@ class SimulatedBackend:
         return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=list(ledger.peak),
                               breakdown=[dict(b) for b in ledger.peak_breakdown],
                               baseline_bytes=baseline, cluster=self.cluster,
-                              seconds=time.perf_counter() - t0, notes=self._notes())
+                              seconds=time.perf_counter() - t0, notes=self._notes(),
+                              unread_outputs=outcome.unread_outputs)
 
     def _notes(self) -> tuple[str, ...]:
         notes = []
@@ -1135,7 +1106,7 @@ class SimulatedBackend:
             notes.append(f"compute capability: {cap} for cards given by size (set it with cc=)")
         return tuple(notes)
 
-    def _step(self, sizes: list[int], output_device: int = 0) -> None:
+    def _step(self, sizes: list[int], output_device: int = 0) -> StepOutcome:
         """One training step (:func:`dptune.workload.run_step`) through DataParallel over the
         virtual cards, with CUDA autocast emulated (:mod:`dptune.backends._autocast`)."""
         ledger, module, wl = self._ledger, self._module, self.workload
@@ -1173,14 +1144,17 @@ class SimulatedBackend:
                 except Exception as e:
                     raise _user_error(e, where, sizes) from e
 
-        wrapper = _SimulatedDataParallel(module, ledger, sizes, source, len(self.cluster) == 1,
+        single = len(self.cluster) == 1
+        wrapper = _SimulatedDataParallel(module, ledger, sizes, source, single,
                                          output_device, self._fn_mode)
         try:
-            run_step(wl, StepRuntime(model=wrapper, optimizer=self._optimizer,
-                                     next_batch=next_batch, phase=phase))
+            outcome = run_step(wl, StepRuntime(model=wrapper, optimizer=self._optimizer,
+                                               next_batch=next_batch, phase=phase))
         finally:
             wrapper.close()
         del ws_keep
+        # on one card nothing is gathered, so unread outputs cost nothing extra
+        return StepOutcome() if single else outcome
 
     # -- the probe interface -----------------------------------------------------------
     def probe(self, chunk_sizes: Sequence[int], output_device: int = 0) -> ProbeResult:
@@ -1191,7 +1165,8 @@ class SimulatedBackend:
         oom = worst if over[worst] > 0 else None
         return ProbeResult(chunk_sizes=est.chunk_sizes, peak_bytes=tuple(est.peak_bytes),
                            oom_device=oom, breakdown=tuple(est.breakdown), seconds=est.seconds,
-                           note="; ".join(("simulated",) + est.notes))
+                           note="; ".join(("simulated",) + est.notes),
+                           unread_outputs=est.unread_outputs)
 
     def close(self) -> None:
         self._ledger = self._module = self._optimizer = None

@@ -32,7 +32,7 @@ from dptune.backends.ddp_memory import Bucket, DDPOptions, bucket_layout, params
 from dptune.backends.simulated import (DEFAULT_CLUSTER, Cluster, MemoryEstimate, SimulatedBackend,
                                        parse_cluster)
 from dptune.errors import UsageError
-from dptune.workload import Workload
+from dptune.workload import StepOutcome, Workload
 
 DEFAULT_OPTIONS = DDPOptions()
 
@@ -97,14 +97,14 @@ class SimulatedDDPRank(SimulatedBackend):
             view.copy_(p.grad)
             p.grad = view
 
-    def _step(self, sizes: list[int], output_device: int = 0) -> None:
+    def _step(self, sizes: list[int], output_device: int = 0) -> StepOutcome:
         hooks = []
         if self.options.gradient_as_bucket_view:
             assert self._module is not None
             hooks = [p.register_post_accumulate_grad_hook(self._to_bucket)
                      for p in self._module.parameters() if p.requires_grad]
         try:
-            super()._step(sizes, output_device)
+            return super()._step(sizes, output_device)
         finally:
             for h in hooks:
                 h.remove()

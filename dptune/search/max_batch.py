@@ -23,6 +23,7 @@ from typing import Callable, Optional
 from dptune.search.loop import Proposal, fill, valid_split
 from dptune.search.models import CardFits, chord_cap
 from dptune.search.observations import Bracket, Observations, next_chunk
+from dptune.solver import bisect_last
 from dptune.split import even_split
 
 __all__ = ["MaxBatch"]
@@ -37,13 +38,7 @@ def largest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int:
     when none."""
     if hi < lo or not pred(lo):
         return lo - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if pred(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    return bisect_last(pred, lo, hi)
 
 
 def _last_within(line: "_Line", chunk: int, batch: int) -> int:
