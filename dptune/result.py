@@ -234,22 +234,32 @@ class TuneResult:
 _AGAIN = "re-run `dptune search` to write it again"
 
 
-def load_result(path: "str | os.PathLike[str]") -> TuneResult:
-    """:meth:`TuneResult.load`: read ``report.json`` (or the folder holding it) and check it."""
-    p = os.path.join(path, "report.json") if os.path.isdir(path) else os.fspath(path)
+def read_json(path: "str | os.PathLike[str]", filename: str, what: str, command: str
+              ) -> tuple[str, Any]:
+    """Read ``filename`` in the folder ``path`` (or the file ``path``) as JSON.
+
+    Returns the file's path and its data; every failure is one :class:`ReportError` line that
+    names the file and says what to do (``command`` is the dptune command that writes it).
+    """
+    p = os.path.join(path, filename) if os.path.isdir(path) else os.fspath(path)
     try:
         with open(p, encoding="utf-8") as f:
-            data = json.load(f)
+            return p, json.load(f)
     except FileNotFoundError:
-        raise ReportError(f"no report at {p!r}; give a folder written by `dptune search` "
-                          "or its report.json") from None
+        raise ReportError(f"no {what} at {p!r}; give a folder written by `{command}` "
+                          f"or its {filename}") from None
     except json.JSONDecodeError as e:
         raise ReportError(f"{p!r} is not valid JSON ({e.msg} at line {e.lineno}, column "
-                          f"{e.colno}); {_AGAIN}") from None
+                          f"{e.colno}); re-run `{command}` to write it again") from None
     except UnicodeDecodeError:
-        raise ReportError(f"{p!r} is not a text file; give report.json or its folder") from None
+        raise ReportError(f"{p!r} is not a text file; give {filename} or its folder") from None
     except OSError as e:
-        raise ReportError(f"cannot read the report {p!r}: {e.strerror or e}") from None
+        raise ReportError(f"cannot read the {what} {p!r}: {e.strerror or e}") from None
+
+
+def load_result(path: "str | os.PathLike[str]") -> TuneResult:
+    """:meth:`TuneResult.load`: read ``report.json`` (or the folder holding it) and check it."""
+    p, data = read_json(path, "report.json", "report", "dptune search")
     try:
         return _read_result(data)
     except ReportError as e:

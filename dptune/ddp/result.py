@@ -25,6 +25,7 @@ from typing import Any, Mapping, Optional, Sequence
 from dptune.backends.base import Device
 from dptune.backends.ddp_memory import DDPOptions
 from dptune.errors import OutputError, ReportError, UsageError
+from dptune.result import read_json
 from dptune.solver import Fit
 from dptune.units import format_bytes
 
@@ -285,17 +286,7 @@ class DDPPlan:
     @classmethod
     def load(cls, path: str) -> "DDPPlan":
         """Read a plan from its JSON file or the folder that holds ``plan.json``."""
-        p = os.path.join(path, "plan.json") if os.path.isdir(path) else path
-        try:
-            with open(p, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise ReportError(f"no DDP plan at {p!r}; give a folder written by `dptune plan` or "
-                             "its plan.json") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ReportError(f"cannot read {p!r} ({e})") from None
-        except json.JSONDecodeError as e:
-            raise ReportError(f"{p!r} is not valid JSON ({e}); re-run `dptune plan`") from None
+        _, data = read_json(path, "plan.json", "DDP plan", "dptune plan")
         return cls.from_dict(data)
 
     # ---- text -------------------------------------------------------------------------
