@@ -227,7 +227,8 @@ class Tuner:
             notes.append("the model has BatchNorm: every card gets 0 or at least 2 samples")
         model = self._wrap(backend, chunk_sizes, notes, out_dev)
         budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
-        even = _figures(outcome.even, list(outcome.even_split), budgets)
+        even = dataclasses.replace(_figures(outcome.even, list(outcome.even_split), budgets),
+                                   implied_by=outcome.even_implied_by)
         best = outcome.best
         return TuneResult(
             objective=self.objective, backend=str(getattr(backend, "kind", "unknown")),

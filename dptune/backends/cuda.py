@@ -430,6 +430,7 @@ class StepContext:
     runtime: Any
     batch_on_card0: bool = False
     wrapper: Any = None              # BalancedDataParallel for this probe (default step)
+    output_device: int = 0           # position in device_ids where outputs are gathered
     stage: str = ""                  # what the step is doing, for error messages
     outcome: Optional[StepOutcome] = None   # what the last default step saw
 
@@ -455,18 +456,21 @@ _STAGES = {"forward": "the forward", "loss": "the loss", "backward": "the backwa
 def default_step(ctx: StepContext, chunk_sizes: Sequence[int]) -> None:
     """One training step through ``BalancedDataParallel`` with ``chunk_sizes``: the workload's
     step (:func:`dptune.workload.run_step`: mixed precision, accumulation, clipping, or the
-    user's own step function), after dropping the gradients."""
+    user's own step function), after dropping the gradients. The outputs are gathered on
+    ``ctx.devices[ctx.output_device]``, where the loss's targets are moved too."""
     wl = ctx.workload
     ctx.stage = "zero_grad"
     ctx.zero_grad()
     batch_size = sum(chunk_sizes)
     dev0 = ctx.devices[0]
+    k = ctx.output_device
+    dev_out = ctx.devices[k]
     wrapper = ctx.wrapper
     if wrapper is None:
         from dptune.parallel import BalancedDataParallel
 
         wrapper = BalancedDataParallel(ctx.model, device_ids=ctx.device_ids,
-                                       output_device=ctx.device_ids[0], dim=0,
+                                       output_device=ctx.device_ids[k], dim=0,
                                        chunk_sizes=list(chunk_sizes))
 
     def next_batch() -> Any:
@@ -478,8 +482,8 @@ def default_step(ctx: StepContext, chunk_sizes: Sequence[int]) -> None:
         return batch
 
     def batch_for_loss(batch: Any) -> Any:
-        if wl.loss_fn is not None and not ctx.batch_on_card0:
-            return _to_device(batch, dev0)
+        if wl.loss_fn is not None and (not ctx.batch_on_card0 or k != 0):
+            return _to_device(batch, dev_out)
         return batch
 
     @contextlib.contextmanager
@@ -542,6 +546,13 @@ class CudaBackend:
     """
 
     kind = "cuda"
+
+    @property
+    def supports_output_device(self) -> bool:
+        """Probes can gather the outputs on another card (``probe(..., output_device=k)``)
+        with the default step; a custom ``step_fn`` runs its own step, which dptune cannot
+        point elsewhere."""
+        return not self._custom_step
 
     def __init__(self, workload: Union[Workload, WorkloadSpec], device_ids: Optional[Sequence[int]] = None,
                  *, repeats: int = 2, isolate: bool = False, runtime: Any = None,
@@ -727,19 +738,32 @@ class CudaBackend:
         return self._ctx
 
     # -- probing -----------------------------------------------------------------------
-    def probe(self, chunk_sizes: Sequence[int]) -> ProbeResult:
-        """One training step with this split on the real cards; OOM is a result."""
+    def probe(self, chunk_sizes: Sequence[int], output_device: int = 0) -> ProbeResult:
+        """One training step with this split on the real cards; OOM is a result.
+
+        ``output_device``: the position in ``device_ids`` of the card the outputs are
+        gathered on (and the loss computed on), as ``BalancedDataParallel(output_device=...)``
+        will run; the gathered outputs are then charged to that card's peak.
+        """
         if self._closed:
             raise UsageError("this CudaBackend is closed; make a new one to probe again")
         try:
             sizes = validate_chunk_sizes(chunk_sizes, len(self.device_ids))
         except ValueError as e:
             raise UsageError(str(e)) from None
+        n = len(self.device_ids)
+        if isinstance(output_device, bool) or not isinstance(output_device, int) \
+                or not 0 <= output_device < n:
+            raise UsageError(f"output_device must be a position 0..{n - 1} in device_ids "
+                             f"{self.device_ids}, got {output_device!r}")
+        if output_device and self._custom_step:
+            raise UsageError("output_device needs the default step: a custom step_fn runs its "
+                             "own step, which dptune cannot point at another card")
         if self.isolate:
-            return self._probe_isolated(sizes)
-        return self._probe_here(sizes)
+            return self._probe_isolated(sizes, output_device)
+        return self._probe_here(sizes, output_device)
 
-    def _probe_here(self, sizes: list[int]) -> ProbeResult:
+    def _probe_here(self, sizes: list[int], output_device: int = 0) -> ProbeResult:
         import torch
 
         t0 = time.perf_counter()
@@ -749,7 +773,7 @@ class CudaBackend:
             torch.backends.cudnn.benchmark = False
             torch.set_grad_enabled(True)
             ctx = self._prepare()
-            result = self._measure(ctx, sizes, t0)
+            result = self._measure(ctx, sizes, t0, output_device)
             ok = True
             return result
         finally:
@@ -838,15 +862,17 @@ class CudaBackend:
         if note:
             warnings.warn(f"dptune's cleanup after probing failed: {note}", RuntimeWarning, stacklevel=3)
 
-    def _measure(self, ctx: StepContext, sizes: list[int], t0: float) -> ProbeResult:
-        active = {i for i, c in enumerate(sizes) if c > 0} | {0}
+    def _measure(self, ctx: StepContext, sizes: list[int], t0: float,
+                 output_device: int = 0) -> ProbeResult:
+        active = {i for i, c in enumerate(sizes) if c > 0} | {0, output_device}
         warm_up = not active <= self._warmed
         plan = (["warm-up"] if warm_up else []) + ["measure"] * self.repeats
+        ctx.output_device = output_device
         if not self._custom_step:
             from dptune.parallel import BalancedDataParallel
 
             ctx.wrapper = BalancedDataParallel(ctx.model, device_ids=ctx.device_ids,
-                                               output_device=ctx.device_ids[0], dim=0,
+                                               output_device=ctx.device_ids[output_device], dim=0,
                                                chunk_sizes=list(sizes))
         runs: list[_Figures] = []
         failure: Optional[_Failure] = None
@@ -867,10 +893,14 @@ class CudaBackend:
                     runs.append(figures)
         finally:
             ctx.wrapper = None
+            ctx.output_device = 0
             recover_note = self._recover(ctx)
         self.last_baseline_bytes = baseline
 
         notes = ["warm-up step before measuring" if warm_up else "warm (no warm-up step)"]
+        if output_device:
+            notes.append(f"outputs gathered on card {output_device} "
+                         f"(device {self.device_ids[output_device]})")
         if recover_note:
             notes.append(f"cleanup failed: {recover_note}")
         if failure is not None and failure.kind == "dptune":
@@ -954,14 +984,15 @@ class CudaBackend:
             f"{sizes} on devices {self.device_ids}{hint}")
 
     # -- isolation ---------------------------------------------------------------------
-    def _probe_isolated(self, sizes: list[int]) -> ProbeResult:
+    def _probe_isolated(self, sizes: list[int], output_device: int = 0) -> ProbeResult:
         import multiprocessing
         import pickle
 
         payload = {"spec": self.spec, "device_ids": list(self.device_ids), "repeats": self.repeats,
                    "runtime": None if type(self.runtime) is CudaRuntime else self.runtime,
                    "step_fn": self._step_fn if self._custom_step else None,
-                   "batch_on_card0": self.batch_on_card0, "chunk_sizes": list(sizes)}
+                   "batch_on_card0": self.batch_on_card0, "chunk_sizes": list(sizes),
+                   "output_device": output_device}
         try:
             pickle.dumps(payload)
         except Exception as exc:
@@ -1024,7 +1055,7 @@ def _child_main(payload: dict, conn: Any) -> None:
                                   runtime=payload["runtime"], step_fn=payload["step_fn"],
                                   batch_on_card0=payload["batch_on_card0"])
             try:
-                result = backend.probe(payload["chunk_sizes"])
+                result = backend.probe(payload["chunk_sizes"], payload.get("output_device", 0))
             finally:
                 with contextlib.suppress(Exception):
                     backend.close()
