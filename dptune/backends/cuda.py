@@ -748,8 +748,9 @@ class CudaBackend:
         nvml = None if all(v is None for v in nvml_cards) else tuple(nvml_cards)
         spread = (tuple(max(r.peak[i] for r in runs) - min(r.peak[i] for r in runs) for i in range(n))
                   if runs else None)
-        busy = sum(1 for c in sizes if c > 0)
-        unread = ctx.outcome.unread_outputs if ctx.outcome is not None and busy > 1 else None
+        # DataParallel gathers on more than one card even when one replica ran (a copy onto
+        # the output device); on one card nothing is gathered (as on the simulated cluster)
+        unread = ctx.outcome.unread_outputs if ctx.outcome is not None and n > 1 else None
         ctx.outcome = None
         oom_pos = None
         if failure is not None:
