@@ -78,6 +78,22 @@ def test_checkpointing_on_several_cards_saves_on_each_card_its_own_chunk(mode, s
                 assert saved[a] == saved[b]
 
 
+@pytest.mark.parametrize("mode", ["non-reentrant", "reentrant"])
+def test_checkpointing_under_bf16_autocast_recomputes_in_bf16(mode):
+    """The checkpoint restores the forward's CUDA autocast state when it recomputes (on the
+    fake cards it would otherwise restore the CPU's: fp32, and a CheckpointError)."""
+    def bf16_peaks(m: str) -> list[int]:
+        return estimate_memory(lambda: Stack(m), lambda n: torch.randn(n, T, D), [0, 16],
+                               "2x24GB", loss_fn=lambda out, batch: out.float().sum(),
+                               amp="bf16").peak_bytes
+
+    plain, ckpt = bf16_peaks("none"), bf16_peaks(mode)
+    saved = plain[1] - ckpt[1]
+    # per block not kept: h and GELU(h), 4 u each in fp32, 2 u each in bf16: 3 blocks x 4 u,
+    # less checkpoint's own small tensors (and, reentrant, the recomputed output, below u)
+    assert 10.5 * u(16) <= saved <= 12 * u(16), saved / u(16)
+
+
 def test_hf_gradient_checkpointing_on_two_cards():
     from transformers import GPT2Config, GPT2LMHeadModel
 
