@@ -261,3 +261,33 @@ def test_an_fp16_batch_into_an_fp32_layer_fails_as_on_cuda():
     # the same batch in the layer's dtype runs
     assert estimate_memory(nn.Linear(8, 8), lambda n: torch.randn(n, 8), [2, 2], "2x24GB",
                            loss_fn=lambda o, b: o.sum()).peak_bytes[1] > 0
+
+
+class GroupedExperts(nn.Module):
+    """Expert layers as transformers 5 runs them: one ``torch._grouped_mm`` over all experts."""
+
+    def __init__(self, dtype: torch.dtype, experts: int = 4, k: int = 16, n: int = 32):
+        super().__init__()
+        self.experts = experts
+        self.weight = nn.Parameter(torch.randn(experts, k, n, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        per = x.shape[0] // self.experts
+        offs = torch.arange(1, self.experts + 1, device=x.device, dtype=torch.int32) * per
+        return torch._grouped_mm(x.to(self.weight.dtype), self.weight, offs=offs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_grouped_mm_runs_in_every_dtype_cuda_takes(dtype):
+    """CUDA runs ``_grouped_mm`` in fp32 and fp16 through its fallback kernel (a Mixtral-style
+    model with fp32 master weights, also under autocast); torch's meta kernel asks for bf16."""
+    seen = []
+
+    def loss(out, batch):
+        seen.append((out.dtype, tuple(out.shape)))
+        return out.float().sum()
+
+    e = estimate_memory(lambda: GroupedExperts(dtype), lambda n: torch.randn(n, 16), [8, 16],
+                        "2x24GB", loss_fn=loss)
+    assert seen == [(dtype, (24, 32))]       # each replica's (S, N), gathered
+    assert e.peak_bytes[1] > 0
