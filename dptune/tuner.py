@@ -80,17 +80,11 @@ def choose_backend(device_ids: Optional[Sequence[int]] = None, simulate: Any = N
                          "(simulate=, --simulate), not both")
     if simulate is not None:
         return BackendChoice(cluster=parse_cluster(simulate))
-    have = _visible_gpus()
     if device_ids is not None:
-        ids = list(device_ids)
-        missing = [d for d in ids if not 0 <= d < have]
-        if missing:
-            seen = f"only {have} CUDA GPU(s) are visible" if have else "no CUDA GPU is visible"
-            raise BackendUnavailableError(
-                f"--devices {','.join(map(str, ids))}: {seen} here (device_ids={ids}); use "
-                f"--simulate SPEC or Tuner(..., simulate='{DEFAULT_CLUSTER}') to tune for "
-                "simulated cards")
-        return BackendChoice(device_ids=ids)
+        from dptune.backends.cuda import check_devices
+
+        return BackendChoice(device_ids=check_devices(device_ids))
+    have = _visible_gpus()
     if have == 0:
         return BackendChoice(cluster=parse_cluster(DEFAULT_CLUSTER),
                              notice=f"no GPU is visible: simulating {DEFAULT_CLUSTER} "

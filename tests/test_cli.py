@@ -270,7 +270,8 @@ def test_devices_without_gpu_exit_4(tiny, capsys, monkeypatch):
     code, _, err = run_main(capsys, "search", "--model", f"{tiny}:Net", "--devices", "0,1")
     assert code == 4
     assert "Traceback" not in err
-    assert "dptune: error: --devices 0,1: no CUDA GPU is visible" in err and "--simulate" in err
+    assert "dptune: error: GPUs 0, 1 were asked for but torch sees none" in err
+    assert "--simulate" in err and "CUDA_VISIBLE_DEVICES" in err
 
 
 def test_no_split_fits_exit_3(tiny, capsys):
