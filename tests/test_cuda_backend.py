@@ -18,7 +18,8 @@ import torch
 import torch.nn as nn
 
 from dptune.backends.base import Backend, ProbeResult
-from dptune.backends.cuda import CudaBackend, CudaRuntime, StepContext, WorkloadSpec, default_step
+from dptune.backends.cuda import CudaBackend, CudaRuntime, StepContext, default_step
+from dptune.spec import WorkloadSpec
 from dptune.errors import (BackendUnavailableError, ImportStringError, UsageError,
                            UserCodeError)
 from dptune.state import snapshot
@@ -641,8 +642,8 @@ def test_spec_pickles_and_builds():
 def test_spec_input_shape_and_sample_forms():
     s = WorkloadSpec("dptune.examples.models:MLP", input_shape=(3, 4)).build()
     assert s.sample(2).shape == (2, 3, 4) and s.sample(2).dtype == torch.float32
-    s = WorkloadSpec("dptune.examples.models:TinyGPT", input_shape=(7,), input_dtype="int64",
-                     input_high=50).build()
+    s = WorkloadSpec("dptune.examples.models:TinyGPT", input_shape=(7,), dtype="long",
+                     vocab_size=50).build()
     x = s.sample(2)
     assert x.dtype == torch.int64 and x.shape == (2, 7) and int(x.max()) < 50
     s = WorkloadSpec("dptune.examples.models:TinyGPT",
@@ -659,10 +660,10 @@ def test_spec_input_shape_and_sample_forms():
 def test_spec_errors():
     with pytest.raises(ImportStringError):
         WorkloadSpec("no_such_module_xyz:Net").build()
-    with pytest.raises(UsageError, match="input shape"):
+    with pytest.raises(UsageError, match="Linear has no sample"):
         WorkloadSpec("torch.nn:Linear", model_kwargs={"in_features": 2, "out_features": 2}).build()
     with pytest.raises(UsageError, match="dtype"):
-        WorkloadSpec("dptune.examples.models:MLP", input_shape=(2,), input_dtype="nope").build()
+        WorkloadSpec("dptune.examples.models:MLP", input_shape=(2,), dtype="nope")
 
 
 def spawn_ok_step(ctx, sizes):

@@ -496,6 +496,31 @@ def _check_dtypes_as_cuda(func: Any, args: Any) -> None:
                            f"{b.dtype} (aten.{op}, as CUDA raises it)")
 
 
+def _call_as_cuda(func: Any, args: Any, kwargs: dict) -> Any:
+    """``func(*args, **kwargs)`` on fake tensors, where torch's fake kernel refuses what CUDA
+    runs: ``aten._grouped_mm`` (a HF mixture of experts' expert layers) takes fp32 and fp16 on
+    CUDA since torch 2.9 (through its fallback kernel), but its meta kernel still asks for
+    bf16. The output's shape comes from the meta kernel on bf16 stand-ins of the same shapes,
+    its dtype is ``out_dtype`` or the operands' (as the fallback makes it)."""
+    if func is torch.ops.aten._grouped_mm.default:
+        a, b = args[0], args[1]
+        if a.dtype in _GROUPED_MM_FALLBACK and a.dtype == b.dtype:
+            def stand_in(x: Any) -> Any:
+                if not isinstance(x, torch.Tensor):
+                    return x
+                dtype = torch.bfloat16 if x.is_floating_point() else x.dtype
+                return torch.empty(x.shape, dtype=dtype, device="meta")   # only the shape counts
+
+            with no_dispatch_modes():
+                shape = func(*[stand_in(x) for x in args],
+                             **{k: stand_in(v) for k, v in kwargs.items()}).shape
+            return torch.empty(shape, dtype=kwargs.get("out_dtype") or a.dtype, device=a.device)
+    return func(*args, **kwargs)
+
+
+_GROUPED_MM_FALLBACK = (torch.float32, torch.float16)
+
+
 def _make_accountant(ledger: _Ledger) -> Any:
     base = dispatch_mode_base()
 
@@ -524,7 +549,7 @@ def _make_accountant(ledger: _Ledger) -> Any:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             _check_dtypes_as_cuda(func, args)
-            out = func(*args, **(kwargs or {}))
+            out = _call_as_cuda(func, args, kwargs or {})
             account(func, args, kwargs, out)
             return out
 
