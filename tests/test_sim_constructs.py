@@ -291,3 +291,25 @@ def test_grouped_mm_runs_in_every_dtype_cuda_takes(dtype):
                         "2x24GB", loss_fn=loss)
     assert seen == [(dtype, (24, 32))]       # each replica's (S, N), gathered
     assert e.peak_bytes[1] > 0
+
+
+def test_an_error_from_a_fake_kernel_says_the_simulator_may_be_at_fault():
+    """An error raised inside torch's fake (meta) kernels may be the simulator's, not the
+    model's: the message says how to tell; an error the model raises itself does not."""
+    from dptune.errors import UserCodeError
+
+    class Mismatch(nn.Module):
+        def __init__(self, own_error: bool):
+            super().__init__()
+            self.w, self.own_error = nn.Parameter(torch.randn(5, 7)), own_error
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.own_error:
+                raise ValueError("the model's own check")
+            return x @ self.w
+
+    for own, note in ((False, True), (True, False)):
+        with pytest.raises(UserCodeError) as e:
+            estimate_memory(lambda own=own: Mismatch(own), lambda n: torch.randn(n, 4), [2, 2], "2x24GB")
+        assert ("fake kernel meta_mm" in str(e.value)
+                and "if this step runs on a GPU, the simulator is wrong" in str(e.value)) == note

@@ -1216,7 +1216,25 @@ def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
             f"from int(t)) ({first}); the simulated cluster computes no values, so it cannot run "
             "this step (sizes from nonzero() or boolean masks it can bound, not decisions): "
             "tune on real GPUs (--devices), or move value-dependent code out of the training step")
-    return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}")
+    return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}{_fake_kernel_note(e)}")
+
+
+_FAKE_KERNEL_FILES = tuple(os.path.join(os.path.dirname(torch.__file__), p)
+                           for p in ("_meta_registrations.py", "_refs", "_decomp", "_prims",
+                                     "_subclasses" + os.sep + "fake_impls.py"))
+
+
+def _fake_kernel_note(e: BaseException) -> str:
+    """When the error was raised inside one of torch's fake (meta) kernels, which stand in for
+    CUDA's on the simulated cluster, a sentence saying so: the fault is the model's when the
+    same step fails on a GPU too, and the simulator's when it does not."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if os.path.abspath(f.filename).startswith(_FAKE_KERNEL_FILES)]
+    if not frames:
+        return ""
+    return (f" [raised in torch's fake kernel {frames[-1].name}, which stands in for CUDA's on "
+            "the simulated cluster: if this step runs on a GPU, the simulator is wrong here; "
+            "tune on the GPUs with --devices and report it]")
 
 
 _LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
