@@ -13,7 +13,21 @@ more sample is measured not to fit: with each card ``i >= 1`` at most ``hi_i - 1
 split of ``B + 1`` leaves card 0 at least a chunk where it was measured over budget.
 
 Then the even split's largest batch ``E`` is bracketed the same way, from measured points
-only: ``even(E)`` measured within budget, ``even(E + 1)`` shown over.
+only: ``even(E)`` known within budget, ``even(E + 1)`` known over. "Known" includes dominance
+on the monotone surface (see :mod:`dptune.search.observations`): ``even(E)`` is not probed
+when a probe measured within budget put every card at least as high (card 0 also in at least
+as large a batch); the outcome names those probes (``even_implied_by``). Three ways to spend
+fewer probes, none of which returns anything not measured:
+
+- card 0's last question (one more sample at the best batch) is asked by the even split at
+  ``E + 1`` instead when that gives card 0 no more samples in no larger a batch: over there
+  is over at the best batch too;
+- on the simulator (every card measured in every probe), a probe that asks only about card 0
+  fixes only card 0's chunk and the batch, so the other cards' one-more-sample tests ride
+  along (raised cards, the samples taken from cards known to fit lower) when card 0's
+  questions left can carry them all;
+- when the fits put every open card's cap at its ``lo`` but card 0 can take more along that
+  line, that candidate answer is probed before the cards' one-more tests.
 """
 
 from __future__ import annotations
