@@ -339,3 +339,23 @@ def test_a_loss_reading_the_batch_gets_it_on_the_output_card():
 
     e = estimate_memory(lambda: Classifier(D, D), sample, [2, 2], "2x24GB", loss_fn=loss)
     assert e.peak_bytes[0] > 0
+
+
+@pytest.mark.parametrize("part, where", [("_target", "placing a new tensor"),
+                                         ("check_devices", "the device check")])
+def test_a_failure_in_dptunes_device_rules_is_reported_as_dptunes(monkeypatch, part, where):
+    from dptune.backends import _devices, simulated
+    from dptune.errors import InternalError, UserCodeError
+
+    def broken(*args, **kwargs):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(_devices if part == "_target" else simulated, part, broken)
+    with pytest.raises(InternalError, match=f"dptune's simulator failed.*{where}") as info:
+        host_estimate("card add", [4, 4])
+    assert not isinstance(info.value, UserCodeError)
+    causes, e = [], info.value
+    while e is not None and len(causes) < 10:   # bounded: a cycle would be a bug too
+        causes.append(type(e))
+        e = e.__cause__
+    assert causes == [InternalError, KeyError]   # the original failure chained, once

@@ -25,11 +25,14 @@ simulator's own DataParallel copies do that on purpose).
 
 from __future__ import annotations
 
-from typing import Any, ContextManager, Optional, Protocol, Sequence
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Optional, Protocol, Sequence
 
 import torch
 
 from dptune import _torch_private
+from dptune.errors import DptuneError, InternalError
 
 __all__ = ["HOST", "DeviceMismatchError", "Placement", "check_devices", "device_mode"]
 
@@ -152,6 +155,34 @@ def _on_cpu(device: Any) -> Any:
     return device
 
 
+@dataclass
+class _Placed:
+    """Where a factory call or a copy puts its result: ``card`` (or :data:`HOST`), the call's
+    arguments with a CUDA device replaced by the CPU, and the tensor being copied (``.to``,
+    ``.cuda()``, ``.cpu()``), which is cloned when the CPU build makes no copy but a card would."""
+
+    card: int
+    args: list
+    kwargs: dict
+    source: Optional[torch.Tensor] = None
+
+
+def _guarded(fn: Callable[..., Optional[_Placed]]) -> Callable[..., Optional[_Placed]]:
+    """A failure in dptune's own placement logic is dptune's, never the user's."""
+    @functools.wraps(fn)
+    def run(*args: Any) -> Optional[_Placed]:
+        try:
+            return fn(*args)
+        except DptuneError:
+            raise
+        except Exception as e:
+            raise InternalError(
+                f"dptune's simulator failed placing a new tensor on a card or the host "
+                f"({type(e).__name__}: {e}); this is a bug in dptune, not in your model: please "
+                "report it with the model that shows it") from e
+    return run
+
+
 def device_mode(where: Placement) -> Any:
     """A torch-function mode that places new tensors and copies as CUDA would (module docstring).
 
@@ -162,66 +193,57 @@ def device_mode(where: Placement) -> Any:
     factories = {getattr(torch, n) for n in _FACTORIES if hasattr(torch, n)}
     to, cuda, cpu = torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu
 
-    def default_target() -> int:
-        dev = torch.get_default_device()
-        return HOST if dev.type == "cpu" else where.running_card()
+    @_guarded
+    def place(func: Any, args: list, kwargs: dict) -> Optional[_Placed]:
+        if func in factories:
+            device = kwargs.get("device", _NO_DEVICE)
+            if device is _NO_DEVICE or device is None:
+                if any(True for _ in _leaves((args, kwargs))):
+                    return None          # zeros_like(x), tensor(x): on x's device
+                default = torch.get_default_device()
+                return _Placed(HOST if default.type == "cpu" else where.running_card(), args, kwargs)
+            card = _target(where, device)
+            if card is None:
+                return None
+            return _Placed(card, args, {**kwargs, "device": _on_cpu(device)})
+        if not (func is to or func is cuda or func is cpu) or not isinstance(args[0], torch.Tensor):
+            return None
+        t = args[0]
+        if func is cpu:
+            return _Placed(HOST, [t], {}, t)
+        if func is cuda:
+            device = kwargs.get("device", args[1] if len(args) > 1 else None)
+            card = _target(where, "cuda" if device is None else device)
+            return None if card is None else _Placed(card, [t], {}, t)
+        spec = args[1] if len(args) > 1 else kwargs.get("device", kwargs.get("other"))
+        if isinstance(spec, torch.Tensor):       # to(other): other's device and dtype
+            return _Placed(where.card_of(spec), args, kwargs, t)
+        if spec is None or isinstance(spec, torch.dtype):
+            return None
+        card = _target(where, spec)
+        if card is None:
+            return None
+        if len(args) > 1:
+            args = [t, _on_cpu(spec), *args[2:]]
+        else:
+            kwargs = {**kwargs, "device": _on_cpu(spec)}
+        return _Placed(card, args, kwargs, t)
 
     class _DeviceMode(base):  # type: ignore[misc, valid-type]
         def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
                                kwargs: Optional[dict] = None) -> Any:
-            kwargs = dict(kwargs or {})
-            if not where.as_cuda:
+            kwargs = kwargs or {}
+            placed = place(func, list(args), dict(kwargs)) if where.as_cuda else None
+            if placed is None:
                 return func(*args, **kwargs)
-            if func in factories:
-                device = kwargs.get("device", _NO_DEVICE)
-                if device is _NO_DEVICE or device is None:
-                    if any(True for _ in _leaves((args, kwargs))):
-                        return func(*args, **kwargs)   # zeros_like(x), tensor(x): x's device
-                    card = default_target()
+            with where.forced(placed.card):
+                if func is cpu or func is cuda:   # ``.to()`` without a device: no copy
+                    out = placed.source
                 else:
-                    target = _target(where, device)
-                    if target is None:
-                        return func(*args, **kwargs)
-                    card = target
-                    kwargs["device"] = _on_cpu(device)
-                with where.forced(card):
-                    return func(*args, **kwargs)
-            if func is to or func is cuda or func is cpu:
-                return _copy(func, list(args), kwargs)
-            return func(*args, **kwargs)
-
-    def _copy(func: Any, args: list, kwargs: dict) -> Any:
-        t = args[0]
-        if not isinstance(t, torch.Tensor):
-            return func(*args, **kwargs)
-        if func is cpu or func is cuda:
-            card: Optional[int]
-            if func is cpu:
-                card = HOST
-            else:
-                device = kwargs.get("device", args[1] if len(args) > 1 else None)
-                card = _target(where, "cuda" if device is None else device)
-            if card is None or card == where.card_of(t):
-                return t
-            with where.forced(card):
-                return t.clone()
-        spec = args[1] if len(args) > 1 else kwargs.get("device", kwargs.get("other"))
-        card = None
-        if isinstance(spec, torch.Tensor):       # to(other): other's device and dtype
-            card = where.card_of(spec)
-        elif spec is not None and not isinstance(spec, torch.dtype):
-            card = _target(where, spec)
-            if card is not None:
-                if len(args) > 1:
-                    args[1] = _on_cpu(spec)
-                else:
-                    kwargs["device"] = _on_cpu(spec)
-        if card is None:
-            return func(*args, **kwargs)
-        with where.forced(card):
-            out = func(*args, **kwargs)
-            if out is t and where.card_of(t) != card:
-                out = t.clone()         # the CPU build made no copy; a CUDA card would
-        return out
+                    out = func(*placed.args, **placed.kwargs)
+                source = placed.source
+                if source is not None and out is source and where.card_of(source) != placed.card:
+                    out = source.clone()          # the CPU build made no copy; a card would
+            return out
 
     return _DeviceMode()

@@ -415,6 +415,17 @@ class _Ledger:
         return self._setting("forced_card", card, category)
 
     @contextlib.contextmanager
+    def cuda_rules(self, on: bool) -> Iterator[None]:
+        """CUDA's device rules (:mod:`dptune.backends._devices`) on or off: on while the step
+        runs, off while dptune itself builds things (the model, the batch)."""
+        prev = self.as_cuda
+        self.as_cuda = on
+        try:
+            yield
+        finally:
+            self.as_cuda = prev
+
+    @contextlib.contextmanager
     def phase(self, category: str) -> Iterator[None]:
         prev = self.category
         self.category = category
@@ -422,16 +433,6 @@ class _Ledger:
             yield
         finally:
             self.category = prev
-
-
-@contextlib.contextmanager
-def _setting(obj: Any, attr: str, value: Any) -> Iterator[None]:
-    prev = getattr(obj, attr)
-    setattr(obj, attr, value)
-    try:
-        yield
-    finally:
-        setattr(obj, attr, prev)
 
 
 class _FunctionModes:
@@ -456,14 +457,17 @@ class _FunctionModes:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _internal(part: str) -> Callable[[_F], _F]:
-    """Report a failure inside ``part`` of dptune's machinery as dptune's, not the user's."""
+def _internal(part: str, *users: type[BaseException]) -> Callable[[_F], _F]:
+    """Report a failure inside ``part`` of dptune's machinery as dptune's, not the user's
+    (exceptions of the types ``users`` are the user's: they pass)."""
+    passing: tuple[type[BaseException], ...] = (DptuneError, *users)
+
     def wrap(fn: _F) -> _F:
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
             try:
                 return fn(*args, **kwargs)
-            except DptuneError:
+            except passing:
                 raise
             except Exception as e:
                 raise InternalError(
@@ -538,6 +542,8 @@ _LIFTS = {"lift", "lift_fresh", "lift_fresh_copy"}   # the data of torch.tensor(
 
 def _make_accountant(ledger: _Ledger) -> Any:
     base = dispatch_mode_base()
+    check = _internal("the device check (host and card tensors in one op)",
+                      DeviceMismatchError)(check_devices)
 
     @_internal("the ledger (charging an op's outputs to a card)")
     def account(func: Any, args: Any, kwargs: Any, out: Any) -> None:
@@ -567,7 +573,7 @@ def _make_accountant(ledger: _Ledger) -> Any:
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             _check_dtypes_as_cuda(func, args)
             if ledger.as_cuda and ledger.forced_card is None:
-                check_devices(func, args, kwargs, ledger)
+                check(func, args, kwargs, ledger)
             out = func(*args, **(kwargs or {}))
             account(func, args, kwargs, out)
             return out
@@ -773,6 +779,8 @@ def _run_replica(ledger: _Ledger, module: nn.Module, params: Optional[dict], car
     with ledger.on(card, "activations"):
         try:
             out = replica(*args, **kwargs)
+        except DptuneError:
+            raise
         except Exception as e:
             raise _user_error(e, f"in the forward of replica {card} on virtual card {card}", sizes) from e
     _retag_tree(ledger, out, "outputs")
@@ -1164,7 +1172,7 @@ class SimulatedBackend:
                 ws_keep.append(torch.empty(self.cluster.workspace_bytes(card), dtype=torch.uint8))
 
         def next_batch() -> Any:
-            with ledger.on(source, "inputs"), _setting(ledger, "as_cuda", False):
+            with ledger.on(source, "inputs"), ledger.cuda_rules(False):
                 try:
                     batch = wl.sample(batch_size)
                 except DptuneError:
@@ -1199,7 +1207,7 @@ class SimulatedBackend:
         wrapper = _SimulatedDataParallel(module, ledger, sizes, source, single,
                                          output_device, self._fn_mode)
         try:
-            with _setting(ledger, "as_cuda", True):
+            with ledger.cuda_rules(True):
                 outcome = run_step(wl, StepRuntime(model=wrapper, optimizer=self._optimizer,
                                                    next_batch=next_batch, batch_for_loss=batch_for_loss,
                                                    phase=phase))
