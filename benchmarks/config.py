@@ -36,6 +36,8 @@ class ModelSpec:
     family: str
     hint_per_card: int          # the starting batch of dptune's max_batch search, per card
     amp: Optional[str] = None   # the step's autocast ("bf16"), as Tuner(amp=...) takes it
+    #: also run max_batch with ``output_device="auto"`` (models with large gathered outputs)
+    output_auto: bool = False
 
     def workload_args(self) -> tuple[nn.Module, Callable[[int], Any]]:
         model = self.build()
@@ -45,7 +47,8 @@ class ModelSpec:
 MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     ModelSpec("MLP", lambda: M.MLP(in_features=4096, hidden=8192, depth=6), "MLP, 377M params", 4096),
     ModelSpec("ResNet", lambda: M.SmallResNet(blocks=1), "ResNet-style CNN with BatchNorm", 64),
-    ModelSpec("GPT", lambda: M.TinyGPT(n_layers=2), "GPT-style LM, vocab 32000, tied, returns logits", 32),
+    ModelSpec("GPT", lambda: M.TinyGPT(n_layers=2), "GPT-style LM, vocab 32000, tied, returns logits", 32,
+              output_auto=True),
     ModelSpec("BERT", lambda: M.BertClassifier(n_layers=2), "BERT-style encoder + classifier", 64),
     ModelSpec("SegNet", lambda: M.SegNet(), "segmentation, 21x128x128 logits per sample", 32),
 )}
@@ -53,7 +56,8 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
 #: Realistic configurations, each on one cluster (run after the grid; not with --quick).
 REALISTIC: tuple[tuple[ModelSpec, str], ...] = (
     (ModelSpec("GPT-2 small (seq 1024, bf16)", M.gpt2_small,
-               "GPT-2 small, 124M params, seq 1024, bf16 autocast, returns logits", 8, amp="bf16"),
+               "GPT-2 small, 124M params, seq 1024, bf16 autocast, returns logits", 8, amp="bf16",
+               output_auto=True),
      "4x24GB"),
     (ModelSpec("ViT-B/16 (224 px)", M.vit_base, "ViT-B/16, 86M params, 224 px, 1000 classes", 64),
      "2x80GB,2x40GB"),

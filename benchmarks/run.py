@@ -78,6 +78,14 @@ class Row:
     max_error: str = ""
     max_certified: bool = False
     bal_certified: bool = False
+    # dptune max_batch with output_device="auto" (models with large gathered outputs only)
+    auto_run: bool = False
+    auto_output_device: int = 0
+    auto_max_batch: int = 0
+    auto_card0_batch: int = 0          # the same search's answer gathering on card 0
+    auto_probes: int = 0               # both searches (card 0, then the candidate card)
+    auto_certified: bool = False
+    auto_error: str = ""
     amp: str = ""
     # baselines
     grid_points: int = 0
@@ -163,6 +171,10 @@ class Row:
             "seconds": _r(self.seconds), "notes": " | ".join(self.notes),
             "max_batch_certified": self.max_certified, "balance_certified": self.bal_certified,
             "amp": self.amp,
+            "auto_run": self.auto_run, "auto_output_device": self.auto_output_device,
+            "auto_max_batch": self.auto_max_batch, "auto_card0_batch": self.auto_card0_batch,
+            "auto_probes": self.auto_probes, "auto_certified": self.auto_certified,
+            "auto_error": self.auto_error,
         }
 
 
@@ -171,7 +183,8 @@ def _r(x: Optional[float], nd: int = 4) -> Any:
 
 
 def _tune(model: Any, sample: Any, backend: SimulatedBackend, batch_size: int, objective: str,
-          repeats: int, headroom: str, amp: Optional[str] = None) -> tuple[Any, float]:
+          repeats: int, headroom: str, amp: Optional[str] = None,
+          output_device: Any = 0) -> tuple[Any, float]:
     """Run dptune's Tuner ``repeats`` times on a prebuilt backend; the result and the median time."""
     from dptune.tuner import Tuner
 
@@ -182,7 +195,7 @@ def _tune(model: Any, sample: Any, backend: SimulatedBackend, batch_size: int, o
             warnings.simplefilter("ignore")   # "no CUDA device: the split is not used" on a laptop
             result = Tuner(model, sample, batch_size=batch_size, optimizer=config.optimizer,
                            objective=objective, headroom=headroom, verbose=False,
-                           backend=backend, amp=amp).fit()
+                           backend=backend, amp=amp, output_device=output_device).fit()
         times.append(time.perf_counter() - t0)
     return result, statistics.median(times)
 
@@ -257,6 +270,22 @@ def run_case(spec: config.ModelSpec, scenario: str, curves: search.Curves, model
         row.max_error = f"{type(e).__name__}: {e}"
         say(f"dptune max_batch failed: {row.max_error}")
 
+    if spec.output_auto:
+        row.auto_run = True
+        try:
+            res, _ = _tune(model, sample, backend, row.max_hint, "max_batch", 1, headroom,
+                           spec.amp, output_device="auto")
+            row.auto_output_device, row.auto_max_batch = res.output_device, res.batch_size
+            row.auto_card0_batch = (res.card0_output_batch_size
+                                    if res.card0_output_batch_size is not None else res.batch_size)
+            row.auto_probes, row.auto_certified = res.num_probes, res.certified
+            say(f"dptune max_batch, output_device auto: card {row.auto_output_device}, "
+                f"{row.auto_max_batch} against {row.auto_card0_batch} on card 0 "
+                f"({row.auto_probes} probes)")
+        except Exception as e:
+            row.auto_error = f"{type(e).__name__}: {e}"
+            say(f"dptune max_batch with output_device auto failed: {row.auto_error}")
+
     # 3. the gpu0_bsz grid at E (its answer from the curves; the probes a user would run)
     grid = search.grid_gpu0_bsz(curves.peaks, budgets, E, m, full=False)
     row.grid_points, row.grid_gpu0_bsz = grid.points, grid.gpu0_bsz
@@ -320,7 +349,8 @@ def headline_from_csv(rows: list[dict[str, Any]]) -> str:
               "imbalance at even max: even → dptune",
               "probes: dptune balance, max_batch / Lightning / gpu0_bsz grid",
               "certified: balance, max_batch",
-              "dptune off optimum: balanced split (samples/card), largest batch (samples)"]
+              "dptune off optimum: balanced split (samples/card), largest batch (samples)",
+              "output_device auto: card, largest batch (gain vs gathering on card 0), probes"]
     out = []
     for r in rows:
         even, best, opt = int(num(r, "even_max_batch")), num(r, "max_batch"), int(num(r, "opt_max_batch"))
@@ -333,8 +363,21 @@ def headline_from_csv(rows: list[dict[str, Any]]) -> str:
             f"{r['balance_probes']}, {r['max_batch_probes']} / {r['lightning_probes']} / "
             f"{r['grid_points']}",
             f"{yes(r, 'balance_certified')}, {yes(r, 'max_batch_certified')}",
-            f"{dist if dist not in ('', None) else 'n/a'}, {r['max_batch_gap_samples']}"])
+            f"{dist if dist not in ('', None) else 'n/a'}, {r['max_batch_gap_samples']}",
+            _auto_cell(r)])
     return _md(out, header)
+
+
+def _auto_cell(r: dict[str, Any]) -> str:
+    """The output_device="auto" figures of a results.csv row ("not run" for most models)."""
+    if str(r.get("auto_run", "")).lower() != "true":
+        return "not run"
+    if r.get("auto_error"):
+        return f"failed: {r['auto_error']}"
+    batch, card0 = int(r["auto_max_batch"]), int(r["auto_card0_batch"])
+    cert = "" if str(r.get("auto_certified", "")).lower() == "true" else ", not certified"
+    return (f"card {r['auto_output_device']}, {batch} ({batch - card0:+d}, "
+            f"{(batch / card0 - 1) if card0 else math.nan:+.0%}), {r['auto_probes']}{cert}")
 
 
 def results_table(rows: list[Row]) -> str:

@@ -79,7 +79,9 @@ def make_moe(vocab: int = 8192, d: int = 1024, experts: int = 8, hidden: int = 4
 
 
 def _hf_cases(adamw: Callable) -> list["Case"]:
-    """The transformers rows: GPT-2 style with dropout (fp32, bf16), checkpointed, BERT style."""
+    """The transformers rows: Llama style (grouped-query attention, fp32 and bf16), a Mixtral-style
+    MoE (grouped expert layers, bf16 autocast over fp32 weights), GPT-2 style with dropout (fp32,
+    bf16), checkpointed, BERT style."""
     try:
         import transformers
     except ImportError:
@@ -114,7 +116,23 @@ def _hf_cases(adamw: Callable) -> list["Case"]:
         mask[:, 384:] = 0                                   # padding: a real attention mask
         return {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, 4, (b,))}
 
+    def llama() -> Any:      # grouped-query attention: fp32 runs the math path on CUDA
+        cfg = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=1024, intermediate_size=2816,
+                                       num_attention_heads=16, num_key_value_heads=4,
+                                       vocab_size=32000, max_position_embeddings=1024)
+        return transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa")
+
+    def mixtral() -> Any:    # transformers' grouped expert layers (torch._grouped_mm)
+        cfg = transformers.MixtralConfig(num_hidden_layers=2, hidden_size=1024, intermediate_size=2048,
+                                         num_attention_heads=16, num_key_value_heads=4,
+                                         num_local_experts=8, num_experts_per_tok=2,
+                                         vocab_size=32000, max_position_embeddings=1024)
+        return transformers.MixtralForCausalLM._from_config(cfg, attn_implementation="sdpa")
+
     return [
+        Case("Llama-GQA-fp32", llama, lm_batch(512, 32000), [2, 4], adamw),
+        Case("Llama-GQA-bf16", llama, lm_batch(512, 32000), [2, 4], adamw, {"amp": "bf16"}),
+        Case("Mixtral-grouped", mixtral, lm_batch(512, 32000), [2, 4], adamw, {"amp": "bf16"}),
         Case("GPT2-drop-fp32", gpt2(), lm_batch(1024, 50257), [2, 4], adamw),
         Case("GPT2-drop-bf16", gpt2(), lm_batch(1024, 50257), [2, 4], adamw, {"amp": "bf16"}),
         Case("GPT2-ckpt", gpt2(ckpt=True), lm_batch(1024, 50257), [4, 8], adamw),

@@ -5,7 +5,8 @@ matplotlib, and prints nothing. Public names are loaded on first use.
 
 Public API (grouped):
 
-- Tuning: :class:`Tuner`, :class:`TuneResult`, :class:`StepSettings` (what a split was tuned for)
+- Tuning: :class:`Tuner`, :class:`TuneResult`, :class:`StepSettings` (what a split was tuned for),
+  :class:`Workload` (the training step), :class:`WorkloadSpec` (the same, by import strings)
 - Wrapping: :class:`BalancedDataParallel`, :func:`patch_dataparallel` (scripts that build
   ``torch.nn.DataParallel`` themselves); the Hugging Face Trainer: :mod:`dptune.integrations.transformers`
 - Simulation: :func:`estimate_memory`, :class:`Cluster`, :func:`parse_cluster`
@@ -27,6 +28,8 @@ _LAZY = {
     "Tuner": "dptune.tuner",
     "TuneResult": "dptune.result",
     "StepSettings": "dptune.workload",
+    "Workload": "dptune.workload",
+    "WorkloadSpec": "dptune.spec",
     # wrapping
     "BalancedDataParallel": "dptune.parallel",
     "patch_dataparallel": "dptune.integrations.dataparallel",

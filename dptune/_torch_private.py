@@ -186,6 +186,9 @@ def replica_module(module: Any, tensors: dict) -> Any:
 #   a machine without CUDA; while a simulated step runs they say "available".
 # - ``GradScaler._maybe_opt_step``: reads ``found_inf.item()``, a value a fake tensor does not
 #   have; on the simulated cluster no gradient is ever inf, so it steps.
+# - ``torch.utils.checkpoint._infer_device_type``: a checkpointed region records the autocast
+#   state of its inputs' device and restores it when it recomputes; the simulated cards' fake
+#   tensors say "cpu", so it says "cuda" (the device they stand for) while a simulated step runs.
 
 def _dispatch_key(name: str) -> Any:
     import torch
@@ -229,7 +232,8 @@ class PythonKernels:
 
 class amp_as_if_cuda:
     """While active: ``torch.autocast("cuda")`` and ``GradScaler("cuda")`` do not disable
-    themselves for want of CUDA, and ``GradScaler.step`` steps without reading ``found_inf``.
+    themselves for want of CUDA, ``GradScaler.step`` steps without reading ``found_inf``, and
+    ``torch.utils.checkpoint`` recomputes under the CUDA autocast state of the forward.
     Also calls ``on_clear_cache`` whenever ``torch.clear_autocast_cache()`` runs."""
 
     def __init__(self, on_clear_cache: Any):
@@ -240,6 +244,7 @@ class amp_as_if_cuda:
         import torch
         import torch.amp.grad_scaler as gs
         import torch.cuda.amp.common as common
+        import torch.utils.checkpoint as ckpt
 
         clear = torch.clear_autocast_cache
         on_clear = self._on_clear
@@ -254,7 +259,8 @@ class amp_as_if_cuda:
         patches = [(common, "amp_definitely_not_available", lambda: False),
                    (torch.cuda, "is_bf16_supported", lambda *a, **k: True),
                    (torch, "clear_autocast_cache", clear_autocast_cache),
-                   (gs.GradScaler, "_maybe_opt_step", maybe_opt_step)]
+                   (gs.GradScaler, "_maybe_opt_step", maybe_opt_step),
+                   (ckpt, "_infer_device_type", lambda *args: "cuda")]
         for obj, name, new in patches:
             self._saved.append((obj, name, getattr(obj, name)))
             setattr(obj, name, new)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterator, Sequence
 
-from dptune.errors import UsageError
+from dptune.errors import UsageError, UserCodeError
 
 __all__ = ["is_namedtuple", "tensors", "map_tensors", "scatter", "gather"]
 
@@ -174,7 +174,18 @@ def gather(outputs: Sequence[Any], cat: Callable[[list, str], Any], path: str = 
         if not all(len(o) == len(out) for o in outputs):
             raise UsageError(f"the replicas' outputs{path} have different lengths, which "
                              "DataParallel cannot gather; return the same structure from every replica")
-        return type(out)([gather(list(x), cat, f"{path}[{i}]") for i, x in enumerate(zip(*outputs))])
+        parts = [gather(list(x), cat, f"{path}[{i}]") for i, x in enumerate(zip(*outputs))]
+        try:
+            return type(out)(parts)
+        except Exception as e:
+            where = f"output{path}" if path else "output"
+            hint = (" (a cache: pass use_cache=False, or set model.config.use_cache = False, "
+                    "for training)" if "Cache" in type(out).__name__ else "")
+            raise UserCodeError(
+                f"the model's {where} is a {type(out).__name__}, which DataParallel's gather "
+                f"rebuilds as {type(out).__name__}(gathered parts) from every replica's, and that "
+                f"raised {type(e).__name__}: {e}. torch.nn.DataParallel fails the same way on "
+                f"GPUs; do not return it from forward in training{hint}") from e
     where = f"output{path}" if path else "output"
     raise UsageError(
         f"the model's {where} is a {type(out).__name__}, which DataParallel cannot gather "

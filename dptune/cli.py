@@ -20,7 +20,7 @@ Exit codes (also in ``dptune --help``)::
 
 Errors dptune diagnoses are one line on stderr, ``dptune: error: <message>``, with no
 traceback. Each subcommand is registered by a ``*_parser(subparsers)`` function; the work
-is done by plain functions that take and return values (:func:`search`, :func:`load_workload`),
+is done by plain functions that take and return values (:func:`search`, :func:`ddp_plan`),
 and printing is kept apart from them.
 """
 
@@ -30,30 +30,27 @@ import argparse
 import contextlib
 import importlib
 import json
-import math
 import os
 import pathlib
 import re
 import sys
 import traceback
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
 
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            DptuneError, UsageError, UserCodeError)
-from dptune.importer import import_from_string
+from dptune.presets import (LOSSES, OPTIMIZERS, adam, adamw, cross_entropy_loss, mean_loss, mse_loss,
+                            sgd, sum_loss)
+from dptune.spec import DTYPES, WorkloadSpec, import_users, users_code
 from dptune.split import MAX_BATCH_SIZE
-from dptune.presets import (LOSSES, OPTIMIZERS, Named, adam, adamw, cross_entropy_loss, mean_loss,
-                            mse_loss, sgd, sum_loss)
 from dptune.units import parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
     from dptune.result import TuneResult
 
-__all__ = ["main", "build_parser", "search", "search_trainer", "ddp_plan", "load_workload",
-           "LoadedWorkload", "DTYPES",
+__all__ = ["main", "build_parser", "search", "search_trainer", "ddp_plan", "workload_spec",
+           "WorkloadSpec", "DTYPES",
            # the built-ins, from dptune.presets
            "LOSSES", "OPTIMIZERS", "sum_loss", "mean_loss", "cross_entropy_loss", "mse_loss",
            "sgd", "adam", "adamw"]
@@ -76,88 +73,10 @@ _HIDDEN_FRAMES = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
                   "<frozen importlib")
 
 
-# ---- building blocks: batch, loss, optimizer ---------------------------------------------
+# ---- from flags to a workload spec ----------------------------------------------------------
 
-DTYPES = ("float32", "float16", "bfloat16", "long")
 #: ``--batch-size`` when not given (with --model).
 DEFAULT_BATCH_SIZE = 256
-
-
-@dataclass(frozen=True)
-class RandomBatch:
-    """``sample(batch_size)`` for ``--input-shape``: random floats, or token ids below
-    ``vocab_size`` for ``long``. The values do not matter for memory, only shape and dtype."""
-
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-    vocab_size: Optional[int] = None
-
-    def __call__(self, batch_size: int) -> "torch.Tensor":
-        import torch
-
-        size = (batch_size, *self.shape)
-        if math.prod(size) >= 2**63:
-            raise UsageError(f"a batch of {batch_size} samples of shape {self.shape} has "
-                             f"{math.prod(size):.3g} elements, more than a tensor can hold; "
-                             "lower --batch-size")
-        if self.dtype == "long":
-            return torch.randint(0, self.vocab_size or 2, size, dtype=torch.long)
-        return torch.randn(size, dtype=getattr(torch, self.dtype))
-
-
-# ---- user code -----------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def _users_code(what: str, at_import: bool = False) -> Iterator[None]:
-    """Exceptions raised by the user's code in this block become :class:`UserCodeError`
-    (exit 1) chained to the original, whose traceback ``main`` shows. ``sys.exit()`` in the
-    user's code is one too: its code must not pass for one of dptune's exit codes."""
-    try:
-        yield
-    except DptuneError:
-        raise
-    except SystemExit as e:
-        if at_import:
-            raise UserCodeError(
-                f"{what}: the module exited (sys.exit({e.code!r})) while being imported; any "
-                "output above is the module's own (e.g. its argparse reading the command line), not "
-                "dptune's. Put module-level script code under `if __name__ == \"__main__\":`"
-            ) from None
-        raise UserCodeError(f"{what} called sys.exit({e.code!r}); dptune runs your code in its "
-                            "own process, so it must return or raise, not exit") from None
-    except Exception as e:
-        raise UserCodeError(f"{what} raised {type(e).__name__}: {e}") from e
-
-
-@contextlib.contextmanager
-def _argv_of(module_name: str) -> Iterator[None]:
-    """``sys.argv`` as a script run without arguments would see it: a module that parses the
-    command line at import gets its own defaults, not dptune's flags."""
-    saved = sys.argv
-    sys.argv = [module_name]
-    try:
-        yield
-    finally:
-        sys.argv = saved
-
-
-def _import(import_str: str, flag: str) -> Any:
-    module_name = import_str.partition(":")[0].strip()
-    with _users_code(f"importing {import_str!r} ({flag})", at_import=True), _argv_of(module_name):
-        return import_from_string(import_str)
-
-
-def _named(table: dict[str, Named], value: str, flag: str) -> Named:
-    """A built-in name from ``table``, or ``module:attribute`` imported."""
-    if ":" in value:
-        fn = _import(value, flag)
-        if not callable(fn):
-            raise UsageError(f"{flag} {value!r} names a {type(fn).__name__}, not a function")
-        return fn
-    if value not in table:
-        raise UsageError(f"{flag} {value!r}: choose one of {', '.join(table)} or give "
-                         '"module:function"')
-    return table[value]
 
 
 def parse_model_kwargs(text: Optional[str]) -> dict[str, Any]:
@@ -187,158 +106,30 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def _model_factory(target: Callable[..., Any], kwargs: dict[str, Any]) -> Callable[[], Any]:
-    """``lambda: target(**kwargs)``, named after ``target`` so reports name the model."""
-    def build() -> Any:
-        return target(**kwargs)
-
-    build.__name__ = build.__qualname__ = getattr(target, "__name__", type(target).__name__)
-    return build
-
-
-def _build(factory: Callable[[], Any], on_meta: bool) -> Any:
-    import torch
-
-    where = " on the meta device" if on_meta else ""
-    with _users_code(f"building the model {factory.__name__}{where}"):
-        if on_meta:
-            with torch.device("meta"):
-                model = factory()
-        else:
-            model = factory()
-    if not isinstance(model, torch.nn.Module):
-        raise UsageError(f"--model {factory.__name__} returned a {type(model).__name__}, "
-                         "not a torch.nn.Module")
-    if on_meta:  # only read for its sample(); the backend builds (and unwraps) its own
-        from dptune.checkpoint import unwrap
-
-        return unwrap(model)
-    from dptune.workload import unwrap_parallel
-
-    return unwrap_parallel(model)
+def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
+    """The :class:`~dptune.spec.WorkloadSpec` the flags of ``search`` and ``plan`` describe."""
+    return WorkloadSpec(
+        model=args.model, model_kwargs=parse_model_kwargs(args.model_kwargs), sample=args.sample,
+        input_shape=args.input_shape, dtype=args.dtype, vocab_size=args.vocab_size,
+        loss=args.loss, optimizer=args.optimizer, amp=args.amp, accumulate=args.accumulate,
+        clip_grad_norm=args.clip_grad_norm, step=args.step)
 
 
-@dataclass
-class LoadedWorkload:
-    """What ``dptune search`` hands the tuner: the model (a module, or a zero-argument
-    factory when simulating), the batch builder, the loss and the optimizer factory."""
-
-    model: Any
-    sample: Callable[[int], Any]
-    loss_fn: Optional[Callable[..., Any]]
-    optimizer: Optional[Callable[..., Any]]
-    name: str
-
-
-def load_workload(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
-                  sample: Optional[str] = None, input_shape: Optional[Sequence[int]] = None,
-                  dtype: Optional[str] = None, vocab_size: Optional[int] = None,
-                  loss: str = "default", optimizer: str = "adamw",
-                  simulated: bool = True) -> LoadedWorkload:
-    """Import and assemble the user's training step from command-line values.
-
-    The batch comes from ``sample`` (``"module:function"``, ``function(batch_size)``), else
-    from ``input_shape`` (+ ``dtype``, ``vocab_size``), else from the model's own
-    ``sample(batch_size)`` method. When ``simulated`` the model is returned as a factory, so
-    the simulated backend builds it on the meta device and no weights are allocated.
-    """
-    target = _import(model, "--model")
-    if not callable(target):
-        raise UsageError(f"--model {model!r} names a {type(target).__name__}; give a model "
-                         "class or a function that returns an nn.Module")
-    factory = _model_factory(target, dict(model_kwargs or {}))
-    module = None if simulated else _build(factory, on_meta=False)
-
-    if sample is not None:
-        if input_shape is not None:
-            raise UsageError("give --sample or --input-shape, not both")
-        sample_fn = _import(sample, "--sample")
-        if not callable(sample_fn):
-            raise UsageError(f"--sample {sample!r} names a {type(sample_fn).__name__}, "
-                             "not a function batch_size -> batch")
-    elif input_shape is not None:
-        kind = dtype or ("long" if vocab_size is not None else "float32")
-        if kind == "long" and vocab_size is None:
-            raise UsageError("--dtype long (token ids) needs --vocab-size N: ids are drawn "
-                             "from 0..N-1")
-        if kind != "long" and vocab_size is not None:
-            raise UsageError(f"--vocab-size is for token ids (--dtype long), not {kind}")
-        sample_fn = RandomBatch(tuple(input_shape), kind, vocab_size)
-    else:
-        if dtype is not None or vocab_size is not None:
-            raise UsageError("--dtype and --vocab-size describe --input-shape; give it too")
-        # The model's own sample(batch_size), read from an instance (it may use the model's
-        # settings, e.g. its vocabulary); when simulating the instance is built on the meta
-        # device, which allocates nothing.
-        instance = module if module is not None else _build(factory, on_meta=True)
-        sample_fn = getattr(instance, "sample", None)
-        if not callable(sample_fn):
-            raise UsageError(f"{factory.__name__} has no sample(batch_size) method, so dptune "
-                             "cannot build a batch: pass --input-shape (e.g. 3,224,224, with "
-                             "--dtype/--vocab-size for token ids) or --sample module:function")
-
-    return LoadedWorkload(
-        model=factory if simulated else module, sample=sample_fn,
-        loss_fn=_named(LOSSES, loss, "--loss"),
-        optimizer=_named(OPTIMIZERS, optimizer, "--optimizer"), name=factory.__name__)
-
-
-def load_step(step: Optional[str]) -> Optional[Callable[..., Any]]:
-    """``--step MODULE:FUNC``: the user's step function ``step(model, batch, optimizer)``."""
-    if step is None:
-        return None
-    if ":" not in step:
-        raise UsageError(f"--step {step!r}: give the step function as MODULE:FUNC, "
-                         "e.g. --step mytrain:train_step")
-    fn = _import(step, "--step")
-    if not callable(fn):
-        raise UsageError(f"--step {step!r} names a {type(fn).__name__}, not a function "
-                         "step(model, batch, optimizer)")
-    return fn
-
-
-def search(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
-           sample: Optional[str] = None, input_shape: Optional[Sequence[int]] = None,
-           dtype: Optional[str] = None, vocab_size: Optional[int] = None,
-           batch_size: int = 256, loss: str = "default", optimizer: str = "adamw",
+def search(spec: WorkloadSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
            devices: Optional[Sequence[int]] = None, simulate: Optional[str] = None,
            objective: str = "balance", headroom_bytes: int = 2**30, max_probes: int = 12,
-           verbose: bool = True,
-           isolate: bool = False, amp: Optional[str] = None, accumulate: int = 1,
-           clip_grad_norm: Optional[float] = None, step: Optional[str] = None,
+           verbose: bool = True, isolate: bool = False,
            output_device: Union[int, str] = 0) -> "TuneResult":
-    """``dptune search`` without the printing: build the workload, run the tuner, return
-    its result. With neither ``devices`` nor ``simulate``, all visible GPUs are used, or
-    the default simulated cluster when none is visible (the tuner says so once)."""
-    from dptune.tuner import Tuner, choose_backend
+    """``dptune search`` without the printing: :meth:`dptune.Tuner.from_spec`, then ``fit``.
+    With neither ``devices`` nor ``simulate``, all visible GPUs are used, or the default
+    simulated cluster when none is visible (the tuner says so once)."""
+    from dptune.tuner import Tuner
 
-    # Real GPUs or simulated cards, decided once (a bad spec is a usage error before the
-    # user's code is imported); the tuner says so when it chose the default cluster.
-    choice = choose_backend(list(devices) if devices else None, simulate)
-    cluster = choice.cluster
-    wl = load_workload(model, model_kwargs=model_kwargs, sample=sample, input_shape=input_shape,
-                       dtype=dtype, vocab_size=vocab_size, loss=loss, optimizer=optimizer,
-                       simulated=cluster is not None)
-    step_fn = load_step(step)
-    backend = None
-    if isolate:
-        if cluster is not None:
-            raise UsageError("--isolate runs each probe on real GPUs in a child process; it does "
-                             "not apply to --simulate")
-        backend = _isolated_backend(model, model_kwargs, sample, input_shape, dtype, vocab_size,
-                                    loss, optimizer, devices, amp=amp, accumulate=accumulate,
-                                    clip_grad_norm=clip_grad_norm, step=step)
-    tuner = Tuner(wl.model, wl.sample, batch_size=batch_size, loss_fn=wl.loss_fn,
-                  optimizer=wl.optimizer, device_ids=list(devices) if devices else None,
-                  simulate=simulate, objective=objective, headroom=headroom_bytes,
-                  verbose=verbose, max_probes=max_probes, backend=backend, amp=amp,
-                  accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step_fn,
-                  output_device=output_device)
-    try:
-        return tuner.fit()
-    finally:
-        if backend is not None:
-            backend.close()
+    tuner = Tuner.from_spec(spec, batch_size, device_ids=list(devices) if devices else None,
+                            simulate=simulate, isolate=isolate, objective=objective,
+                            headroom=headroom_bytes, verbose=verbose, max_probes=max_probes,
+                            output_device=output_device)
+    return tuner.fit()
 
 
 def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
@@ -363,11 +154,11 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
     except ImportError:
         raise UsageError("--hf-trainer needs the transformers package: "
                          "pip install 'dptune[hf]'") from None
-    factory = _import(make_trainer, "--hf-trainer")
+    factory = import_users(make_trainer, "--hf-trainer")
     if not callable(factory):
         raise UsageError(f"--hf-trainer {make_trainer!r} names a {type(factory).__name__}; give "
                          "a function that returns a configured transformers.Trainer")
-    with _users_code(f"building the Trainer with {make_trainer}()"):
+    with users_code(f"building the Trainer with {make_trainer}()"):
         trainer = factory()
     if not isinstance(trainer, transformers.Trainer):
         raise UsageError(f"--hf-trainer {make_trainer}() returned a {type(trainer).__name__}, "
@@ -389,29 +180,6 @@ def _model_only_flags(args: argparse.Namespace) -> list[str]:
              ("--clip-grad-norm", args.clip_grad_norm is not None), ("--step", args.step is not None),
              ("--output-device", args.output_device != 0)]
     return [flag for flag, on in given if on]
-
-
-def _isolated_backend(model: str, model_kwargs: Optional[dict[str, Any]], sample: Optional[str],
-                      input_shape: Optional[Sequence[int]], dtype: Optional[str],
-                      vocab_size: Optional[int], loss: str, optimizer: str,
-                      devices: Optional[Sequence[int]], *, amp: Optional[str] = None,
-                      accumulate: int = 1, clip_grad_norm: Optional[float] = None,
-                      step: Optional[str] = None) -> Any:
-    """A CUDA backend that runs each probe in a spawned child, which rebuilds the workload
-    from the same import strings (built-in losses and optimizers from :mod:`dptune.presets`)."""
-    from dptune.backends.cuda import CudaBackend, WorkloadSpec
-    from dptune.presets import import_string
-
-    def named(value: str, table: dict[str, Named]) -> Optional[str]:
-        return value if ":" in value else import_string(table[value])
-
-    kind = dtype or ("long" if vocab_size is not None else "float32")
-    spec = WorkloadSpec(model=model, model_kwargs=dict(model_kwargs or {}), sample=sample,
-                        input_shape=tuple(input_shape) if input_shape is not None else None,
-                        input_dtype=kind, input_high=vocab_size or 2,
-                        loss_fn=named(loss, LOSSES), optimizer=named(optimizer, OPTIMIZERS),
-                        amp=amp, accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step)
-    return CudaBackend(spec, device_ids=list(devices) if devices else None, isolate=True)
 
 
 def default_report_dir(result: "TuneResult") -> pathlib.Path:
@@ -611,15 +379,10 @@ def _search_command(args: argparse.Namespace) -> int:
                 max_probes=args.max_probes, verbose=not args.quiet)
         else:
             result = search(
-                args.model, model_kwargs=parse_model_kwargs(args.model_kwargs), sample=args.sample,
-                input_shape=args.input_shape, dtype=args.dtype, vocab_size=args.vocab_size,
-                batch_size=args.batch_size or DEFAULT_BATCH_SIZE, loss=args.loss,
-                optimizer=args.optimizer,
+                workload_spec(args), batch_size=args.batch_size or DEFAULT_BATCH_SIZE,
                 devices=args.devices, simulate=args.simulate,
                 objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
-                max_probes=args.max_probes, verbose=not args.quiet,
-                isolate=args.isolate, amp=args.amp, accumulate=args.accumulate,
-                clip_grad_norm=args.clip_grad_norm, step=args.step,
+                max_probes=args.max_probes, verbose=not args.quiet, isolate=args.isolate,
                 output_device=args.output_device)
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
@@ -633,29 +396,21 @@ def _search_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def ddp_plan(model: str, *, model_kwargs: Optional[dict[str, Any]] = None,
-             sample: Optional[str] = None, input_shape: Optional[Sequence[int]] = None,
-             dtype: Optional[str] = None, vocab_size: Optional[int] = None,
-             global_batch: Optional[int] = None, loss: str = "default", optimizer: str = "adamw",
+def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
              simulate: str = "4x24GB", objective: str = "balance", headroom_bytes: int = 2**30,
-             bucket_cap_mb: Optional[float] = None, gradient_as_bucket_view: bool = False,
-             amp: Optional[str] = None, accumulate: int = 1,
-             clip_grad_norm: Optional[float] = None, step: Optional[str] = None) -> Any:
+             bucket_cap_mb: Optional[float] = None, gradient_as_bucket_view: bool = False) -> Any:
     """``dptune plan`` without the printing: per-rank DDP batch sizes on a simulated cluster
-    (one rank per card); returns the :class:`dptune.ddp.DDPPlan`. The step options are those
-    of :func:`search` (``step`` as ``"module:function"``)."""
+    (one rank per card) for the step ``spec`` describes; returns the :class:`dptune.ddp.DDPPlan`."""
     from dptune.backends.simulated import parse_cluster
     from dptune.ddp import plan
 
     cluster = parse_cluster(simulate)   # a bad spec is a usage error before the user's code runs
-    wl = load_workload(model, model_kwargs=model_kwargs, sample=sample, input_shape=input_shape,
-                       dtype=dtype, vocab_size=vocab_size, loss=loss, optimizer=optimizer,
-                       simulated=True)
+    wl = spec.build()
     return plan(wl.model, wl.sample, wl.loss_fn, wl.optimizer, global_batch=global_batch,
                 objective=objective, simulate=cluster, headroom=headroom_bytes,
                 bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
-                amp=amp, accumulate=accumulate, clip_grad_norm=clip_grad_norm,
-                step=load_step(step))
+                amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
+                step=wl.step)
 
 
 def plan_parser(subparsers: Any) -> None:
@@ -715,13 +470,9 @@ def _plan_command(args: argparse.Namespace) -> int:
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with redirect:
         result = ddp_plan(
-            args.model, model_kwargs=parse_model_kwargs(args.model_kwargs), sample=args.sample,
-            input_shape=args.input_shape, dtype=args.dtype, vocab_size=args.vocab_size,
-            global_batch=args.batch_size, loss=args.loss, optimizer=args.optimizer,
-            simulate=simulate, objective=args.objective.replace("-", "_"),
-            headroom_bytes=args.headroom, bucket_cap_mb=args.bucket_cap_mb,
-            gradient_as_bucket_view=args.gradient_as_bucket_view, amp=args.amp,
-            accumulate=args.accumulate, clip_grad_norm=args.clip_grad_norm, step=args.step)
+            workload_spec(args), global_batch=args.batch_size, simulate=simulate,
+            objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
+            bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view)
         if args.out:
             target = args.out
         else:

@@ -1,6 +1,6 @@
-"""The built-in losses and optimizers that the command line names (``--loss mse``,
-``--optimizer adamw``) and the isolated CUDA child rebuilds from their import strings
-(``dptune.presets:adamw``). It sits below both, so neither imports the other.
+"""The built-in losses and optimizers a :class:`~dptune.spec.WorkloadSpec` names
+(``loss="mse"``, ``optimizer="adamw"``; on the command line ``--loss mse``,
+``--optimizer adamw``), in the parent and in an isolated probe's child alike.
 
 Losses take ``(output, batch)`` and return a scalar; optimizers are factories
 ``params -> torch.optim.Optimizer``. ``None`` in a table means the tuner's default (the
@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["LOSSES", "OPTIMIZERS", "sum_loss", "mean_loss", "cross_entropy_loss", "mse_loss",
-           "sgd", "adam", "adamw", "import_string"]
+           "sgd", "adam", "adamw"]
 
 
 def _float_leaves(output: Any) -> list:
@@ -98,8 +98,3 @@ LOSSES: dict[str, Named] = {  # None: the tuner's default
 OPTIMIZERS: dict[str, Named] = {
     "adamw": adamw, "adam": adam, "sgd": sgd, "none": None,
 }
-
-
-def import_string(fn: Named) -> Optional[str]:
-    """``"dptune.presets:adamw"`` for a built-in of this module (``None`` stays ``None``)."""
-    return None if fn is None else f"{__name__}:{fn.__name__}"

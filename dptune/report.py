@@ -147,6 +147,8 @@ def _table_rows(result: TuneResult) -> tuple[list[str], list[list[str]]]:
     rows = []
     for i in range(len(result.devices)):
         even_peak = "OOM" if even.oom_device == i else format_bytes(even.peak_bytes[i])
+        if even.implied_by and even.peak_bytes[i] > 0:
+            even_peak = f"<= {even_peak}"
         rows.append([device_label(result, i), str(even.chunk_sizes[i]), even_peak,
                      str(result.chunk_sizes[i]), format_bytes(result.peak_bytes[i]),
                      format_bytes(result.budget_bytes[i]),
@@ -161,7 +163,13 @@ def _footer(result: TuneResult) -> list[str]:
         card = device_label(result, even.oom_device) if even.oom_device is not None else "a card"
         lines.append(f"the even split runs out of memory on {card} "
                      "(its peaks are lower bounds)")
-    lines.append(f"imbalance (max/min share of budget): even {_ratio(even.imbalance)} "
+    if even.implied_by:
+        names = ", ".join(f"#{k}" for k in even.implied_by)
+        lines.append(f"the even split {list(even.chunk_sizes)} was not probed itself: probe(s) "
+                     f"{names} measured every card within budget with at least as many samples "
+                     "(card 0: and as large a batch), so it fits; its peaks are upper bounds")
+    even_imb = "not measured" if even.implied_by else _ratio(even.imbalance)
+    lines.append(f"imbalance (max/min share of budget): even {even_imb} "
                  f"-> dptune {_ratio(result.imbalance)}")
     if result.card0_floor:
         lines.append("card 0 with no samples holds the largest share (a floor no split can "

@@ -61,6 +61,10 @@ class SplitFigures:
     feasible: bool = True
     oom_device: Optional[int] = None
     breakdown: Optional[tuple[dict[str, int], ...]] = None
+    #: not probed itself: known to fit from these probes (1-based), which measured every card
+    #: within budget at a chunk (card 0: a chunk and a batch) at least as large; the peaks
+    #: are then upper bounds taken from those probes
+    implied_by: tuple[int, ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -70,7 +74,7 @@ class SplitFigures:
         return dict(chunk_sizes=list(self.chunk_sizes), peak_bytes=list(self.peak_bytes),
                     imbalance=self.imbalance, feasible=self.feasible, oom_device=self.oom_device,
                     breakdown=list(self.breakdown) if self.breakdown is not None else None,
-                    batch_size=self.batch_size)
+                    batch_size=self.batch_size, implied_by=list(self.implied_by))
 
 
 @dataclass
@@ -399,7 +403,8 @@ def _read_split(c: _Checked, n: int) -> SplitFigures:
                         imbalance=float(imbalance_value) if imbalance_value is not None else math.inf,
                         feasible=True if feasible is None else feasible,
                         oom_device=c.card("oom_device", n),
-                        breakdown=tuple(bd) if bd is not None else None)
+                        breakdown=tuple(bd) if bd is not None else None,
+                        implied_by=tuple(c.ints("implied_by", None, optional=True) or ()))
 
 
 def _check_sum(c: _Checked, chunks: Sequence[int]) -> None:

@@ -26,6 +26,7 @@ from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
 from dptune.split import MAX_BATCH_SIZE
 from dptune.search.messages import card0_holdings
+from dptune.spec import WorkloadSpec
 from dptune.units import format_bytes, parse_bytes
 from dptune.workload import Workload, has_batchnorm, model_name
 
@@ -79,17 +80,11 @@ def choose_backend(device_ids: Optional[Sequence[int]] = None, simulate: Any = N
                          "(simulate=, --simulate), not both")
     if simulate is not None:
         return BackendChoice(cluster=parse_cluster(simulate))
-    have = _visible_gpus()
     if device_ids is not None:
-        ids = list(device_ids)
-        missing = [d for d in ids if not 0 <= d < have]
-        if missing:
-            seen = f"only {have} CUDA GPU(s) are visible" if have else "no CUDA GPU is visible"
-            raise BackendUnavailableError(
-                f"--devices {','.join(map(str, ids))}: {seen} here (device_ids={ids}); use "
-                f"--simulate SPEC or Tuner(..., simulate='{DEFAULT_CLUSTER}') to tune for "
-                "simulated cards")
-        return BackendChoice(device_ids=ids)
+        from dptune.backends.cuda import check_devices
+
+        return BackendChoice(device_ids=check_devices(device_ids))
+    have = _visible_gpus()
     if have == 0:
         return BackendChoice(cluster=parse_cluster(DEFAULT_CLUSTER),
                              notice=f"no GPU is visible: simulating {DEFAULT_CLUSTER} "
@@ -97,13 +92,24 @@ def choose_backend(device_ids: Optional[Sequence[int]] = None, simulate: Any = N
     return BackendChoice()
 
 
-def _build_backend(workload: Workload, choice: BackendChoice) -> Backend:
+_ISOLATE_SIMULATED = ("isolate=True (--isolate) runs each probe on real GPUs in a child process; "
+                      "it does not apply to simulated cards (simulate=, --simulate)")
+
+
+def _build_backend(workload: Workload, choice: BackendChoice,
+                   isolated: Optional[WorkloadSpec] = None) -> Backend:
+    """The backend ``choice`` names; with ``isolated``, real cards probed in child processes
+    that rebuild the workload from that spec."""
     if choice.simulated:
+        if isolated is not None:
+            raise UsageError(_ISOLATE_SIMULATED)
         from dptune.backends.simulated import SimulatedBackend
 
         return SimulatedBackend(workload, choice.cluster)
     from dptune.backends.cuda import CudaBackend
 
+    if isolated is not None:
+        return CudaBackend(isolated, device_ids=choice.device_ids, isolate=True)
     return CudaBackend(workload, device_ids=choice.device_ids)
 
 
@@ -130,6 +136,9 @@ class Tuner:
     - ``amp`` (``None``, ``"bf16"``, ``"fp16"``), ``accumulate``, ``clip_grad_norm``, ``step``:
       the training step's settings, as in :class:`dptune.workload.Workload`; the result
       records them (``result.settings``).
+    - A training step named by import strings (the command line's flags) is a
+      :class:`dptune.spec.WorkloadSpec`: :meth:`from_spec` builds the tuner from it, and can
+      run each probe in a child process (``isolate=True``).
     - ``output_device``: the card DataParallel gathers the outputs on (default 0). ``"auto"``
       (``max_batch``, on a backend that can probe it: the simulated cluster) also searches
       with the outputs on the largest other card and keeps it when that fits a larger batch;
@@ -177,11 +186,35 @@ class Tuner:
         self.max_probes = max_probes
         self.tolerance = float(tolerance)
         self.backend = backend
+        self._isolated: Optional[WorkloadSpec] = None    # set by from_spec(isolate=True)
         if not (output_device == "auto" or (isinstance(output_device, int)
                                             and not isinstance(output_device, bool)
                                             and output_device >= 0)):
             raise UsageError(f"output_device must be a card index >= 0 or 'auto', got {output_device!r}")
         self.output_device = output_device
+
+    @classmethod
+    def from_spec(cls, spec: WorkloadSpec, batch_size: int = 256, *, isolate: bool = False,
+                  device_ids: Optional[Sequence[int]] = None, simulate: Any = None,
+                  **options: Any) -> "Tuner":
+        """A tuner for the training step ``spec`` names (``options``: the other arguments of
+        :class:`Tuner`, e.g. ``objective``, ``headroom``, ``output_device``).
+
+        ``isolate=True`` runs each probe on the real cards in a spawned child process that
+        rebuilds the step from ``spec`` (a sticky CUDA error then costs only that child); it
+        does not apply to simulated cards. The cards are checked before the user's modules
+        are imported, so a bad cluster spec is a usage error first.
+        """
+        choice = choose_backend(device_ids, simulate)
+        if isolate and choice.simulated:
+            raise UsageError(_ISOLATE_SIMULATED)
+        wl = spec.build()
+        tuner = cls(wl.model, wl.sample, batch_size, wl.loss_fn, wl.optimizer,
+                    device_ids=device_ids, simulate=simulate, amp=wl.amp,
+                    accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm, step=wl.step,
+                    **options)
+        tuner._isolated = spec if isolate else None
+        return tuner
 
     def fit(self) -> TuneResult:
         """Run the search and return a :class:`TuneResult` (``result.model`` is wrapped).
@@ -197,7 +230,7 @@ class Tuner:
             if choice.notice is not None:
                 _notice(choice.notice, self.verbose)
                 notes.append(choice.notice)
-            backend = _build_backend(self.workload, choice)
+            backend = _build_backend(self.workload, choice, self._isolated)
         card0_batch: Optional[int] = None
         out_dev = 0
         try:
@@ -227,7 +260,8 @@ class Tuner:
             notes.append("the model has BatchNorm: every card gets 0 or at least 2 samples")
         model = self._wrap(backend, chunk_sizes, notes, out_dev)
         budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
-        even = _figures(outcome.even, list(outcome.even_split), budgets)
+        even = dataclasses.replace(_figures(outcome.even, list(outcome.even_split), budgets),
+                                   implied_by=outcome.even_implied_by)
         best = outcome.best
         return TuneResult(
             objective=self.objective, backend=str(getattr(backend, "kind", "unknown")),

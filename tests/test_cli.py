@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from dptune import cli
-from dptune.cli import RandomBatch, load_workload, main
+from dptune.cli import main
+from dptune.spec import RandomBatch, WorkloadSpec
 from dptune.errors import UsageError
 from dptune.report import write_report
 from dptune.result import TuneResult
@@ -140,9 +141,9 @@ def test_search_input_shape_token_ids(tiny, capsys, monkeypatch):
     seen = {}
     real_search = cli.search
 
-    def spy(*args, **kwargs):
-        seen.update(kwargs)
-        return real_search(*args, **kwargs)
+    def spy(spec, **kwargs):
+        seen.update(kwargs, spec=spec)
+        return real_search(spec, **kwargs)
 
     monkeypatch.setattr(cli, "search", spy)
     code, out, err = run_main(
@@ -151,7 +152,8 @@ def test_search_input_shape_token_ids(tiny, capsys, monkeypatch):
         "--input-shape", "16", "--vocab-size", "512", "--batch-size", "8", "--loss",
         "cross_entropy", "--optimizer", "none", "--quiet", *FAST)
     assert code == 0, err
-    assert seen["input_shape"] == (16,) and seen["vocab_size"] == 512
+    spec = seen["spec"]
+    assert spec.input_shape == (16,) and spec.vocab_size == 512 and spec.batch_dtype == "long"
     assert out == f"report written to {Path('reports', 'TinyGPT-2x2GB')}{os.sep}\n"
     assert "probing" not in err  # --quiet: no progress bar
 
@@ -268,7 +270,8 @@ def test_devices_without_gpu_exit_4(tiny, capsys, monkeypatch):
     code, _, err = run_main(capsys, "search", "--model", f"{tiny}:Net", "--devices", "0,1")
     assert code == 4
     assert "Traceback" not in err
-    assert "dptune: error: --devices 0,1: no CUDA GPU is visible" in err and "--simulate" in err
+    assert "dptune: error: GPUs 0, 1 were asked for but torch sees none" in err
+    assert "--simulate" in err and "CUDA_VISIBLE_DEVICES" in err
 
 
 def test_no_split_fits_exit_3(tiny, capsys):
@@ -294,7 +297,7 @@ def test_user_model_constructor_raising_exit_1(tiny, capsys):
                             '{"colour": 1}', "--batch-size", "8", *FAST)
     assert code == 1
     assert "Traceback" not in err
-    assert err.startswith("dptune: error: building the model Net")
+    assert "dptune: error: the model factory 'Net' raised while building the model" in err
     assert "unexpected keyword argument 'colour'" in err
     # raised inside the user's __init__: their frame is shown
     code, _, err = run_main(capsys, "search", "--model", f"{tiny}:Net", "--model-kwargs",
@@ -421,21 +424,21 @@ def test_random_batch():
     assert RandomBatch((2,), "bfloat16")(1).dtype == torch.bfloat16
 
 
-def test_load_workload_uses_models_own_sample_on_meta():
-    wl = load_workload("dptune.examples.models:TinyGPT", model_kwargs={"seq_len": 12},
-                       simulated=True)
-    assert callable(wl.model) and wl.model.__name__ == "TinyGPT" and wl.name == "TinyGPT"
-    batch = wl.sample(3)
+def test_spec_uses_models_own_sample_on_meta():
+    wl = WorkloadSpec("dptune.examples.models:TinyGPT", model_kwargs={"seq_len": 12}).build()
+    assert callable(wl.model) and wl.model.__name__ == "TinyGPT"
+    batch = wl.sample(3)      # before any model is built: read from a meta instance
     assert batch.shape == (3, 12) and not batch.is_meta
     assert wl.loss_fn is None and wl.optimizer is cli.adamw
 
 
-def test_load_workload_real_builds_the_module(tiny):
+def test_spec_of_a_factory_function_finds_its_models_sample(tiny):
     import torch
 
-    wl = load_workload(f"{tiny}:Net", model_kwargs={"width": 8}, simulated=False,
-                       loss="mse", optimizer="none")
-    assert isinstance(wl.model, torch.nn.Module) and wl.sample(2).shape == (2, 8)
+    wl = WorkloadSpec(f"{tiny}:Net", model_kwargs={"width": 8}, loss="mse",
+                      optimizer="none").build()
+    model = wl.model()
+    assert isinstance(model, torch.nn.Module) and wl.sample(2).shape == (2, 8)
     assert wl.optimizer is None and wl.loss_fn is cli.mse_loss
 
 
@@ -485,33 +488,35 @@ def test_isolate_is_for_real_gpus(capsys):
     assert "--isolate" in capsys.readouterr().err
 
 
-def test_isolated_backend_spec_names_builtins_by_import_string():
-    from dptune.backends.cuda import WorkloadSpec
-    from dptune.cli import LOSSES, OPTIMIZERS, _isolated_backend
-    from dptune.importer import import_from_string
+def test_isolate_builds_an_isolated_backend_from_the_flags_spec(monkeypatch):
+    """--isolate hands the child the spec the flags describe (built-ins by name: the child
+    resolves them below the CLI, without importing it)."""
+    import pickle
+
+    import dptune.backends.cuda as cuda
+    import dptune.tuner as tuner_mod
+    from dptune.tuner import BackendChoice
 
     captured = {}
 
     class FakeBackend:
         def __init__(self, spec, device_ids=None, isolate=False):
             captured.update(spec=spec, device_ids=device_ids, isolate=isolate)
+            raise RuntimeError("stop here")
 
-    import dptune.backends.cuda as cuda
-
-    orig = cuda.CudaBackend
-    cuda.CudaBackend = FakeBackend
-    try:
-        _isolated_backend("dptune.examples.models:TinyGPT", {"vocab_size": 100}, None, (16,), None,
-                          100, "cross_entropy", "adamw", [0, 1])
-    finally:
-        cuda.CudaBackend = orig
+    monkeypatch.setattr(cuda, "CudaBackend", FakeBackend)
+    monkeypatch.setattr(tuner_mod, "choose_backend",
+                        lambda ids, sim: BackendChoice(device_ids=list(ids)))
+    args = cli.build_parser().parse_args(
+        ["search", "--model", "dptune.examples.models:TinyGPT", "--model-kwargs",
+         '{"vocab_size": 100}', "--input-shape", "16", "--vocab-size", "100", "--loss",
+         "cross_entropy", "--devices", "0,1", "--isolate"])
+    with pytest.raises(RuntimeError, match="stop here"):
+        cli.search(cli.workload_spec(args), devices=args.devices, isolate=True, verbose=False)
     spec = captured["spec"]
     assert isinstance(spec, WorkloadSpec) and captured["isolate"] and captured["device_ids"] == [0, 1]
-    assert import_from_string(spec.loss_fn) is LOSSES["cross_entropy"]
-    assert import_from_string(spec.optimizer) is OPTIMIZERS["adamw"]
-    # the child finds them below the CLI, without importing it
-    assert (spec.loss_fn, spec.optimizer) == ("dptune.presets:cross_entropy_loss",
-                                              "dptune.presets:adamw")
-    assert spec.input_dtype == "long" and spec.input_high == 100
-    wl = spec.build()   # the child's view: rebuilds the same workload from strings
+    assert (spec.loss, spec.optimizer, spec.batch_dtype, spec.vocab_size) == (
+        "cross_entropy", "adamw", "long", 100)
+    wl = pickle.loads(pickle.dumps(spec)).build()   # the child's view
+    assert wl.loss_fn is cli.LOSSES["cross_entropy"] and wl.optimizer is cli.OPTIMIZERS["adamw"]
     assert wl.sample(3).shape == (3, 16)

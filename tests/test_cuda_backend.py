@@ -18,7 +18,8 @@ import torch
 import torch.nn as nn
 
 from dptune.backends.base import Backend, ProbeResult
-from dptune.backends.cuda import CudaBackend, CudaRuntime, StepContext, WorkloadSpec, default_step
+from dptune.backends.cuda import CudaBackend, CudaRuntime, StepContext, default_step
+from dptune.spec import WorkloadSpec
 from dptune.errors import (BackendUnavailableError, ImportStringError, UsageError,
                            UserCodeError)
 from dptune.state import snapshot
@@ -641,8 +642,8 @@ def test_spec_pickles_and_builds():
 def test_spec_input_shape_and_sample_forms():
     s = WorkloadSpec("dptune.examples.models:MLP", input_shape=(3, 4)).build()
     assert s.sample(2).shape == (2, 3, 4) and s.sample(2).dtype == torch.float32
-    s = WorkloadSpec("dptune.examples.models:TinyGPT", input_shape=(7,), input_dtype="int64",
-                     input_high=50).build()
+    s = WorkloadSpec("dptune.examples.models:TinyGPT", input_shape=(7,), dtype="long",
+                     vocab_size=50).build()
     x = s.sample(2)
     assert x.dtype == torch.int64 and x.shape == (2, 7) and int(x.max()) < 50
     s = WorkloadSpec("dptune.examples.models:TinyGPT",
@@ -659,10 +660,10 @@ def test_spec_input_shape_and_sample_forms():
 def test_spec_errors():
     with pytest.raises(ImportStringError):
         WorkloadSpec("no_such_module_xyz:Net").build()
-    with pytest.raises(UsageError, match="input shape"):
+    with pytest.raises(UsageError, match="Linear has no sample"):
         WorkloadSpec("torch.nn:Linear", model_kwargs={"in_features": 2, "out_features": 2}).build()
     with pytest.raises(UsageError, match="dtype"):
-        WorkloadSpec("dptune.examples.models:MLP", input_shape=(2,), input_dtype="nope").build()
+        WorkloadSpec("dptune.examples.models:MLP", input_shape=(2,), dtype="nope")
 
 
 def spawn_ok_step(ctx, sizes):
@@ -734,3 +735,85 @@ def test_real_runtime_nvml_matched_by_uuid(monkeypatch):
     monkeypatch.setattr(_nvml, "memory_info",
                         lambda h: _nvml.MemoryInfo(total=10, free=1, used={"h-a": 7, "h-b": 9}[h]))
     assert rt.nvml_used(1) == 9 and rt.nvml_used(0) == 7
+
+
+# ---- the output device --------------------------------------------------------------------
+
+OUT_PER_SAMPLE = 64 * MiB
+
+
+def gathering_wrapper(rt: FakeRuntime, made: list):
+    """Stands in for BalancedDataParallel on the fake runtime: the forward charges the whole
+    batch's gathered outputs (``OUT_PER_SAMPLE`` a sample) to the output device, as torch's
+    gather does, and each chunk's activations to its own card."""
+
+    class Wrapper(nn.Module):
+        def __init__(self, module, device_ids, output_device, dim, chunk_sizes):
+            super().__init__()
+            self.module, self.device_ids = module, list(device_ids)
+            self.output_device, self.chunk_sizes = output_device, list(chunk_sizes)
+            made.append((tuple(device_ids), output_device, tuple(chunk_sizes)))
+
+        def forward(self, x):
+            for d, c in zip(self.device_ids, self.chunk_sizes):
+                rt.alloc(d, c * MiB)
+                rt.free(d, c * MiB)
+            b = sum(self.chunk_sizes)
+            rt.alloc(self.output_device, b * OUT_PER_SAMPLE)
+            rt.free(self.output_device, b * OUT_PER_SAMPLE)
+            return self.module(x)
+
+    return Wrapper
+
+
+@pytest.mark.parametrize("out", [0, 1])
+def test_default_step_gathers_on_the_output_device_asked_for(monkeypatch, out):
+    import dptune.parallel
+
+    rt, made = FakeRuntime(n=3), []
+    monkeypatch.setattr(dptune.parallel, "BalancedDataParallel", gathering_wrapper(rt, made))
+    loss_devices = []
+
+    def loss_fn(output, batch):
+        loss_devices.append(batch.device)
+        return output.sum()
+
+    wl = Workload(model=nn.Linear(4, 2), sample=lambda b: torch.randn(b, 4), loss_fn=loss_fn)
+    with CudaBackend(wl, [0, 1, 2], runtime=rt, repeats=1) as b:
+        r = b.probe([2, 4, 4], output_device=out)
+    assert r.feasible
+    # every wrapper built for the probe gathered on the card asked for
+    assert made and all(m == ((0, 1, 2), out, (2, 4, 4)) for m in made)
+    # the whole batch's outputs are charged to that card's peak, not to card 0's
+    gathered = 10 * OUT_PER_SAMPLE
+    assert r.peak_bytes[out] >= gathered
+    assert all(r.peak_bytes[i] < gathered for i in range(3) if i != out)
+    assert ("outputs gathered on card 1" in r.note) == (out == 1)
+    assert loss_devices     # the loss ran (its targets moved to the output card's device)
+
+
+def test_tuner_output_device_on_the_cuda_backend(monkeypatch):
+    """Tuner(output_device=1) on the CUDA backend probes with the outputs on card 1 and keeps
+    it when that fits a larger batch: card 0 also holds the optimizer state."""
+    import dptune.parallel
+    from dptune.tuner import Tuner
+
+    rt, made = FakeRuntime(n=2, total=8 * GiB), []
+    monkeypatch.setattr(dptune.parallel, "BalancedDataParallel", gathering_wrapper(rt, made))
+
+    wl = Workload(model=nn.Linear(4, 2), sample=lambda b: torch.randn(b, 4),
+                  optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    be = CudaBackend(wl, [0, 1], runtime=rt, repeats=1)
+    rt.alloc(0, 2 * GiB)          # card 0 holds 2 GiB more (weights, state) for the whole run
+    # wrapping the model at the end moves it to a real CUDA card, which this machine lacks
+    monkeypatch.setattr(Tuner, "_wrap", lambda self, *a, **k: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = Tuner(wl.model, wl.sample, batch_size=8, optimizer=wl.optimizer,
+                    objective="max_batch", headroom=256 * MiB, verbose=False, backend=be,
+                    output_device=1, max_probes=24).fit()
+    assert res.output_device == 1 and res.card0_output_batch_size is not None
+    assert res.batch_size > res.card0_output_batch_size
+    assert any(m[1] == 1 for m in made) and any(m[1] == 0 for m in made)
+    assert any(p.purpose.startswith("output 1:") and list(p.chunk_sizes) == res.chunk_sizes
+               for p in res.probes)

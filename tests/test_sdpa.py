@@ -61,6 +61,9 @@ A100, V100, T4, A10, L4, H100 = (8, 0), (7, 0), (7, 5), (8, 6), (8, 9), (9, 0)
     (call(dtype=FP32), H100, "efficient"),
     (call(dtype=BF16, hk=2), A100, "math"),                         # heads differ, no gqa
     (call(dtype=BF16, hk=2, enable_gqa=True), A100, "flash"),
+    (call(dtype=FP32, hk=2, enable_gqa=True), A100, "math"),        # efficient: no gqa
+    (call(dtype=BF16, hk=2, enable_gqa=True, mask_shape=(2, 1, 128, 128)), A100, "math"),
+    (call(dtype=BF16, hk=2, enable_gqa=True, mask_shape=(2, 1, 128, 128)), H100, "cudnn"),
     (call(dtype=BF16, last_strides=(2, 1, 1)), A100, "math"),       # last dim not contiguous
     (call(dtype=FP32, storage_offsets=(2, 0, 0)), A100, "math"),    # misaligned on sm 8.0
     (call(dtype=FP32, storage_offsets=(2, 0, 0)), V100, "efficient"),
@@ -234,3 +237,26 @@ def test_hf_sdpa_runs_cuda_kernels_and_eager_is_the_math_path():
     per_layer = 4 * 4 * t * t * 4                    # B×H×T×T fp32
     # eager keeps each layer's softmax (fp32) and its dropout mask (bool) for the backward
     assert eager.peak_bytes[0] - sdpa.peak_bytes[0] >= 2 * (per_layer + per_layer // 4)
+
+
+def test_grouped_query_attention_in_fp32_runs_the_math_path_on_each_card():
+    """A Llama-style model passes ``enable_gqa=True`` with fewer key/value heads: CUDA's
+    memory-efficient kernel takes no grouped heads, so fp32 runs the math path (bf16: flash)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(num_hidden_layers=1, hidden_size=64, intermediate_size=128,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                      max_position_embeddings=64)
+
+    def sample(n: int) -> dict:
+        ids = torch.randint(0, 100, (n, 64))
+        return {"input_ids": ids, "labels": ids}
+
+    def run(amp):
+        return estimate_memory(
+            lambda: LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa"), sample,
+            [2, 4], "2xA100-80GB", amp=amp)
+
+    fp32, bf16 = run(None), run("bf16")
+    assert "math x2" in next(n for n in fp32.notes if "attention" in n)
+    assert "flash x2" in next(n for n in bf16.notes if "attention" in n)

@@ -45,25 +45,38 @@ def measured(model, optimizer, cluster):
     return SimulatedBackend(wl, cluster), wl
 
 
-CASES = [(name, adamw) for name in MODELS] + [("mlp-tiny-output", sgd), ("causal-lm", sgd)]
+#: The issue's targets, the even-split baseline counted: <= 6 probes on the typical shapes,
+#: <= 8 on the hard ones (the shapes that show the old search's causes: a tiny-output MLP
+#: started thousands of times below its optimum, mixed cards with card 0 partly taken, an
+#: LM's and a segmentation net's large gathered outputs; on 2 cards nothing can ride along
+#: on card 0's questions, see dptune/search/max_batch.py).
+HARD = {"mlp-tiny-output", "mlp-mixed-cards", "causal-lm", "big-output"}
+
+#: (model, optimizer, start batch per card): 8 per card is 2000x below the tiny-output MLP's
+#: optimum (65137 on 4 cards); 814 per card is 20x below it.
+CASES = [(name, adamw, 8) for name in MODELS] + [("mlp-tiny-output", sgd, 8),
+                                                  ("causal-lm", sgd, 8),
+                                                  ("mlp-tiny-output", adamw, 814)]
 
 
-@pytest.mark.parametrize("name,optimizer", CASES,
-                         ids=[f"{n}-{o.__name__}" for n, o in CASES])
-def test_largest_batch_is_the_exhaustive_optimum(name, optimizer):
+@pytest.mark.parametrize("name,optimizer,start", CASES,
+                         ids=[f"{n}-{o.__name__}-start{s}" for n, o, s in CASES])
+def test_largest_batch_is_the_exhaustive_optimum(name, optimizer, start):
     build, cluster = MODELS[name]
     model = build()
     backend, wl = measured(model, optimizer, cluster)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        r = Tuner(model, model.sample, batch_size=8 * len(backend.devices), optimizer=optimizer,
-                  objective="max_batch", headroom=HEADROOM, verbose=False, backend=backend).fit()
+        r = Tuner(model, model.sample, batch_size=start * len(backend.devices),
+                  optimizer=optimizer, objective="max_batch", headroom=HEADROOM, verbose=False,
+                  backend=backend).fit()
     m = 2 if has_batchnorm(model) else 1
     curves = brute.Curves(wl, m)
     budgets = r.budget_bytes
     best, split = brute.max_batch_optimum(curves, budgets, guess=r.batch_size,
                                           guess_split=r.chunk_sizes)
     assert r.batch_size == best, (r.chunk_sizes, split)
+    assert best >= 20 * r.requested_batch_size     # the start is at least 20x below
     assert r.certified
     assert all(p <= b for p, b in zip(r.peak_bytes, budgets))
     assert any(list(p.chunk_sizes) == r.chunk_sizes for p in r.probes)
@@ -72,7 +85,7 @@ def test_largest_batch_is_the_exhaustive_optimum(name, optimizer):
     e = r.even.batch_size
     assert curves.fits(even_split(e, n), budgets) and not curves.fits(even_split(e + 1, n), budgets)
     assert r.batch_size >= e
-    assert r.num_probes <= 10
+    assert r.num_probes <= (8 if name in HARD else 6), [p.purpose for p in r.probes]
     if m == 2:
         assert all(1 not in p.chunk_sizes for p in r.probes)
 

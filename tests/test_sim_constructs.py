@@ -78,6 +78,22 @@ def test_checkpointing_on_several_cards_saves_on_each_card_its_own_chunk(mode, s
                 assert saved[a] == saved[b]
 
 
+@pytest.mark.parametrize("mode", ["non-reentrant", "reentrant"])
+def test_checkpointing_under_bf16_autocast_recomputes_in_bf16(mode):
+    """The checkpoint restores the forward's CUDA autocast state when it recomputes (on the
+    fake cards it would otherwise restore the CPU's: fp32, and a CheckpointError)."""
+    def bf16_peaks(m: str) -> list[int]:
+        return estimate_memory(lambda: Stack(m), lambda n: torch.randn(n, T, D), [0, 16],
+                               "2x24GB", loss_fn=lambda out, batch: out.float().sum(),
+                               amp="bf16").peak_bytes
+
+    plain, ckpt = bf16_peaks("none"), bf16_peaks(mode)
+    saved = plain[1] - ckpt[1]
+    # per block not kept: h and GELU(h), 4 u each in fp32, 2 u each in bf16: 3 blocks x 4 u,
+    # less checkpoint's own small tensors (and, reentrant, the recomputed output, below u)
+    assert 10.5 * u(16) <= saved <= 12 * u(16), saved / u(16)
+
+
 def test_hf_gradient_checkpointing_on_two_cards():
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -359,3 +375,55 @@ def test_a_failure_in_dptunes_device_rules_is_reported_as_dptunes(monkeypatch, p
         causes.append(type(e))
         e = e.__cause__
     assert causes == [InternalError, KeyError]   # the original failure chained, once
+
+
+class GroupedExperts(nn.Module):
+    """Expert layers as transformers 5 runs them: one ``torch._grouped_mm`` over all experts."""
+
+    def __init__(self, dtype: torch.dtype, experts: int = 4, k: int = 16, n: int = 32):
+        super().__init__()
+        self.experts = experts
+        self.weight = nn.Parameter(torch.randn(experts, k, n, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        per = x.shape[0] // self.experts
+        offs = torch.arange(1, self.experts + 1, device=x.device, dtype=torch.int32) * per
+        return torch._grouped_mm(x.to(self.weight.dtype), self.weight, offs=offs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_grouped_mm_runs_in_every_dtype_cuda_takes(dtype):
+    """CUDA runs ``_grouped_mm`` in fp32 and fp16 through its fallback kernel (a Mixtral-style
+    model with fp32 master weights, also under autocast); torch's meta kernel asks for bf16."""
+    seen = []
+
+    def loss(out, batch):
+        seen.append((out.dtype, tuple(out.shape)))
+        return out.float().sum()
+
+    e = estimate_memory(lambda: GroupedExperts(dtype), lambda n: torch.randn(n, 16), [8, 16],
+                        "2x24GB", loss_fn=loss)
+    assert seen == [(dtype, (24, 32))]       # each replica's (S, N), gathered
+    assert e.peak_bytes[1] > 0
+
+
+def test_an_error_from_a_fake_kernel_says_the_simulator_may_be_at_fault():
+    """An error raised inside torch's fake (meta) kernels may be the simulator's, not the
+    model's: the message says how to tell; an error the model raises itself does not."""
+    from dptune.errors import UserCodeError
+
+    class Mismatch(nn.Module):
+        def __init__(self, own_error: bool):
+            super().__init__()
+            self.w, self.own_error = nn.Parameter(torch.randn(5, 7)), own_error
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.own_error:
+                raise ValueError("the model's own check")
+            return x @ self.w
+
+    for own, note in ((False, True), (True, False)):
+        with pytest.raises(UserCodeError) as e:
+            estimate_memory(lambda own=own: Mismatch(own), lambda n: torch.randn(n, 4), [2, 2], "2x24GB")
+        assert ("fake kernel meta_mm" in str(e.value)
+                and "if this step runs on a GPU, the simulator is wrong" in str(e.value)) == note

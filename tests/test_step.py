@@ -306,8 +306,30 @@ def test_unread_gathered_outputs_are_named_with_their_bytes_and_advised():
     no_cache = estimate_memory(lambda: tiny_gpt2(use_cache=False), gpt2_batch, [4, 4], "2x24GB")
     assert dict(no_cache.unread_outputs) == {"output['logits']": b * SEQ_LEN * VOCAB_SIZE * 4}
     assert no_cache.peak_bytes[0] < with_cache.peak_bytes[0]
+    # one card holding samples of two: DataParallel still gathers (a copy onto card 0)
+    alone = estimate_memory(lambda: tiny_gpt2(), gpt2_batch, [8, 0], "2x24GB")
+    assert dict(alone.unread_outputs) == dict(with_cache.unread_outputs)
+    assert unread_outputs_advice(alone.unread_outputs, alone.peak_bytes[0]) is not None
     # one card: nothing is gathered, nothing to advise
     assert estimate_memory(lambda: tiny_gpt2(), gpt2_batch, [8], "1x24GB").unread_outputs is None
+
+
+@pytest.mark.parametrize("sizes", [(4, 4), (8, 0), (0, 8)])
+def test_cuda_backend_names_unread_outputs_whichever_cards_hold_samples(sizes):
+    def sample(b):
+        return torch.randn(b, 6)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.side = nn.Linear(6, 3), nn.Linear(6, 3)
+
+        def forward(self, x):      # "hidden" feeds nothing the loss reads
+            return {"loss": self.lin(x).pow(2).mean(), "hidden": self.side(x)}
+
+    r = _cuda_probe(Workload(Net(), sample, loss_fn=lambda out, batch: out["loss"].sum()), sizes)
+    assert r.unread_outputs is not None
+    assert dict(r.unread_outputs) == {"output['hidden']": 8 * 3 * 4}
 
 
 def test_gpt2_through_the_cli_with_bf16_and_accumulation(tmp_path, capsys):

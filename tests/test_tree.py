@@ -10,7 +10,7 @@ import torch
 
 import torch.nn.parallel.scatter_gather as sg
 from dptune import _tree
-from dptune.errors import UsageError
+from dptune.errors import UsageError, UserCodeError
 
 Pair = collections.namedtuple("Pair", ["x", "y"])
 
@@ -151,3 +151,24 @@ def test_simulator_splits_a_namedtuple_batch_as_the_wrapper_does():
     real = split_inputs(sample(8), {}, [3, 5], 0, [0, 1])
     assert seen == [(type(a[0]).__name__, tuple(a[0].x.shape), tuple(a[0].y.shape)) for a in real.args]
     assert seen == [("Pair", (3, 8), (3, 8)), ("Pair", (5, 8), (5, 8))]
+
+
+def test_a_sliding_window_cache_fails_to_gather_in_torch_and_says_so_here(monkeypatch):
+    """A Mistral-style DynamicCache carries each layer's sliding window as a 0-dim tensor;
+    gather stacks the replicas' into a vector, and DynamicCache(...) then calls .item() on
+    it. torch's own gather fails the same way, so the message names the output and the fix."""
+    from transformers import MistralConfig
+    from transformers.cache_utils import DynamicCache
+
+    _cpu_stand_ins(monkeypatch, 2)
+    cfg = MistralConfig(num_hidden_layers=1, hidden_size=8, num_attention_heads=2,
+                        num_key_value_heads=1, sliding_window=4)
+    cache = DynamicCache(config=cfg)
+    t = torch.ones(2, 1, 3, 4)
+    cache.update(t, t, 0)
+    outs = [{"logits": torch.ones(2, 3), "past_key_values": cache}] * 2
+    with pytest.raises(RuntimeError, match="cannot be converted to Scalar"):
+        sg.gather(outs, 0, 0)
+    with pytest.raises(UserCodeError, match=r"output\['past_key_values'\] is a DynamicCache.*"
+                                            r"fails the same way.*use_cache=False"):
+        _tree.gather(outs, lambda ts, path: torch.cat(ts, 0) if ts[0].dim() else torch.stack(ts))

@@ -16,7 +16,8 @@ def test_without_a_gpu_it_says_so_and_exits_0(capsys):
 def test_rows_cover_the_constructs_and_build():
     cases = validate_gpu._cases()
     labels = [c.label for c in cases]
-    for needed in ("GPT2-drop-fp32", "GPT2-drop-bf16", "GPT2-ckpt", "BERT-mask", "MoE-top1"):
+    for needed in ("GPT2-drop-fp32", "GPT2-drop-bf16", "GPT2-ckpt", "BERT-mask", "MoE-top1",
+                   "Llama-GQA-fp32", "Llama-GQA-bf16", "Mixtral-grouped"):
         assert needed in labels
     amps = {c.label: c.step.get("amp") for c in cases}
     assert amps["GPT2-drop-bf16"] == "bf16" and amps["GPT2-drop-fp32"] is None

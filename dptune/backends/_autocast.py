@@ -21,9 +21,9 @@ Linear's input, an fp32 softmax output) is what a GPU would hold.
 
 Where the emulation differs from CUDA: every floating tensor counts as a CUDA tensor (on a
 GPU, CPU tensors in the same op are not cast); ops that torch adds to its lists after 2.13
-are not cast; ``torch.utils.checkpoint`` recomputes a checkpointed region without CUDA
-autocast (it takes the autocast state of the inputs' device, which is the CPU here), so
-the recomputation is charged in the dtype the ops produce without autocast.
+are not cast. ``torch.utils.checkpoint`` restores the autocast state of its inputs' device
+when it recomputes a region; the fake tensors say "cpu", so while a simulated step runs the
+checkpoint is told "cuda" (``amp_as_if_cuda``) and recomputes in the forward's precision.
 """
 
 from __future__ import annotations

@@ -27,7 +27,9 @@ the ones the card would keep.
   and 10.x) and a multiple of 8, key length ≠ 1, batch and heads ≤ 65535, not with
   ``torch.use_deterministic_algorithms(True)``;
 - all fused kernels: 4-D dense inputs, last dimension with stride 1, non-empty sequences,
-  equal batch sizes, equal head counts (or grouped-query heads with ``enable_gqa``);
+  equal batch sizes, equal head counts (or, for flash and cuDNN only, grouped-query heads
+  with ``enable_gqa``: memory-efficient attention takes none, so such a call in fp32 runs
+  the math path, which repeats the key and value heads);
 - math when it is enabled, else ``"error"`` (torch raises "No available kernel").
 
 Assumed about the torch build on the card (not knowable here): a CUDA 12.x or 13.x build with
@@ -186,7 +188,7 @@ def can_use_efficient(c: SdpaCall, cap: Capability, flags: SdpaFlags) -> bool:
         align_bytes = align * c.element_size
         if any((off * c.element_size) % align_bytes for off in c.storage_offsets):
             return False
-    if not _dense_ok(c, ignore_singleton_dim=False, gqa=True):
+    if not _dense_ok(c, ignore_singleton_dim=False, gqa=False):   # no grouped-query heads
         return False
     allowed = (torch.float16, torch.float32, torch.bfloat16) if cap[0] >= 8 else (torch.float16, torch.float32)
     return c.dtypes[0] == c.dtypes[1] == c.dtypes[2] and c.dtypes[0] in allowed

@@ -67,8 +67,8 @@ memory taken by others.
 
 **Isolation.** ``isolate=True`` runs each probe in a spawned child process (so a sticky CUDA
 error, e.g. an illegal memory access, costs only that child). The child must rebuild the
-workload, so isolation needs a picklable :class:`WorkloadSpec` (import strings, as the
-command line has); a model object or closure given to ``Tuner(model=...)`` does not pickle
+workload, so isolation needs a picklable :class:`~dptune.spec.WorkloadSpec` (import strings, as
+the command line has); a model object or closure given to ``Tuner(model=...)`` does not pickle
 reliably (lambdas, local classes, a model on a card) and is refused with a
 :class:`~dptune.errors.UsageError`. In the child every probe warms up (a fresh process), and
 the parent's CUDA context stays on the cards while the child runs, so isolated probes are a
@@ -88,17 +88,18 @@ import os
 import time
 import traceback
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from dptune.backends.base import Device, ProbeResult
 from dptune.errors import BackendUnavailableError, DptuneError, UsageError, UserCodeError
 from dptune.oom import is_oom, oom_device, oom_summary, replica_where
+from dptune.spec import WorkloadSpec
 from dptune.split import validate_chunk_sizes
 from dptune.state import Snapshot, restore, snapshot
 from dptune.workload import StepOutcome, StepRuntime, Workload, run_step
 
-__all__ = ["CudaBackend", "CudaRuntime", "WorkloadSpec", "StepContext", "default_step"]
+__all__ = ["CudaBackend", "CudaRuntime", "StepContext", "default_step", "check_devices"]
 
 _STICKY = ("illegal memory access", "device-side assert", "misaligned address",
            "unspecified launch failure", "illegal instruction", "uncorrectable ecc",
@@ -272,150 +273,6 @@ class CudaRuntime:
 
 
 # --------------------------------------------------------------------------------------------
-# A rebuildable workload (for isolated probes and the command line)
-# --------------------------------------------------------------------------------------------
-def _resolve(import_str: str) -> Any:
-    from dptune.importer import import_from_string
-
-    return import_from_string(import_str)
-
-
-class _ModelFactory:
-    """``Net(**kwargs)``, remembering the last model built (for ``.method`` samplers)."""
-
-    def __init__(self, import_str: str, kwargs: Mapping[str, Any]):
-        self.import_str, self.kwargs = import_str, dict(kwargs)
-        obj = _resolve(import_str)
-        self.__name__ = getattr(obj, "__name__", import_str.rpartition(":")[2])
-        self.last: Any = None
-
-    def __call__(self) -> Any:
-        import torch
-
-        obj = _resolve(self.import_str)
-        model = obj if isinstance(obj, torch.nn.Module) else obj(**self.kwargs)
-        if not isinstance(model, torch.nn.Module):
-            raise UsageError(f"{self.import_str!r} built a {type(model).__name__}, not an nn.Module")
-        self.last = model
-        return model
-
-
-class _MethodSample:
-    """``model.<name>(batch_size)`` on the model the factory built last."""
-
-    def __init__(self, factory: _ModelFactory, name: str, kwargs: Mapping[str, Any]):
-        self.factory, self.name, self.kwargs = factory, name, dict(kwargs)
-
-    def __call__(self, batch_size: int) -> Any:
-        model = self.factory.last if self.factory.last is not None else self.factory()
-        return getattr(model, self.name)(batch_size, **self.kwargs)
-
-
-class _FunctionSample:
-    def __init__(self, import_str: str, kwargs: Mapping[str, Any]):
-        self.import_str, self.kwargs = import_str, dict(kwargs)
-
-    def __call__(self, batch_size: int) -> Any:
-        return _resolve(self.import_str)(batch_size, **self.kwargs)
-
-
-class _ShapeSample:
-    """A batch of ``(B, *shape)``: ``randn`` for floating dtypes, ``randint(0, high)`` else."""
-
-    def __init__(self, shape: Sequence[int], dtype: str, high: int):
-        self.shape, self.dtype, self.high = tuple(int(s) for s in shape), dtype, int(high)
-
-    def __call__(self, batch_size: int) -> Any:
-        import torch
-
-        dtype = getattr(torch, self.dtype)
-        if dtype.is_floating_point:
-            return torch.randn((batch_size, *self.shape), dtype=dtype)
-        return torch.randint(0, self.high, (batch_size, *self.shape), dtype=dtype)
-
-
-class _OptimizerFactory:
-    def __init__(self, import_str: str, kwargs: Mapping[str, Any]):
-        self.import_str, self.kwargs = import_str, dict(kwargs)
-
-    def __call__(self, params: Iterable[Any]) -> Any:
-        return _resolve(self.import_str)(params, **self.kwargs)
-
-
-@dataclass(frozen=True)
-class WorkloadSpec:
-    """A workload given by import strings, so a spawned child process can rebuild it.
-
-    - ``model``: ``"mymod:Net"``, a class or zero-argument-compatible factory called with
-      ``model_kwargs`` (or an ``nn.Module`` instance at module level).
-    - the batch, in this order of preference: ``sample`` (``"mymod:make_batch"``, called as
-      ``make_batch(batch_size, **sample_kwargs)``, or ``".method"``: that method of the built
-      model, e.g. ``".sample_with_targets"``); else ``input_shape`` (per-sample shape; a
-      ``randn`` batch for floating ``input_dtype``, ``randint(0, input_high)`` for integer
-      ones, e.g. token ids); else the model's own ``sample(batch_size)`` method.
-    - ``loss_fn``: ``"mymod:loss"`` called as ``loss(output, batch)``; ``None``: the default.
-    - ``optimizer``: ``"torch.optim:AdamW"`` called as ``AdamW(params, **optimizer_kwargs)``.
-    """
-
-    model: str
-    model_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    sample: Optional[str] = None
-    sample_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    input_shape: Optional[tuple[int, ...]] = None
-    input_dtype: str = "float32"
-    input_high: int = 2
-    loss_fn: Optional[str] = None
-    optimizer: Optional[str] = None
-    optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    amp: Optional[str] = None
-    accumulate: int = 1
-    clip_grad_norm: Optional[float] = None
-    step: Optional[str] = None
-
-    def build(self) -> Workload:
-        """The :class:`~dptune.workload.Workload` (the model as a factory, not yet built).
-
-        Raises :class:`~dptune.errors.ImportStringError` for a string that names nothing and
-        :class:`~dptune.errors.UsageError` for an inconsistent spec.
-        """
-        import torch
-
-        factory = _ModelFactory(self.model, self.model_kwargs)
-        sample: Callable[[int], Any]
-        if self.sample is not None:
-            if self.sample.startswith("."):
-                sample = _MethodSample(factory, self.sample[1:], self.sample_kwargs)
-            else:
-                _resolve(self.sample)  # fail now, not in the first probe
-                sample = _FunctionSample(self.sample, self.sample_kwargs)
-        elif self.input_shape is not None:
-            dtype = getattr(torch, self.input_dtype, None)
-            if not isinstance(dtype, torch.dtype):
-                raise UsageError(f"input_dtype {self.input_dtype!r} is not a torch dtype; use e.g. "
-                                 "'float32', 'float16', 'int64'")
-            sample = _ShapeSample(self.input_shape, self.input_dtype, self.input_high)
-        else:
-            target = _resolve(self.model)
-            if not callable(getattr(target, "sample", None)):
-                raise UsageError(
-                    f"{self.model!r} has no sample(batch_size) method, so the batch cannot be "
-                    "built; give an input shape (--input-shape 3,224,224) or a batch builder "
-                    "(--sample mymod:make_batch)")
-            sample = _MethodSample(factory, "sample", self.sample_kwargs)
-        loss_fn = None
-        if self.loss_fn is not None:
-            loss_fn = _resolve(self.loss_fn)
-        optimizer = None
-        if self.optimizer is not None:
-            _resolve(self.optimizer)
-            optimizer = _OptimizerFactory(self.optimizer, self.optimizer_kwargs)
-        step = _resolve(self.step) if self.step is not None else None
-        return Workload(model=factory, sample=sample, loss_fn=loss_fn, optimizer=optimizer,
-                        amp=self.amp, accumulate=self.accumulate,
-                        clip_grad_norm=self.clip_grad_norm, step=step)
-
-
-# --------------------------------------------------------------------------------------------
 # The step
 # --------------------------------------------------------------------------------------------
 @dataclass
@@ -430,6 +287,7 @@ class StepContext:
     runtime: Any
     batch_on_card0: bool = False
     wrapper: Any = None              # BalancedDataParallel for this probe (default step)
+    output_device: int = 0           # position in device_ids where outputs are gathered
     stage: str = ""                  # what the step is doing, for error messages
     outcome: Optional[StepOutcome] = None   # what the last default step saw
 
@@ -455,18 +313,21 @@ _STAGES = {"forward": "the forward", "loss": "the loss", "backward": "the backwa
 def default_step(ctx: StepContext, chunk_sizes: Sequence[int]) -> None:
     """One training step through ``BalancedDataParallel`` with ``chunk_sizes``: the workload's
     step (:func:`dptune.workload.run_step`: mixed precision, accumulation, clipping, or the
-    user's own step function), after dropping the gradients."""
+    user's own step function), after dropping the gradients. The outputs are gathered on
+    ``ctx.devices[ctx.output_device]``, where the loss's targets are moved too."""
     wl = ctx.workload
     ctx.stage = "zero_grad"
     ctx.zero_grad()
     batch_size = sum(chunk_sizes)
     dev0 = ctx.devices[0]
+    k = ctx.output_device
+    dev_out = ctx.devices[k]
     wrapper = ctx.wrapper
     if wrapper is None:
         from dptune.parallel import BalancedDataParallel
 
         wrapper = BalancedDataParallel(ctx.model, device_ids=ctx.device_ids,
-                                       output_device=ctx.device_ids[0], dim=0,
+                                       output_device=ctx.device_ids[k], dim=0,
                                        chunk_sizes=list(chunk_sizes))
 
     def next_batch() -> Any:
@@ -478,8 +339,8 @@ def default_step(ctx: StepContext, chunk_sizes: Sequence[int]) -> None:
         return batch
 
     def batch_for_loss(batch: Any) -> Any:
-        if wl.loss_fn is not None and not ctx.batch_on_card0:
-            return _to_device(batch, dev0)
+        if wl.loss_fn is not None and (not ctx.batch_on_card0 or k != 0):
+            return _to_device(batch, dev_out)
         return batch
 
     @contextlib.contextmanager
@@ -523,6 +384,53 @@ def _ids_text(ids: Sequence[int]) -> str:
     return ", ".join(str(i) for i in ids)
 
 
+def check_devices(device_ids: Optional[Sequence[int]], runtime: Any = None) -> list[int]:
+    """The CUDA cards to use: ``device_ids`` checked against what torch sees, or every
+    visible card. Raises :class:`UsageError` for a malformed list and
+    :class:`BackendUnavailableError` (saying why: no CUDA build, ``CUDA_VISIBLE_DEVICES``,
+    how torch numbers the cards) when they are not all visible. The one check, for the tuner's
+    choice of backend and for a backend built directly."""
+    rt = runtime if runtime is not None else CudaRuntime()
+    if device_ids is not None:
+        ids = list(device_ids)
+        if not ids:
+            raise UsageError("device_ids is empty; give at least one CUDA device index, e.g. [0, 1]")
+        for d in ids:
+            if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+                raise UsageError(f"device_ids must be non-negative ints (torch device indices), got {ids!r}")
+        if len(set(ids)) != len(ids):
+            raise UsageError(f"device_ids {ids} names a card twice")
+    else:
+        ids = None
+    asked = f"GPUs {_ids_text(ids)} were" if ids else "real GPUs (all visible ones) were"
+    hint = ("; to tune without GPUs, simulate a cluster: Tuner(..., simulate='4x24GB') or "
+            "`dptune search ... --simulate 4x24GB`")
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    cvd_text = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "CUDA_VISIBLE_DEVICES is not set"
+    if not rt.is_available():
+        why = "torch.cuda.is_available() is False"
+        if isinstance(rt, CudaRuntime):
+            import torch
+
+            if getattr(torch.version, "cuda", None) is None:
+                why += f"; this torch build has no CUDA support: torch {torch.__version__}"
+        why += f"; {cvd_text}"
+        raise BackendUnavailableError(f"{asked} asked for but torch sees none ({why}){hint}")
+    count = rt.device_count()
+    if ids is None:
+        if count < 1:
+            raise BackendUnavailableError(f"{asked} asked for but torch sees none ({cvd_text}){hint}")
+        return list(range(count))
+    missing = [d for d in ids if d >= count]
+    if missing:
+        raise BackendUnavailableError(
+            f"GPU{'s' if len(missing) > 1 else ''} {_ids_text(missing)} "
+            f"{'were' if len(missing) > 1 else 'was'} asked for but only {count} "
+            f"{'is' if count == 1 else 'are'} visible ({cvd_text}); torch numbers the visible "
+            f"cards 0..{count - 1}{hint}")
+    return ids
+
+
 class CudaBackend:
     """Probes on real CUDA cards (see the module docstring for what a probe does).
 
@@ -542,6 +450,13 @@ class CudaBackend:
     """
 
     kind = "cuda"
+
+    @property
+    def supports_output_device(self) -> bool:
+        """Probes can gather the outputs on another card (``probe(..., output_device=k)``)
+        with the default step; a custom ``step_fn`` runs its own step, which dptune cannot
+        point elsewhere."""
+        return not self._custom_step
 
     def __init__(self, workload: Union[Workload, WorkloadSpec], device_ids: Optional[Sequence[int]] = None,
                  *, repeats: int = 2, isolate: bool = False, runtime: Any = None,
@@ -563,14 +478,14 @@ class CudaBackend:
                 "(a model instance, lambdas, closures) cannot be sent there reliably. Give the "
                 "workload as import strings instead: the command line's --model mymod:Net "
                 "[--model-kwargs ...] [--input-shape ...] --isolate, or "
-                "CudaBackend(WorkloadSpec('mymod:Net', ...), isolate=True)")
+                "Tuner.from_spec(WorkloadSpec('mymod:Net', ...), isolate=True)")
         self.runtime = runtime if runtime is not None else CudaRuntime()
         self.repeats = repeats
         self.isolate = bool(isolate)
         self.batch_on_card0 = bool(batch_on_card0)
         self._step_fn = step_fn if step_fn is not None else default_step
         self._custom_step = step_fn is not None
-        self.device_ids = self._check_devices(device_ids)
+        self.device_ids = check_devices(device_ids, self.runtime)
         self.devices: list[Device] = [self._device(d) for d in self.device_ids]
         self._ctx: Optional[StepContext] = None
         self._model_snap: Optional[Snapshot] = None
@@ -579,46 +494,6 @@ class CudaBackend:
         self.last_baseline_bytes: Optional[list[int]] = None
 
     # -- devices -----------------------------------------------------------------------
-    def _check_devices(self, device_ids: Optional[Sequence[int]]) -> list[int]:
-        rt = self.runtime
-        if device_ids is not None:
-            ids = list(device_ids)
-            if not ids:
-                raise UsageError("device_ids is empty; give at least one CUDA device index, e.g. [0, 1]")
-            for d in ids:
-                if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-                    raise UsageError(f"device_ids must be non-negative ints (torch device indices), got {ids!r}")
-            if len(set(ids)) != len(ids):
-                raise UsageError(f"device_ids {ids} names a card twice")
-        else:
-            ids = None
-        asked = f"GPUs {_ids_text(ids)} were" if ids else "real GPUs (all visible ones) were"
-        hint = ("; to tune without GPUs, simulate a cluster: Tuner(..., simulate='4x24GB') or "
-                "`dptune search ... --simulate 4x24GB`")
-        cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-        cvd_text = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "CUDA_VISIBLE_DEVICES is not set"
-        if not rt.is_available():
-            why = "torch.cuda.is_available() is False"
-            if isinstance(rt, CudaRuntime):
-                import torch
-
-                if getattr(torch.version, "cuda", None) is None:
-                    why += f"; this torch build has no CUDA support: torch {torch.__version__}"
-            why += f"; {cvd_text}"
-            raise BackendUnavailableError(f"{asked} asked for but torch sees none ({why}){hint}")
-        count = rt.device_count()
-        if ids is None:
-            if count < 1:
-                raise BackendUnavailableError(f"{asked} asked for but torch sees none ({cvd_text}){hint}")
-            return list(range(count))
-        missing = [d for d in ids if d >= count]
-        if missing:
-            raise BackendUnavailableError(
-                f"GPU{'s' if len(missing) > 1 else ''} {_ids_text(missing)} "
-                f"{'were' if len(missing) > 1 else 'was'} asked for but only {count} "
-                f"{'is' if count == 1 else 'are'} visible ({cvd_text}); torch numbers the visible "
-                f"cards 0..{count - 1}{hint}")
-        return ids
 
     def _device(self, d: int) -> Device:
         rt = self.runtime
@@ -727,19 +602,32 @@ class CudaBackend:
         return self._ctx
 
     # -- probing -----------------------------------------------------------------------
-    def probe(self, chunk_sizes: Sequence[int]) -> ProbeResult:
-        """One training step with this split on the real cards; OOM is a result."""
+    def probe(self, chunk_sizes: Sequence[int], output_device: int = 0) -> ProbeResult:
+        """One training step with this split on the real cards; OOM is a result.
+
+        ``output_device``: the position in ``device_ids`` of the card the outputs are
+        gathered on (and the loss computed on), as ``BalancedDataParallel(output_device=...)``
+        will run; the gathered outputs are then charged to that card's peak.
+        """
         if self._closed:
             raise UsageError("this CudaBackend is closed; make a new one to probe again")
         try:
             sizes = validate_chunk_sizes(chunk_sizes, len(self.device_ids))
         except ValueError as e:
             raise UsageError(str(e)) from None
+        n = len(self.device_ids)
+        if isinstance(output_device, bool) or not isinstance(output_device, int) \
+                or not 0 <= output_device < n:
+            raise UsageError(f"output_device must be a position 0..{n - 1} in device_ids "
+                             f"{self.device_ids}, got {output_device!r}")
+        if output_device and self._custom_step:
+            raise UsageError("output_device needs the default step: a custom step_fn runs its "
+                             "own step, which dptune cannot point at another card")
         if self.isolate:
-            return self._probe_isolated(sizes)
-        return self._probe_here(sizes)
+            return self._probe_isolated(sizes, output_device)
+        return self._probe_here(sizes, output_device)
 
-    def _probe_here(self, sizes: list[int]) -> ProbeResult:
+    def _probe_here(self, sizes: list[int], output_device: int = 0) -> ProbeResult:
         import torch
 
         t0 = time.perf_counter()
@@ -749,7 +637,7 @@ class CudaBackend:
             torch.backends.cudnn.benchmark = False
             torch.set_grad_enabled(True)
             ctx = self._prepare()
-            result = self._measure(ctx, sizes, t0)
+            result = self._measure(ctx, sizes, t0, output_device)
             ok = True
             return result
         finally:
@@ -838,15 +726,17 @@ class CudaBackend:
         if note:
             warnings.warn(f"dptune's cleanup after probing failed: {note}", RuntimeWarning, stacklevel=3)
 
-    def _measure(self, ctx: StepContext, sizes: list[int], t0: float) -> ProbeResult:
-        active = {i for i, c in enumerate(sizes) if c > 0} | {0}
+    def _measure(self, ctx: StepContext, sizes: list[int], t0: float,
+                 output_device: int = 0) -> ProbeResult:
+        active = {i for i, c in enumerate(sizes) if c > 0} | {0, output_device}
         warm_up = not active <= self._warmed
         plan = (["warm-up"] if warm_up else []) + ["measure"] * self.repeats
+        ctx.output_device = output_device
         if not self._custom_step:
             from dptune.parallel import BalancedDataParallel
 
             ctx.wrapper = BalancedDataParallel(ctx.model, device_ids=ctx.device_ids,
-                                               output_device=ctx.device_ids[0], dim=0,
+                                               output_device=ctx.device_ids[output_device], dim=0,
                                                chunk_sizes=list(sizes))
         runs: list[_Figures] = []
         failure: Optional[_Failure] = None
@@ -867,10 +757,14 @@ class CudaBackend:
                     runs.append(figures)
         finally:
             ctx.wrapper = None
+            ctx.output_device = 0
             recover_note = self._recover(ctx)
         self.last_baseline_bytes = baseline
 
         notes = ["warm-up step before measuring" if warm_up else "warm (no warm-up step)"]
+        if output_device:
+            notes.append(f"outputs gathered on card {output_device} "
+                         f"(device {self.device_ids[output_device]})")
         if recover_note:
             notes.append(f"cleanup failed: {recover_note}")
         if failure is not None and failure.kind == "dptune":
@@ -891,8 +785,9 @@ class CudaBackend:
         nvml = None if all(v is None for v in nvml_cards) else tuple(nvml_cards)
         spread = (tuple(max(r.peak[i] for r in runs) - min(r.peak[i] for r in runs) for i in range(n))
                   if runs else None)
-        busy = sum(1 for c in sizes if c > 0)
-        unread = ctx.outcome.unread_outputs if ctx.outcome is not None and busy > 1 else None
+        # DataParallel gathers on more than one card even when one replica ran (a copy onto
+        # the output device); on one card nothing is gathered (as on the simulated cluster)
+        unread = ctx.outcome.unread_outputs if ctx.outcome is not None and n > 1 else None
         ctx.outcome = None
         oom_pos = None
         if failure is not None:
@@ -954,14 +849,15 @@ class CudaBackend:
             f"{sizes} on devices {self.device_ids}{hint}")
 
     # -- isolation ---------------------------------------------------------------------
-    def _probe_isolated(self, sizes: list[int]) -> ProbeResult:
+    def _probe_isolated(self, sizes: list[int], output_device: int = 0) -> ProbeResult:
         import multiprocessing
         import pickle
 
         payload = {"spec": self.spec, "device_ids": list(self.device_ids), "repeats": self.repeats,
                    "runtime": None if type(self.runtime) is CudaRuntime else self.runtime,
                    "step_fn": self._step_fn if self._custom_step else None,
-                   "batch_on_card0": self.batch_on_card0, "chunk_sizes": list(sizes)}
+                   "batch_on_card0": self.batch_on_card0, "chunk_sizes": list(sizes),
+                   "output_device": output_device}
         try:
             pickle.dumps(payload)
         except Exception as exc:
@@ -1024,7 +920,7 @@ def _child_main(payload: dict, conn: Any) -> None:
                                   runtime=payload["runtime"], step_fn=payload["step_fn"],
                                   batch_on_card0=payload["batch_on_card0"])
             try:
-                result = backend.probe(payload["chunk_sizes"])
+                result = backend.probe(payload["chunk_sizes"], payload.get("output_device", 0))
             finally:
                 with contextlib.suppress(Exception):
                     backend.close()

@@ -540,6 +540,31 @@ def _check_dtypes_as_cuda(func: Any, args: Any) -> None:
 _LIFTS = {"lift", "lift_fresh", "lift_fresh_copy"}   # the data of torch.tensor(...) made fake
 
 
+def _call_as_cuda(func: Any, args: Any, kwargs: dict) -> Any:
+    """``func(*args, **kwargs)`` on fake tensors, where torch's fake kernel refuses what CUDA
+    runs: ``aten._grouped_mm`` (a HF mixture of experts' expert layers) takes fp32 and fp16 on
+    CUDA since torch 2.9 (through its fallback kernel), but its meta kernel still asks for
+    bf16. The output's shape comes from the meta kernel on bf16 stand-ins of the same shapes,
+    its dtype is ``out_dtype`` or the operands' (as the fallback makes it)."""
+    if func is torch.ops.aten._grouped_mm.default:
+        a, b = args[0], args[1]
+        if a.dtype in _GROUPED_MM_FALLBACK and a.dtype == b.dtype:
+            def stand_in(x: Any) -> Any:
+                if not isinstance(x, torch.Tensor):
+                    return x
+                dtype = torch.bfloat16 if x.is_floating_point() else x.dtype
+                return torch.empty(x.shape, dtype=dtype, device="meta")   # only the shape counts
+
+            with no_dispatch_modes():
+                shape = func(*[stand_in(x) for x in args],
+                             **{k: stand_in(v) for k, v in kwargs.items()}).shape
+            return torch.empty(shape, dtype=kwargs.get("out_dtype") or a.dtype, device=a.device)
+    return func(*args, **kwargs)
+
+
+_GROUPED_MM_FALLBACK = (torch.float32, torch.float16)
+
+
 def _make_accountant(ledger: _Ledger) -> Any:
     base = dispatch_mode_base()
     check = _internal("the device check (host and card tensors in one op)",
@@ -574,7 +599,7 @@ def _make_accountant(ledger: _Ledger) -> Any:
             _check_dtypes_as_cuda(func, args)
             if ledger.as_cuda and ledger.forced_card is None:
                 check(func, args, kwargs, ledger)
-            out = func(*args, **(kwargs or {}))
+            out = _call_as_cuda(func, args, kwargs or {})
             account(func, args, kwargs, out)
             return out
 
@@ -1254,7 +1279,25 @@ def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
             "tune on real GPUs (--devices), or move value-dependent code out of the training step")
     if isinstance(e, DeviceMismatchError):   # raised in dptune's dispatch mode: name the user's line
         return UserCodeError(f"RuntimeError {where}{_users_line(e)} (split {list(sizes)}): {e}")
-    return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}")
+    return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}{_fake_kernel_note(e)}")
+
+
+_FAKE_KERNEL_FILES = tuple(os.path.join(os.path.dirname(torch.__file__), p)
+                           for p in ("_meta_registrations.py", "_refs", "_decomp", "_prims",
+                                     "_subclasses" + os.sep + "fake_impls.py"))
+
+
+def _fake_kernel_note(e: BaseException) -> str:
+    """When the error was raised inside one of torch's fake (meta) kernels, which stand in for
+    CUDA's on the simulated cluster, a sentence saying so: the fault is the model's when the
+    same step fails on a GPU too, and the simulator's when it does not."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if os.path.abspath(f.filename).startswith(_FAKE_KERNEL_FILES)]
+    if not frames:
+        return ""
+    return (f" [raised in torch's fake kernel {frames[-1].name}, which stands in for CUDA's on "
+            "the simulated cluster: if this step runs on a GPU, the simulator is wrong here; "
+            "tune on the GPUs with --devices and report it]")
 
 
 _LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,

@@ -26,7 +26,7 @@ from dptune.search.observations import Bracket, Observations
 from dptune.solver import Fit
 from dptune.split import even_split
 
-__all__ = ["SearchOutcome", "run", "Bracket", "Observations", "Proposal"]
+__all__ = ["SearchOutcome", "run", "Bracket", "Observations", "Proposal", "IMPLIED"]
 
 
 @dataclass(frozen=True)
@@ -36,12 +36,18 @@ class SearchOutcome:
     ``best``: the probe of the split returned (measured within every budget). ``even``: the
     probe of the even split compared with (balance: at the same batch; max_batch: at the
     largest batch the even split fits), ``None`` when none was measured within budget;
-    ``even_split``: that split. ``certified``: every bracket closed (see the objectives).
+    ``even_split``: that split. ``even_implied_by``: when not empty, the even split was not
+    probed itself; it is known to fit because these probes (1-based) measured every card
+    within budget at a chunk (card 0: a chunk and a batch) at least as large, and ``even``'s
+    peaks are upper bounds from them (the surface is monotone, see
+    :mod:`dptune.search.observations`). ``certified``: every bracket closed (see the
+    objectives).
     """
 
     best: ProbeResult
     even: Optional[ProbeResult]
     even_split: tuple[int, ...]
+    even_implied_by: tuple[int, ...]
     probes: tuple[ProbeResult, ...]
     fits: tuple[Fit, ...]
     brackets: tuple[Bracket, ...]
@@ -73,6 +79,25 @@ def _fits(obs: Observations, split: Sequence[int]) -> tuple[Fit, ...]:
     return tuple(out)
 
 
+def _implied(obs: Observations, split: tuple[int, ...]) -> Optional[tuple[ProbeResult, tuple[int, ...]]]:
+    """The even split known to fit without a probe of its own (see
+    :meth:`Observations.fit_witness`): its peaks are upper bounds taken from the probes that
+    imply it, named in ``purpose`` (1-based, as the probes are listed)."""
+    w = obs.fit_witness(split)
+    if w is None:
+        return None
+    peaks, used = w
+    names = ", ".join(f"#{k + 1}" for k in used)
+    r = ProbeResult(split, peaks, purpose=f"{IMPLIED} {names}",
+                    note="not probed itself: every card at most as loaded as in probe(s) "
+                         f"{names}, measured within budget; peaks are upper bounds")
+    return r, tuple(k + 1 for k in used)
+
+
+#: ``purpose`` of an even split known to fit from other probes (by dominance), not probed.
+IMPLIED = "implied by probe"
+
+
 def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], objective: str,
         batch_size: int, *, min_chunk: int = 1, max_probes: int = 12, tolerance: float = 0.02,
         exact_on_oom: bool = True, on_probe: Callable[[], None] = lambda: None) -> SearchOutcome:
@@ -86,6 +111,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     """
     obs = Observations(budgets, exact_on_oom=exact_on_oom, min_chunk=min_chunk)
     n = obs.n
+    even_implied_by: tuple[int, ...] = ()
     notes: list[str] = []
     if objective == "balance":
         bal = Balance(obs, batch_size, max_probes, tolerance, notes)
@@ -121,12 +147,17 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         even = obs.by_split.get(even_s) if lo > 0 else None
         if even is not None and not obs.within_budget(even):
             even = None
+        if even is None and lo > 0:
+            imp = _implied(obs, even_s)
+            if imp is not None:
+                even, even_implied_by = imp
         if not mb.even_certified():
             evens = [r for r in obs.probes if tuple(r.chunk_sizes) == tuple(even_split(r.batch_size, n))
                      and obs.within_budget(r)]
             if evens:
                 even = max(evens, key=lambda r: r.batch_size)
                 even_s = tuple(even.chunk_sizes)
+                even_implied_by = ()
             notes.append("the even split's largest batch was not bracketed within the probes; "
                          + (f"the largest even batch measured within budget ({even.batch_size}) "
                             "is shown" if even is not None else "no even split was measured "
@@ -138,6 +169,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         notes.append(f"not certified: {len(obs.probes)} of {max_probes} probes run and "
                      f"{len(open_)} bracket(s) still open ({'; '.join(open_)}); the best split "
                      "measured within every budget is returned")
-    return SearchOutcome(best=best, even=even, even_split=even_s, probes=tuple(obs.probes),
+    return SearchOutcome(best=best, even=even, even_split=even_s, even_implied_by=even_implied_by,
+                         probes=tuple(obs.probes),
                          fits=_fits(obs, best.chunk_sizes), brackets=tuple(brackets),
                          certified=certified, card0_floor=floor, notes=tuple(notes))

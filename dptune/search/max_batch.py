@@ -18,7 +18,7 @@ only: ``even(E)`` measured within budget, ``even(E + 1)`` shown over.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from dptune.search.loop import Proposal, fill, valid_split
 from dptune.search.models import CardFits, chord_cap
@@ -242,6 +242,20 @@ class MaxBatch:
                         and split not in obs.by_split:
                     self.g_tries += 1
                     return Proposal(split, "fit")
+        caps_lo = self._caps_lo()
+        if all(x == next_chunk(lo, self.m) for x, lo, i in zip(t, caps_lo, range(1, self.n))
+               if not obs.bracket(i).closed) and t != caps_lo:
+            # the fits put every open card's cap at its lo: if card 0 is still predicted to
+            # take more along that line, probe that (a candidate answer, every card >= 1
+            # known to fit) before the cards' one-more tests
+            lo_line = self._line(caps_lo)
+            lo, _ = self._line_bracket(lo_line)
+            b0 = self._line_target(lo_line, fits)
+            if b0 is not None and b0 > lo + 1:
+                s0 = lo_line.split(b0)
+                if s0 is not None and s0 not in obs.by_split and valid_split(s0, self.m):
+                    self._last_t = tuple(caps_lo)
+                    return Proposal(s0, "max")
         line = self._line(t)
         self._last_t = tuple(t)
         b = self._line_target(line, fits)
@@ -260,6 +274,17 @@ class MaxBatch:
                 (best is None or lo > best.batch_size):
             return Proposal(known, "max")
         return None
+
+    def _predicted_fit(self, split: Sequence[int], fits: CardFits) -> bool:
+        """The fits say every card of ``split`` is within budget (a guess, never an answer)."""
+        if not valid_split(split, self.m):
+            return False
+        b = sum(split)
+        for i, c in enumerate(split):
+            p = fits.predict(i, c, b)
+            if p is None or p > self.obs.budgets[i]:
+                return False
+        return True
 
     # ---- the even split's largest batch -------------------------------------------------
     def _even_fits(self, b: int) -> bool:
@@ -284,36 +309,30 @@ class MaxBatch:
         return lo, (hi if hi <= up and self._even_over(hi) else None)
 
     def even_certified(self) -> bool:
+        """``even(E)`` known to fit and ``even(E + 1)`` known over, from measured points (by
+        dominance: ``even(E)`` need not be probed itself when a probe within budget put every
+        card at least as high, see :meth:`Observations.fit_witness`)."""
         lo, hi = self.even_bracket()
-        if hi != lo + 1:
-            return False
-        return lo == 0 or tuple(even_split(lo, self.n)) in self.obs.by_split
+        return hi == lo + 1
 
     def _even_step(self) -> Optional[Proposal]:
         obs = self.obs
         lo, hi = self.even_bracket()
         if hi == lo + 1:
-            s = tuple(even_split(lo, self.n))
-            return None if lo == 0 or s in obs.by_split else Proposal(s, "even-max")
+            return None
         lower, upper = lo + 1, (self._upper() if hi is None else hi - 1)
         fits = CardFits(obs)
 
         def fits_at(b: int) -> bool:
-            s = even_split(b, self.n)
-            if not valid_split(s, self.m):
-                return False
-            for i, c in enumerate(s):
-                p = fits.predict(i, c, b)
-                if p is None or p > obs.budgets[i]:
-                    return False
-            return True
+            return self._predicted_fit(even_split(b, self.n), fits)
 
         b = min(max(largest_true(fits_at, lower, upper), lower), upper)
         if self._stalled("even") and hi is not None and b > lower:
             b = (lo + hi) // 2       # not halved in two probes: bisect
         for cand in [b] + list(range(b - 1, lower - 1, -1))[:4] + list(range(b + 1, upper + 1))[:4]:
             s = tuple(even_split(cand, self.n))
-            if valid_split(s, self.m) and s not in obs.by_split:
+            if valid_split(s, self.m) and s not in obs.by_split and not obs.split_fits(s) \
+                    and not obs.split_over(s):
                 return Proposal(s, "even-max")
         return None
 
@@ -335,10 +354,101 @@ class MaxBatch:
                 s = fill(self.hint, [self.hint] * self.n, self.m) or s
             return Proposal(tuple(s), "even")
         self._record_widths()
+        even = None if self.even_certified() else self._even_step()
         if not self.max_certified():
+            packed = self._packed(even)
+            if packed is not None:
+                return packed
             prop = self._max_step()
             if prop is not None:
+                if even is not None and self._even_covers(even.split, prop.split) \
+                        and not self._predicted_fit(even.split, CardFits(self.obs)):
+                    # the even split's next probe puts card 0 at no more samples and no larger
+                    # batch: over there means over here too (one probe for both questions)
+                    return Proposal(even.split, "even-max")
                 return prop
-        if not self.even_certified():
-            return self._even_step()
-        return None
+        return even
+
+    def _even_covers(self, even: tuple[int, ...], prop: tuple[int, ...]) -> bool:
+        """Probing ``even`` first answers ``prop``'s question when ``prop`` only asks about
+        card 0 (every card ``i >= 1`` known to fit there) and ``even`` gives card 0 no more
+        samples in no larger a batch (card 0 over at ``even`` is over at ``prop``)."""
+        if not self._card0_question(prop):
+            return False
+        return even[0] <= prop[0] and sum(even) <= sum(prop)
+
+    def _card0_question(self, split: Sequence[int]) -> bool:
+        """Every card ``i >= 1`` is known to fit ``split``: a probe of it asks about card 0."""
+        return all(self.obs.card_fits(i, split[i]) for i in range(1, self.n))
+
+    # ---- packing: the cards' last tests ride along on card 0's questions -----------------
+    def _packed(self, even: Optional[Proposal]) -> Optional[Proposal]:
+        """When the fits say the answer is found (every open card ``i >= 1`` will close at
+        one more sample, card 0 at one more sample of the whole batch), the questions left
+        are card 0's (one more sample at the best batch; the even split's ``E`` and
+        ``E + 1``) and one over-budget test per open card. A probe that asks card 0 fixes
+        only card 0's chunk and the batch, so the other cards' chunks can be moved: raise
+        open cards to their test chunk, take the samples from cards known to fit lower.
+        Used only when every card is measured in every probe (the simulator) and when the
+        card 0 questions left can carry every open card (otherwise one probe that raises
+        every open card at once is cheaper)."""
+        obs, m, n = self.obs, self.m, self.n
+        if not obs.exact_on_oom or n < 3 or obs.best_within() is None:
+            return None
+        fits = CardFits(obs)
+        tests: dict[int, int] = {}
+        for i in range(1, n):
+            br = obs.bracket(i)
+            if br.closed:
+                continue
+            x = self._target(i, fits)
+            if br.lo <= 0 or x != next_chunk(br.lo, m):
+                return None          # the fits do not yet put this card's cap at lo
+            tests[i] = x
+        if not tests:
+            return None
+        lo_line = self._line(self._caps_lo())
+        lo, hi = self._line_bracket(lo_line)
+        q_max: Optional[tuple[int, ...]] = None
+        if hi is None or hi > lo + 1:
+            if self._line_target(lo_line, fits) != lo + 1:
+                return None          # card 0's cap along the line is not yet at the best batch
+            q_max = lo_line.split(lo + 1)
+            if q_max is None or not self._card0_question(q_max):
+                return None
+        q_even = even.split if even is not None and self._card0_question(even.split) else None
+        even_fits = q_even is not None and self._predicted_fit(q_even, fits)
+        covered = q_max is not None and q_even is not None and not even_fits \
+            and self._even_covers(q_even, q_max)
+        questions = int(q_max is not None and not covered) + int(q_even is not None) \
+            + int(even_fits)
+        if len(tests) > questions * (n - 2):
+            return None
+        if q_even is not None and (covered or q_max is None):
+            base, purpose = q_even, "even-max"
+        elif q_max is not None:
+            base, purpose = q_max, "max"
+        else:
+            return None
+        s = list(base)
+        raised: list[int] = []
+        for i in sorted(tests):
+            need = tests[i] - s[i]
+            if need <= 0:
+                continue
+            donors = sorted((j for j in range(1, n) if j != i and j not in raised and s[j] > m),
+                            key=lambda j: (j in tests, -s[j]))
+            if sum(s[j] - m for j in donors) < need:
+                continue
+            for j in donors:
+                take = min(need, s[j] - m)
+                s[j] -= take
+                need -= take
+                if need == 0:
+                    break
+            s[i] = tests[i]
+            raised.append(i)
+        split = tuple(s)
+        if not raised or split in obs.by_split or not valid_split(split, m):
+            return None
+        return Proposal(split, f"{purpose}+cards")

@@ -37,12 +37,18 @@ class Line:
 
 
 def secant(pts: Sequence[tuple[int, float]], target: int) -> Optional[Line]:
-    """The line through the two points with distinct x nearest ``target`` (None if fewer)."""
+    """The line through the point nearest ``target`` and the next nearest with another x
+    (None if fewer). When ``target`` lies far from both, the second point is taken at least
+    a quarter of that distance away (a slope over a sample or two, extrapolated far, turns
+    the allocator's rounding into a large error)."""
     if not pts:
         return None
     order = sorted(pts, key=lambda p: (abs(p[0] - target), -p[0]))
     a = order[0]
-    b = next((p for p in order if p[0] != a[0]), None)
+    reach = abs(target - a[0]) // 4
+    b = next((p for p in order if abs(p[0] - a[0]) >= max(reach, 1)), None)
+    if b is None:
+        b = next((p for p in order if p[0] != a[0]), None)
     if b is None:
         return None
     slope = (b[1] - a[1]) / (b[0] - a[0])
@@ -72,12 +78,15 @@ class CardFits:
         if self.n == 1:
             return 0.0          # chunk and batch move together: one slope holds both
         pts = [p for p in self.obs.points[0] if p.exact]
-        best: Optional[tuple[int, float]] = None     # (batch gap, slope) of the latest pair
+        # the pair with the widest batch gap (then the latest): a gap of a few samples turns
+        # the allocator's rounding into a slope that is then extrapolated over thousands
+        best: Optional[tuple[int, float]] = None     # (batch gap, slope)
         for k, p in enumerate(pts):
             for q in pts[:k]:
                 if q.chunk == p.chunk and q.batch != p.batch:
                     s = (p.peak_bytes - q.peak_bytes) / (p.batch - q.batch)
-                    best = (abs(p.batch - q.batch), s)
+                    if best is None or abs(p.batch - q.batch) >= best[0]:
+                        best = (abs(p.batch - q.batch), s)
         return None if best is None else max(0.0, best[1])
 
     # ---- cards >= 1 -------------------------------------------------------------------

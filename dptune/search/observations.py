@@ -39,6 +39,7 @@ class Point:
     peak_bytes: int
     over: bool          # over budget or out of memory on this card
     exact: bool         # a measurement; False: a lower bound (another card failed first)
+    probe: int = -1     # which probe (0-based, in the order run)
 
 
 @dataclass(frozen=True)
@@ -100,18 +101,18 @@ class Observations:
     def add(self, r: ProbeResult) -> None:
         self.probes.append(r)
         self.by_split[tuple(r.chunk_sizes)] = r
-        b = r.batch_size
+        b, k = r.batch_size, len(self.probes) - 1
         for i, (c, p) in enumerate(zip(r.chunk_sizes, r.peak_bytes)):
             if i > 0 and c == 0:
                 continue               # no replica ran there: nothing measured
             p = int(p)
             if r.feasible or self.exact_on_oom:
                 over = p > self.budgets[i] or r.oom_device == i
-                self.points[i].append(Point(c, b, p, over, True))
+                self.points[i].append(Point(c, b, p, over, True, k))
             elif r.oom_device == i:
-                self.points[i].append(Point(c, b, max(p, self.budgets[i] + 1), True, False))
+                self.points[i].append(Point(c, b, max(p, self.budgets[i] + 1), True, False, k))
             elif p > self.budgets[i]:   # a lower bound already over budget
-                self.points[i].append(Point(c, b, p, True, False))
+                self.points[i].append(Point(c, b, p, True, False, k))
 
     def within_budget(self, r: ProbeResult) -> bool:
         """Measured to fit every card in use within its budget."""
@@ -154,6 +155,29 @@ class Observations:
         b = sum(split)
         return self.card0_fits(split[0], b) and all(
             self.card_fits(i, c) for i, c in enumerate(split) if i > 0)
+
+    def fit_witness(self, split: Sequence[int]) -> Optional[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Why ``split`` is known to fit without being probed: per card the lowest peak
+        measured within budget at a point that dominates it (a card ``i >= 1`` at a chunk at
+        least as large; card 0 at a chunk and a batch at least as large), which bounds that
+        card's peak from above, and the probes (0-based) those points come from. ``None``
+        when some card is not covered. A card with no samples (``i >= 1``) has peak 0.
+        """
+        b = sum(split)
+        peaks: list[int] = []
+        used: set[int] = set()
+        for i, c in enumerate(split):
+            if i > 0 and c == 0:
+                peaks.append(0)
+                continue
+            dom = [p for p in self.fit_points(i)
+                   if p.chunk >= c and (i > 0 or p.batch >= b)]
+            if not dom:
+                return None
+            best = min(dom, key=lambda p: (p.peak_bytes, -p.probe))
+            peaks.append(best.peak_bytes)
+            used.add(best.probe)
+        return tuple(peaks), tuple(sorted(used))
 
     def split_over(self, split: Sequence[int]) -> bool:
         """Some card is known to be over its budget with this split."""
