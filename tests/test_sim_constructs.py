@@ -263,6 +263,120 @@ def test_an_fp16_batch_into_an_fp32_layer_fails_as_on_cuda():
                            loss_fn=lambda o, b: o.sum()).peak_bytes[1] > 0
 
 
+class MakesTensors(nn.Module):
+    """A Linear, then what ``how`` says the forward makes: a vector of D added to the
+    activations (``"host add"``: made without ``device=``; ``"card add"``: with
+    ``device=x.device``; ``"to add"``: made on the host and moved with ``.to(x.device)``;
+    ``"cuda add"``: ``device="cuda"``; ``"scalar"``: a 0-dim host tensor), or a tensor of
+    ``KEEP`` bytes made first and returned beside the output (``"host keep"``, ``"card keep"``),
+    or host work on ``KEEP`` bytes never used with the card's tensors (``"host only"``)."""
+
+    KEEP = 4 * 2**20
+
+    def __init__(self, how: str = "none"):
+        super().__init__()
+        self.how = how
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor):
+        how, n = self.how, self.KEEP // 4
+        if how.endswith("keep"):
+            kept = torch.ones(n) if how == "host keep" else torch.ones(n, device=x.device)
+            return self.lin(x), kept
+        h = self.lin(x)
+        if how == "host add":
+            h = h + torch.ones(D)
+        elif how == "card add":
+            h = h + torch.ones(D, device=x.device)
+        elif how == "to add":
+            h = h + torch.ones(D).to(x.device)
+        elif how == "cuda add":
+            h = h + torch.ones(D, device="cuda")
+        elif how == "scalar":
+            h = h * torch.tensor(0.5)
+        elif how == "host only":
+            junk = torch.ones(n) * 2
+            del junk
+        return h, None
+
+
+def host_estimate(how: str, sizes: list[int]):
+    return estimate_memory(lambda: MakesTensors(how), lambda n: torch.randn(n, T, D), sizes,
+                           f"{len(sizes)}x24GB", loss_fn=lambda out, batch: out[0].sum(),
+                           optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+
+
+@pytest.mark.parametrize("sizes, card", [([4], 0), ([4, 4], 0), ([0, 4], 1)])
+def test_a_host_tensor_added_to_a_card_tensor_fails_as_on_cuda(sizes, card):
+    from dptune.errors import EXIT_USER_CODE, UserCodeError
+
+    with pytest.raises(UserCodeError) as info:
+        host_estimate("host add", sizes)
+    msg = str(info.value)
+    # the user's error, naming the op, CUDA's wording and the user's line
+    assert info.value.exit_code == EXIT_USER_CODE
+    assert f"in the forward of replica {card} on virtual card {card}" in msg
+    assert (f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"cuda:{card} and cpu!") in msg
+    assert "aten.add.Tensor" in msg
+    assert "test_sim_constructs.py" in msg and "h = h + torch.ones(D)" in msg
+
+
+@pytest.mark.parametrize("how", ["card add", "to add", "cuda add", "scalar"])
+def test_card_tensors_and_host_scalars_mix_as_on_cuda(how):
+    plain = host_estimate("none", [4, 4]).peak_bytes
+    peaks = host_estimate(how, [4, 4]).peak_bytes
+    assert all(p >= q > 0 for p, q in zip(peaks, plain))
+
+
+def test_a_tensor_made_on_the_card_is_charged_there_and_a_host_tensor_is_not():
+    plain = host_estimate("none", [4]).peak_bytes[0]
+    # made first in the forward and alive to the end of the step (the output is kept through
+    # optimizer.step()), so it adds its bytes to the card's peak exactly
+    assert host_estimate("card keep", [4]).peak_bytes[0] == plain + MakesTensors.KEEP
+    # on the host: nothing, to the byte
+    assert host_estimate("host keep", [4]).peak_bytes[0] == plain
+    # host work that never meets a card tensor costs no card memory, on every card
+    assert host_estimate("host only", [4, 4]).peak_bytes == host_estimate("none", [4, 4]).peak_bytes
+
+
+def test_a_loss_reading_the_batch_gets_it_on_the_output_card():
+    """As on CUDA, where dptune moves the batch to card 0 for a ``loss_fn``: the targets
+    meet the gathered outputs there (they would be host tensors otherwise)."""
+    class Classifier(nn.Linear):
+        def forward(self, x, labels):       # the labels ride along, unused
+            return super().forward(x)
+
+    def sample(n):
+        return torch.randn(n, D), torch.zeros(n, dtype=torch.long)
+
+    def loss(out, batch):
+        return nn.functional.cross_entropy(out, batch[1])
+
+    e = estimate_memory(lambda: Classifier(D, D), sample, [2, 2], "2x24GB", loss_fn=loss)
+    assert e.peak_bytes[0] > 0
+
+
+@pytest.mark.parametrize("part, where", [("_target", "placing a new tensor"),
+                                         ("check_devices", "the device check")])
+def test_a_failure_in_dptunes_device_rules_is_reported_as_dptunes(monkeypatch, part, where):
+    from dptune.backends import _devices, simulated
+    from dptune.errors import InternalError, UserCodeError
+
+    def broken(*args, **kwargs):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(_devices if part == "_target" else simulated, part, broken)
+    with pytest.raises(InternalError, match=f"dptune's simulator failed.*{where}") as info:
+        host_estimate("card add", [4, 4])
+    assert not isinstance(info.value, UserCodeError)
+    causes, e = [], info.value
+    while e is not None and len(causes) < 10:   # bounded: a cycle would be a bug too
+        causes.append(type(e))
+        e = e.__cause__
+    assert causes == [InternalError, KeyError]   # the original failure chained, once
+
+
 class GroupedExperts(nn.Module):
     """Expert layers as transformers 5 runs them: one ``torch._grouped_mm`` over all experts."""
 

@@ -140,7 +140,7 @@ def test_a_step_function_is_what_runs_and_its_allocations_appear():
 
     def step(model, batch, optimizer):
         calls.append((type(model).__name__, tuple(batch.shape), type(optimizer).__name__))
-        keep = torch.empty(extra, dtype=torch.uint8)   # lands on card 0, as on a GPU
+        keep = torch.empty(extra, dtype=torch.uint8, device="cuda")   # card 0, as on a GPU
         out = model(batch)
         out.sum().backward()
         optimizer.step()
@@ -166,7 +166,8 @@ def test_autocast_cuda_in_the_users_code_takes_effect_with_cuda_rules():
             probs = torch.softmax(out, -1)
             normed = nn.functional.layer_norm(out, (OUT,))
             seen.update(out=out.dtype, probs=probs.dtype, normed=normed.dtype,
-                        ce=nn.functional.cross_entropy(out, torch.zeros(len(out), dtype=torch.long)).dtype)
+                        ce=nn.functional.cross_entropy(out, torch.zeros(len(out), dtype=torch.long,
+                                                                    device=out.device)).dtype)
         seen["after"] = model(batch).dtype
         (probs.sum() + normed.sum()).backward()
 

@@ -4,8 +4,11 @@ The user's real model runs under ``FakeTensorMode`` on the CPU: shapes, dtypes, 
 autograd are real, but no arithmetic is done and no memory of the model's size is taken. A
 dispatch mode sees every new storage and charges it to the virtual card that makes it:
 
-- an op's outputs live where its inputs live (as on real devices); factory ops (``arange``,
-  ``zeros``...) on the card whose replica is running;
+- an op's outputs live where its inputs live (as on real devices); in the step, a factory call
+  (``arange``, ``zeros``...) makes a host tensor unless it names a device, as on CUDA, and an
+  op that mixes a host tensor (other than a 0-dim one) with a card tensor raises CUDA's error
+  (:mod:`dptune.backends._devices`); the user's loss function gets the batch on the output
+  card, as the CUDA backend gives it;
 - DataParallel's copies are explicit, autograd-aware moves between cards: the scatter of the
   input chunks, the broadcast of the weights to cards 1..n-1 (and, in the backward, the
   reduction of every replica's gradients onto card 0), the gather of the outputs onto card 0
@@ -74,6 +77,7 @@ from dptune._torch_private import (dispatch_mode_base, fake_tensor_mode, functio
                                    new_shape_env, no_dispatch_modes, replica_module,
                                    sparse_parts, upper_bound)
 from dptune.backends import _sdpa
+from dptune.backends._devices import HOST, DeviceMismatchError, check_devices, device_mode
 from dptune.backends._autocast import cuda_autocast
 from dptune.backends.base import CATEGORIES, Device, ProbeResult
 from dptune.errors import (BackendUnavailableError, DptuneError, InternalError, SpecError, UsageError,
@@ -89,7 +93,6 @@ __all__ = ["Cluster", "CARD_TYPES", "DEFAULT_CLUSTER", "parse_cluster", "Simulat
 DEFAULT_CLUSTER = "4x24GB"
 DEFAULT_CONTEXT_BYTES = 384 * MiB     # a CUDA context with torch's kernels loaded
 ROUND_BYTES = 512                     # the caching allocator's minimum block size
-HOST = -1                             # "card" of tensors on the host: not charged
 FOLLOW = -2                           # current card in the backward: the card last computed on
 
 # Total memory of common cards as torch.cuda.get_device_properties reports it (in bytes).
@@ -295,6 +298,7 @@ class _Ledger:
         self.current_card = HOST       # the replica running (factory ops go there), or FOLLOW
         self.last_card = 0             # the card of the last op that read a card's tensor
         self.forced_card: Optional[int] = None
+        self.as_cuda = False           # the step runs: CUDA's device rules (backends._devices)
         self.category = "other"
         self.bounded: dict[str, str] = {}   # data-dependent ops seen -> how their size was bounded
 
@@ -385,6 +389,10 @@ class _Ledger:
         self.peak_breakdown = [dict(b) for b in self.by_cat]
         self._peak_seq = [self._seq] * self.n
 
+    def running_card(self) -> int:
+        """The card that runs now (the card last computed on, in the backward)."""
+        return self.last_card if self.current_card == FOLLOW else self.current_card
+
     # -- context -------------------------------------------------------------------------
     @contextlib.contextmanager
     def _setting(self, attr: str, card: Optional[int], category: Optional[str]) -> Iterator[None]:
@@ -407,6 +415,17 @@ class _Ledger:
         return self._setting("forced_card", card, category)
 
     @contextlib.contextmanager
+    def cuda_rules(self, on: bool) -> Iterator[None]:
+        """CUDA's device rules (:mod:`dptune.backends._devices`) on or off: on while the step
+        runs, off while dptune itself builds things (the model, the batch)."""
+        prev = self.as_cuda
+        self.as_cuda = on
+        try:
+            yield
+        finally:
+            self.as_cuda = prev
+
+    @contextlib.contextmanager
     def phase(self, category: str) -> Iterator[None]:
         prev = self.category
         self.category = category
@@ -416,17 +435,39 @@ class _Ledger:
             self.category = prev
 
 
+class _FunctionModes:
+    """The simulator's torch-function modes entered as one (outermost first); re-entered
+    around backward nodes, which autograd runs without them."""
+
+    def __init__(self, *modes: Any):
+        self.modes = modes
+        self._stacks: list[contextlib.ExitStack] = []
+
+    def __enter__(self) -> "_FunctionModes":
+        stack = contextlib.ExitStack()
+        for mode in self.modes:
+            stack.enter_context(mode)
+        self._stacks.append(stack)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stacks.pop().__exit__(*exc)
+
+
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _internal(part: str) -> Callable[[_F], _F]:
-    """Report a failure inside ``part`` of dptune's machinery as dptune's, not the user's."""
+def _internal(part: str, *users: type[BaseException]) -> Callable[[_F], _F]:
+    """Report a failure inside ``part`` of dptune's machinery as dptune's, not the user's
+    (exceptions of the types ``users`` are the user's: they pass)."""
+    passing: tuple[type[BaseException], ...] = (DptuneError, *users)
+
     def wrap(fn: _F) -> _F:
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
             try:
                 return fn(*args, **kwargs)
-            except DptuneError:
+            except passing:
                 raise
             except Exception as e:
                 raise InternalError(
@@ -496,6 +537,9 @@ def _check_dtypes_as_cuda(func: Any, args: Any) -> None:
                            f"{b.dtype} (aten.{op}, as CUDA raises it)")
 
 
+_LIFTS = {"lift", "lift_fresh", "lift_fresh_copy"}   # the data of torch.tensor(...) made fake
+
+
 def _call_as_cuda(func: Any, args: Any, kwargs: dict) -> Any:
     """``func(*args, **kwargs)`` on fake tensors, where torch's fake kernel refuses what CUDA
     runs: ``aten._grouped_mm`` (a HF mixture of experts' expert layers) takes fp32 and fp16 on
@@ -523,24 +567,28 @@ _GROUPED_MM_FALLBACK = (torch.float32, torch.float16)
 
 def _make_accountant(ledger: _Ledger) -> Any:
     base = dispatch_mode_base()
+    check = _internal("the device check (host and card tensors in one op)",
+                      DeviceMismatchError)(check_devices)
 
     @_internal("the ledger (charging an op's outputs to a card)")
     def account(func: Any, args: Any, kwargs: Any, out: Any) -> None:
         _note_data_dependent(ledger, func, args, out)
         card = ledger.forced_card
         if card is None:
-            card = HOST
-            for t in chain(_tensor_leaves(args), _tensor_leaves(kwargs or {})):
-                c = ledger.card_of(t)
-                if c != HOST:
-                    card = c
-                    break
-            if card == HOST:
-                card = ledger.current_card
-                if card == FOLLOW:
-                    card = ledger.last_card
-            else:
+            # on the card of its first input on a card; on the host if all its inputs are
+            # there; a factory op (lift_fresh: the data of torch.tensor) where code runs
+            card, inputs = HOST, False
+            if getattr(func, "__name__", "").split(".")[0] not in _LIFTS:
+                for t in chain(_tensor_leaves(args), _tensor_leaves(kwargs or {})):
+                    inputs = True
+                    c = ledger.card_of(t)
+                    if c != HOST:
+                        card = c
+                        break
+            if card != HOST:
                 ledger.last_card = card
+            elif not inputs:
+                card = ledger.running_card()
         for t in _tensor_leaves(out):
             ledger.charge(t, card, ledger.category)
 
@@ -549,6 +597,8 @@ def _make_accountant(ledger: _Ledger) -> Any:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             _check_dtypes_as_cuda(func, args)
+            if ledger.as_cuda and ledger.forced_card is None:
+                check(func, args, kwargs, ledger)
             out = _call_as_cuda(func, args, kwargs or {})
             account(func, args, kwargs, out)
             return out
@@ -754,6 +804,8 @@ def _run_replica(ledger: _Ledger, module: nn.Module, params: Optional[dict], car
     with ledger.on(card, "activations"):
         try:
             out = replica(*args, **kwargs)
+        except DptuneError:
+            raise
         except Exception as e:
             raise _user_error(e, f"in the forward of replica {card} on virtual card {card}", sizes) from e
     _retag_tree(ledger, out, "outputs")
@@ -1008,7 +1060,7 @@ class SimulatedBackend:
             self._kernels[(kernel, cap)] = self._kernels.get((kernel, cap), 0) + 1
 
         try:
-            self._fn_mode = _sdpa.sdpa_mode(capability_of, chosen)
+            self._fn_mode = _FunctionModes(device_mode(ledger), _sdpa.sdpa_mode(capability_of, chosen))
             with cuda_autocast(), self._fake_mode, _make_accountant(ledger), self._fn_mode:
                 yield
         finally:
@@ -1145,7 +1197,7 @@ class SimulatedBackend:
                 ws_keep.append(torch.empty(self.cluster.workspace_bytes(card), dtype=torch.uint8))
 
         def next_batch() -> Any:
-            with ledger.on(source, "inputs"):
+            with ledger.on(source, "inputs"), ledger.cuda_rules(False):
                 try:
                     batch = wl.sample(batch_size)
                 except DptuneError:
@@ -1169,12 +1221,21 @@ class SimulatedBackend:
                 except Exception as e:
                     raise _user_error(e, where, sizes) from e
 
+        def batch_for_loss(batch: Any) -> Any:
+            # a loss function gets the batch on the output card, as the CUDA backend gives it
+            if wl.loss_fn is None or source != HOST:
+                return batch
+            with ledger.forced(output_device, "inputs"):
+                return _tree.map_tensors(lambda t: t.clone(), batch)
+
         single = len(self.cluster) == 1
         wrapper = _SimulatedDataParallel(module, ledger, sizes, source, single,
                                          output_device, self._fn_mode)
         try:
-            outcome = run_step(wl, StepRuntime(model=wrapper, optimizer=self._optimizer,
-                                               next_batch=next_batch, phase=phase))
+            with ledger.cuda_rules(True):
+                outcome = run_step(wl, StepRuntime(model=wrapper, optimizer=self._optimizer,
+                                                   next_batch=next_batch, batch_for_loss=batch_for_loss,
+                                                   phase=phase))
         finally:
             wrapper.close()
         del ws_keep
@@ -1216,6 +1277,8 @@ def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
             f"from int(t)) ({first}); the simulated cluster computes no values, so it cannot run "
             "this step (sizes from nonzero() or boolean masks it can bound, not decisions): "
             "tune on real GPUs (--devices), or move value-dependent code out of the training step")
+    if isinstance(e, DeviceMismatchError):   # raised in dptune's dispatch mode: name the user's line
+        return UserCodeError(f"RuntimeError {where}{_users_line(e)} (split {list(sizes)}): {e}")
     return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}{_fake_kernel_note(e)}")
 
 
