@@ -287,10 +287,22 @@ def upper_bound(value: Any) -> Any:
         return int(value)
     node = value.node
     bound = node.shape_env.bound_sympy(node.expr).upper
+    if not getattr(bound, "is_finite", True):     # sympy's oo: no bound known
+        return None
     try:
         return int(bound)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, AttributeError, OverflowError):
         return None
+
+
+def bound_size(value: Any, largest: int) -> None:
+    """Tell the shape environment that a data-dependent size (an unbacked ``SymInt``) lies in
+    ``[0, largest]``; a plain int is left alone."""
+    import torch
+    from torch.fx.experimental.symbolic_shapes import _constrain_range_for_size
+
+    if isinstance(value, torch.SymInt) and upper_bound(value) is None:
+        _constrain_range_for_size(value, min=0, max=int(largest))
 
 
 def no_dispatch_modes() -> Any:

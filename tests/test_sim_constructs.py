@@ -427,3 +427,29 @@ def test_an_error_from_a_fake_kernel_says_the_simulator_may_be_at_fault():
             estimate_memory(lambda own=own: Mismatch(own), lambda n: torch.randn(n, 4), [2, 2], "2x24GB")
         assert ("fake kernel meta_mm" in str(e.value)
                 and "if this step runs on a GPU, the simulator is wrong" in str(e.value)) == note
+
+
+def test_an_rnn_on_packed_sequences_says_why_it_cannot_be_simulated():
+    """pack_padded_sequence sizes its data from the lengths' values (bounded here by the padded
+    input); the LSTM then sizes its state from batch_sizes[0], a value: exit 4 with the way out,
+    not a crash of dptune's ledger (it was an InternalError on an unbounded size)."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    from dptune.errors import BackendUnavailableError
+
+    class Packed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.rnn = nn.Embedding(50, 8), nn.LSTM(8, 16, batch_first=True)
+
+        def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+            packed = pack_padded_sequence(self.emb(ids), lengths.cpu(), batch_first=True,
+                                          enforce_sorted=False)
+            return self.rnn(packed)[1][0]
+
+    def sample(n: int) -> tuple:
+        return torch.randint(0, 50, (n, 12)), torch.randint(1, 13, (n,))
+
+    with pytest.raises(BackendUnavailableError, match="RNN at .*PackedSequence.*padded batches"):
+        estimate_memory(lambda: Packed(), sample, [2, 4], "2x24GB",
+                        loss_fn=lambda out, batch: out.sum())

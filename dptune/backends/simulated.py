@@ -75,7 +75,7 @@ import torch.nn as nn
 from dptune import _tree
 from dptune._torch_private import (dispatch_mode_base, fake_tensor_mode, function_mode_active,
                                    new_shape_env, no_dispatch_modes, replica_module,
-                                   sparse_parts, upper_bound)
+                                   sparse_parts, upper_bound, bound_size)
 from dptune.backends import _sdpa
 from dptune.backends._devices import HOST, DeviceMismatchError, check_devices, device_mode
 from dptune.backends._autocast import cuda_autocast
@@ -495,7 +495,7 @@ def _tensor_leaves(obj: Any) -> Iterator[torch.Tensor]:
 # aten ops whose output size depends on the input's values
 _DATA_DEPENDENT = {"nonzero", "nonzero_static", "masked_select", "index", "unique", "_unique",
                    "_unique2", "unique_consecutive", "unique_dim", "repeat_interleave", "bincount",
-                   "masked_scatter", "argwhere"}
+                   "masked_scatter", "argwhere", "_pack_padded_sequence"}
 
 
 def _symbolic(t: torch.Tensor) -> bool:
@@ -559,7 +559,14 @@ def _call_as_cuda(func: Any, args: Any, kwargs: dict) -> Any:
                 shape = func(*[stand_in(x) for x in args],
                              **{k: stand_in(v) for k, v in kwargs.items()}).shape
             return torch.empty(shape, dtype=kwargs.get("out_dtype") or a.dtype, device=a.device)
-    return func(*args, **kwargs)
+    out = func(*args, **kwargs)
+    if func is torch.ops.aten._pack_padded_sequence.default:
+        # (data, batch_sizes) from the lengths' values: at most every (step, sample) of the
+        # padded input, and at most its longest dimension of steps
+        x = args[0]
+        bound_size(out[0].shape[0], x.shape[0] * x.shape[1])
+        bound_size(out[1].shape[0], max(x.shape[0], x.shape[1]))
+    return out
 
 
 _GROUPED_MM_FALLBACK = (torch.float32, torch.float16)
@@ -1263,15 +1270,29 @@ class _ValueReadingError(BackendUnavailableError):
     """The step reads tensor values in a way even symbolic sizes cannot follow."""
 
 
+def _raised_in(e: BaseException, torch_file: str) -> bool:
+    """Whether a frame of ``e``'s traceback is in ``torch/nn/modules/<torch_file>``."""
+    where = os.path.join(os.path.dirname(torch.__file__), "nn", "modules", torch_file)
+    return any(os.path.abspath(f.filename) == where for f in traceback.extract_tb(e.__traceback__))
+
+
 def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
     if isinstance(e, DptuneError):
         return e
     name = type(e).__name__
-    if "DataDependent" in name or "DynamicOutputShape" in name or "item()" in str(e):
+    # a tensor's value used as a number (a size given as a 0-dim tensor) fails as a TypeError
+    as_number = isinstance(e, TypeError) and "got FakeTensor" in str(e)
+    if "DataDependent" in name or "DynamicOutputShape" in name or "item()" in str(e) or as_number:
         # Not a bug in the model: the simulator computes no values. One line, naming the
         # user's line that reads them, instead of FakeTensor's internals.
         at = _users_line(e)
         first = (str(e).strip().splitlines() or [""])[0].strip()
+        if _raised_in(e, "rnn.py"):
+            return _ValueReadingError(
+                f"an RNN{at} runs on a PackedSequence, whose state it sizes from the values of "
+                f"batch_sizes ({first}); the simulated cluster computes no values, so it cannot run "
+                "this step: tune on real GPUs (--devices), or estimate with padded batches (no "
+                "pack_padded_sequence): packing only saves memory, so that is an upper bound")
         return _ValueReadingError(
             f"the model reads tensor values{at} and decides on them (an `if` on .item(), or a size "
             f"from int(t)) ({first}); the simulated cluster computes no values, so it cannot run "
