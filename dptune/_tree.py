@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from dptune.errors import UsageError, UserCodeError
 
-__all__ = ["is_namedtuple", "tensors", "map_tensors", "scatter", "gather"]
+__all__ = ["is_namedtuple", "tensors", "leaves", "map_tensors", "scatter", "gather"]
 
 
 def _tensor_type() -> type:
@@ -52,6 +52,26 @@ def _is_other_sequence(obj: Any) -> bool:
     ``DynamicCache`` (an iterable of per-layer ``(key, value)``); strings are not."""
     return (hasattr(obj, "__iter__") and hasattr(obj, "__len__")
             and not isinstance(obj, (str, bytes, bytearray, dict, list, tuple, _tensor_type())))
+
+
+def leaves(obj: Any) -> Iterator[Any]:
+    """Every tensor in ``obj``, as :func:`tensors` walks it but without the paths (for the
+    bookkeeping of every op, where the paths would cost time)."""
+    return _leaves(obj, _tensor_type())
+
+
+def _leaves(obj: Any, tensor: type) -> Iterator[Any]:
+    if isinstance(obj, tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _leaves(x, tensor)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _leaves(x, tensor)
+    elif _is_dataclass_instance(obj):
+        for f in dataclasses.fields(obj):
+            yield from _leaves(getattr(obj, f.name), tensor)
 
 
 def tensors(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:

@@ -257,7 +257,7 @@ def _find_loss(output: Any) -> Any:
 def _tensor_leaves(obj: Any) -> list:
     from dptune import _tree
 
-    return [t for _, t in _tree.tensors(obj)]
+    return list(_tree.leaves(obj))
 
 
 def default_loss(output: Any, batch: Any = None) -> "torch.Tensor":

@@ -31,7 +31,7 @@ from typing import Any, Callable, ContextManager, Optional, Protocol, Sequence
 
 import torch
 
-from dptune import _torch_private
+from dptune import _torch_private, _tree
 from dptune.errors import DptuneError, InternalError
 
 __all__ = ["HOST", "DeviceMismatchError", "Placement", "check_devices", "device_mode"]
@@ -74,17 +74,6 @@ _INDEXING = frozenset({"index", "_unsafe_index", "index_put", "index_put_", "_in
                        "_unsafe_index_put"})
 
 
-def _leaves(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _leaves(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _leaves(x)
-
-
 def check_devices(func: Any, args: Sequence[Any], kwargs: Optional[dict], where: Placement) -> None:
     """Raise :class:`DeviceMismatchError` where CUDA would: ``func`` given a host tensor of
     one or more dimensions and a card tensor."""
@@ -95,7 +84,7 @@ def check_devices(func: Any, args: Sequence[Any], kwargs: Optional[dict], where:
     if packet in _INDEXING:
         args = [a for i, a in enumerate(args) if i != 1]
     first: Optional[int] = None
-    for t in _leaves((args, kwargs or {})):
+    for t in _tree.leaves((args, kwargs or {})):
         card = where.card_of(t)
         if card == HOST and t.dim() == 0:
             continue                    # a CPU scalar: CUDA kernels take it as a number
@@ -198,7 +187,7 @@ def device_mode(where: Placement) -> Any:
         if func in factories:
             device = kwargs.get("device", _NO_DEVICE)
             if device is _NO_DEVICE or device is None:
-                if any(True for _ in _leaves((args, kwargs))):
+                if any(True for _ in _tree.leaves((args, kwargs))):
                     return None          # zeros_like(x), tensor(x): on x's device
                 default = torch.get_default_device()
                 return _Placed(HOST if default.type == "cpu" else where.running_card(), args, kwargs)

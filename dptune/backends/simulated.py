@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import functools
 import logging
 import os
@@ -478,20 +477,6 @@ def _internal(part: str, *users: type[BaseException]) -> Callable[[_F], _F]:
     return wrap
 
 
-def _tensor_leaves(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _tensor_leaves(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _tensor_leaves(x)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield from _tensor_leaves(getattr(obj, f.name))
-
-
 # aten ops whose output size depends on the input's values
 _DATA_DEPENDENT = {"nonzero", "nonzero_static", "masked_select", "index", "unique", "_unique",
                    "_unique2", "unique_consecutive", "unique_dim", "repeat_interleave", "bincount",
@@ -510,10 +495,10 @@ def _note_data_dependent(ledger: _Ledger, func: Any, args: Any, out: Any) -> Non
         return
     if name.split(".")[0] not in _DATA_DEPENDENT:
         return
-    outs = [t for t in _tensor_leaves(out) if _symbolic(t)]
-    if not outs or any(_symbolic(t) for t in _tensor_leaves(args)):
+    outs = [t for t in _tree.leaves(out) if _symbolic(t)]
+    if not outs or any(_symbolic(t) for t in _tree.leaves(args)):
         return
-    numel = [t.numel() for t in _tensor_leaves(args) if not _symbolic(t)]
+    numel = [t.numel() for t in _tree.leaves(args) if not _symbolic(t)]
     ledger.bounded[f"aten.{name.split('.')[0]}"] = (
         f"sized as if all of its up to {max(numel) if numel else '?'} elements were selected")
 
@@ -586,7 +571,7 @@ def _make_accountant(ledger: _Ledger) -> Any:
             # there; a factory op (lift_fresh: the data of torch.tensor) where code runs
             card, inputs = HOST, False
             if getattr(func, "__name__", "").split(".")[0] not in _LIFTS:
-                for t in chain(_tensor_leaves(args), _tensor_leaves(kwargs or {})):
+                for t in chain(_tree.leaves(args), _tree.leaves(kwargs or {})):
                     inputs = True
                     c = ledger.card_of(t)
                     if c != HOST:
@@ -596,7 +581,7 @@ def _make_accountant(ledger: _Ledger) -> Any:
                 ledger.last_card = card
             elif not inputs:
                 card = ledger.running_card()
-        for t in _tensor_leaves(out):
+        for t in _tree.leaves(out):
             ledger.charge(t, card, ledger.category)
 
     class _Accountant(base):  # type: ignore[misc, valid-type]
@@ -854,7 +839,7 @@ def _backward_hooks(outputs: Any, mode: Any, ledger: _Ledger) -> list:
                 mode.__exit__(None, None, None)
 
     seen: set[int] = set()
-    todo = [t.grad_fn for t in _tensor_leaves(outputs)]
+    todo = [t.grad_fn for t in _tree.leaves(outputs)]
     while todo:
         node = todo.pop()
         if node is None or id(node) in seen:
