@@ -385,6 +385,8 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
             if oom:
                 ax.bar(x, peaks[i] / GiB, width, fill=False, edgecolor=_BUDGET_COLOR, linewidth=2)
             used = "OOM" if oom else _pct(bar_shares[i])
+            if is_even and even.implied_by and not oom:
+                used = f"<= {used}"      # not probed: the dominating probe's figures
             ticks.append((x, f"{label}\n{chunks[i]} samples\n{used}"))
     others = _others_note(result)
     first_other = next((i for i, d in enumerate(result.devices) if d.used_bytes > 0), None)
@@ -414,8 +416,10 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
             ha="right", va="top", fontsize=7, color="#555555")
     batches = (f"batch {result.batch_size}" if even.batch_size == result.batch_size
                else f"even at batch {even.batch_size}, dptune at batch {result.batch_size}")
+    bound = (f"; not probed, upper bounds from probe {', '.join(f'#{k}' for k in even.implied_by)}"
+             if even.implied_by else "")
     ax.set_title(f"{_subject(result)}: peak memory per card\n"
-                 f"even split (hatched, left) vs dptune (right), {batches}", fontsize=10)
+                 f"even split (hatched, left{bound}) vs dptune (right), {batches}", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     if used_categories:
         handles += [Patch(color=_CATEGORY_COLORS[c], label=c)

@@ -255,3 +255,18 @@ def test_import_is_cheap():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_peaks_plot_marks_an_implied_even_split_as_upper_bounds():
+    import dataclasses
+
+    r = make_result("max_batch")
+    plain = plot_result(r, "peaks").axes[0]
+    r.even = dataclasses.replace(r.even, implied_by=(3,))
+    ax = plot_result(r, "peaks").axes[0]
+    ticks = [t.get_text() for t in ax.get_xticklabels(minor=True)]
+    even_ticks = [t for t in ticks if t.startswith("even")]
+    assert even_ticks and all(t.splitlines()[-1].startswith("<= ") for t in even_ticks)
+    assert not any(t.splitlines()[-1].startswith("<=") for t in ticks if t.startswith("dptune"))
+    assert "not probed, upper bounds from probe #3" in ax.get_title()
+    assert "not probed" not in plain.get_title()
