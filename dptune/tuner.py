@@ -271,7 +271,8 @@ class Tuner:
             even=even, probes=list(outcome.probes), fits=list(outcome.fits),
             breakdown=list(best.breakdown) if best.breakdown is not None else None,
             requested_batch_size=self.batch_size, seconds=time.perf_counter() - start,
-            advice=_advice(best, even, outcome, budgets), notes=notes,
+            advice=_advice(best, even, outcome, budgets) + _output_device_advice(out_dev),
+            notes=notes,
             certified=outcome.certified, brackets=list(outcome.brackets), model=model,
             output_device=out_dev, card0_output_batch_size=card0_batch,
             settings=_settings(self.workload, backend))
@@ -400,6 +401,15 @@ def _figures(r: Optional[ProbeResult], split: list[int], budgets: list[int]) -> 
     return SplitFigures(chunk_sizes=tuple(r.chunk_sizes), peak_bytes=tuple(r.peak_bytes),
                         imbalance=imbalance(r.peak_bytes, budgets, r.chunk_sizes),
                         feasible=within, oom_device=r.oom_device, breakdown=r.breakdown)
+
+
+def _output_device_advice(k: int) -> list[str]:
+    """What a loop must do when the outputs come back on card k, not card 0."""
+    if not k:
+        return []
+    return [f"the outputs come back on card {k} (output_device={k}): compute the loss there, with "
+            f"the targets on the output's card (targets.to(output.device)); targets moved to "
+            "cuda:0 would not match"]
 
 
 def _advice(best: ProbeResult, even: SplitFigures, outcome: search.SearchOutcome,

@@ -126,6 +126,7 @@ def test_output_device_auto_keeps_a_card_that_raises_the_largest_batch():
                   headroom=HEADROOM, verbose=False, backend=backend, output_device="auto").fit()
     assert r.output_device == 1 and r.card0_output_batch_size is not None
     assert r.output_device_gain == r.batch_size - r.card0_output_batch_size > 0
+    assert any("come back on card 1" in a and "targets.to(output.device)" in a for a in r.advice)
     assert r.certified and all(p <= b for p, b in zip(r.peak_bytes, r.budget_bytes))
     # the split returned was measured with the outputs on card 1
     assert any(list(p.chunk_sizes) == r.chunk_sizes and p.purpose.startswith("output 1:")
