@@ -72,6 +72,9 @@ def _leaves(obj: Any, tensor: type) -> Iterator[Any]:
     elif _is_dataclass_instance(obj):
         for f in dataclasses.fields(obj):
             yield from _leaves(getattr(obj, f.name), tensor)
+    elif _is_other_sequence(obj):
+        for x in obj:
+            yield from _leaves(x, tensor)
 
 
 def tensors(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:

@@ -238,6 +238,9 @@ class WorkloadSpec:
                 raise UsageError(f"{name} must be a mapping of keyword arguments, got "
                                  f"{type(getattr(self, name)).__name__}")
         if self.input_shape is not None:
+            if not isinstance(self.input_shape, (tuple, list)):
+                raise UsageError(f"--input-shape {self.input_shape!r}: give one sample's shape as a "
+                                 "tuple of positive ints, e.g. (3, 224, 224)")
             shape = tuple(self.input_shape)
             if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0
                                 for d in shape):

@@ -140,7 +140,8 @@ class Tuner:
       :class:`dptune.spec.WorkloadSpec`: :meth:`from_spec` builds the tuner from it, and can
       run each probe in a child process (``isolate=True``).
     - ``output_device``: the card DataParallel gathers the outputs on (default 0). ``"auto"``
-      (``max_batch``, on a backend that can probe it: the simulated cluster) also searches
+      (``max_batch``, on a backend that can probe it: the simulated cluster, or real cards with
+      the built-in step) also searches
       with the outputs on the largest other card and keeps it when that fits a larger batch;
       an int forces that card. ``result.output_device``, ``result.output_device_gain``.
     """
@@ -207,6 +208,10 @@ class Tuner:
         """
         choice = choose_backend(device_ids, simulate)
         if isolate and choice.simulated:
+            if simulate is None:
+                raise BackendUnavailableError(
+                    "isolate=True (--isolate) runs each probe on real GPUs, and no GPU is visible "
+                    "here; drop isolate to tune on the simulated cluster (simulate=, --simulate)")
             raise UsageError(_ISOLATE_SIMULATED)
         wl = spec.build()
         tuner = cls(wl.model, wl.sample, batch_size, wl.loss_fn, wl.optimizer,

@@ -388,7 +388,8 @@ class GroupedExperts(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         per = x.shape[0] // self.experts
         offs = torch.arange(1, self.experts + 1, device=x.device, dtype=torch.int32) * per
-        return torch._grouped_mm(x.to(self.weight.dtype), self.weight, offs=offs)
+        w = self.weight
+        return torch._grouped_mm(x.to(w.dtype), w, offs=offs, out_dtype=w.dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -453,3 +454,20 @@ def test_an_rnn_on_packed_sequences_says_why_it_cannot_be_simulated():
     with pytest.raises(BackendUnavailableError, match="RNN at .*PackedSequence.*padded batches"):
         estimate_memory(lambda: Packed(), sample, [2, 4], "2x24GB",
                         loss_fn=lambda out, batch: out.sum())
+
+
+def test_a_type_error_naming_a_fake_tensor_outside_an_rnn_is_the_models():
+    """Only an RNN's packed batch sizes are taken as a value read; a model passing a tensor
+    where torch wants ints fails the same way on a GPU: the user's error (exit 1)."""
+    from dptune.errors import UserCodeError
+
+    class BadView(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x).view(torch.ones(2, 2, device=x.device))
+
+    with pytest.raises(UserCodeError, match="TypeError"):
+        estimate_memory(lambda: BadView(), lambda n: torch.randn(n, 4), [2, 2], "2x24GB")

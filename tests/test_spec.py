@@ -21,6 +21,7 @@ SMALL = {"vocab_size": 64, "d_model": 16, "n_layers": 1, "n_heads": 2, "seq_len"
     ({"input_shape": (3,), "dtype": "float16", "vocab_size": 9}, "is for token ids"),
     ({"input_shape": (3,), "dtype": "int8"}, "choose one of float32"),
     ({"input_shape": (0, 3)}, "positive ints"),
+    ({"input_shape": 784}, "tuple of positive ints"),
     ({"loss": "hinge"}, "--loss 'hinge': choose one of default"),
     ({"optimizer": "lion"}, "--optimizer 'lion': choose one of adamw"),
     ({"optimizer_kwargs": {"lr": 1.0}}, "not the built-in 'adamw'"),
@@ -82,6 +83,15 @@ def test_from_spec_tunes_the_step_the_spec_describes():
     assert result.model_name == "TinyGPT" and sum(result.chunk_sizes) == 8
     assert (result.settings.amp, result.settings.accumulate) == ("bf16", 2)
     assert result.model is None          # a factory on the simulated cluster: nothing built
+
+
+def test_isolation_without_a_visible_gpu_says_so(monkeypatch):
+    import dptune.tuner as tuner_mod
+    from dptune.errors import BackendUnavailableError
+
+    monkeypatch.setattr(tuner_mod, "_visible_gpus", lambda: 0)
+    with pytest.raises(BackendUnavailableError, match="no GPU is visible here"):
+        Tuner.from_spec(WorkloadSpec("no_such_module_xyz:Net"), 8, isolate=True)
 
 
 def test_isolation_is_for_real_cards_and_checked_before_importing():

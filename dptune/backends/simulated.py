@@ -480,7 +480,7 @@ def _internal(part: str, *users: type[BaseException]) -> Callable[[_F], _F]:
 # aten ops whose output size depends on the input's values
 _DATA_DEPENDENT = {"nonzero", "nonzero_static", "masked_select", "index", "unique", "_unique",
                    "_unique2", "unique_consecutive", "unique_dim", "repeat_interleave", "bincount",
-                   "masked_scatter", "argwhere", "_pack_padded_sequence"}
+                   "masked_scatter", "argwhere"}
 
 
 def _symbolic(t: torch.Tensor) -> bool:
@@ -540,16 +540,20 @@ def _call_as_cuda(func: Any, args: Any, kwargs: dict) -> Any:
                 dtype = torch.bfloat16 if x.is_floating_point() else x.dtype
                 return torch.empty(x.shape, dtype=dtype, device="meta")   # only the shape counts
 
+            # out_dtype (position 4, or by name) must be bf16 for the meta kernel: left out
+            # of the stand-in call, applied to the output as the fallback applies it
+            out_dtype = args[4] if len(args) > 4 else kwargs.get("out_dtype")
+            plain = [stand_in(x) for x in args[:4]]
+            named = {k: stand_in(v) for k, v in kwargs.items() if k != "out_dtype"}
             with no_dispatch_modes():
-                shape = func(*[stand_in(x) for x in args],
-                             **{k: stand_in(v) for k, v in kwargs.items()}).shape
-            return torch.empty(shape, dtype=kwargs.get("out_dtype") or a.dtype, device=a.device)
+                shape = func(*plain, **named).shape
+            return torch.empty(shape, dtype=out_dtype or a.dtype, device=a.device)
     out = func(*args, **kwargs)
     if func is torch.ops.aten._pack_padded_sequence.default:
-        # (data, batch_sizes) from the lengths' values: at most every (step, sample) of the
-        # padded input, and at most its longest dimension of steps
+        # batch_sizes has one entry per step up to the longest length, a value: at most the
+        # padded input's longer dimension (the fake kernel sizes the packed data by the steps
+        # alone, not by the sum of the lengths, so that is charged short)
         x = args[0]
-        bound_size(out[0].shape[0], x.shape[0] * x.shape[1])
         bound_size(out[1].shape[0], max(x.shape[0], x.shape[1]))
     return out
 
@@ -1265,8 +1269,9 @@ def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
     if isinstance(e, DptuneError):
         return e
     name = type(e).__name__
-    # a tensor's value used as a number (a size given as a 0-dim tensor) fails as a TypeError
-    as_number = isinstance(e, TypeError) and "got FakeTensor" in str(e)
+    # an RNN on a PackedSequence passes batch_sizes[0], a 0-dim tensor, as a size: a TypeError
+    # on fake tensors (other TypeErrors that name a FakeTensor are the model's own)
+    as_number = isinstance(e, TypeError) and "got FakeTensor" in str(e) and _raised_in(e, "rnn.py")
     if "DataDependent" in name or "DynamicOutputShape" in name or "item()" in str(e) or as_number:
         # Not a bug in the model: the simulator computes no values. One line, naming the
         # user's line that reads them, instead of FakeTensor's internals.
