@@ -298,6 +298,16 @@ def workload_arguments(p: argparse.ArgumentParser, *, batch_default: Optional[in
     return g
 
 
+def _headroom_argument(group: Any) -> None:
+    group.add_argument("--headroom", type=_byte_size, default=parse_bytes("1GiB"), metavar="SIZE",
+                       help="memory kept free on every card, e.g. 1GiB (default), 512MiB")
+
+
+def _objective_argument(group: Any, help: str) -> None:
+    group.add_argument("--objective", choices=("balance", "max-batch"), default="balance",
+                       type=lambda s: s.replace("_", "-"), help=help)
+
+
 def step_arguments(p: argparse.ArgumentParser) -> Any:
     """The training-step flags (amp, accumulation, clipping, own step), shared by ``search``
     and ``plan``; returns the group."""
@@ -335,19 +345,16 @@ def search_parser(subparsers: Any) -> None:
     where.add_argument("--simulate", metavar="SPEC",
                        help="virtual cards, e.g. 4x24GB, 2xA100-80GB,2xA100-40GB or "
                             "4x24GB,used=0:6GB (default when no GPU is visible: 4x24GB)")
-    c.add_argument("--headroom", type=_byte_size, default=parse_bytes("1GiB"), metavar="SIZE",
-                   help="memory kept free on every card, e.g. 1GiB (default), 512MiB")
+    _headroom_argument(c)
     t = p.add_argument_group("search and output")
-    t.add_argument("--objective", choices=("balance", "max-batch"), default="balance",
-                   type=lambda s: s.replace("_", "-"),
-                   help="balance: even out memory at --batch-size (default); max-batch: the "
-                        "largest batch that fits")
+    _objective_argument(t, "balance: even out memory at --batch-size (default); max-batch: the "
+                           "largest batch that fits")
     t.add_argument("--max-probes", type=_positive_int, default=12, metavar="N",
                    help="at most this many training steps are probed (default 12)")
     t.add_argument("--output-device", type=_output_device, default=0, metavar="K|auto",
                    help="the card the outputs are gathered on (default 0, as DataParallel); "
                         "'auto' with --objective max-batch tries another card and keeps it when "
-                        "it fits a larger batch (simulated cards)")
+                        "it fits a larger batch")
     t.add_argument("--out", metavar="DIR",
                    help="report folder (default reports/<Model>-<cluster>)")
     t.add_argument("--no-plots", action="store_true", help="write the report without PNG plots")
@@ -429,17 +436,14 @@ def plan_parser(subparsers: Any) -> None:
     c.add_argument("--simulate", metavar="SPEC", default=None,
                    help="virtual cards, one rank each, e.g. 2x32GB,2x24GB or "
                         "4x24GB,used=3:10GB (default 4x24GB)")
-    c.add_argument("--headroom", type=_byte_size, default=parse_bytes("1GiB"), metavar="SIZE",
-                   help="memory kept free on every card, e.g. 1GiB (default), 512MiB")
+    _headroom_argument(c)
     c.add_argument("--bucket-cap-mb", type=_positive_float, default=None, metavar="MIB",
                    help="DDP's bucket_cap_mb (default: torch's, 25)")
     c.add_argument("--gradient-as-bucket-view", action="store_true",
                    help="DDP's gradient_as_bucket_view=True (no second copy of the gradients)")
     t = p.add_argument_group("plan and output")
-    t.add_argument("--objective", choices=("balance", "max-batch"), default="balance",
-                   type=lambda s: s.replace("_", "-"),
-                   help="balance: the same share of memory on every card at --batch-size "
-                        "(default); max-batch: the largest global batch")
+    _objective_argument(t, "balance: the same share of memory on every card at --batch-size "
+                           "(default); max-batch: the largest global batch")
     t.add_argument("--out", metavar="PATH",
                    help="a folder (plan.json + summary.md) or a .json file "
                         "(default reports/ddp-<Model>-<cluster>)")

@@ -21,9 +21,9 @@ __all__ = ["LOSSES", "OPTIMIZERS", "sum_loss", "mean_loss", "cross_entropy_loss"
 
 
 def _float_leaves(output: Any) -> list:
-    from dptune.workload import _tensor_leaves
+    from dptune import _tree
 
-    leaves = [t for t in _tensor_leaves(output) if t.is_floating_point()]
+    leaves = [t for t in _tree.leaves(output) if t.is_floating_point()]
     if not leaves:
         raise UsageError("the model's output holds no floating-point tensor to compute a loss on")
     return leaves

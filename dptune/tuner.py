@@ -92,17 +92,11 @@ def choose_backend(device_ids: Optional[Sequence[int]] = None, simulate: Any = N
     return BackendChoice()
 
 
-_ISOLATE_SIMULATED = ("isolate=True (--isolate) runs each probe on real GPUs in a child process; "
-                      "it does not apply to simulated cards (simulate=, --simulate)")
-
-
 def _build_backend(workload: Workload, choice: BackendChoice,
                    isolated: Optional[WorkloadSpec] = None) -> Backend:
     """The backend ``choice`` names; with ``isolated``, real cards probed in child processes
     that rebuild the workload from that spec."""
-    if choice.simulated:
-        if isolated is not None:
-            raise UsageError(_ISOLATE_SIMULATED)
+    if choice.simulated:   # Tuner.from_spec refuses isolate=True on simulated cards
         from dptune.backends.simulated import SimulatedBackend
 
         return SimulatedBackend(workload, choice.cluster)
@@ -212,7 +206,8 @@ class Tuner:
                 raise BackendUnavailableError(
                     "isolate=True (--isolate) runs each probe on real GPUs, and no GPU is visible "
                     "here; drop isolate to tune on the simulated cluster (simulate=, --simulate)")
-            raise UsageError(_ISOLATE_SIMULATED)
+            raise UsageError("isolate=True (--isolate) runs each probe on real GPUs in a child "
+                             "process; it does not apply to simulated cards (simulate=, --simulate)")
         wl = spec.build()
         tuner = cls(wl.model, wl.sample, batch_size, wl.loss_fn, wl.optimizer,
                     device_ids=device_ids, simulate=simulate, amp=wl.amp,
@@ -393,8 +388,6 @@ def _settings(workload: Workload, backend: Backend) -> Any:
     if isinstance(ckpt, bool) and ckpt != settings.gradient_checkpointing:
         settings = dataclasses.replace(settings, gradient_checkpointing=ckpt)
     return settings
-
-
 
 
 def _figures(r: Optional[ProbeResult], split: list[int], budgets: list[int]) -> SplitFigures:

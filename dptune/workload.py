@@ -254,12 +254,6 @@ def _find_loss(output: Any) -> Any:
     return None
 
 
-def _tensor_leaves(obj: Any) -> list:
-    from dptune import _tree
-
-    return list(_tree.leaves(obj))
-
-
 def default_loss(output: Any, batch: Any = None) -> "torch.Tensor":
     """The loss when none is given.
 
@@ -270,7 +264,9 @@ def default_loss(output: Any, batch: Any = None) -> "torch.Tensor":
     loss = _find_loss(output)
     if loss is not None:
         return loss.mean() if loss.dim() > 0 else loss
-    leaves = [t for t in _tensor_leaves(output) if t.is_floating_point() and t.requires_grad]
+    from dptune import _tree
+
+    leaves = [t for t in _tree.leaves(output) if t.is_floating_point() and t.requires_grad]
     if not leaves:
         raise UsageError(
             "the model's output has no floating-point tensor that requires grad, so there is "
