@@ -9,14 +9,14 @@ STAMP  := $(VENV)/.dptune-installed
 
 DEMO   := reports/_scratch/TinyGPT-4x24GB
 
-.PHONY: install demo example test lint bench validate-gpu clean
+.PHONY: install demo example test test-slow lint bench validate-gpu constraints clean
 
 install: $(STAMP)
 
 # The venv sees the system site-packages, so a CUDA torch already installed there is kept.
 # Without any torch, the CPU wheel torch==2.13.0 is taken (never a multi-GB CUDA build)
 # unless an NVIDIA driver is present, in which case the default (CUDA) build is installed.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 	    echo "keeping installed torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	else \
 	    $(PY) -m pip install -q torch==2.13.0; \
 	fi
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -c constraints/dev.txt -e ".[dev]"
 	touch $(STAMP)
 	@echo "dptune is installed in $(VENV): run '. $(VENV)/bin/activate' to use the dptune command (or call $(VENV)/bin/dptune)"
 
@@ -43,8 +43,24 @@ lint: install
 	$(PY) -m ruff check dptune tests benchmarks
 	$(PY) -m mypy dptune
 
+# Both cores (pytest-xdist); tests marked `slow` are left to `make test-slow`, which CI also runs.
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 -m "not slow"
+
+test-slow: install
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 -m slow
+
+# Move the pinned dev versions forward: a fresh venv without constraints, then the tests decide.
+constraints:
+	rm -rf .venv-constraints
+	$(PYTHON) -m venv --system-site-packages .venv-constraints
+	.venv-constraints/bin/python -m pip install -q torch==2.13.0 -e ".[dev]"
+	.venv-constraints/bin/python -m pip freeze | grep "==" | grep -v -i -E "^(dptune|torch==|triton)" \
+	    | grep -v -E "^nvidia-(cu|nccl|nvj|nvtx|cufft|curand|cusparse|cusolver|cublas|cudnn|nvshmem)" \
+	    | sort -f > constraints/dev.txt.new
+	rm -rf .venv-constraints
+	mv constraints/dev.txt.new constraints/dev.txt
+	@echo "constraints/dev.txt updated: run 'make clean test test-slow' before committing it"
 
 bench: install
 	$(PY) -m benchmarks

@@ -6,14 +6,19 @@ from typing import Optional, Sequence
 
 from dptune.units import format_bytes
 
-__all__ = ["UNREAD_OUTPUTS_SHARE", "unread_outputs_advice"]
+__all__ = ["UNREAD_OUTPUTS_SHARE", "CACHE_MARK", "unread_outputs_advice"]
 
 #: Share of card 0's peak taken by gathered outputs the loss never reads, above which the
 #: report says which they are.
 UNREAD_OUTPUTS_SHARE = 0.05
 
+#: Appended to an output entry whose value is a ``transformers`` ``Cache`` (whatever the field is
+#: called: ``past_key_values`` before transformers 5.24, ``cache`` since), so that the advice is
+#: keyed on what the value is, not on its name.
+CACHE_MARK = " (the model's key/value cache)"
+
 _HINTS = (
-    ("past_key_values", "pass use_cache=False (or set model.config.use_cache = False): a training "
+    (CACHE_MARK, "pass use_cache=False (or set model.config.use_cache = False): a training "
                         "step does not need the cache"),
     ("hidden_states", "leave output_hidden_states off in training"),
     ("attentions", "leave output_attentions off in training"),

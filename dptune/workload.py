@@ -29,6 +29,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, Optional, Union
 
+from dptune.advice import CACHE_MARK
 from dptune.errors import DptuneWarning, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -351,16 +352,44 @@ def _watch_reads(output: Any) -> Callable[[], tuple[tuple[str, int], ...]]:
 
     read: set[str] = set()
     sizes: dict[str, int] = {}
+    caches = _cache_entries(output)
     for path, t in _tree.tensors(output, "output"):
         if not t.requires_grad:
             continue
         entry = _entry(path)
+        if entry in caches:
+            entry += CACHE_MARK
         sizes[entry] = sizes.get(entry, 0) + t.numel() * t.element_size()
         t.register_hook(lambda g, entry=entry: read.add(entry))
 
     def unread() -> tuple[tuple[str, int], ...]:
         return tuple((e, b) for e, b in sizes.items() if e not in read)
     return unread
+
+
+def _is_cache(value: Any) -> bool:
+    """Whether ``value`` is a ``transformers`` ``Cache`` (checked without importing transformers)."""
+    return any(c.__name__ == "Cache" and c.__module__.startswith("transformers")
+               for c in type(value).__mro__)
+
+
+def _cache_entries(output: Any) -> set[str]:
+    """The top-level entries of the output holding a cache, named as :func:`_tree.tensors` names
+    their paths (a dict, a HF ``ModelOutput``, by key; a named tuple or a dataclass by field; a
+    list or a tuple by position)."""
+    from dptune import _tree
+
+    if isinstance(output, dict):
+        items: list[tuple[str, Any]] = [(f"output[{k!r}]", v) for k, v in output.items()]
+    elif _tree.is_namedtuple(output):
+        items = [(f"output.{f}", v) for f, v in zip(output._fields, output)]
+    elif isinstance(output, (list, tuple)):
+        items = [(f"output[{i}]", v) for i, v in enumerate(output)]
+    elif dataclasses.is_dataclass(output) and not isinstance(output, type):
+        items = [(f"output.{f.name}", getattr(output, f.name)) for f in dataclasses.fields(output)]
+    else:
+        items = []
+    return {name for name, v in items if _is_cache(v)}
 
 
 def _entry(path: str) -> str:

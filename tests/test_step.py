@@ -291,18 +291,22 @@ def test_cuda_backend_runs_the_users_step_function_on_the_wrapped_model():
 
 # ---- gathered outputs the loss never reads ------------------------------------------------------
 def test_unread_gathered_outputs_are_named_with_their_bytes_and_advised():
-    from dptune.advice import unread_outputs_advice
+    from dptune.advice import CACHE_MARK, unread_outputs_advice
     from dptune.examples.hf import SEQ_LEN, VOCAB_SIZE, gpt2_batch, tiny_gpt2
 
     b, d, layers = 8, 64, 2
     with_cache = estimate_memory(lambda: tiny_gpt2(), gpt2_batch, [4, 4], "2x24GB")
     # the model computes its loss per replica; its logits and its cache (a key and a value
     # of (B, heads, T, d/heads) fp32 per layer) are gathered onto card 0 and never read
+    # the cache's field is named by the installed transformers (past_key_values, or cache since
+    # 5.24); the entry is recognised by its value, a transformers Cache
+    cache_entry = next(e for e, _ in with_cache.unread_outputs if e.endswith(CACHE_MARK))
+    assert cache_entry in (f"output['{f}']{CACHE_MARK}" for f in ("past_key_values", "cache"))
     assert dict(with_cache.unread_outputs) == {
         "output['logits']": b * SEQ_LEN * VOCAB_SIZE * 4,
-        "output['past_key_values']": layers * 2 * b * SEQ_LEN * d * 4}
+        cache_entry: layers * 2 * b * SEQ_LEN * d * 4}
     text = unread_outputs_advice(with_cache.unread_outputs, with_cache.peak_bytes[0])
-    assert "output['past_key_values']" in text and "use_cache=False" in text
+    assert cache_entry in text and "use_cache=False" in text
     no_cache = estimate_memory(lambda: tiny_gpt2(use_cache=False), gpt2_batch, [4, 4], "2x24GB")
     assert dict(no_cache.unread_outputs) == {"output['logits']": b * SEQ_LEN * VOCAB_SIZE * 4}
     assert no_cache.peak_bytes[0] < with_cache.peak_bytes[0]
