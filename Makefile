@@ -45,10 +45,10 @@ lint: install
 
 # Both cores (pytest-xdist); tests marked `slow` are left to `make test-slow`, which CI also runs.
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 -m "not slow"
+	$(PY) -m pytest -q -p no:cacheprovider -p no:benchmark -n 2 -m "not slow"
 
 test-slow: install
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 -m slow
+	$(PY) -m pytest -q -p no:cacheprovider -p no:benchmark -n 2 -m slow
 
 # Move the pinned dev versions forward: a fresh venv without constraints, then the tests decide.
 constraints:

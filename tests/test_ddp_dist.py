@@ -33,6 +33,10 @@ def _jobs(world: int) -> list:
     ]
 
 
+# real gloo processes under torchrun-style rendezvous: several seconds a job
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
 def job(request):
     world = request.param
