@@ -77,9 +77,10 @@ from dptune._torch_private import (dispatch_mode_base, fake_tensor_mode, functio
 from dptune.backends import _sdpa
 from dptune.backends._devices import HOST, DeviceMismatchError, check_devices, device_mode
 from dptune.backends._autocast import cuda_autocast
-from dptune.backends.base import CATEGORIES, ProbeResult
+from dptune.backends.base import CATEGORIES, Capabilities, ModelFacts, ProbeResult
 from dptune.backends.cluster import (CARD_CAPABILITY, CARD_TYPES, DEFAULT_CAPABILITY,  # noqa: F401
                                      DEFAULT_CLUSTER, DEFAULT_CONTEXT_BYTES, Cluster, parse_cluster)
+from dptune.types import BackendKind
 from dptune.errors import (BackendUnavailableError, DptuneError, InternalError, UsageError,
                            UserCodeError)
 from dptune.split import scale_split, validate_chunk_sizes
@@ -836,8 +837,9 @@ class SimulatedBackend:
     model, its weights, buffers and the RNG state are left untouched.
     """
 
-    kind = "simulated"
+    kind = BackendKind.SIMULATED
     #: ``probe(chunk_sizes, output_device=k)`` gathers the outputs on card k
+    capabilities = Capabilities.simulated(output_device=True)
     supports_output_device = True
 
     def __init__(self, workload: Workload, cluster: Union[str, Cluster] = DEFAULT_CLUSTER, *,
@@ -860,6 +862,11 @@ class SimulatedBackend:
             has_batchnorm(workload.model) if isinstance(workload.model, nn.Module) else None)
         self.gradient_checkpointing: Optional[bool] = (
             gradient_checkpointing(workload.model) if isinstance(workload.model, nn.Module) else None)
+
+    @property
+    def model_facts(self) -> ModelFacts:
+        """BatchNorm and gradient checkpointing in the model (known once it is built)."""
+        return ModelFacts(self.has_batchnorm, self.gradient_checkpointing)
 
     def describe(self) -> str:
         cap = self.cluster.describe_capability()

@@ -27,11 +27,12 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from dptune.backends.base import Device, ProbeResult
+from dptune.backends.base import Capabilities, Device, ProbeResult
 from dptune.backends.ddp_memory import Bucket, DDPOptions, bucket_layout, params_of
 from dptune.backends.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
 from dptune.backends.simulated import MemoryEstimate, SimulatedBackend
 from dptune.errors import UsageError
+from dptune.types import BackendKind
 from dptune.workload import StepOutcome, Workload
 
 DEFAULT_OPTIONS = DDPOptions()
@@ -122,7 +123,8 @@ class SimulatedDDP:
     over its card's memory as ``oom_device``.
     """
 
-    kind = "simulated"
+    kind = BackendKind.SIMULATED
+    capabilities = Capabilities.simulated(output_device=False)
 
     def __init__(self, workload: Workload, cluster: Union[str, Cluster] = DEFAULT_CLUSTER,
                  options: DDPOptions = DEFAULT_OPTIONS):
