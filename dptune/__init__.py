@@ -35,12 +35,12 @@ _LAZY = {
     "patch_dataparallel": "dptune.integrations.dataparallel",
     # simulation
     "estimate_memory": "dptune.backends.simulated",
-    "Cluster": "dptune.backends.simulated",
-    "parse_cluster": "dptune.backends.simulated",
+    "Cluster": "dptune.backends.cluster",
+    "parse_cluster": "dptune.backends.cluster",
     # devices
     "devices": "dptune.gpus",
-    "Device": "dptune.backends.base",
-    "ProbeResult": "dptune.backends.base",
+    "Device": "dptune.types",
+    "ProbeResult": "dptune.types",
     # checkpoints
     "state_dict": "dptune.checkpoint",
     "load_state_dict": "dptune.checkpoint",

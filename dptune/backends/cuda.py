@@ -91,11 +91,12 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
-from dptune.backends.base import Device, ProbeResult
+from dptune.backends.base import Capabilities, Device, ModelFacts, ProbeResult
 from dptune.errors import BackendUnavailableError, DptuneError, UsageError, UserCodeError
 from dptune.oom import is_oom, oom_device, oom_summary, replica_where
 from dptune.spec import WorkloadSpec
 from dptune.split import validate_chunk_sizes
+from dptune.types import BackendKind
 from dptune.state import Snapshot, restore, snapshot
 from dptune.workload import StepOutcome, StepRuntime, Workload, run_step
 
@@ -449,7 +450,7 @@ class CudaBackend:
     visible. Use as a context manager, or call :meth:`close`, to put the model back.
     """
 
-    kind = "cuda"
+    kind = BackendKind.CUDA
 
     @property
     def supports_output_device(self) -> bool:
@@ -457,6 +458,14 @@ class CudaBackend:
         with the default step; a custom ``step_fn`` runs its own step, which dptune cannot
         point elsewhere."""
         return not self._custom_step
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities.cuda(output_device=self.supports_output_device)
+
+    @property
+    def model_facts(self) -> ModelFacts:
+        return ModelFacts(has_batchnorm=self.has_batchnorm)
 
     def __init__(self, workload: Union[Workload, WorkloadSpec], device_ids: Optional[Sequence[int]] = None,
                  *, repeats: int = 2, isolate: bool = False, runtime: Any = None,
