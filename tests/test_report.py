@@ -116,7 +116,6 @@ def test_result_table_has_bytes_per_card(result):
     assert list(df["peak_bytes"]) == result.peak_bytes
     assert list(df["budget_bytes"]) == result.budget_bytes
     assert df["share"].tolist() == pytest.approx(result.shares)
-    assert result.table.equals(df)
 
 
 def test_render_table_balance():
@@ -129,7 +128,9 @@ def test_render_table_balance():
     assert f"even {r.even.imbalance:.2f} -> dptune {r.imbalance:.2f}" in lines[-2]
     assert lines[-1].startswith("certified: ")
     assert "max batch" not in text
-    assert str(r) == text
+    # str(result) is one line (the result does not import its renderer): it names the split
+    # and where the table comes from
+    assert "\n" not in str(r) and str(r.chunk_sizes) in str(r) and "render_table" in str(r)
 
 
 def test_render_table_max_batch_shows_gain():
@@ -240,7 +241,6 @@ def test_plot_into_given_axes(result):
     for kind in plot_kinds(result):
         ax.clear()
         assert plot_result(result, kind, ax=ax) is fig
-    assert result.plot("fits", ax=ax) is fig
 
 
 def test_unknown_plot_kind():
@@ -268,5 +268,5 @@ def test_peaks_plot_marks_an_implied_even_split_as_upper_bounds():
     even_ticks = [t for t in ticks if t.startswith("even")]
     assert even_ticks and all(t.splitlines()[-1].startswith("<= ") for t in even_ticks)
     assert not any(t.splitlines()[-1].startswith("<=") for t in ticks if t.startswith("dptune"))
-    assert "not probed, upper bounds from probe #3" in ax.get_title()
-    assert "not probed" not in plain.get_title()
+    assert "not probed, upper bounds from probe #3" in " ".join(ax.get_title().split())
+    assert "not probed" not in " ".join(plain.get_title().split())
