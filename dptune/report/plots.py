@@ -52,6 +52,20 @@ def _axes_width(ax: "Axes", legend_right: bool = False) -> float:
     return width - (2.0 if legend_right else 0.0)
 
 
+def _compact_counts(axis: Any) -> None:
+    """Sample counts on ``axis`` as ``12k``, ``3.5M``: 8-digit counts would run together."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    def fmt(x: float, _pos: Any) -> str:
+        for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "k")):
+            if abs(x) >= scale:
+                return f"{x / scale:.3g}{suffix}"
+        return f"{x:.0f}"
+
+    axis.set_major_locator(MaxNLocator(nbins=5, integer=True))
+    axis.set_major_formatter(FuncFormatter(fmt))
+
+
 def _wrap_title(text: str, width_inches: float, fontsize: float) -> str:
     """``text`` with each line wrapped to ``width_inches`` at ``fontsize`` points (an average
     character is taken as 0.6 em wide: a safe bound for DejaVu Sans' letters and digits)."""
@@ -184,8 +198,9 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
     ax.tick_params(axis="x", which="major", length=0, pad=34)
     ax.set_xlim(-0.6, n - 0.4)
     ax.set_ylabel("peak memory (GiB)")
-    ax.text(-0.01, -0.01, "split\nsamples on the card\nshare of budget", transform=ax.transAxes,
-            ha="right", va="top", fontsize=7, color="#555555")
+    ax.annotate("split\nsamples on the card\nshare of budget", (0, 0), xycoords="axes fraction",
+                xytext=(-6, -6), textcoords="offset points", ha="right", va="top", fontsize=7,
+                color="#555555")     # below the y axis' "0", level with the rows under the bars
     batches = (f"batch {result.batch_size}" if even.batch_size == result.batch_size
                else f"even at batch {even.batch_size}, dptune at batch {result.batch_size}")
     bound = (f"; not probed, upper bounds from probe {', '.join(f'#{k}' for k in even.implied_by)}"
@@ -330,6 +345,7 @@ def _draw_fits(result: TuneResult, fig: Any, ax: Optional["Axes"]) -> None:
         a.grid(alpha=0.3)
         if k // ncols == nrows - 1:
             a.set_xlabel("samples on the card")
+        _compact_counts(a.xaxis)
         if k % ncols == 0:
             a.set_ylabel("peak memory (GiB)")
     first = axes.flat[0]
@@ -339,7 +355,7 @@ def _draw_fits(result: TuneResult, fig: Any, ax: Optional["Axes"]) -> None:
         for h, lab in zip(*a.get_legend_handles_labels()):
             seen.setdefault(lab, h)
     fig.legend(list(seen.values()), list(seen.keys()), loc="outside lower center",
-               ncol=min(len(seen), 4), fontsize=8)
+               ncol=max(1, min(len(seen), 4, int(fig.get_figwidth() / 3.4))), fontsize=8)
     off_scale = "" if shown else "\n" + _budgets_off_scale_text(result, data_top)
     subset = ("" if n == len(result.devices) else
               f"\n{n} of {len(result.devices)} cards: card 0, the fullest and the emptiest "
@@ -381,7 +397,7 @@ def _draw_max_batch(result: TuneResult, ax: "Axes") -> None:
     if per_card:
         handles, labels = ax.get_legend_handles_labels()
         ax.legend(handles, labels, title="samples per card", fontsize=7, title_fontsize=7,
-                  loc="upper left", ncol=2 if n > 4 else 1)
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0))   # beside: the totals stay clear
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
 
