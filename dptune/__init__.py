@@ -27,6 +27,7 @@ _LAZY = {
     # tuning
     "Tuner": "dptune.tuner",
     "TuneResult": "dptune.result",
+    "load_result": "dptune.result",
     "StepSettings": "dptune.workload",
     "Workload": "dptune.workload",
     "WorkloadSpec": "dptune.spec",

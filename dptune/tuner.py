@@ -371,7 +371,7 @@ class Tuner:
         if not isinstance(module, torch.nn.Module):
             notes.append("the model was given as a factory and simulated, so result.model is None; "
                          "wrap the real model with BalancedDataParallel(model, chunk_sizes=...) "
-                         "or BalancedDataParallel.from_report(model, report_dir)")
+                         "or dptune.load_result(report_dir).wrap(model)")
             return None
         n = len(chunk_sizes)
         if torch.cuda.is_available() and torch.cuda.device_count() >= n:

@@ -58,7 +58,7 @@ class StepSettings:
     """What a split was tuned for: the training step's settings that change its memory.
 
     Stored in ``TuneResult.settings``, ``report.json`` and the summary, so a split is not
-    reused for another step unnoticed (``BalancedDataParallel.from_report`` compares them).
+    reused for another step unnoticed (``TuneResult.wrap`` compares them).
     """
 
     amp: Optional[str] = None              # None | "bf16" | "fp16"

@@ -2,7 +2,7 @@
 code and one line that says what is wrong and what to do, never a traceback of dptune's own.
 
 Reports are checked when read, by the one reader that `show`, `plot` and
-`BalancedDataParallel.from_report` share; reports are written atomically.
+`load_result(path).wrap(model)` share; reports are written atomically.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import pytest
 import torch
 from torch import nn
 
-from dptune import report as report_mod
 from dptune.cli import main
 from dptune.errors import DptuneWarning, OutputError, ReportError, SpecError, UsageError
 from dptune.parallel import BalancedDataParallel
+from dptune.report import files as report_mod
 from dptune.report import plot_result, write_report
-from dptune.result import TuneResult
+from dptune.result import TuneResult, load_result
 
 from test_report import make_result
 
@@ -258,7 +258,7 @@ def test_from_report_refuses_a_bad_report(saved, change, message):
     _edit(saved, change)
     with pytest.raises(ReportError, match=message.replace("[", r"\[").replace("(", r"\(")
                        .replace(")", r"\)").replace("]", r"\]")):
-        BalancedDataParallel.from_report(nn.Linear(2, 2), saved)
+        load_result(saved).wrap(nn.Linear(2, 2))
 
 
 def test_truncated_report_is_one_line(saved, capsys):

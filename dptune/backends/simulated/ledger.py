@@ -311,7 +311,10 @@ def _note_data_dependent(ledger: _Ledger, func: Any, args: Any, out: Any) -> Non
     """Remember ops that read tensor values: a size that depends on them, or ``.item()``."""
     name = getattr(func, "__name__", str(func))
     if name.startswith("_local_scalar_dense"):
-        ledger.bounded["value read as a Python number (.item(), int(t), float(t))"] = "kept symbolic"
+        read = next(iter(_tree.leaves(args)), None)
+        if read is not None and ledger.card_of(read) != HOST:   # not a host scalar such as
+            ledger.bounded["value read as a Python number (.item(), int(t), float(t))"] = (
+                "kept symbolic")                                 # AdamW's step, read on CUDA too
         return
     if name.split(".")[0] not in _DATA_DEPENDENT:
         return
