@@ -35,15 +35,18 @@ import pathlib
 import re
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, NoReturn, Optional, Sequence, Union
 
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            DptuneError, UsageError, UserCodeError)
+from dptune.cli_checks import (MAX_HEADROOM_BYTES, REPORT_TEMP_ROOM, check_cards, check_out,
+                               check_plan_out)
 from dptune.presets import (LOSSES, OPTIMIZERS, adam, adamw, cross_entropy_loss, mean_loss, mse_loss,
                             sgd, sum_loss)
 from dptune.spec import DTYPES, WorkloadSpec, import_users, users_code
 from dptune.split import MAX_BATCH_SIZE
-from dptune.units import parse_bytes
+from dptune.units import format_bytes, parse_bytes
+from dptune.workload import ACCUMULATE_BOUND, MAX_ACCUMULATE
 
 if TYPE_CHECKING:  # pragma: no cover
 
@@ -241,6 +244,29 @@ def _byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _headroom(text: str) -> int:
+    value = _byte_size(text)
+    if value > MAX_HEADROOM_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"{text} is more than any card holds (at most {format_bytes(MAX_HEADROOM_BYTES)}); "
+            "give the memory to keep free on each card, e.g. 1GiB or 512MiB")
+    return value
+
+
+def _accumulate(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_ACCUMULATE:
+        raise argparse.ArgumentTypeError(f"{text}: {ACCUMULATE_BOUND}")
+    return value
+
+
+def _out_path(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is no path; give a folder, or leave --out "
+                                         "out for the default folder under reports/")
+    return text
+
+
 def _device_ids(text: str) -> list[int]:
     try:
         ids = [int(x) for x in text.split(",") if x.strip()]
@@ -299,7 +325,7 @@ def workload_arguments(p: argparse.ArgumentParser, *, batch_default: Optional[in
 
 
 def _headroom_argument(group: Any) -> None:
-    group.add_argument("--headroom", type=_byte_size, default=parse_bytes("1GiB"), metavar="SIZE",
+    group.add_argument("--headroom", type=_headroom, default=parse_bytes("1GiB"), metavar="SIZE",
                        help="memory kept free on every card, e.g. 1GiB (default), 512MiB")
 
 
@@ -315,7 +341,7 @@ def step_arguments(p: argparse.ArgumentParser) -> Any:
     st.add_argument("--amp", choices=("bf16", "fp16"), default=None,
                     help="mixed precision: forward and loss under torch.autocast('cuda', dtype), "
                          "with a GradScaler for fp16 (default: fp32)")
-    st.add_argument("--accumulate", type=_positive_int, default=1, metavar="N",
+    st.add_argument("--accumulate", type=_accumulate, default=1, metavar="N",
                     help="micro-batches per optimizer step (gradient accumulation); --batch-size "
                          "stays per forward pass (default 1)")
     st.add_argument("--clip-grad-norm", type=_positive_float, default=None, metavar="X",
@@ -355,7 +381,7 @@ def search_parser(subparsers: Any) -> None:
                    help="the card the outputs are gathered on (default 0, as DataParallel); "
                         "'auto' with --objective max-batch tries another card and keeps it when "
                         "it fits a larger batch")
-    t.add_argument("--out", metavar="DIR",
+    t.add_argument("--out", metavar="DIR", type=_out_path,
                    help="report folder (default reports/<Model>-<cluster>)")
     t.add_argument("--no-plots", action="store_true", help="write the report without PNG plots")
     c.add_argument("--isolate", action="store_true",
@@ -369,11 +395,12 @@ def search_parser(subparsers: Any) -> None:
 
 
 def _search_command(args: argparse.Namespace) -> int:
-    from dptune.report import check_output_folder, render_table, write_report
+    from dptune.report import render_table, write_report
 
     out = sys.stderr if args.json else sys.stdout
     if args.out:  # before minutes of probing
-        check_output_folder(args.out, "--out", report=True)
+        check_out(args.out, "--out", room=REPORT_TEMP_ROOM, report=True)
+    check_cards(args.simulate, args.devices, 0 if args.hf_trainer else args.output_device)
 
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -444,7 +471,7 @@ def plan_parser(subparsers: Any) -> None:
     t = p.add_argument_group("plan and output")
     _objective_argument(t, "balance: the same share of memory on every card at --batch-size "
                            "(default); max-batch: the largest global batch")
-    t.add_argument("--out", metavar="PATH",
+    t.add_argument("--out", metavar="PATH", type=_out_path,
                    help="a folder (plan.json + summary.md) or a .json file "
                         "(default reports/ddp-<Model>-<cluster>)")
     t.add_argument("--json", action="store_true",
@@ -466,11 +493,9 @@ def _plan_command(args: argparse.Namespace) -> int:
     if args.objective == "balance" and args.batch_size is None:
         raise UsageError("--objective balance splits a global batch: give --batch-size N "
                          "(or --objective max-batch for the largest that fits)")
+    check_cards(simulate)
     if args.out:  # checked before minutes of planning
-        from dptune.report import check_output_folder
-
-        check_output_folder(os.path.dirname(args.out) or "." if args.out.endswith(".json")
-                            else args.out, "--out")
+        check_plan_out(args.out)
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with redirect:
         result = ddp_plan(
@@ -536,7 +561,7 @@ def plot_parser(subparsers: Any) -> None:
     p.add_argument("report", metavar="REPORT", help="report folder (or its report.json)")
     p.add_argument("--kind", choices=PLOT_KINDS, action="append",
                    help="which plot (repeatable; default: every plot the report has)")
-    p.add_argument("--out", metavar="DIR",
+    p.add_argument("--out", metavar="DIR", type=_out_path,
                    help="where to write the PNGs (default: the report folder)")
     p.set_defaults(func=_plot_command)
 
@@ -544,6 +569,8 @@ def plot_parser(subparsers: Any) -> None:
 def _plot_command(args: argparse.Namespace) -> int:
     from dptune.report import read_report, write_plots
 
+    if args.out:
+        check_out(args.out, "--out")
     result = read_report(args.report)
     folder = pathlib.Path(args.out) if args.out else _report_folder(args.report)
     for kind in write_plots(result, folder, args.kind, flag="--out" if args.out else "REPORT"):
@@ -565,10 +592,22 @@ def _devices_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _ArgumentError(Exception):
+    """argparse's own complaint about the command line: one line from :func:`main`."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors are dptune's one line (``dptune: error: ...``, exit 2,
+    pointing at the command's ``--help``) instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _ArgumentError(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dptune import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dptune",
         description="Measure per-GPU memory of a DataParallel training step and balance\n"
                     "the split of the batch across the cards.",
@@ -640,7 +679,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse's own errors (2), --help and --version (0)
+    except _ArgumentError as e:
+        command = argv_command(argv)
+        known = command in ("search", "plan", "show", "plot", "devices")
+        _error(f"{e}; see 'dptune{' ' + command if known else ''} --help'")
+        return EXIT_USAGE
+    except SystemExit as e:  # --help and --version (0)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     if not hasattr(args, "func"):
         parser.print_help(sys.stderr)
