@@ -19,7 +19,8 @@ Exit codes (also in ``dptune --help``)::
     130  interrupted (Ctrl-C)
 
 Errors dptune diagnoses are one line on stderr, ``dptune: error: <message>``, with no
-traceback. Each subcommand is registered by a ``*_parser(subparsers)`` function; the work
+traceback; so are argparse's own (with the command's ``--help`` to read instead of the usage
+block). Inputs out of any sensible range are checked before any work (:mod:`dptune.cli_checks`). Each subcommand is registered by a ``*_parser(subparsers)`` function; the work
 is done by plain functions that take and return values (:func:`search`, :func:`ddp_plan`),
 and printing is kept apart from them.
 """

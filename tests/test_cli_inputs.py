@@ -130,9 +130,6 @@ def _rank_capacity(budget_cards: str = "1x2GB") -> int:
 
 def test_plan_beyond_the_cards_says_what_they_take(model, capsys):
     """Issue 22: 'at most 99999996' for 100000000 and 99999992 for 99999996 (batch - 4)."""
-    from dptune.ddp import plan
-    from dptune.presets import adamw
-
     cap = _rank_capacity()
     code, _, err = run(capsys, "plan", "--model", f"{model}:Net", "--input-shape", "16",
                        "--batch-size", "100000000", "--simulate", "2x2GB", "-q")
@@ -140,9 +137,25 @@ def test_plan_beyond_the_cards_says_what_they_take(model, capsys):
                     f"the ranks take at most {2 * cap} samples together",
                     f"(rank 0: {cap}, rank 1: {cap})", f"at most {2 * cap} (--batch-size)")
     assert "99999998" not in line
+
+
+@pytest.mark.slow
+def test_plan_bound_is_the_same_for_another_batch_and_a_range_when_rounds_run_out():
+    from dptune.ddp import plan
+    from dptune.presets import adamw
+
+    cap = _rank_capacity()
     with pytest.raises(NoFeasibleSplitError, match=f"at most {2 * cap} samples together"):
         plan(lambda: nn.Linear(16, 16), lambda b: torch.randn(b, 16), optimizer=adamw,
              global_batch=99999996, simulate="2x2GB")
+    # too few rounds to bracket the ranks: a range that holds the true figure
+    with pytest.raises(NoFeasibleSplitError) as e:
+        plan(lambda: nn.Linear(16, 16), lambda b: torch.randn(b, 16), optimizer=adamw,
+             global_batch=10**8, simulate="2x2GB", max_rounds=3)
+    m = re.search(r"at most (\d+) samples together \((\d+) measured to fit; not every rank "
+                  r"bracketed in 3 rounds\)", str(e.value))
+    assert m is not None, str(e.value)
+    assert int(m.group(2)) <= 2 * cap <= int(m.group(1)) < 10**8
 
 
 # ---- flags out of any sensible range -------------------------------------------------------
