@@ -38,16 +38,15 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, Any, Iterator, NoReturn, Optional, Sequence, Union
 
+from dptune.cli_checks import (REPORT_TEMP_ROOM, accumulate_arg, batch_size_arg, card_or_auto,
+                               check_cards, check_out, check_plan_out, device_ids_arg,
+                               headroom_arg, out_path, positive_float, positive_int)
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            DptuneError, UsageError, UserCodeError)
-from dptune.cli_checks import (MAX_HEADROOM_BYTES, REPORT_TEMP_ROOM, check_cards, check_out,
-                               check_plan_out)
 from dptune.presets import (LOSSES, OPTIMIZERS, adam, adamw, cross_entropy_loss, mean_loss, mse_loss,
                             sgd, sum_loss)
 from dptune.spec import DTYPES, WorkloadSpec, import_users, users_code
-from dptune.split import MAX_BATCH_SIZE
-from dptune.units import format_bytes, parse_bytes
-from dptune.workload import ACCUMULATE_BOUND, MAX_ACCUMULATE
+from dptune.units import parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
 
@@ -195,89 +194,7 @@ def default_report_dir(result: "TuneResult") -> pathlib.Path:
     return pathlib.Path("reports") / f"{name}-{slug}"
 
 
-# ---- argument types ----------------------------------------------------------------------
-
-def _output_device(text: str) -> Union[int, str]:
-    if text == "auto":
-        return "auto"
-    try:
-        k = int(text)
-    except ValueError:
-        k = -1
-    if k < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a card index (0, 1, ...) or 'auto'")
-    return k
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _batch_size(text: str) -> int:
-    value = _positive_int(text)
-    if value > MAX_BATCH_SIZE:
-        raise argparse.ArgumentTypeError(
-            f"{text} is beyond what any cluster holds (at most {MAX_BATCH_SIZE:,} samples); give "
-            "the total batch over all cards, e.g. 256")
-    return value
-
-
-def _byte_size(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _headroom(text: str) -> int:
-    value = _byte_size(text)
-    if value > MAX_HEADROOM_BYTES:
-        raise argparse.ArgumentTypeError(
-            f"{text} is more than any card holds (at most {format_bytes(MAX_HEADROOM_BYTES)}); "
-            "give the memory to keep free on each card, e.g. 1GiB or 512MiB")
-    return value
-
-
-def _accumulate(text: str) -> int:
-    value = _positive_int(text)
-    if value > MAX_ACCUMULATE:
-        raise argparse.ArgumentTypeError(f"{text}: {ACCUMULATE_BOUND}")
-    return value
-
-
-def _out_path(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"{text!r} is no path; give a folder, or leave --out "
-                                         "out for the default folder under reports/")
-    return text
-
-
-def _device_ids(text: str) -> list[int]:
-    try:
-        ids = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        ids = []
-    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
-        raise argparse.ArgumentTypeError(
-            f"expected distinct GPU indices separated by commas, e.g. 0,1,2,3, got {text!r}")
-    return ids
-
+# ---- argument types (the others are in dptune.cli_checks) ---------------------------------
 
 def _shape(text: str) -> tuple[int, ...]:
     try:
@@ -312,9 +229,9 @@ def workload_arguments(p: argparse.ArgumentParser, *, batch_default: Optional[in
                        help="one sample's shape, e.g. 3,224,224; random data of --dtype")
     g.add_argument("--dtype", choices=DTYPES, default=None,
                    help="dtype of --input-shape data (default float32; long with --vocab-size)")
-    g.add_argument("--vocab-size", type=_positive_int, metavar="N",
+    g.add_argument("--vocab-size", type=positive_int, metavar="N",
                    help="token ids for --input-shape are drawn from 0..N-1 (dtype long)")
-    g.add_argument("--batch-size", type=_batch_size, default=batch_default, metavar="N",
+    g.add_argument("--batch-size", type=batch_size_arg, default=batch_default, metavar="N",
                    help=batch_help)
     g.add_argument("--loss", default="default", metavar="NAME",
                    help="default (the output's .loss, else the sum of the output), sum, mean, "
@@ -326,7 +243,7 @@ def workload_arguments(p: argparse.ArgumentParser, *, batch_default: Optional[in
 
 
 def _headroom_argument(group: Any) -> None:
-    group.add_argument("--headroom", type=_headroom, default=parse_bytes("1GiB"), metavar="SIZE",
+    group.add_argument("--headroom", type=headroom_arg, default=parse_bytes("1GiB"), metavar="SIZE",
                        help="memory kept free on every card, e.g. 1GiB (default), 512MiB")
 
 
@@ -342,10 +259,10 @@ def step_arguments(p: argparse.ArgumentParser) -> Any:
     st.add_argument("--amp", choices=("bf16", "fp16"), default=None,
                     help="mixed precision: forward and loss under torch.autocast('cuda', dtype), "
                          "with a GradScaler for fp16 (default: fp32)")
-    st.add_argument("--accumulate", type=_accumulate, default=1, metavar="N",
+    st.add_argument("--accumulate", type=accumulate_arg, default=1, metavar="N",
                     help="micro-batches per optimizer step (gradient accumulation); --batch-size "
                          "stays per forward pass (default 1)")
-    st.add_argument("--clip-grad-norm", type=_positive_float, default=None, metavar="X",
+    st.add_argument("--clip-grad-norm", type=positive_float, default=None, metavar="X",
                     help="clip_grad_norm_ to max norm X before the optimizer step")
     st.add_argument("--step", metavar="MODULE:FUNC", default=None,
                     help="your own step(model, batch, optimizer), replacing the built-in step "
@@ -367,7 +284,7 @@ def search_parser(subparsers: Any) -> None:
     step_arguments(p)
     c = p.add_argument_group("cards")
     where = c.add_mutually_exclusive_group()
-    where.add_argument("--devices", type=_device_ids, metavar="I,J,...",
+    where.add_argument("--devices", type=device_ids_arg, metavar="I,J,...",
                        help="real GPUs to use, e.g. 0,1,2,3 (default: all visible)")
     where.add_argument("--simulate", metavar="SPEC",
                        help="virtual cards, e.g. 4x24GB, 2xA100-80GB,2xA100-40GB or "
@@ -376,13 +293,13 @@ def search_parser(subparsers: Any) -> None:
     t = p.add_argument_group("search and output")
     _objective_argument(t, "balance: even out memory at --batch-size (default); max-batch: the "
                            "largest batch that fits")
-    t.add_argument("--max-probes", type=_positive_int, default=12, metavar="N",
+    t.add_argument("--max-probes", type=positive_int, default=12, metavar="N",
                    help="at most this many training steps are probed (default 12)")
-    t.add_argument("--output-device", type=_output_device, default=0, metavar="K|auto",
+    t.add_argument("--output-device", type=card_or_auto, default=0, metavar="K|auto",
                    help="the card the outputs are gathered on (default 0, as DataParallel); "
                         "'auto' with --objective max-batch tries another card and keeps it when "
                         "it fits a larger batch")
-    t.add_argument("--out", metavar="DIR", type=_out_path,
+    t.add_argument("--out", metavar="DIR", type=out_path,
                    help="report folder (default reports/<Model>-<cluster>)")
     t.add_argument("--no-plots", action="store_true", help="write the report without PNG plots")
     c.add_argument("--isolate", action="store_true",
@@ -465,14 +382,14 @@ def plan_parser(subparsers: Any) -> None:
                    help="virtual cards, one rank each, e.g. 2x32GB,2x24GB or "
                         "4x24GB,used=3:10GB (default 4x24GB)")
     _headroom_argument(c)
-    c.add_argument("--bucket-cap-mb", type=_positive_float, default=None, metavar="MIB",
+    c.add_argument("--bucket-cap-mb", type=positive_float, default=None, metavar="MIB",
                    help="DDP's bucket_cap_mb (default: torch's, 25)")
     c.add_argument("--gradient-as-bucket-view", action="store_true",
                    help="DDP's gradient_as_bucket_view=True (no second copy of the gradients)")
     t = p.add_argument_group("plan and output")
     _objective_argument(t, "balance: the same share of memory on every card at --batch-size "
                            "(default); max-batch: the largest global batch")
-    t.add_argument("--out", metavar="PATH", type=_out_path,
+    t.add_argument("--out", metavar="PATH", type=out_path,
                    help="a folder (plan.json + summary.md) or a .json file "
                         "(default reports/ddp-<Model>-<cluster>)")
     t.add_argument("--json", action="store_true",
@@ -562,7 +479,7 @@ def plot_parser(subparsers: Any) -> None:
     p.add_argument("report", metavar="REPORT", help="report folder (or its report.json)")
     p.add_argument("--kind", choices=PLOT_KINDS, action="append",
                    help="which plot (repeatable; default: every plot the report has)")
-    p.add_argument("--out", metavar="DIR", type=_out_path,
+    p.add_argument("--out", metavar="DIR", type=out_path,
                    help="where to write the PNGs (default: the report folder)")
     p.set_defaults(func=_plot_command)
 

@@ -1,6 +1,7 @@
-"""Checks of the command line's inputs that argparse cannot make alone, each one line and
-made before any probing: output paths (too long for the file system, a folder holding
-something else), the size of a simulated cluster, the card the outputs are gathered on.
+"""The command line's inputs: argparse's types for the flags (each bad value one line,
+naming the flag), and the checks argparse cannot make alone, made before any probing: output
+paths (too long for the file system, a folder holding something else), the size of a
+simulated cluster, the card the outputs are gathered on.
 
 The bounds, and why:
 
@@ -15,13 +16,20 @@ The bounds, and why:
 
 from __future__ import annotations
 
+import argparse
 import os
 from typing import Optional, Union
 
 from dptune.errors import OutputError, UsageError
+from dptune.split import MAX_BATCH_SIZE
+from dptune.units import format_bytes, parse_bytes
+from dptune.workload import ACCUMULATE_BOUND, MAX_ACCUMULATE
 
 __all__ = ["MAX_SIMULATED_CARDS", "MAX_HEADROOM_BYTES", "REPORT_TEMP_ROOM", "check_out",
-           "check_plan_out", "check_cards", "shorten"]
+           "check_plan_out", "check_cards", "shorten",
+           # argparse types
+           "card_or_auto", "positive_int", "positive_float", "batch_size_arg", "byte_size",
+           "headroom_arg", "accumulate_arg", "out_path", "device_ids_arg"]
 
 #: The most cards ``--simulate`` takes (``search`` and ``plan``); see the module docstring.
 MAX_SIMULATED_CARDS = 1024
@@ -39,6 +47,98 @@ PLAN_TEMP_ROOM = 11
 #: What a plan folder holds (``DDPPlan.save``).
 PLAN_FILES = ("plan.json", "summary.md")
 
+
+# ---- argparse types ------------------------------------------------------------------------
+
+def card_or_auto(text: str) -> Union[int, str]:
+    """``--output-device``: a card index or ``auto``."""
+    if text == "auto":
+        return "auto"
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a card index (0, 1, ...) or 'auto'")
+    return k
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def batch_size_arg(text: str) -> int:
+    """``--batch-size``: at most :data:`dptune.split.MAX_BATCH_SIZE`."""
+    value = positive_int(text)
+    if value > MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{text} is beyond what any cluster holds (at most {MAX_BATCH_SIZE:,} samples); give "
+            "the total batch over all cards, e.g. 256")
+    return value
+
+
+def byte_size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def headroom_arg(text: str) -> int:
+    """``--headroom``: a byte size up to :data:`MAX_HEADROOM_BYTES`."""
+    value = byte_size(text)
+    if value > MAX_HEADROOM_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"{text} is more than any card holds (at most {format_bytes(MAX_HEADROOM_BYTES)}); "
+            "give the memory to keep free on each card, e.g. 1GiB or 512MiB")
+    return value
+
+
+def accumulate_arg(text: str) -> int:
+    """``--accumulate``: 1 to :data:`dptune.workload.MAX_ACCUMULATE` micro-batches."""
+    value = positive_int(text)
+    if value > MAX_ACCUMULATE:
+        raise argparse.ArgumentTypeError(f"{text}: {ACCUMULATE_BOUND}")
+    return value
+
+
+def out_path(text: str) -> str:
+    """``--out``: not empty (an empty one fell back to the default folder, silently)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is no path; give a folder, or leave --out "
+                                         "out for the default folder under reports/")
+    return text
+
+
+def device_ids_arg(text: str) -> list[int]:
+    """``--devices``: distinct GPU indices, e.g. ``0,1,2,3``."""
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(
+            f"expected distinct GPU indices separated by commas, e.g. 0,1,2,3, got {text!r}")
+    return ids
+
+
+# ---- checks before any work ----------------------------------------------------------------
 
 def shorten(text: str, width: int = 120) -> str:
     """``text`` quoted, its middle left out when longer than ``width``."""

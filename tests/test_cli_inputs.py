@@ -18,9 +18,8 @@ import pytest
 import torch
 from torch import nn
 
-from dptune import cli
 from dptune.cli import main
-from dptune.cli_checks import check_plan_out
+from dptune.cli_checks import accumulate_arg, check_cards, check_plan_out
 from dptune.errors import EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, NoFeasibleSplitError, UsageError
 from dptune.report import write_report
 from dptune.units import parse_bytes
@@ -164,7 +163,7 @@ def test_accumulate_beyond_the_bound_is_a_usage_error(capsys):
     code, _, err = run(capsys, "search", *NOWHERE, "--accumulate", str(10**30))
     one_line(code, err, EXIT_USAGE, "argument --accumulate", "at most 1024 micro-batches",
              "see 'dptune search --help'")
-    assert cli._accumulate("1024") == 1024
+    assert accumulate_arg("1024") == 1024
     with pytest.raises(UsageError, match="at most 1024 micro-batches"):   # the API too
         from dptune.workload import StepSettings
         StepSettings(accumulate=1025)
@@ -228,7 +227,7 @@ def test_simulate_more_cards_than_the_bound(command, extra, capsys):
     code, _, err = run(capsys, command, *NOWHERE, *extra, "--simulate", "100000x24GB")
     one_line(code, err, EXIT_USAGE, "--simulate '100000x24GB' has 100,000 cards",
              "more than the 1024 dptune simulates", "the time grows with their number")
-    assert cli.check_cards("1024x24GB") == 1024
+    assert check_cards("1024x24GB") == 1024
 
 
 # ---- inputs that used to pass silently -----------------------------------------------------
