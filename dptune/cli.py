@@ -426,6 +426,7 @@ def _plan_command(args: argparse.Namespace) -> int:
             slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", result.cluster).strip("_") or "cluster"
             name = re.sub(r"[^A-Za-z0-9.+-]+", "_", result.model_name).strip("_") or "model"
             target = str(pathlib.Path("reports") / f"ddp-{name}-{slug}")
+            check_plan_out(target, "the default folder")   # a plan or nothing there too
         written = result.save(target)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

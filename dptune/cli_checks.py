@@ -192,26 +192,28 @@ def check_out(path: str, flag: str = "--out", *, room: int = 0, report: bool = F
                           "folder you can write to") from None
 
 
-def check_plan_out(path: str) -> None:
+def check_plan_out(path: str, flag: str = "--out") -> None:
     """``dptune plan --out``: a ``.json`` file that is new or a plan, or a folder that is new,
-    empty or a plan's (never a search report's, whose summary.md it would overwrite)."""
+    empty or a plan's (never a search report's, whose summary.md it would overwrite).
+    ``flag`` names the path in the message (``"the default folder"`` when --out was not given)."""
+    with_out = "" if flag == "--out" else " with --out"
     if path.endswith(".json"):
-        check_out(os.path.dirname(path) or ".", "--out")
-        _check_lengths(path, "--out", PLAN_TEMP_ROOM)
+        check_out(os.path.dirname(path) or ".", flag)
+        _check_lengths(path, flag, PLAN_TEMP_ROOM)
         if os.path.lexists(path):
             from dptune.ddp.result import is_plan_path
 
             if not (os.path.isfile(path) and is_plan_path(path)):
-                raise OutputError(f"--out {shorten(path)} already exists and is not a dptune "
-                                  "plan; give a new file name or a folder")
+                raise OutputError(f"{flag} {shorten(path)} already exists and is not a dptune "
+                                  f"plan; give a new file name or a folder{with_out}")
         return
-    check_out(path, "--out")
+    check_out(path, flag)
     if os.path.isdir(path):
         foreign = sorted(n for n in os.listdir(path) if n not in PLAN_FILES)
         if foreign:
             shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-            raise OutputError(f"--out {shorten(path)} already holds files that are not a dptune "
-                              f"plan ({shown}); give a new or empty folder")
+            raise OutputError(f"{flag} {shorten(path)} already holds files that are not a dptune "
+                              f"plan ({shown}); give a new or empty folder{with_out}")
 
 
 def check_cards(simulate: Optional[str], devices: Optional[list[int]] = None,

@@ -100,6 +100,17 @@ def test_search_out_refuses_a_plan_folder_and_plan_rewrites_its_own(model, tmp_p
     check_plan_out(str(tmp_path / "pl" / "plan.json"))
 
 
+def test_plan_default_folder_holding_something_else_is_refused(model, tmp_path, capsys):
+    other = tmp_path / "reports" / "ddp-Net-2x2GB"
+    other.mkdir(parents=True)
+    (other / "notes.txt").write_text("mine")
+    code, _, err = run(capsys, "plan", "--model", f"{model}:Net", "--input-shape", "16",
+                       "--batch-size", "8", "--simulate", "2x2GB", "-q")
+    one_line(code, err, EXIT_USAGE, "the default folder 'reports/ddp-Net-2x2GB' already holds "
+             "files that are not a dptune plan (notes.txt)", "give a new or empty folder with --out")
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+
+
 # ---- the bound plan gives for a batch beyond the cards -------------------------------------
 
 def _rank_capacity(budget_cards: str = "1x2GB") -> int:
