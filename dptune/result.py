@@ -429,9 +429,11 @@ class _Checked:
         if v is None and optional:
             return None
         what = "a list of integers >= 0" + (f" (one per card, {n})" if n is not None else "")
-        if not isinstance(v, list) or not all(
-                (x is None and nullable_items) or (_is_int(x) and x >= 0) for x in v):
+        if not isinstance(v, list):
             raise self.fail(key, what, v)
+        for k, x in enumerate(v):   # the first bad entry, by its index
+            if not ((x is None and nullable_items) or (_is_int(x) and x >= 0)):
+                raise self.fail(f"{key}[{k}]", "an integer >= 0", x)
         if n is not None and len(v) != n:
             raise ReportError(f"{self.path(key)} has {len(v)} entries for {n} cards; {_AGAIN}")
         return [None if x is None else int(x) for x in v]
@@ -567,11 +569,28 @@ def _read_flag(c: _Checked, key: str) -> bool:
     return bool(v)
 
 
-def _read_bracket(c: _Checked) -> Bracket:
+def _check_implied(even: SplitFigures, probes: int) -> None:
+    """The probes an even split rests on (numbered from 1) must be in the report."""
+    bad = [k for k in even.implied_by if not 1 <= k <= probes]
+    if bad:
+        have = f"#1..#{probes}" if probes else "none"
+        raise ReportError(f"even.implied_by names probe #{bad[0]}, but the report has {probes} "
+                          f"probe(s) ({have}); {_AGAIN}")
+
+
+def _read_brackets(c: _Checked, n: int) -> list[Bracket]:
+    """None recorded, or one per card."""
+    items = c.objects("brackets", n if c.raw("brackets", optional=True) else None, optional=True)
+    return [_read_bracket(x, n) for x in items or []]
+
+
+def _read_bracket(c: _Checked, n: int) -> Bracket:
     what = c.text("what", optional=True, default="chunk")
     if what not in ("chunk", "batch"):
         raise ReportError(f"{c.path('what')} is {what!r}, expected 'chunk' or 'batch'; {_AGAIN}")
-    return Bracket(card=c.integer("card"), lo=c.integer("lo"), hi=c.integer("hi", optional=True),
+    card = c.card("card", n, optional=False)
+    assert card is not None
+    return Bracket(card=card, lo=c.integer("lo"), hi=c.integer("hi", optional=True),
                    what=what, min_chunk=c.integer("min_chunk", optional=True, minimum=1) or 1)
 
 
@@ -598,18 +617,20 @@ def _read_result(d: Any) -> TuneResult:
         raise ReportError(f"gpu0_bsz is {gpu0} but chunk_sizes {chunks} gives card 0 "
                           f"{chunks[0]}; {_AGAIN}")
     requested = c.integer("requested_batch_size", optional=True, minimum=1)
+    even = _read_split(_Checked(c.raw("even"), "even"), n)
+    probes = [_read_probe(x, n) for x in c.objects("probes")]
+    _check_implied(even, len(probes))
     return TuneResult(
         objective=objective, backend=c.text("backend"), cluster=c.text("cluster"),
         model_name=c.text("model_name"), devices=devices,
         headroom_bytes=c.integer("headroom_bytes"),
         budget_bytes=c.ints("budget_bytes", n), chunk_sizes=chunks,
-        peak_bytes=c.ints("peak_bytes", n), even=_read_split(_Checked(c.raw("even"), "even"), n),
-        probes=[_read_probe(x, n) for x in c.objects("probes")],
+        peak_bytes=c.ints("peak_bytes", n), even=even, probes=probes,
         fits=[_read_fit(x) for x in c.objects("fits", n)], breakdown=c.breakdowns("breakdown", n),
         requested_batch_size=requested, seconds=c.number("seconds", optional=True),
         advice=c.strings("advice"), notes=c.strings("notes"), settings=_read_settings(c),
         certified=_read_flag(c, "certified"),
-        brackets=[_read_bracket(x) for x in c.objects("brackets", optional=True) or []],
+        brackets=_read_brackets(c, n),
         output_device=c.card("output_device", n) or 0,
         card0_output_batch_size=c.integer("card0_output_batch_size", optional=True),
     )

@@ -334,11 +334,11 @@ class Tuner:
         """The card to try gathering the outputs on (0: none): the one asked for, or with
         ``"auto"`` for ``max_batch`` the card other than 0 with the largest budget."""
         n = len(backend.devices)
+        if isinstance(self.output_device, int) and self.output_device >= n:
+            raise UsageError(f"output_device={self.output_device}: there are cards 0..{n - 1}")
         if self.output_device == 0 or n < 2 or not capabilities(backend).output_device:
             return 0
         if isinstance(self.output_device, int):
-            if self.output_device >= n:
-                raise UsageError(f"output_device={self.output_device}: there are cards 0..{n - 1}")
             return self.output_device
         if self.objective is not Objective.MAX_BATCH:
             return 0

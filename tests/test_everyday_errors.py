@@ -228,14 +228,23 @@ BAD_REPORTS = [
     (_drop("probes"), "probes is missing"),
     (lambda d: [d], "holds a JSON array, expected a JSON object"),
     (_set("chunk_sizes", [1, 22, 41]), "chunk_sizes has 3 entries for 4 cards"),
-    (_set("peak_bytes", ["1GB", 2, 3, 4]), "peak_bytes is a JSON array, expected a list of integers"),
-    (_set("chunk_sizes", [-1, 22, 22, 21]), "chunk_sizes is a JSON array, expected a list of integers >= 0"),
+    (_set("peak_bytes", ["1GB", 2, 3, 4]), "peak_bytes[0] is a string ('1GB'), expected an integer >= 0"),
+    (_set("chunk_sizes", [1, 22, -1, 21]), "chunk_sizes[2] is int -1, expected an integer >= 0"),
     (_set("batch_size", 65), "batch_size is 65 but chunk_sizes [1, 22, 22, 19] sum to 64"),
     (_set("headroom_bytes", "1GiB"), "headroom_bytes is a string ('1GiB'), expected an integer"),
     (_set("devices", {}), "devices is a JSON object, expected a list"),
     (_probe0("peak_bytes", [1, 2]), "probes[0].peak_bytes has 2 entries for 4 cards"),
     (_probe0("oom_device", 7), "probes[0].oom_device is 7, but there are only 4 cards"),
     (_set("objective", "fastest"), "objective is 'fastest', expected one of balance, max_batch"),
+    # issue 22: these three were read without a word
+    (_set("brackets", [dict(card=i, lo=8, hi=9) for i in range(3)]),
+     "brackets has 3 entries for 4 cards"),
+    (_set("brackets", [dict(card=7 if i == 3 else i, lo=8, hi=9) for i in range(4)]),
+     "brackets[3].card is 7, but there are only 4 cards"),
+    (lambda d: {**d, "even": {**d["even"], "implied_by": [2, 99]}},
+     "even.implied_by names probe #99, but the report has 3 probe(s) (#1..#3)"),
+    (lambda d: {**d, "probes": [{**d["probes"][0], "peak_bytes": [1, 2, 3, -4]}] + d["probes"][1:]},
+     "probes[0].peak_bytes[3] is int -4, expected an integer >= 0"),
 ]
 
 
@@ -266,6 +275,18 @@ def test_truncated_report_is_one_line(saved, capsys):
     (saved / "report.json").write_text(text[: len(text) // 2])
     code, _, err = run(capsys, "show", str(saved))
     one_line_error(code, err, 2, "is not valid JSON", "re-run `dptune search`")
+
+
+def test_brackets_one_per_card_and_implied_probes_in_the_report_read_fine(saved, capsys):
+    """The checks above refuse only what is wrong: four brackets for four cards and an even
+    split implied by probes #1 and #3 of three are read and shown."""
+    _edit(saved, lambda d: {**d, "brackets": [dict(card=i, lo=8, hi=9) for i in range(4)],
+                            "even": {**d["even"], "implied_by": [1, 3]}})
+    result = TuneResult.load(str(saved))
+    assert [b.card for b in result.brackets] == [0, 1, 2, 3]
+    assert result.even.implied_by == (1, 3)
+    code, out, err = run(capsys, "show", str(saved))
+    assert code == 0 and "dptune: error" not in err
 
 
 def test_a_valid_report_reads_back_equal(saved):

@@ -340,6 +340,10 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
                       accumulate=settings.accumulate, clip_grad_norm=settings.clip_grad_norm,
                       **tuner_options)
         result = tuner.fit()
+    from dptune.tuner import _notice
+
+    for note in notes:   # on the terminal too, as the tuner's own notices
+        _notice(note, verbose)
     result.notes.extend(n for n in notes if n not in result.notes)
     return result
 
