@@ -72,6 +72,12 @@ class ProbeResult:
     note: str = ""
     # gathered output entries the loss never read: (entry, bytes on the output card)
     unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
+    # the allocator model (dptune.backends.reserved): predicted card use (reserved peak + CUDA
+    # context + NCCL), per-card figures under torch.cuda.memory_stats()'s key names, and the
+    # reserved peak with expandable_segments:True (set when reserved exceeds allocated widely)
+    total_bytes: Optional[tuple[int, ...]] = None
+    memory_stats: Optional[tuple[dict[str, int], ...]] = None
+    expandable_reserved_bytes: Optional[tuple[int, ...]] = None
 
     @property
     def feasible(self) -> bool:
@@ -92,7 +98,8 @@ class ProbeResult:
     def from_dict(cls, d: Mapping[str, Any]) -> "ProbeResult":
         kw = dict(d)
         for k in ("chunk_sizes", "peak_bytes", "breakdown", "reserved_bytes", "nvml_used_bytes",
-                  "alloc_retries", "repeat_spread_bytes"):
+                  "alloc_retries", "repeat_spread_bytes", "total_bytes", "memory_stats",
+                  "expandable_reserved_bytes"):
             if kw.get(k) is not None:
                 kw[k] = tuple(kw[k])
         if kw.get("unread_outputs") is not None:

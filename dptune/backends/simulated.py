@@ -79,6 +79,7 @@ from dptune.backends import _sdpa
 from dptune.backends._devices import HOST, DeviceMismatchError, check_devices, device_mode
 from dptune.backends._autocast import cuda_autocast
 from dptune.backends.base import CATEGORIES, Device, ProbeResult
+from dptune.backends.reserved import ReservedModel, TraceRecorder
 from dptune.errors import (BackendUnavailableError, DptuneError, InternalError, SpecError, UsageError,
                            UserCodeError)
 from dptune.split import scale_split, validate_chunk_sizes
@@ -300,6 +301,7 @@ class _Ledger:
         self.as_cuda = False           # the step runs: CUDA's device rules (backends._devices)
         self.category = "other"
         self.bounded: dict[str, str] = {}   # data-dependent ops seen -> how their size was bounded
+        self.on_event: Optional[Callable[[int, int, int], None]] = None  # (card, +/-bytes, seq)
 
     # -- storages ------------------------------------------------------------------------
     def record_of(self, t: torch.Tensor) -> Optional[_Record]:
@@ -349,6 +351,8 @@ class _Ledger:
         rec.ref = weakref.ref(st, release)
         records[key] = rec
         if card != HOST and rec.nbytes:
+            if self.on_event is not None:
+                self.on_event(card, rec.nbytes, rec.seq)
             self.live[card] += rec.nbytes
             self.by_cat[card][category] += rec.nbytes
             if self.live[card] > self.peak[card]:
@@ -358,6 +362,8 @@ class _Ledger:
 
     def _free(self, rec: _Record) -> None:
         if rec.card != HOST and rec.nbytes:
+            if self.on_event is not None:
+                self.on_event(rec.card, -rec.nbytes, rec.seq)
             self.live[rec.card] -= rec.nbytes
             self.by_cat[rec.card][rec.category] -= rec.nbytes
 
@@ -1014,8 +1020,11 @@ class SimulatedBackend:
     supports_output_device = True
 
     def __init__(self, workload: Workload, cluster: Union[str, Cluster] = DEFAULT_CLUSTER, *,
-                 batch_on_card0: bool = False):
+                 batch_on_card0: bool = False, reserved: Optional[ReservedModel] = None):
         self.workload = workload
+        self.reserved = reserved        # the allocator model: reserved and total use per card
+        self._recorder: Optional[TraceRecorder] = None
+        self._step_trace: list = []
         self.cluster = parse_cluster(cluster)
         self.devices = self.cluster.devices
         self.batch_on_card0 = batch_on_card0
@@ -1067,6 +1076,8 @@ class SimulatedBackend:
         if self._ledger is not None:
             return
         ledger = _Ledger(len(self.cluster))
+        if self.reserved is not None:
+            ledger.on_event = self._recorder = TraceRecorder(len(self.cluster))
         with self._modes(ledger):
             with ledger.on(0, "weights"):
                 module, self._compiled = _eager(_fake_module(self.workload.model))
@@ -1142,6 +1153,7 @@ class SimulatedBackend:
             self._ledger.bounded = {}
         with self._modes(ledger):
             baseline = list(ledger.live)
+            mark = self._recorder.mark() if self._recorder is not None else None
             ledger.reset_peaks()
             try:
                 outcome = self._step(sizes, output_device)
@@ -1156,6 +1168,8 @@ class SimulatedBackend:
                     self._optimizer.zero_grad(set_to_none=True)
                 for p in self._module.parameters():
                     p.grad = None
+                if self._recorder is not None and mark is not None:
+                    self._step_trace = self._recorder.cut(mark)
         return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=list(ledger.peak),
                               breakdown=[dict(b) for b in ledger.peak_breakdown],
                               baseline_bytes=baseline, cluster=self.cluster,
@@ -1245,10 +1259,16 @@ class SimulatedBackend:
                 for p, d in zip(est.peak_bytes, self.devices)]
         worst = max(range(len(over)), key=lambda i: over[i])
         oom = worst if over[worst] > 0 else None
+        extra: dict = {}
+        seconds = est.seconds
+        if self.reserved is not None and self._recorder is not None:
+            fig = self.reserved.predict(self._recorder.events, self._step_trace, self.devices)
+            extra, oom = fig.probe_fields(), oom if oom is not None else fig.oom_card
+            seconds += fig.seconds
         return ProbeResult(chunk_sizes=est.chunk_sizes, peak_bytes=tuple(est.peak_bytes),
-                           oom_device=oom, breakdown=tuple(est.breakdown), seconds=est.seconds,
+                           oom_device=oom, breakdown=tuple(est.breakdown), seconds=seconds,
                            note="; ".join(("simulated",) + est.notes),
-                           unread_outputs=est.unread_outputs)
+                           unread_outputs=est.unread_outputs, **extra)
 
     def close(self) -> None:
         self._ledger = self._module = self._optimizer = None

@@ -1,0 +1,119 @@
+"""The allocator model on the simulator's traces (dptune.backends.reserved)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from dptune.backends.allocator import AllocatorConfig, CachingAllocator, replay
+from dptune.backends.fixed_costs import NCCL_COMMUNICATOR_BYTES, FixedCosts
+from dptune.backends.reserved import ReservedModel, TraceRecorder
+from dptune.backends.simulated import SimulatedBackend
+from dptune.examples.models import MLP, TinyGPT
+from dptune.units import MiB
+from dptune.workload import Workload
+
+
+def mlp_workload() -> Workload:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(1000, 2000), nn.ReLU(), nn.Linear(2000, 10))
+    return Workload(m, lambda b: torch.randn(b, 1000), optimizer=lambda p: torch.optim.Adam(p))
+
+
+def gpt_workload() -> Workload:
+    torch.manual_seed(0)
+    m = TinyGPT()
+    return Workload(m, m.sample, optimizer=lambda p: torch.optim.AdamW(p))
+
+
+def backend(wl: Workload, spec: str = "2x24GB", conf: str = "", nccl=None) -> SimulatedBackend:
+    model = ReservedModel(AllocatorConfig.parse(conf), FixedCosts(nccl_bytes=nccl))
+    return SimulatedBackend(wl, spec, reserved=model)
+
+
+@pytest.mark.parametrize("make", [mlp_workload, gpt_workload])
+def test_model_off_leaves_todays_figures(make):
+    plain = SimulatedBackend(make(), "2x24GB").probe([3, 5])
+    on = backend(make()).probe([3, 5])
+    assert on.peak_bytes == plain.peak_bytes and on.breakdown == plain.breakdown
+    assert plain.reserved_bytes is None and plain.total_bytes is None
+    assert on.reserved_bytes is not None
+
+
+def test_trace_is_the_ledger_and_reserved_covers_allocated_at_every_event():
+    b = backend(gpt_workload())
+    r = b.probe([4, 4])
+    rec = b._recorder
+    assert rec is not None
+    for card, step in enumerate(b._step_trace):
+        # the ledger's own peak over the step, from the trace: live bytes replayed in order
+        live = sum(e.delta for e in rec.events[card])       # set-up bytes still alive
+        peak = live
+        for e in step:
+            live += e.delta
+            peak = max(peak, live)
+        assert peak == r.peak_bytes[card]
+        # replayed event by event: reserved >= allocated after every one
+        a = CachingAllocator(1 << 40)
+        for s, trace in enumerate((rec.events[card], step, step)):
+            for e in trace:
+                if e.delta > 0:
+                    assert a.malloc((s, e.id), e.delta)
+                else:
+                    a.free((s, e.id)) if (s, e.id) in a.live else a.free((0, e.id))
+                assert a.reserved >= a.allocated
+    assert r.memory_stats is not None and r.reserved_bytes is not None
+    for card, ms in enumerate(r.memory_stats):
+        # the model's allocated peak counts whole unsplit blocks: never below the ledger's
+        assert ms["reserved_bytes.all.peak"] >= ms["allocated_bytes.all.peak"] >= r.peak_bytes[card]
+        assert ms["reserved_bytes.all.peak"] == r.reserved_bytes[card]
+
+
+def test_replay_is_deterministic():
+    one, two = backend(gpt_workload()).probe([2, 6]), backend(gpt_workload()).probe([2, 6])
+    assert one.memory_stats == two.memory_stats and one.total_bytes == two.total_bytes
+    b = backend(gpt_workload())
+    first, again = b.probe([2, 6]), b.probe([2, 6])
+    assert first.memory_stats == again.memory_stats      # the set-up trace is not consumed
+
+
+def test_total_is_reserved_plus_context_plus_nccl():
+    b = backend(mlp_workload(), "2x24GB,context=300MiB")
+    r = b.probe([8, 8])
+    assert r.reserved_bytes is not None and r.total_bytes is not None
+    assert r.total_bytes == tuple(x + 300 * MiB + NCCL_COMMUNICATOR_BYTES for x in r.reserved_bytes)
+    one = backend(mlp_workload(), "1x24GB,context=300MiB").probe([8])
+    assert one.total_bytes == (one.reserved_bytes[0] + 300 * MiB,)      # no NCCL on one card
+    set_ = backend(mlp_workload(), "2x24GB,context=0MiB", nccl=5 * MiB).probe([8, 8])
+    assert set_.total_bytes == tuple(x + 5 * MiB for x in set_.reserved_bytes)
+
+
+def test_reserved_over_the_card_is_an_oom_of_the_probe():
+    wl = mlp_workload()
+    peak = SimulatedBackend(wl, "1x24GB").probe([8]).peak_bytes[0]
+    # a card with room for the allocated peak but not for 20 MiB segments around it
+    spec = f"1x{(peak + 4 * MiB) // 1024}KiB,context=0MiB"
+    plain = SimulatedBackend(wl, spec).probe([8])
+    assert plain.feasible
+    r = backend(wl, spec).probe([8])
+    assert not r.feasible and r.oom_device == 0
+    assert r.alloc_retries is not None and r.alloc_retries[0] >= 1
+
+
+def test_recorder_cut_keeps_setup():
+    rec = TraceRecorder(1)
+    rec(0, 512, 1)
+    mark = rec.mark()
+    rec(0, 1024, 2)
+    rec(0, -1024, 2)
+    step = rec.cut(mark)
+    assert [e.id for e in rec.events[0]] == [1] and [e.delta for e in step[0]] == [1024, -1024]
+    s = replay([rec.events[0], step[0], step[0]], 1 << 40, measure_from=2)
+    assert s.allocated_peak == 512 + 1024 and s.reserved_peak == 2 * MiB
+
+
+def test_small_mlp_example_runs():
+    m = MLP()
+    r = SimulatedBackend(Workload(m, m.sample), "2x24GB", reserved=ReservedModel()).probe([4, 4])
+    assert r.reserved_bytes is not None and all(x > 0 for x in r.reserved_bytes)
