@@ -117,3 +117,80 @@ def test_small_mlp_example_runs():
     m = MLP()
     r = SimulatedBackend(Workload(m, m.sample), "2x24GB", reserved=ReservedModel()).probe([4, 4])
     assert r.reserved_bytes is not None and all(x > 0 for x in r.reserved_bytes)
+
+
+# -- the budget level in the tuner -----------------------------------------------------------------
+def test_tuner_reserved_level_checks_reserved_plus_nccl():
+    from dptune.backends.reserved import DEFAULT_HEADROOM, BudgetLevel
+    from dptune.tuner import Tuner
+
+    wl = mlp_workload()
+    kw = dict(simulate="2x1GB,context=0MiB", objective="max_batch", verbose=False, max_probes=6)
+    plain = Tuner(wl.model, wl.sample, 64, optimizer=wl.optimizer, headroom="64MiB", **kw)
+    res = Tuner(wl.model, wl.sample, 64, optimizer=wl.optimizer, headroom="64MiB",
+                budget_level="reserved", nccl_bytes="100MiB", **kw)
+    assert plain.headroom_bytes == 64 * MiB and plain.reserved_model is None
+    assert Tuner(wl.model, wl.sample, 8).headroom_bytes == DEFAULT_HEADROOM[BudgetLevel.ALLOCATED]
+    assert Tuner(wl.model, wl.sample, 8, budget_level="reserved").headroom_bytes == 256 * MiB
+    a, r = plain.fit(), res.fit()
+    for p in r.probes:
+        assert p.allocated_peak_bytes is not None and p.reserved_bytes is not None
+        assert p.peak_bytes == tuple(x + 100 * MiB for x in p.reserved_bytes)
+        assert all(x >= y for x, y in zip(p.peak_bytes, p.allocated_peak_bytes))
+    assert all(p <= b for p, b in zip(r.peak_bytes, r.budget_bytes))
+    # the reserved level costs at least NCCL's 100 MiB per card: a smaller batch fits
+    assert sum(r.chunk_sizes) < sum(a.chunk_sizes)
+    assert any("reserved level" in n for n in r.notes)
+
+
+def test_budget_level_errors_and_real_card_figures():
+    from dptune.backends.base import Device, ProbeResult
+    from dptune.backends.reserved import BudgetLevel, at_level
+    from dptune.errors import BackendUnavailableError, UsageError
+    from dptune.tuner import Tuner
+
+    with pytest.raises(UsageError, match="budget level"):
+        Tuner(nn.Linear(2, 2), lambda b: torch.randn(b, 2), 8, budget_level="nvml")
+    devs = [Device(0, "x", 10 * 2**30, context_bytes=400 * MiB)]
+    measured = ProbeResult((4,), (100 * MiB,), reserved_bytes=(140 * MiB,))
+    got = at_level(measured, devs, BudgetLevel.RESERVED)
+    assert got.peak_bytes == (140 * MiB,) and got.allocated_peak_bytes == (100 * MiB,)
+    assert at_level(measured, devs, BudgetLevel.ALLOCATED) is measured
+    with pytest.raises(BackendUnavailableError, match="reserved figures"):
+        at_level(ProbeResult((4,), (1,)), devs, BudgetLevel.RESERVED)
+
+
+def test_advice_names_the_expandable_segments_figure():
+    from dptune.backends.base import ProbeResult
+    from dptune.backends.reserved import advice_lines
+
+    stats = ({"allocated_bytes.all.peak": 1024 * MiB, "reserved_bytes.all.peak": 1700 * MiB},
+             {"allocated_bytes.all.peak": 1024 * MiB, "reserved_bytes.all.peak": 1100 * MiB})
+    r = ProbeResult((1, 1), (1, 1), memory_stats=stats,
+                    expandable_reserved_bytes=(1536 * MiB, 1040 * MiB))
+    lines = advice_lines(r)
+    assert len(lines) == 1 and lines[0].startswith("card 0")      # card 1's gap is small
+    assert "expandable_segments:True" in lines[0] and lines[0].endswith("reserve 1.5 GiB")
+    assert advice_lines(ProbeResult((1,), (1,))) == []
+
+
+def _deep(n: int, layers: int = 30) -> list:
+    from dptune.backends.allocator import Event
+    ev = [Event(k, n * 12 * MiB) for k in range(layers)]      # kept for the backward
+    return ev + [Event(k, -1) for k in reversed(range(layers))]
+
+
+def test_wide_gap_computes_the_expandable_prediction():
+    from dptune.backends.base import Device
+
+    card = [Device(0, "x", 80 * 2**30)]
+    same = ReservedModel().predict([_deep(8)], [_deep(8)], card)
+    assert same.wide_gap() == [] and same.expandable is None        # segments reused exactly
+    # the set-up left segments for batch 8, the step runs at 9: every one is 12 MiB short
+    grown = ReservedModel().predict([_deep(8)], [_deep(9)], card)
+    s = grown.stats[0]
+    assert s.allocated_peak == 30 * 9 * 12 * MiB
+    assert s.reserved_peak == 30 * 8 * 12 * MiB + 30 * 9 * 12 * MiB     # nothing fits: all new
+    assert grown.wide_gap() == [0] and grown.expandable is not None
+    # expandable segments: one segment, pages of 20 MiB, the batch-8 pages reused
+    assert grown.expandable[0].reserved_peak == 20 * MiB * -(-s.allocated_peak // (20 * MiB))

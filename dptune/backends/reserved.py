@@ -19,15 +19,20 @@ processes, the CUDA context and NCCL's buffers.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Optional, Sequence
 
 from dptune.backends.allocator import AllocatorConfig, AllocatorStats, Event, replay
-from dptune.backends.base import Device
+from dptune.backends.base import Device, ProbeResult
 from dptune.backends.fixed_costs import FixedCosts
+from dptune.errors import BackendUnavailableError, UsageError
+from dptune.units import format_bytes
 
-__all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP"]
+__all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "BudgetLevel",
+           "DEFAULT_HEADROOM", "parse_level", "at_level", "advice_lines"]
 
 #: reserved over allocated by this share (and by at least 256 MiB) calls for the advice
 WIDE_GAP = 0.25
@@ -57,7 +62,8 @@ class TraceRecorder:
 
 @dataclass(frozen=True)
 class ReservedFigures:
-    """Per-card predictions of one probe (bytes)."""
+    """Per-card predictions of one probe (bytes). On a card whose replay ran out of memory
+    (``num_ooms``) the peaks are what the step would need on a card without that limit."""
 
     stats: tuple[AllocatorStats, ...]
     total_bytes: tuple[int, ...]                 # reserved peak + CUDA context + NCCL
@@ -103,9 +109,17 @@ class ReservedModel:
         t0 = time.perf_counter()
         nccl = self.fixed.nccl_for(len(devices))
 
+        def card(i: int, cap: int, cfg: AllocatorConfig) -> AllocatorStats:
+            s = replay([setup[i], step[i], step[i]], cap, cfg, measure_from=2)
+            if not s.num_ooms:
+                return s
+            # past an OOM: the figures the step would need, the OOM and retries kept
+            need = replay([setup[i], step[i], step[i]], 1 << 62, cfg, measure_from=2)
+            return dataclasses.replace(need, num_ooms=s.num_ooms, oom_event=s.oom_event,
+                                       num_alloc_retries=s.num_alloc_retries)
+
         def run(cfg: AllocatorConfig) -> tuple[AllocatorStats, ...]:
-            return tuple(replay([setup[i], step[i], step[i]],
-                                max(0, d.available_bytes - nccl), cfg, measure_from=2)
+            return tuple(card(i, max(0, d.available_bytes - nccl), cfg)
                          for i, d in enumerate(devices))
 
         stats = run(self.config)
@@ -114,3 +128,68 @@ class ReservedModel:
             expandable = run(AllocatorConfig(**{**self.config.__dict__, "expandable_segments": True}))
         total = tuple(s.reserved_peak + d.context_bytes + nccl for s, d in zip(stats, devices))
         return ReservedFigures(stats, total, nccl, expandable, time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------------------------
+# The budget level: which figure the search checks against each card's budget
+# --------------------------------------------------------------------------------------------
+class BudgetLevel(str, Enum):
+    """``allocated``: the allocator's allocated peak (``max_memory_allocated``), the default.
+    ``reserved``: the reserved peak plus the fixed costs the budget does not already take out
+    (NCCL on the simulator; the CUDA context is in ``Device.context_bytes``), i.e. what runs
+    out on a card."""
+
+    ALLOCATED = "allocated"
+    RESERVED = "reserved"
+
+
+#: The headroom each level leaves by default. At ``allocated`` 1 GiB covers fragmentation
+#: (the reserved-but-free memory), NCCL's buffers and what else is not modelled. At
+#: ``reserved`` fragmentation and NCCL are predicted, so 768 MiB less is kept: 256 MiB for
+#: what is still not modelled (cuDNN's per-algorithm workspaces, DataParallel's 10 MiB
+#: coalesced broadcast/reduce buckets, blocks held back by record_stream on the scatter's
+#: side stream, the driver's own rounding).
+DEFAULT_HEADROOM = {BudgetLevel.ALLOCATED: 1024 * 1024 * 1024, BudgetLevel.RESERVED: 256 * 1024 * 1024}
+
+
+def parse_level(level: "str | BudgetLevel") -> BudgetLevel:
+    try:
+        return BudgetLevel(level)
+    except ValueError:
+        raise UsageError(f"budget level must be 'allocated' or 'reserved', got {level!r}") from None
+
+
+def at_level(r: ProbeResult, devices: Sequence[Device], level: BudgetLevel) -> ProbeResult:
+    """``r`` with ``peak_bytes`` at ``level`` (the allocated peak kept in
+    ``allocated_peak_bytes``): on the simulator the model's reserved peak + NCCL (total use
+    less the context, which the budget already takes out); on real cards the measured
+    ``max_memory_reserved`` (NCCL's buffers, once made, are in NVML's figures there)."""
+    if level is BudgetLevel.ALLOCATED:
+        return r
+    if r.reserved_bytes is None:
+        raise BackendUnavailableError(
+            "budget level 'reserved' needs reserved figures, and this backend gave none; "
+            "use the default level 'allocated'")
+    if r.total_bytes is not None:
+        peaks = tuple(t - d.context_bytes for t, d in zip(r.total_bytes, devices))
+    else:
+        peaks = tuple(r.reserved_bytes)
+    return dataclasses.replace(r, peak_bytes=peaks, allocated_peak_bytes=r.peak_bytes)
+
+
+def advice_lines(r: ProbeResult) -> list[str]:
+    """When the predicted reserved peak exceeds the allocated peak widely: how much, and the
+    reserved peak predicted with ``expandable_segments:True``."""
+    if r.memory_stats is None or r.expandable_reserved_bytes is None:
+        return []
+    out = []
+    for i, (ms, es) in enumerate(zip(r.memory_stats, r.expandable_reserved_bytes)):
+        alloc, res = ms["allocated_bytes.all.peak"], ms["reserved_bytes.all.peak"]
+        gap = res - alloc
+        if gap > WIDE_GAP * alloc and gap >= _WIDE_GAP_MIN:
+            out.append(
+                f"card {i}: the caching allocator is predicted to reserve {format_bytes(res)} for "
+                f"{format_bytes(alloc)} allocated ({format_bytes(gap)} cached but free, "
+                f"fragmentation); with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it is "
+                f"predicted to reserve {format_bytes(es)}")
+    return out
