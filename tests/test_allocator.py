@@ -336,3 +336,15 @@ def test_garbage_collection_threshold_frees_old_cached_segments():
             break
         plain.free(k)
     assert plain.retries == 1                # without GC the third needs the retry path
+
+
+def test_blocks_belong_to_their_stream():
+    # get_free_block: the search key starts with the stream; a block freed on the copy
+    # stream is not reused by the default stream
+    a = alloc()
+    a.malloc("in", 12 * MiB, stream=1)
+    a.free("in")
+    a.malloc("x", 12 * MiB, stream=0)
+    assert a.reserved == 24 * MiB
+    a.malloc("in2", 12 * MiB, stream=1)                 # the copy stream's own block
+    assert a.reserved == 24 * MiB

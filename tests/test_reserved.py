@@ -194,3 +194,29 @@ def test_wide_gap_computes_the_expandable_prediction():
     assert grown.wide_gap() == [0] and grown.expandable is not None
     # expandable segments: one segment, pages of 20 MiB, the batch-8 pages reused
     assert grown.expandable[0].reserved_peak == 20 * MiB * -(-s.allocated_peak // (20 * MiB))
+
+
+def test_input_chunks_from_the_host_are_on_the_copy_stream():
+    host = backend(mlp_workload())
+    host.probe([8, 8])
+    on_card0 = SimulatedBackend(mlp_workload(), "2x24GB", batch_on_card0=True,
+                                reserved=ReservedModel())
+    on_card0.probe([8, 8])
+    x_chunk = -(-8 * 1000 * 4 // 512) * 512            # one card's chunk of the batch, rounded
+    streamed = [e for e in host._step_trace[1] if e.stream == 1]
+    assert [e.delta for e in streamed] == [x_chunk]
+    assert all(e.stream == 0 for card in on_card0._step_trace for e in card)
+
+
+def test_warmup_traces_of_other_shapes():
+    from dptune.backends.base import Device
+
+    card = [Device(0, "x", 80 * 2**30)]
+    plain = ReservedModel().predict([[]], [_deep(9)], card)
+    varied = ReservedModel().predict([[]], [_deep(9)], card, warmup=[[_deep(8)], [_deep(10)]])
+    # after a batch-10 step every batch-9 block fits a cached batch-10 block: no new segment,
+    # but the batch-8 and batch-10 segments stay reserved
+    assert plain.stats[0].reserved_peak == 30 * 9 * 12 * MiB
+    assert varied.stats[0].reserved_peak == 30 * (8 + 10) * 12 * MiB
+    # each 108 MiB request splits a cached 120 MiB block (remainder 12 MiB > kSmallSize)
+    assert varied.stats[0].allocated_peak == 30 * 9 * 12 * MiB

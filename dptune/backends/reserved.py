@@ -1,20 +1,25 @@
 """Reserved memory and the card's whole use, predicted from the simulator's allocation trace.
 
 The simulator's ledger calls a hook for every storage it charges to a card or frees
-(:class:`TraceRecorder`: ``(card, +/-bytes, id)`` in order, ids free of addresses). The set-up
+(:class:`TraceRecorder`: ``(card, +/-bytes, id, stream)`` in order, ids free of addresses). The set-up
 (weights, buffers, the optimizer state a warm-up step makes) is one trace per card; each
 probe's step is another. :meth:`ReservedModel.predict` replays, per card, set-up + the step
 as warm-up + the step measured (peaks reset before it, as ``reset_peak_memory_stats`` after a
 warm-up step) through :mod:`dptune.backends.allocator`, and adds the fixed costs
 (:mod:`dptune.backends.fixed_costs`).
 
+Streams: a DataParallel step runs each replica on its card's current (default) stream, so
+every allocation is on stream 0 except the input chunks of a batch that starts on the host:
+``Scatter`` copies them on a background stream per card (``_get_stream``), so their blocks
+belong to that stream's pools (stream 1 here) and are never reused by the default stream.
+
 Approximations (besides the allocator model's own): the warm-up step's trace is the measured
-step's (the simulator runs one step; the optimizer state is made in the set-up, where a real
-warm-up makes it after its backward); every allocation is on the card's default stream (a
-DataParallel step runs each replica on its card's current stream; the copies of a batch that
-starts on the host run on a side stream and are handed over with ``record_stream``, which is
-not modelled); the capacity the allocator may reserve is the card's memory less other
-processes, the CUDA context and NCCL's buffers.
+step's unless other warm-up traces are given (the simulator runs one step; the optimizer state
+is made in the set-up, where a real warm-up makes it after its backward); the input chunks'
+``record_stream`` hand-over is taken as done at their free (the block goes back to the copy
+stream's pool at once, where the allocator waits for the default stream's event); the
+capacity the allocator may reserve is the card's memory less other processes, the CUDA
+context and NCCL's buffers.
 """
 
 from __future__ import annotations
@@ -45,8 +50,8 @@ class TraceRecorder:
     def __init__(self, n_cards: int):
         self.events: list[list[Event]] = [[] for _ in range(n_cards)]
 
-    def __call__(self, card: int, delta: int, seq: int) -> None:
-        self.events[card].append(Event(seq, delta))
+    def __call__(self, card: int, delta: int, seq: int, stream: int = 0) -> None:
+        self.events[card].append(Event(seq, delta, stream))
 
     def mark(self) -> list[int]:
         """Where the next step's events begin."""
@@ -104,17 +109,21 @@ class ReservedModel:
     fixed: FixedCosts = field(default_factory=FixedCosts)
 
     def predict(self, setup: Sequence[Sequence[Event]], step: Sequence[Sequence[Event]],
-                devices: Sequence[Device]) -> ReservedFigures:
-        """Replay set-up, warm-up step, measured step per card; see the module docstring."""
+                devices: Sequence[Device],
+                warmup: Optional[Sequence[Sequence[Sequence[Event]]]] = None) -> ReservedFigures:
+        """Replay per card the set-up, the warm-up steps (``warmup``: per-card traces of each
+        step run before, in order; default: ``step`` once) and the measured ``step``."""
         t0 = time.perf_counter()
         nccl = self.fixed.nccl_for(len(devices))
+        before = [step] if warmup is None else list(warmup)
 
         def card(i: int, cap: int, cfg: AllocatorConfig) -> AllocatorStats:
-            s = replay([setup[i], step[i], step[i]], cap, cfg, measure_from=2)
+            traces = [setup[i], *(w[i] for w in before), step[i]]
+            s = replay(traces, cap, cfg, measure_from=len(traces) - 1)
             if not s.num_ooms:
                 return s
             # past an OOM: the figures the step would need, the OOM and retries kept
-            need = replay([setup[i], step[i], step[i]], 1 << 62, cfg, measure_from=2)
+            need = replay(traces, 1 << 62, cfg, measure_from=len(traces) - 1)
             return dataclasses.replace(need, num_ooms=s.num_ooms, oom_event=s.oom_event,
                                        num_alloc_retries=s.num_alloc_retries)
 

@@ -301,7 +301,9 @@ class _Ledger:
         self.as_cuda = False           # the step runs: CUDA's device rules (backends._devices)
         self.category = "other"
         self.bounded: dict[str, str] = {}   # data-dependent ops seen -> how their size was bounded
-        self.on_event: Optional[Callable[[int, int, int], None]] = None  # (card, +/-bytes, seq)
+        # the allocator trace: (card, +/-bytes, seq, stream); stream 1: the scatter's copy stream
+        self.on_event: Optional[Callable[[int, int, int, int], None]] = None
+        self.stream = 0
 
     # -- storages ------------------------------------------------------------------------
     def record_of(self, t: torch.Tensor) -> Optional[_Record]:
@@ -352,7 +354,7 @@ class _Ledger:
         records[key] = rec
         if card != HOST and rec.nbytes:
             if self.on_event is not None:
-                self.on_event(card, rec.nbytes, rec.seq)
+                self.on_event(card, rec.nbytes, rec.seq, self.stream)
             self.live[card] += rec.nbytes
             self.by_cat[card][category] += rec.nbytes
             if self.live[card] > self.peak[card]:
@@ -363,7 +365,7 @@ class _Ledger:
     def _free(self, rec: _Record) -> None:
         if rec.card != HOST and rec.nbytes:
             if self.on_event is not None:
-                self.on_event(rec.card, -rec.nbytes, rec.seq)
+                self.on_event(rec.card, -rec.nbytes, rec.seq, 0)
             self.live[rec.card] -= rec.nbytes
             self.by_cat[rec.card][rec.category] -= rec.nbytes
 
@@ -735,7 +737,12 @@ def _scatter(ledger: _Ledger, obj: Any, cards: Sequence[int], sizes: Sequence[in
             out.append(piece if card == source else _Move.apply(piece, ledger, source, card, "inputs"))
         return out
 
-    return _tree.scatter(obj, len(cards), split, path)
+    # from the host, DataParallel's Scatter copies on a background stream per card
+    prev, ledger.stream = ledger.stream, 1 if source == HOST else 0
+    try:
+        return _tree.scatter(obj, len(cards), split, path)
+    finally:
+        ledger.stream = prev
 
 
 def _first_batch_size(obj: Any) -> Optional[int]:
