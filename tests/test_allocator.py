@@ -45,6 +45,7 @@ def test_roundup_power2_divisions_reaches_allocated_bytes():
     a = alloc("roundup_power2_divisions:4")
     a.malloc("x", 5000)
     assert a.allocated == 5120
+    assert alloc("roundup_power2_divisions:[64:4]").config.divisions(5000) == 4
 
 
 # -- get_pool (kSmallSize) and get_allocation_size (kSmallBuffer, kLargeBuffer, kRoundLarge) -
@@ -163,10 +164,49 @@ def test_max_split_size_oversize_only_within_kLargeBuffer():
 
 def test_max_split_size_parse_limits():
     assert AllocatorConfig.parse("max_split_size_mb:128").max_split_size == 128 * MiB
+    assert AllocatorConfig.parse("max_split_size_mb:20").max_split_size == 20 * MiB
     with pytest.raises(SpecError, match="max_split_size_mb"):
-        AllocatorConfig.parse("max_split_size_mb:20")     # must exceed kLargeBuffer
+        AllocatorConfig.parse("max_split_size_mb:19")     # parseMaxSplitSize: >= kLargeBuffer
+    with pytest.raises(SpecError, match="large_segment_size_mb"):
+        AllocatorConfig.parse("max_split_size_mb:20,large_segment_size_mb:25")
     with pytest.raises(SpecError, match="key:value"):
         AllocatorConfig.parse("expandable_segments")
+    with pytest.raises(SpecError, match="unknown option"):
+        AllocatorConfig.parse("foo:123")
+    with pytest.raises(SpecError, match="native"):
+        AllocatorConfig.parse("backend:cudaMallocAsync")
+    assert AllocatorConfig.parse("release_lock_on_cudamalloc:True") == AllocatorConfig()
+
+
+def test_roundup_power2_divisions_list_form():
+    # c10/test/core/AllocatorConfig_test.cpp's cases: the first value fills the intervals
+    # below it, '>' the intervals after the last one given; an interval not named stays 0
+    cfg = AllocatorConfig.parse("roundup_power2_divisions:[128:8,256:16,512:1,2048:8,>:2]")
+    got = {mb: cfg.divisions(mb * MiB) for mb in (64, 128, 256, 512, 1024, 2048, 4096)}
+    assert got == {64: 8, 128: 8, 256: 16, 512: 1, 1024: 0, 2048: 8, 4096: 2}
+    cfg = AllocatorConfig.parse("roundup_power2_divisions:[64:8,128:2,256:4,512:2,1024:4,>:1]")
+    got = {mb: cfg.divisions(mb * MiB) for mb in (32, 64, 128, 256, 512, 1024, 2048, 8192)}
+    assert got == {32: 8, 64: 8, 128: 2, 256: 4, 512: 2, 1024: 4, 2048: 1, 8192: 1}
+    assert AllocatorConfig.parse("roundup_power2_divisions:4").divisions(2048 * MiB) == 4
+    with pytest.raises(SpecError, match="power of 2"):
+        AllocatorConfig.parse("roundup_power2_divisions:3")
+    a = CachingAllocator(BIG, cfg)
+    a.malloc("x", 150 * MiB)              # [128, 256) MB: 2 divisions, 128 and 192 MiB
+    assert a.allocated == 192 * MiB
+
+
+def test_large_segment_size_mb_and_max_non_split_rounding_mb():
+    a = alloc("large_segment_size_mb:40")
+    a.malloc("x", 2 * MiB)                # 1..10 MiB: one large_segment_size segment
+    assert a.reserved == 40 * MiB
+    e = alloc("large_segment_size_mb:40,expandable_segments:True")
+    e.malloc("x", 2 * MiB)                # the large pool's expandable page
+    assert e.reserved == 40 * MiB
+    b = alloc("max_split_size_mb:32,max_non_split_rounding_mb:30")
+    b.malloc("big", 64 * MiB)
+    b.free("big")
+    b.malloc("x", 40 * MiB)               # 64 < 40 + 30: the oversize block is used whole
+    assert (b.reserved, b.allocated) == (64 * MiB, 64 * MiB)
 
 
 # -- the free-and-retry path and the OOM -------------------------------------------------------
@@ -291,7 +331,7 @@ def test_reserved_covers_allocated_at_every_point(ops, conf, cap):
             a.free(k)
             del live[k]
         elif a.malloc(i, size):
-            live[i] = round_size(size, a.config.roundup_power2_divisions)
+            live[i] = round_size(size, a.config.divisions(size))
         assert a.reserved >= a.allocated >= sum(live.values())
         assert a.reserved <= cap
         assert a.reserved_peak >= a.reserved and a.allocated_peak >= a.allocated
@@ -309,10 +349,13 @@ def test_config_round_trip_and_env(monkeypatch):
     text = "max_split_size_mb:128,roundup_power2_divisions:4,garbage_collection_threshold:0.6," \
            "expandable_segments:True"
     cfg = AllocatorConfig.parse(text)
-    assert cfg == AllocatorConfig(128 * MiB, 4, 0.6, True)
+    assert cfg == AllocatorConfig(128 * MiB, (4,) * 16, 0.6, True)
     assert AllocatorConfig.parse(cfg.to_conf()) == cfg
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     assert AllocatorConfig.from_env().expandable_segments
+    listed = AllocatorConfig.parse("roundup_power2_divisions:[64:8,>:2],max_non_split_rounding_mb:30")
+    assert AllocatorConfig.parse(listed.to_conf()) == listed
 
 
 def test_garbage_collection_threshold_frees_old_cached_segments():

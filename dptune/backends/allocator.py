@@ -18,8 +18,8 @@ it follows. What it leaves out or approximates:
   fraction is set (``torch.cuda.set_per_process_memory_fraction``: ``AllocatorConfig
   .memory_fraction``), and the fraction is taken of ``capacity`` (the source takes it of the
   card's total memory).
-- ``roundup_power2_divisions`` in its single-number form only (the per-interval list form
-  ``[256:1,...]`` is refused with a clear message).
+- Options are parsed as ``c10/core/AllocatorConfig.cpp`` does (:mod:`dptune.backends
+  .allocator_config`), ``large_segment_size_mb`` and ``max_non_split_rounding_mb`` included.
 
 A trace is a sequence of :class:`Event`: ``delta > 0`` allocates ``delta`` bytes under the id,
 ``delta < 0`` frees the block of that id (the size is not needed). Ids carry no address.
@@ -28,11 +28,11 @@ A trace is a sequence of :class:`Event`: ``delta > 0`` allocates ``delta`` bytes
 from __future__ import annotations
 
 import bisect
-import os
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple, Optional, Sequence
 
-from dptune.errors import SpecError
+from dptune.backends.allocator_config import AllocatorConfig, kLargeBuffer
 
 __all__ = ["kMinBlockSize", "kSmallSize", "kSmallBuffer", "kLargeBuffer", "kMinLargeAlloc",
            "kRoundLarge", "AllocatorConfig", "Event", "AllocatorStats", "CachingAllocator",
@@ -42,84 +42,10 @@ __all__ = ["kMinBlockSize", "kSmallSize", "kSmallBuffer", "kLargeBuffer", "kMinL
 kMinBlockSize = 512              # all sizes are rounded to at least 512 bytes
 kSmallSize = 1048576             # largest "small" allocation is 1 MiB
 kSmallBuffer = 2097152           # "small" allocations are packed in 2 MiB blocks
-kLargeBuffer = 20971520          # "large" allocations may be packed in 20 MiB blocks
+# kLargeBuffer = 20 MiB: "large" allocations may be packed in 20 MiB blocks (the default of
+# large_segment_size_mb, which replaces it where set)
 kMinLargeAlloc = 10485760        # allocations between 1 and 10 MiB may use kLargeBuffer
 kRoundLarge = 2097152            # round up large allocations to 2 MiB
-_MiB = 1048576
-_NO_MAX_SPLIT = 2 ** 64 - 1      # CUDAAllocatorConfig's default max_split_size (SIZE_MAX)
-_KEYS = ("max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold",
-         "expandable_segments")
-
-
-@dataclass(frozen=True)
-class AllocatorConfig:
-    """The allocator options that change memory (``PYTORCH_CUDA_ALLOC_CONF``'s keys)."""
-
-    max_split_size: Optional[int] = None          # bytes; None: no limit (the default)
-    roundup_power2_divisions: int = 0             # 0 or 1: off
-    garbage_collection_threshold: float = 0.0     # 0: off
-    expandable_segments: bool = False
-    memory_fraction: Optional[float] = None       # set_per_process_memory_fraction (not a key)
-
-    @classmethod
-    def parse(cls, text: str) -> "AllocatorConfig":
-        """Parse ``"max_split_size_mb:128,expandable_segments:True,..."`` (keys as
-        ``CUDAAllocatorConfig::parseArgs`` reads them; other known torch keys are ignored)."""
-        kw: dict = {}
-        for item in filter(None, (s.strip() for s in text.replace(" ", "").split(","))):
-            key, sep, value = item.partition(":")
-            if not sep or not value:
-                raise SpecError(f"allocator config item {item!r}: expected key:value, e.g. "
-                                "'expandable_segments:True,max_split_size_mb:128'")
-            try:
-                if key == "max_split_size_mb":
-                    mb = int(value)
-                    if mb <= kLargeBuffer // _MiB:   # CUDAAllocatorConfig: must exceed 20 MiB
-                        raise ValueError(f"must be more than {kLargeBuffer // _MiB}")
-                    kw["max_split_size"] = mb * _MiB
-                elif key == "roundup_power2_divisions":
-                    if value.startswith("["):
-                        raise ValueError("the per-interval list form is not modelled; give one "
-                                         "number (a power of 2)")
-                    n = int(value)
-                    if n not in (0, 1) and n & (n - 1):
-                        raise ValueError("must be a power of 2")
-                    kw["roundup_power2_divisions"] = n
-                elif key == "garbage_collection_threshold":
-                    t = float(value)
-                    if not 0.0 < t < 1.0:
-                        raise ValueError("must be in (0, 1)")
-                    kw["garbage_collection_threshold"] = t
-                elif key == "expandable_segments":
-                    if value not in ("True", "False"):
-                        raise ValueError("must be True or False")
-                    kw["expandable_segments"] = value == "True"
-            except ValueError as e:
-                raise SpecError(f"allocator config {key}:{value}: {e}") from None
-        return cls(**kw)
-
-    @classmethod
-    def from_env(cls) -> "AllocatorConfig":
-        """From ``PYTORCH_CUDA_ALLOC_CONF`` (or the newer ``PYTORCH_ALLOC_CONF``)."""
-        return cls.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
-                         or os.environ.get("PYTORCH_ALLOC_CONF") or "")
-
-    def to_conf(self) -> str:
-        """Back to ``PYTORCH_CUDA_ALLOC_CONF`` syntax (defaults left out)."""
-        items = []
-        if self.max_split_size is not None:
-            items.append(f"max_split_size_mb:{self.max_split_size // _MiB}")
-        if self.roundup_power2_divisions > 1:
-            items.append(f"roundup_power2_divisions:{self.roundup_power2_divisions}")
-        if self.garbage_collection_threshold:
-            items.append(f"garbage_collection_threshold:{self.garbage_collection_threshold}")
-        if self.expandable_segments:
-            items.append("expandable_segments:True")
-        return ",".join(items)
-
-    @property
-    def max_split(self) -> int:
-        return _NO_MAX_SPLIT if self.max_split_size is None else self.max_split_size
 
 
 class Event(NamedTuple):
@@ -172,13 +98,14 @@ def round_size(size: int, divisions: int = 0) -> int:
     return kMinBlockSize * -(-size // kMinBlockSize)
 
 
-def get_allocation_size(size: int) -> int:
+def get_allocation_size(size: int, large_segment: int = kLargeBuffer) -> int:
     """``get_allocation_size``: a new segment for a request of ``size`` (rounded) bytes:
-    kSmallBuffer for the small pool, kLargeBuffer below kMinLargeAlloc, else up to kRoundLarge."""
+    kSmallBuffer for the small pool, kLargeBuffer (``large_segment_size_mb``) below
+    kMinLargeAlloc, else up to a multiple of kRoundLarge."""
     if size <= kSmallSize:
         return kSmallBuffer
     if size < kMinLargeAlloc:
-        return kLargeBuffer
+        return large_segment
     return kRoundLarge * -(-size // kRoundLarge)
 
 
@@ -263,9 +190,9 @@ class CachingAllocator:
         """``DeviceCachingAllocator::malloc``: find a cached block, else a new segment, else
         free cached blocks and retry (``num_alloc_retries``), else OOM (returns False)."""
         cfg = self.config
-        size = round_size(nbytes, cfg.roundup_power2_divisions)
+        size = round_size(nbytes, cfg.divisions(nbytes))
         pool = self.pools[size <= kSmallSize]                   # get_pool
-        alloc_size = get_allocation_size(size)
+        alloc_size = get_allocation_size(size, cfg.large_segment_size)
         block = self._get_free_block(pool, size, stream)
         if block is None:
             if self._gc:
@@ -307,7 +234,8 @@ class CachingAllocator:
     def _get_free_block(self, pool: _Pool, size: int, stream: int) -> Optional[_Block]:
         """``get_free_block``: the smallest free block of the pool and stream with size >=
         request, lowest address first; an oversize block (>= max_split_size) is refused to a
-        request under max_split_size, and to a larger request unless within kLargeBuffer."""
+        request under max_split_size, and to a larger request unless within kLargeBuffer
+        (``max_non_split_rounding_mb``)."""
         cfg = self.config
         if self._gc:
             pool.gc_calls += 1
@@ -325,7 +253,7 @@ class CachingAllocator:
                 b = pool.by_key[pool.keys[i]]
         if size < cfg.max_split and b.size >= cfg.max_split:
             return None
-        if size >= cfg.max_split and b.size >= size + kLargeBuffer:
+        if size >= cfg.max_split and b.size >= size + cfg.max_non_split_rounding:
             return None
         pool.erase(b)
         return b
@@ -396,10 +324,11 @@ class CachingAllocator:
         return _Block(ptr, alloc_size, stream, pool.small)
 
     def _new_address(self, nbytes: int) -> int:
-        """A fresh address range (aligned to kLargeBuffer, so to both page sizes), apart from
-        every other segment: segments are never adjacent, as separate cudaMallocs."""
-        ptr = kLargeBuffer * -(-self._next_ptr // kLargeBuffer)
-        self._next_ptr = ptr + nbytes + kLargeBuffer
+        """A fresh address range (aligned to both page sizes), apart from every other
+        segment: segments are never adjacent, as separate cudaMallocs."""
+        align = math.lcm(kSmallBuffer, self.config.large_segment_size)
+        ptr = align * -(-self._next_ptr // align)
+        self._next_ptr = ptr + nbytes + align
         return ptr
 
     def _add_reserved(self, nbytes: int) -> None:
@@ -478,7 +407,8 @@ class CachingAllocator:
 
     # -- expandable segments -----------------------------------------------------------
     def _page(self, pool: _Pool) -> int:
-        return kSmallBuffer if pool.small else kLargeBuffer     # ExpandableSegment's pages
+        # ExpandableSegment's pages: 2 MiB small pool, kLargeBuffer (large_segment_size) large
+        return kSmallBuffer if pool.small else self.config.large_segment_size
 
     def _alloc_expandable(self, pool: _Pool, size: int, stream: int) -> Optional[_Block]:
         """``try_allocate_expandable_block``: from the lowest-address unmapped range with room

@@ -134,7 +134,7 @@ class ReservedModel:
         stats = run(self.config)
         expandable = None
         if not self.config.expandable_segments and any(_wide(s) for s in stats):
-            expandable = run(AllocatorConfig(**{**self.config.__dict__, "expandable_segments": True}))
+            expandable = run(dataclasses.replace(self.config, expandable_segments=True))
         total = tuple(s.reserved_peak + d.context_bytes + nccl for s, d in zip(stats, devices))
         return ReservedFigures(stats, total, nccl, expandable, time.perf_counter() - t0)
 
