@@ -220,3 +220,22 @@ def test_warmup_traces_of_other_shapes():
     assert varied.stats[0].reserved_peak == 30 * (8 + 10) * 12 * MiB
     # each 108 MiB request splits a cached 120 MiB block (remainder 12 MiB > kSmallSize)
     assert varied.stats[0].allocated_peak == 30 * 9 * 12 * MiB
+
+
+def test_ddp_ranks_get_reserved_and_nccl_figures():
+    from dptune.backends.simulated_ddp import SimulatedDDP
+
+    wl = mlp_workload()
+    plain = SimulatedDDP(wl, "2x24GB,context=0MiB").probe([8, 16])
+    model = ReservedModel(fixed=FixedCosts(nccl_bytes=None))
+    sim = SimulatedDDP(mlp_workload(), "2x24GB,context=0MiB", reserved=model)
+    r = sim.probe([8, 16])
+    assert r.peak_bytes == plain.peak_bytes and r.chunk_sizes == (8, 16)   # figures unchanged
+    assert plain.reserved_bytes is None
+    assert r.reserved_bytes is not None and r.total_bytes is not None and r.memory_stats is not None
+    # every rank is one NCCL rank of a world of two
+    assert r.total_bytes == tuple(x + NCCL_COMMUNICATOR_BYTES for x in r.reserved_bytes)
+    for card, ms in enumerate(r.memory_stats):
+        assert ms["reserved_bytes.all.peak"] >= ms["allocated_bytes.all.peak"] >= r.peak_bytes[card]
+    one = SimulatedDDP(mlp_workload(), "1x24GB,context=0MiB", reserved=model).probe([8])
+    assert one.total_bytes == one.reserved_bytes                           # no NCCL alone

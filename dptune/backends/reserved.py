@@ -37,7 +37,7 @@ from dptune.errors import BackendUnavailableError, UsageError
 from dptune.units import format_bytes
 
 __all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "BudgetLevel",
-           "DEFAULT_HEADROOM", "parse_level", "at_level", "advice_lines"]
+           "DEFAULT_HEADROOM", "parse_level", "at_level", "advice_lines", "merge_rank_probes"]
 
 #: reserved over allocated by this share (and by at least 256 MiB) calls for the advice
 WIDE_GAP = 0.25
@@ -202,3 +202,28 @@ def advice_lines(r: ProbeResult) -> list[str]:
                 f"fragmentation); with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it is "
                 f"predicted to reserve {format_bytes(es)}")
     return out
+
+
+def merge_rank_probes(probes: Sequence[ProbeResult], devices: Sequence[Device]) -> ProbeResult:
+    """One probe of a DDP world from each rank's one-card probe (rank r on card r): per-card
+    fields side by side; the OOM card is the one most over its memory, else the first whose
+    allocator replay ran out."""
+    def cat(name: str) -> Optional[tuple]:
+        parts = [getattr(p, name) for p in probes]
+        return None if any(x is None for x in parts) else tuple(x[0] for x in parts)
+
+    peaks = tuple(p.peak_bytes[0] for p in probes)
+    over = [(x - d.available_bytes) / d.available_bytes for x, d in zip(peaks, devices)]
+    worst = max(range(len(over)), key=lambda i: over[i])
+    oom = worst if over[worst] > 0 else next(
+        (i for i, p in enumerate(probes) if p.oom_device is not None), None)
+    expandable = [p.expandable_reserved_bytes[0] if p.expandable_reserved_bytes is not None
+                  else (p.reserved_bytes or (0,))[0] for p in probes]
+    return ProbeResult(
+        chunk_sizes=tuple(p.chunk_sizes[0] for p in probes), peak_bytes=peaks, oom_device=oom,
+        breakdown=cat("breakdown"), reserved_bytes=cat("reserved_bytes"),
+        alloc_retries=cat("alloc_retries"), total_bytes=cat("total_bytes"),
+        memory_stats=cat("memory_stats"),
+        expandable_reserved_bytes=(None if all(p.expandable_reserved_bytes is None for p in probes)
+                                   else tuple(expandable)),
+        seconds=sum(p.seconds for p in probes), note="simulated DDP")
