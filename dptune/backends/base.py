@@ -55,9 +55,9 @@ class ProbeResult:
 
     ``peak_bytes[i]`` is card i's allocator peak over the whole step (comparable with
     ``torch.cuda.max_memory_allocated``), or, where the tuner checks budgets at the reserved
-    level, the reserved peak plus NCCL (``allocated_peak_bytes`` then holds the allocated peak). When ``oom_device`` is set the probe ran out of
-    memory on that card (a position in the backend's device list) and the peaks are only
-    lower bounds. Optional fields are ``None`` where the backend cannot know them.
+    level, the reserved peak plus NCCL (``allocated_peak_bytes`` then holds the allocated
+    peak). When ``oom_device`` is set the probe ran out of memory on that card (a position in
+    the backend's device list) and the peaks are only lower bounds. Optional fields are ``None`` where the backend cannot know them.
     """
 
     chunk_sizes: tuple[int, ...]

@@ -32,7 +32,8 @@ Known limitations (what is not modelled):
   (``Cluster.workspace_bytes``, 32 MiB on Hopper cards and 8 MiB on others, as torch's
   defaults) is charged as ``other``; cuDNN's per-algorithm workspaces are not.
 - NCCL buffers, the CUDA context beyond the fixed ``context_bytes`` per card, fragmentation
-  and reserved-but-free memory (``max_memory_reserved`` is larger than the peak given here).
+  and reserved-but-free memory (``max_memory_reserved`` is larger than the peak given here;
+  ``reserved=ReservedModel()`` predicts it: :mod:`dptune.backends.reserved`).
 - The allocator's rounding of large blocks that it does not split (a few hundred KiB at most
   per block above 1 MiB).
 - DataParallel's coalesced buckets: the broadcast and the gradient reduction are modelled per
