@@ -239,3 +239,20 @@ def test_ddp_ranks_get_reserved_and_nccl_figures():
         assert ms["reserved_bytes.all.peak"] >= ms["allocated_bytes.all.peak"] >= r.peak_bytes[card]
     one = SimulatedDDP(mlp_workload(), "1x24GB,context=0MiB", reserved=model).probe([8])
     assert one.total_bytes == one.reserved_bytes                           # no NCCL alone
+
+
+def test_report_json_keeps_the_allocator_figures(tmp_path):
+    from dptune.result import TuneResult
+    from dptune.tuner import Tuner
+
+    wl = mlp_workload()
+    res = Tuner(wl.model, wl.sample, 16, optimizer=wl.optimizer, simulate="2x24GB", verbose=False,
+                budget_level="reserved", max_probes=3).fit()
+    d = res.to_dict()
+    probe = d["probes"][0]
+    assert set(probe["memory_stats"][0]) >= {"allocated_bytes.all.peak", "reserved_bytes.all.peak",
+                                              "num_alloc_retries"}
+    back = TuneResult.from_dict(d)
+    for a, b in zip(res.probes, back.probes):
+        assert (a.memory_stats, a.total_bytes, a.allocated_peak_bytes, a.reserved_bytes) == \
+               (b.memory_stats, b.total_bytes, b.allocated_peak_bytes, b.reserved_bytes)
