@@ -23,7 +23,7 @@ def mlp_workload() -> Workload:
 
 def gpt_workload() -> Workload:
     torch.manual_seed(0)
-    m = TinyGPT()
+    m = TinyGPT(n_layers=2)
     return Workload(m, m.sample, optimizer=lambda p: torch.optim.AdamW(p))
 
 
@@ -71,7 +71,7 @@ def test_trace_is_the_ledger_and_reserved_covers_allocated_at_every_event():
 
 
 def test_replay_is_deterministic():
-    one, two = backend(gpt_workload()).probe([2, 6]), backend(gpt_workload()).probe([2, 6])
+    one, two = backend(mlp_workload()).probe([2, 6]), backend(mlp_workload()).probe([2, 6])
     assert one.memory_stats == two.memory_stats and one.total_bytes == two.total_bytes
     b = backend(gpt_workload())
     first, again = b.probe([2, 6]), b.probe([2, 6])
@@ -120,6 +120,7 @@ def test_small_mlp_example_runs():
 
 
 # -- the budget level in the tuner -----------------------------------------------------------------
+@pytest.mark.slow
 def test_tuner_reserved_level_checks_reserved_plus_nccl():
     from dptune.backends.reserved import DEFAULT_HEADROOM, BudgetLevel
     from dptune.tuner import Tuner
@@ -256,3 +257,27 @@ def test_report_json_keeps_the_allocator_figures(tmp_path):
     for a, b in zip(res.probes, back.probes):
         assert (a.memory_stats, a.total_bytes, a.allocated_peak_bytes, a.reserved_bytes) == \
                (b.memory_stats, b.total_bytes, b.allocated_peak_bytes, b.reserved_bytes)
+
+
+@pytest.mark.slow
+def test_steps_of_changing_batch_fragment_by_default_not_with_expandable_segments():
+    # the allocator note's scenario on the simulator's own traces: a batch that changes
+    # slightly from step to step in a transformer
+    from dptune.backends.reserved import predict_steps
+
+    torch.manual_seed(0)
+    m = TinyGPT(n_layers=2)
+    b = SimulatedBackend(Workload(m, m.sample, optimizer=lambda p: torch.optim.AdamW(p)), "1x24GB",
+                         reserved=ReservedModel())
+    same = predict_steps(b, [[16], [16]]).stats[0]
+    varied = predict_steps(b, [[17], [14], [18], [16]])
+    grown = varied.stats[0]
+    expandable = predict_steps(b, [[17], [14], [18], [16]],
+                               ReservedModel(AllocatorConfig(expandable_segments=True))).stats[0]
+    assert grown.allocated_peak == same.allocated_peak          # the measured step is the same
+    assert grown.reserved_peak > 1.25 * same.reserved_peak       # slivers of other shapes
+    assert expandable.reserved_peak < grown.reserved_peak
+    assert varied.wide_gap() == [0] and varied.expandable is not None
+    assert varied.expandable[0].reserved_peak == expandable.reserved_peak
+    with pytest.raises(Exception, match="allocator model"):
+        predict_steps(SimulatedBackend(Workload(m, m.sample), "1x24GB"), [[4]])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 
 from benchmarks import reserved as bench
 from benchmarks import validate_reserved
 from dptune.units import MiB
 
 
+@pytest.mark.slow
 def test_reserved_benchmark_rows_and_table():
     rows = bench.measure(["MLP"], "2x24GB", repeats=1, per_card=8)
     (row,) = rows

@@ -28,7 +28,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 from dptune.backends.allocator import AllocatorConfig, AllocatorStats, Event, replay
 from dptune.backends.base import Device, ProbeResult
@@ -37,7 +37,8 @@ from dptune.errors import BackendUnavailableError, UsageError
 from dptune.units import format_bytes
 
 __all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "BudgetLevel",
-           "DEFAULT_HEADROOM", "parse_level", "at_level", "advice_lines", "merge_rank_probes"]
+           "DEFAULT_HEADROOM", "parse_level", "at_level", "advice_lines", "merge_rank_probes",
+           "predict_steps"]
 
 #: reserved over allocated by this share (and by at least 256 MiB) calls for the advice
 WIDE_GAP = 0.25
@@ -227,3 +228,36 @@ def merge_rank_probes(probes: Sequence[ProbeResult], devices: Sequence[Device]) 
         expandable_reserved_bytes=(None if all(p.expandable_reserved_bytes is None for p in probes)
                                    else tuple(expandable)),
         seconds=sum(p.seconds for p in probes), note="simulated DDP")
+
+
+def predict_steps(backend: "SimulatedLike", splits: Sequence[Sequence[int]],
+                  model: Optional[ReservedModel] = None) -> ReservedFigures:
+    """A run of steps of different shapes (variable batch sizes or lengths): each split is
+    simulated in turn, and the last is measured after all the others as warm-up steps, in
+    order, so cached segments from each step shape the next (where fragmentation grows).
+    ``backend`` is a :class:`~dptune.backends.simulated.SimulatedBackend` built with
+    ``reserved=``; ``model`` overrides its allocator model."""
+    use = model or backend.reserved
+    if use is None:
+        raise UsageError("predict_steps needs an allocator model: build the backend with "
+                         "reserved=ReservedModel(...) or pass model=")
+    traces = []
+    for split in splits:
+        backend.estimate(split)
+        traces.append(backend._step_trace)
+    if backend._recorder is None or not traces:
+        raise UsageError("predict_steps needs at least one split and a backend built with reserved=")
+    return use.predict(backend._recorder.events, traces[-1], backend.devices, warmup=traces[:-1])
+
+
+class SimulatedLike(Protocol):
+    """What :func:`predict_steps` uses of a simulated backend."""
+
+    reserved: Optional[ReservedModel]
+    _recorder: Optional[TraceRecorder]
+    _step_trace: list
+
+    @property
+    def devices(self) -> Sequence[Device]: ...
+
+    def estimate(self, chunk_sizes: Sequence[int], output_device: int = 0) -> object: ...
