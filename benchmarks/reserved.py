@@ -8,6 +8,7 @@ CUDA context + NCCL) and, where reserved exceeds allocated widely, the reserved 
 with ``expandable_segments:True``. Times are medians over ``repeats`` probes.
 
     python -m benchmarks.reserved [--models MLP,GPT] [--cluster 4x24GB] [--repeats 3]
+    python -m benchmarks.reserved --models GPT --varied 34,28,36,30,35,32   # changing batch
 
 The reserved figures are a model of the allocator, not yet checked on hardware.
 """
@@ -18,7 +19,7 @@ import argparse
 import statistics
 from typing import Any, Optional, Sequence
 
-__all__ = ["measure", "table", "main"]
+__all__ = ["measure", "table", "varied", "main"]
 
 
 def measure(names: Sequence[str], cluster: str = "4x24GB", repeats: int = 3,
@@ -81,6 +82,34 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def varied(name: str, batches: Sequence[int], cluster: str = "1x24GB") -> str:
+    """The allocator note's scenario on one card: steps whose batch changes slightly, the last
+    measured after the others; reserved peak in the default mode and with expandable
+    segments, against the same last step run after itself (markdown)."""
+    from benchmarks.config import MODELS, optimizer
+    from dptune.backends.allocator import AllocatorConfig
+    from dptune.backends.reserved import ReservedModel, predict_steps
+    from dptune.backends.simulated import SimulatedBackend
+    from dptune.units import format_bytes
+    from dptune.workload import Workload
+
+    spec = MODELS[name]
+    model, sample = spec.workload_args()
+    b = SimulatedBackend(Workload(model, sample, optimizer=optimizer, amp=spec.amp), cluster,
+                         reserved=ReservedModel())
+    runs = {"same batch twice": predict_steps(b, [[batches[-1]]] * 2),
+            "changing batch": predict_steps(b, [[x] for x in batches]),
+            "changing batch, expandable_segments:True": predict_steps(
+                b, [[x] for x in batches], ReservedModel(AllocatorConfig(expandable_segments=True)))}
+    b.close()
+    out = [f"{name}, batches {list(batches)} on {cluster}", "",
+           "| run | allocated peak | reserved peak |", "|---|---|---|"]
+    for label, fig in runs.items():
+        s = fig.stats[0]
+        out.append(f"| {label} | {format_bytes(s.allocated_peak)} | {format_bytes(s.reserved_peak)} |")
+    return "\n".join(out)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from benchmarks.config import MODELS
 
@@ -89,7 +118,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--cluster", default="4x24GB")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--per-card", type=int, default=None)
+    p.add_argument("--varied", default=None, metavar="B1,B2,...",
+                   help="instead: steps of these batch sizes on one card of the first model")
     a = p.parse_args(argv)
+    if a.varied:
+        print(varied(a.models.split(",")[0], [int(x) for x in a.varied.split(",")]))
+        return 0
     print(table(measure(a.models.split(","), a.cluster, a.repeats, a.per_card)))
     return 0
 
