@@ -281,3 +281,21 @@ def test_steps_of_changing_batch_fragment_by_default_not_with_expandable_segment
     assert varied.expandable[0].reserved_peak == expandable.reserved_peak
     with pytest.raises(Exception, match="allocator model"):
         predict_steps(SimulatedBackend(Workload(m, m.sample), "1x24GB"), [[4]])
+
+
+def test_real_card_probe_reports_torch_key_names_and_the_reserved_level():
+    # the CUDA backend on test_cuda_backend's fake runtime: its measured figures under
+    # torch.cuda.memory_stats()'s names, and the reserved level checks max_memory_reserved
+    from dptune.backends.reserved import BudgetLevel, at_level
+    from tests.test_cuda_backend import FakeRuntime, backend as cuda_backend
+
+    rt = FakeRuntime()
+    b = cuda_backend(rt)
+    r = b.probe([3, 5])
+    assert r.memory_stats is not None and r.reserved_bytes is not None and r.alloc_retries is not None
+    for card in range(2):
+        assert r.memory_stats[card] == {"allocated_bytes.all.peak": r.peak_bytes[card],
+                                        "reserved_bytes.all.peak": r.reserved_bytes[card],
+                                        "num_alloc_retries": r.alloc_retries[card]}
+    level = at_level(r, b.devices, BudgetLevel.RESERVED)
+    assert level.peak_bytes == r.reserved_bytes and level.allocated_peak_bytes == r.peak_bytes
