@@ -299,3 +299,18 @@ def test_real_card_probe_reports_torch_key_names_and_the_reserved_level():
                                         "num_alloc_retries": r.alloc_retries[card]}
     level = at_level(r, b.devices, BudgetLevel.RESERVED)
     assert level.peak_bytes == r.reserved_bytes and level.allocated_peak_bytes == r.peak_bytes
+
+
+def test_recorder_moves_frees_of_setup_storages_to_the_setup_after_the_probe():
+    rec = TraceRecorder(1)
+    rec(0, 4 * MiB, 1)                 # set-up: a buffer
+    mark = rec.mark()
+    rec(0, 4 * MiB, 2)                 # the step replaces it
+    rec(0, -4 * MiB, 1)
+    step = rec.cut(mark)
+    # this probe's replay: the buffer is alive until the step frees it
+    assert [e.delta for e in rec.events[0]] == [4 * MiB]
+    s = replay([rec.events[0], step[0], step[0]], 1 << 40, measure_from=2)
+    assert s.allocated_peak == 8 * MiB
+    rec.mark()                         # the next probe starts from the buffer gone
+    assert [(e.id, e.delta) for e in rec.events[0]] == [(1, 4 * MiB), (1, -4 * MiB)]

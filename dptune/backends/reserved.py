@@ -50,19 +50,28 @@ class TraceRecorder:
 
     def __init__(self, n_cards: int):
         self.events: list[list[Event]] = [[] for _ in range(n_cards)]
+        self._pending: list[list[Event]] = [[] for _ in range(n_cards)]
 
     def __call__(self, card: int, delta: int, seq: int, stream: int = 0) -> None:
         self.events[card].append(Event(seq, delta, stream))
 
     def mark(self) -> list[int]:
-        """Where the next step's events begin."""
+        """Where the next step's events begin. Set-up storages the last step freed (a
+        replaced buffer, say) are freed in the set-up trace from now on."""
+        for e, pending in zip(self.events, self._pending):
+            e.extend(pending)
+            pending.clear()
         return [len(e) for e in self.events]
 
     def cut(self, mark: Sequence[int]) -> list[list[Event]]:
         """The events since ``mark``, taken out (what is left is the set-up trace)."""
         step = [e[m:] for e, m in zip(self.events, mark)]
-        for e, m in zip(self.events, mark):
+        for card, (e, m) in enumerate(zip(self.events, mark)):
             del e[m:]
+            live: set = set()
+            for ev in e:
+                (live.add if ev.delta > 0 else live.discard)(ev.id)
+            self._pending[card] = [ev for ev in step[card] if ev.delta < 0 and ev.id in live]
         return step
 
 
