@@ -181,10 +181,11 @@ class Tuner:
             nccl = None if nccl_bytes is None else parse_bytes(nccl_bytes)
         except ValueError as e:
             raise UsageError(f"headroom/nccl_bytes: {e}") from None
-        config = (AllocatorConfig.from_env() if allocator is None else allocator
-                  if isinstance(allocator, AllocatorConfig) else AllocatorConfig.parse(allocator))
-        self.reserved_model = (ReservedModel(config, FixedCosts(nccl))
-                               if self.budget_level is BudgetLevel.RESERVED else None)
+        self.reserved_model: Optional[ReservedModel] = None
+        if self.budget_level is BudgetLevel.RESERVED:    # the environment is read only then
+            config = (AllocatorConfig.from_env() if allocator is None else allocator
+                      if isinstance(allocator, AllocatorConfig) else AllocatorConfig.parse(allocator))
+            self.reserved_model = ReservedModel(config, FixedCosts(nccl))
         if isinstance(max_probes, bool) or not isinstance(max_probes, int) or max_probes < 3:
             raise UsageError(f"max_probes must be an int >= 3, got {max_probes!r}")
         if not (isinstance(tolerance, (int, float)) and 0 < tolerance < 1):

@@ -314,3 +314,18 @@ def test_recorder_moves_frees_of_setup_storages_to_the_setup_after_the_probe():
     assert s.allocated_peak == 8 * MiB
     rec.mark()                         # the next probe starts from the buffer gone
     assert [(e.id, e.delta) for e in rec.events[0]] == [(1, 4 * MiB), (1, -4 * MiB)]
+
+
+def test_allocator_environment_read_only_at_the_reserved_level(monkeypatch):
+    from dptune.errors import SpecError
+    from dptune.tuner import Tuner
+
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")
+    m = nn.Linear(2, 2)
+    assert Tuner(m, lambda b: torch.randn(b, 2), 8).reserved_model is None   # default level
+    with pytest.raises(SpecError, match="native"):
+        Tuner(m, lambda b: torch.randn(b, 2), 8, budget_level="reserved")
+    t = Tuner(m, lambda b: torch.randn(b, 2), 8, budget_level="reserved",
+              allocator="expandable_segments:True")
+    assert t.reserved_model is not None and t.reserved_model.config.expandable_segments

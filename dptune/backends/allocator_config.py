@@ -139,7 +139,8 @@ def _apply(kw: dict, key: str, value: str) -> None:
         if value != "native":
             raise ValueError("only the native caching allocator is modelled")
     elif key not in _IGNORED:
-        raise ValueError("unknown option (torch refuses it too)")
+        raise ValueError("not an option of the allocator dptune models (torch 2.13's); give "
+                         "the options to model explicitly (Tuner(allocator=...))")
 
 
 def _pow2(n: int, zero: bool) -> bool:
