@@ -524,13 +524,27 @@ def _check_sum(c: _Checked, chunks: Sequence[int]) -> None:
 def _read_probe(c: _Checked, n: int) -> ProbeResult:
     bd = c.breakdowns("breakdown", n)
     arrays = {k: c.ints(k, n, optional=True, nullable_items=k == "nvml_used_bytes")
-              for k in ("reserved_bytes", "nvml_used_bytes", "alloc_retries", "repeat_spread_bytes")}
+              for k in ("reserved_bytes", "nvml_used_bytes", "alloc_retries", "repeat_spread_bytes",
+                        "total_bytes", "expandable_reserved_bytes", "allocated_peak_bytes")}
     return ProbeResult(chunk_sizes=tuple(c.ints("chunk_sizes", n)),
                        peak_bytes=tuple(c.ints("peak_bytes", n)), oom_device=c.card("oom_device", n),
                        breakdown=tuple(bd) if bd is not None else None,
                        **{k: tuple(v) if v is not None else None for k, v in arrays.items()},
                        seconds=c.number("seconds", optional=True), purpose=c.text("purpose", optional=True),
-                       note=c.text("note", optional=True), unread_outputs=_read_unread(c))
+                       note=c.text("note", optional=True), unread_outputs=_read_unread(c),
+                       memory_stats=_read_memory_stats(c, n))
+
+
+def _read_memory_stats(c: _Checked, n: int) -> Optional[tuple[dict[str, int], ...]]:
+    """Per card, the allocator model's figures under torch.cuda.memory_stats()'s key names."""
+    raw = c.raw("memory_stats", optional=True)
+    if raw is None:
+        return None
+    if not (isinstance(raw, list) and len(raw) == n and all(
+            isinstance(d, dict) and all(isinstance(k, str) and _is_int(v) for k, v in d.items())
+            for d in raw)):
+        raise c.fail("memory_stats", f"a list of {n} objects of byte counts", raw)
+    return tuple({str(k): int(v) for k, v in d.items()} for d in raw)
 
 
 def _read_unread(c: _Checked) -> Optional[tuple[tuple[str, int], ...]]:

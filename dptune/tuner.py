@@ -21,7 +21,11 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from dptune import search
 from dptune.advice import unread_outputs_advice
+from dptune.backends.allocator import AllocatorConfig
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
+from dptune.backends.fixed_costs import FixedCosts
+from dptune.backends.reserved import (DEFAULT_HEADROOM, BudgetLevel, ReservedModel, advice_lines,
+                                      at_level, parse_level)
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
 from dptune.split import MAX_BATCH_SIZE
@@ -106,13 +110,15 @@ def choose_backend(device_ids: Optional[Sequence[int]] = None, simulate: Any = N
 
 
 def _build_backend(workload: Workload, choice: BackendChoice,
-                   isolated: Optional[WorkloadSpec] = None) -> Backend:
+                   isolated: Optional[WorkloadSpec] = None,
+                   reserved: Optional[ReservedModel] = None) -> Backend:
     """The backend ``choice`` names; with ``isolated``, real cards probed in child processes
-    that rebuild the workload from that spec."""
+    that rebuild the workload from that spec; ``reserved``: the allocator model of simulated
+    cards (real cards measure their reserved memory)."""
     if choice.simulated:   # Tuner.from_spec refuses isolate=True on simulated cards
         from dptune.backends.simulated import SimulatedBackend
 
-        return SimulatedBackend(workload, choice.cluster)
+        return SimulatedBackend(workload, choice.cluster, reserved=reserved)
     from dptune.backends.cuda import CudaBackend
 
     if isolated is not None:
@@ -133,7 +139,16 @@ class Tuner:
       cards. ``None``: real GPUs when there are any, else the simulated ``"4x24GB"`` (with a
       one-line notice on stderr when ``verbose``).
     - ``headroom``: memory left free on every card (bytes or a string such as ``"1GiB"``);
-      each card's budget is its memory minus what others use minus this.
+      each card's budget is its memory minus what others use minus this. Default: 1 GiB at
+      ``budget_level="allocated"``, 256 MiB at ``"reserved"`` (why:
+      :data:`dptune.backends.reserved.DEFAULT_HEADROOM`).
+    - ``budget_level``: the figure checked against each budget: ``"allocated"`` (the
+      allocator's allocated peak, the default) or ``"reserved"`` (the caching allocator's
+      reserved peak plus NCCL's buffers: on simulated cards predicted by the allocator model,
+      :mod:`dptune.backends.allocator`; on real cards ``max_memory_reserved``).
+      ``allocator``: the allocator's options in ``PYTORCH_CUDA_ALLOC_CONF`` syntax for the
+      model (default: that environment variable); ``nccl_bytes``: NCCL's buffers per card
+      (default: :mod:`dptune.backends.fixed_costs`).
     - ``max_probes``: the most training steps run (each one is a probe); ``tolerance``: the
       largest miss between a prediction and a probe for the fit to be trusted, as a fraction
       of the card's budget (or of its peak, where that is smaller).
@@ -160,12 +175,15 @@ class Tuner:
                  loss_fn: Optional[Callable[[Any, Any], Any]] = None,
                  optimizer: Optional[Callable[[Iterable[Any]], Any]] = None, *,
                  device_ids: Optional[Sequence[int]] = None, simulate: Any = None,
-                 objective: str = "balance", headroom: Union[int, str] = "1GiB",
+                 objective: str = "balance", headroom: Union[int, str, None] = None,
                  verbose: bool = True, max_probes: int = 12, tolerance: float = 0.02,
                  backend: Optional[Backend] = None, amp: Optional[str] = None,
                  accumulate: int = 1, clip_grad_norm: Optional[float] = None,
                  step: Optional[Callable[[Any, Any, Any], None]] = None,
-                 output_device: Union[int, str] = 0, choice: Optional[BackendChoice] = None):
+                 output_device: Union[int, str] = 0, choice: Optional[BackendChoice] = None,
+                 budget_level: str = "allocated",
+                 allocator: Union[str, AllocatorConfig, None] = None,
+                 nccl_bytes: Union[int, str, None] = None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UsageError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if batch_size > MAX_BATCH_SIZE:
@@ -175,10 +193,18 @@ class Tuner:
         if choice is not None and (device_ids is not None or simulate is not None):
             raise UsageError("give the cards once: choice= (already chosen) or device_ids= / "
                              "simulate=, not both")
+        self.budget_level = parse_level(budget_level)
         try:
-            self.headroom_bytes = parse_bytes(headroom)
+            self.headroom_bytes = (DEFAULT_HEADROOM[self.budget_level] if headroom is None
+                                   else parse_bytes(headroom))
+            nccl = None if nccl_bytes is None else parse_bytes(nccl_bytes)
         except ValueError as e:
-            raise UsageError(f"headroom: {e}") from None
+            raise UsageError(f"headroom/nccl_bytes: {e}") from None
+        self.reserved_model: Optional[ReservedModel] = None
+        if self.budget_level is BudgetLevel.RESERVED:    # the environment is read only then
+            config = (AllocatorConfig.from_env() if allocator is None else allocator
+                      if isinstance(allocator, AllocatorConfig) else AllocatorConfig.parse(allocator))
+            self.reserved_model = ReservedModel(config, FixedCosts(nccl))
         if isinstance(max_probes, bool) or not isinstance(max_probes, int) or max_probes < 3:
             raise UsageError(f"max_probes must be an int >= 3, got {max_probes!r}")
         if not (isinstance(tolerance, (int, float)) and 0 < tolerance < 1):
@@ -248,7 +274,7 @@ class Tuner:
             if choice.notice is not None:
                 _notice(choice.notice, self.verbose)
                 notes.append(choice.notice)
-            backend = _build_backend(self.workload, choice, self._isolated)
+            backend = _build_backend(self.workload, choice, self._isolated, self.reserved_model)
         card0_batch: Optional[int] = None
         out_dev = 0
         try:
@@ -272,6 +298,11 @@ class Tuner:
             if self.backend is None:
                 backend.close()
         notes.extend(outcome.notes)
+        if self.budget_level is BudgetLevel.RESERVED:
+            notes.append("budgets checked against the reserved level: peaks are the caching "
+                         "allocator's reserved peak plus NCCL's buffers (allocated peaks in each "
+                         "probe's allocated_peak_bytes); on simulated cards a model of the "
+                         "allocator, not yet checked on hardware")
         chunk_sizes = list(outcome.best.chunk_sizes)
         bn = self._has_batchnorm(backend)
         if bn:
@@ -289,7 +320,8 @@ class Tuner:
             even=even, probes=list(outcome.probes), fits=list(outcome.fits),
             breakdown=list(best.breakdown) if best.breakdown is not None else None,
             requested_batch_size=self.batch_size, seconds=time.perf_counter() - start,
-            advice=_advice(best, even, outcome, budgets) + _output_device_advice(out_dev),
+            advice=(_advice(best, even, outcome, budgets) + _output_device_advice(out_dev)
+                    + advice_lines(best)),
             notes=notes,
             certified=outcome.certified, brackets=list(outcome.brackets), model=model,
             output_device=out_dev, card0_output_batch_size=card0_batch,
@@ -308,12 +340,15 @@ class Tuner:
         budgets = [d.budget_bytes(self.headroom_bytes) for d in devices]
         perm = list(range(len(devices)))
         perm[0], perm[output_device] = output_device, 0
-        probe: Callable[[Sequence[int]], ProbeResult] = backend.probe
-        if output_device:
-            def probe(split: Sequence[int]) -> ProbeResult:
-                real = [split[perm[i]] for i in range(len(split))]
-                r = backend.probe(real, output_device=output_device)  # type: ignore[call-arg]
-                return dataclasses.replace(_swapped(r, perm), purpose=r.purpose)
+        level = self.budget_level
+
+        def probe(split: Sequence[int]) -> ProbeResult:
+            if not output_device:
+                return at_level(backend.probe(split), devices, level)
+            real = [split[perm[i]] for i in range(len(split))]
+            r = at_level(backend.probe(real, output_device=output_device),  # type: ignore[call-arg]
+                         devices, level)
+            return dataclasses.replace(_swapped(r, perm), purpose=r.purpose)
         from tqdm.auto import tqdm
 
         # The total is the most probes the search may run, and stays so: a search that
@@ -469,7 +504,10 @@ def _swapped(r: ProbeResult, perm: list[int]) -> ProbeResult:
         oom_device=None if r.oom_device is None else perm[r.oom_device],
         breakdown=per_card(r.breakdown), reserved_bytes=per_card(r.reserved_bytes),
         nvml_used_bytes=per_card(r.nvml_used_bytes), alloc_retries=per_card(r.alloc_retries),
-        repeat_spread_bytes=per_card(r.repeat_spread_bytes))
+        repeat_spread_bytes=per_card(r.repeat_spread_bytes), total_bytes=per_card(r.total_bytes),
+        memory_stats=per_card(r.memory_stats),
+        expandable_reserved_bytes=per_card(r.expandable_reserved_bytes),
+        allocated_peak_bytes=per_card(r.allocated_peak_bytes))
 
 
 def _swapped_outcome(out: search.SearchOutcome, perm: list[int], k: int) -> search.SearchOutcome:

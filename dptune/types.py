@@ -130,9 +130,11 @@ class ProbeResult:
     """What one probe measured.
 
     ``peak_bytes[i]`` is card i's allocator peak over the whole step (comparable with
-    ``torch.cuda.max_memory_allocated``). When ``oom_device`` is set the probe ran out of
-    memory on that card (a position in the backend's device list) and the peaks are only
-    lower bounds. Optional fields are ``None`` where the backend cannot know them.
+    ``torch.cuda.max_memory_allocated``), or, where the tuner checks budgets at the reserved
+    level, the reserved peak plus NCCL (``allocated_peak_bytes`` then holds the allocated
+    peak). When ``oom_device`` is set the probe ran out of memory on that card (a position in
+    the backend's device list) and the peaks are only lower bounds. Optional fields are
+    ``None`` where the backend cannot know them.
     """
 
     chunk_sizes: tuple[int, ...]
@@ -148,6 +150,15 @@ class ProbeResult:
     note: str = ""
     # gathered output entries the loss never read: (entry, bytes on the output card)
     unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
+    # the allocator model (dptune.backends.reserved): predicted card use (reserved peak + CUDA
+    # context + NCCL), per-card figures under torch.cuda.memory_stats()'s key names, and the
+    # reserved peak with expandable_segments:True (set when reserved exceeds allocated widely)
+    total_bytes: Optional[tuple[int, ...]] = None
+    memory_stats: Optional[tuple[dict[str, int], ...]] = None
+    expandable_reserved_bytes: Optional[tuple[int, ...]] = None
+    # set when peak_bytes holds the budget level 'reserved' (dptune.backends.reserved.at_level):
+    # the allocated peak, which peak_bytes holds otherwise
+    allocated_peak_bytes: Optional[tuple[int, ...]] = None
 
     @property
     def feasible(self) -> bool:
@@ -168,7 +179,8 @@ class ProbeResult:
     def from_dict(cls, d: Mapping[str, Any]) -> "ProbeResult":
         kw = dict(d)
         for k in ("chunk_sizes", "peak_bytes", "breakdown", "reserved_bytes", "nvml_used_bytes",
-                  "alloc_retries", "repeat_spread_bytes"):
+                  "alloc_retries", "repeat_spread_bytes", "total_bytes", "memory_stats",
+                  "expandable_reserved_bytes", "allocated_peak_bytes"):
             if kw.get(k) is not None:
                 kw[k] = tuple(kw[k])
         if kw.get("unread_outputs") is not None:

@@ -808,7 +808,10 @@ class CudaBackend:
                            breakdown=None, reserved_bytes=tuple(reserved), nvml_used_bytes=nvml,
                            alloc_retries=tuple(retries), repeat_spread_bytes=spread,
                            seconds=time.perf_counter() - t0, note="; ".join(notes),
-                           unread_outputs=unread)
+                           unread_outputs=unread,
+                           memory_stats=tuple({"allocated_bytes.all.peak": a, "reserved_bytes.all.peak": r,
+                                               "num_alloc_retries": k}
+                                              for a, r, k in zip(peak, reserved, retries)))
 
     def _oom_position(self, failure: _Failure, peak: list[int], reserved: list[int]) -> tuple[int, str]:
         idx = failure.torch_index

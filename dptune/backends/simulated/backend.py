@@ -17,6 +17,7 @@ from dptune import _tree
 from dptune._torch_private import fake_tensor_mode, new_shape_env
 from dptune.backends.base import Capabilities, ModelFacts, ProbeResult
 from dptune.backends.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
+from dptune.backends.reserved import ReservedModel, TraceRecorder
 from dptune.backends.simulated import sdpa as _sdpa
 from dptune.backends.simulated.autocast import cuda_autocast
 from dptune.backends.simulated.device_rules import HOST, device_mode
@@ -71,8 +72,11 @@ class SimulatedBackend:
     supports_output_device = True
 
     def __init__(self, workload: Workload, cluster: Union[str, Cluster] = DEFAULT_CLUSTER, *,
-                 batch_on_card0: bool = False):
+                 batch_on_card0: bool = False, reserved: Optional[ReservedModel] = None):
         self.workload = workload
+        self.reserved = reserved        # the allocator model: reserved and total use per card
+        self._recorder: Optional[TraceRecorder] = None
+        self._step_trace: list = []
         self.cluster = parse_cluster(cluster)
         self.devices = self.cluster.devices
         self.batch_on_card0 = batch_on_card0
@@ -129,6 +133,8 @@ class SimulatedBackend:
         if self._ledger is not None:
             return
         ledger = _Ledger(len(self.cluster))
+        if self.reserved is not None:
+            ledger.on_event = self._recorder = TraceRecorder(len(self.cluster))
         with self._modes(ledger):
             with ledger.on(0, "weights"):
                 module, self._compiled = _eager(_fake_module(self.workload.model))
@@ -204,6 +210,7 @@ class SimulatedBackend:
             self._ledger.bounded = {}
         with self._modes(ledger):
             baseline = list(ledger.live)
+            mark = self._recorder.mark() if self._recorder is not None else None
             ledger.reset_peaks()
             try:
                 outcome = self._step(sizes, output_device)
@@ -218,6 +225,8 @@ class SimulatedBackend:
                     self._optimizer.zero_grad(set_to_none=True)
                 for p in self._module.parameters():
                     p.grad = None
+                if self._recorder is not None and mark is not None:
+                    self._step_trace = self._recorder.cut(mark)
         return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=list(ledger.peak),
                               breakdown=[dict(b) for b in ledger.peak_breakdown],
                               baseline_bytes=baseline, cluster=self.cluster,
@@ -307,10 +316,16 @@ class SimulatedBackend:
                 for p, d in zip(est.peak_bytes, self.devices)]
         worst = max(range(len(over)), key=lambda i: over[i])
         oom = worst if over[worst] > 0 else None
+        extra: dict = {}
+        seconds = est.seconds
+        if self.reserved is not None and self._recorder is not None:
+            fig = self.reserved.predict(self._recorder.events, self._step_trace, self.devices)
+            extra, oom = fig.probe_fields(), oom if oom is not None else fig.oom_card
+            seconds += fig.seconds
         return ProbeResult(chunk_sizes=est.chunk_sizes, peak_bytes=tuple(est.peak_bytes),
-                           oom_device=oom, breakdown=tuple(est.breakdown), seconds=est.seconds,
+                           oom_device=oom, breakdown=tuple(est.breakdown), seconds=seconds,
                            note="; ".join(("simulated",) + est.notes),
-                           unread_outputs=est.unread_outputs)
+                           unread_outputs=est.unread_outputs, **extra)
 
     def close(self) -> None:
         self._ledger = self._module = self._optimizer = None

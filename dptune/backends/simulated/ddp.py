@@ -22,6 +22,7 @@ and the per-forward broadcast of buffers.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
@@ -29,6 +30,8 @@ import torch.nn as nn
 
 from dptune.backends.base import Capabilities, Device, ProbeResult
 from dptune.backends.ddp_memory import Bucket, DDPOptions, bucket_layout, params_of
+from dptune.backends.fixed_costs import FixedCosts
+from dptune.backends.reserved import ReservedModel, merge_rank_probes
 from dptune.backends.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
 from dptune.backends.simulated.backend import MemoryEstimate, SimulatedBackend
 from dptune.errors import UsageError
@@ -54,11 +57,12 @@ class SimulatedDDPRank(SimulatedBackend):
     ``buckets`` is the bucket layout (after the first :meth:`estimate`).
     """
 
-    def __init__(self, workload: Workload, card: Union[str, Cluster], options: DDPOptions = DEFAULT_OPTIONS):
+    def __init__(self, workload: Workload, card: Union[str, Cluster], options: DDPOptions = DEFAULT_OPTIONS,
+                 reserved: Optional[ReservedModel] = None):
         cluster = parse_cluster(card)
         if len(cluster) != 1:
             raise UsageError(f"a DDP rank runs on one card; {cluster.describe()!r} has {len(cluster)}")
-        super().__init__(workload, cluster)
+        super().__init__(workload, cluster, reserved=reserved)
         self.options = options
         self.buckets: list[Bucket] = []
         self._bucket_tensors: list[torch.Tensor] = []
@@ -127,11 +131,14 @@ class SimulatedDDP:
     capabilities = Capabilities.simulated(output_device=False)
 
     def __init__(self, workload: Workload, cluster: Union[str, Cluster] = DEFAULT_CLUSTER,
-                 options: DDPOptions = DEFAULT_OPTIONS):
+                 options: DDPOptions = DEFAULT_OPTIONS, reserved: Optional[ReservedModel] = None):
         self.workload = workload
         self.cluster = parse_cluster(cluster)
         self.devices: list[Device] = self.cluster.devices
         self.options = options
+        # the allocator model per rank; NCCL's buffers as for a world of all the ranks
+        self.reserved = None if reserved is None else dataclasses.replace(
+            reserved, fixed=FixedCosts(reserved.fixed.nccl_for(len(self.cluster))))
         self._by_name: dict[str, SimulatedDDPRank] = {}
 
     def describe(self) -> str:
@@ -143,7 +150,8 @@ class SimulatedDDP:
             raise UsageError(f"rank {r} is not in 0..{len(self.cluster) - 1} for {self.cluster.describe()}")
         name = self.cluster.names[r]
         if name not in self._by_name:
-            self._by_name[name] = SimulatedDDPRank(self.workload, card_of(self.cluster, r), self.options)
+            self._by_name[name] = SimulatedDDPRank(self.workload, card_of(self.cluster, r), self.options,
+                                                   self.reserved)
         return self._by_name[name]
 
     def estimate(self, batch_sizes: Sequence[int]) -> MemoryEstimate:
@@ -159,6 +167,10 @@ class SimulatedDDP:
                               cluster=self.cluster, seconds=sum(e.seconds for e in ests))
 
     def probe(self, batch_sizes: Sequence[int]) -> ProbeResult:
+        if self.reserved is not None:    # each rank's own probe: its trace is replayed at once
+            self.estimate(batch_sizes)   # (checks the sizes)
+            return merge_rank_probes([self.rank(r).probe([b]) for r, b in enumerate(batch_sizes)],
+                                     self.devices)
         est = self.estimate(batch_sizes)
         over = [(p - d.available_bytes) / d.available_bytes for p, d in zip(est.peak_bytes, self.devices)]
         worst = max(range(len(over)), key=lambda i: over[i])

@@ -32,7 +32,8 @@ Known limitations (what is not modelled):
   (``Cluster.workspace_bytes``, 32 MiB on Hopper cards and 8 MiB on others, as torch's
   defaults) is charged as ``other``; cuDNN's per-algorithm workspaces are not.
 - NCCL buffers, the CUDA context beyond the fixed ``context_bytes`` per card, fragmentation
-  and reserved-but-free memory (``max_memory_reserved`` is larger than the peak given here).
+  and reserved-but-free memory (``max_memory_reserved`` is larger than the peak given here;
+  ``reserved=ReservedModel()`` predicts it: :mod:`dptune.backends.reserved`).
 - The allocator's rounding of large blocks that it does not split (a few hundred KiB at most
   per block above 1 MiB).
 - DataParallel's coalesced buckets: the broadcast and the gradient reduction are modelled per
@@ -120,6 +121,9 @@ class _Ledger:
         self.as_cuda = False           # the step runs: CUDA's device rules (simulated.device_rules)
         self.category = "other"
         self.bounded: dict[str, str] = {}   # data-dependent ops seen -> how their size was bounded
+        # the allocator trace: (card, +/-bytes, seq, stream); stream 1: the scatter's copy stream
+        self.on_event: Optional[Callable[[int, int, int, int], None]] = None
+        self.stream = 0
 
     # -- storages ------------------------------------------------------------------------
     def record_of(self, t: torch.Tensor) -> Optional[_Record]:
@@ -169,6 +173,8 @@ class _Ledger:
         rec.ref = weakref.ref(st, release)
         records[key] = rec
         if card != HOST and rec.nbytes:
+            if self.on_event is not None:
+                self.on_event(card, rec.nbytes, rec.seq, self.stream)
             self.live[card] += rec.nbytes
             self.by_cat[card][category] += rec.nbytes
             if self.live[card] > self.peak[card]:
@@ -178,6 +184,8 @@ class _Ledger:
 
     def _free(self, rec: _Record) -> None:
         if rec.card != HOST and rec.nbytes:
+            if self.on_event is not None:
+                self.on_event(rec.card, -rec.nbytes, rec.seq, 0)
             self.live[rec.card] -= rec.nbytes
             self.by_cat[rec.card][rec.category] -= rec.nbytes
 
@@ -552,7 +560,12 @@ def _scatter(ledger: _Ledger, obj: Any, cards: Sequence[int], sizes: Sequence[in
             out.append(piece if card == source else _Move.apply(piece, ledger, source, card, "inputs"))
         return out
 
-    return _tree.scatter(obj, len(cards), split, path)
+    # from the host, DataParallel's Scatter copies on a background stream per card
+    prev, ledger.stream = ledger.stream, 1 if source == HOST else 0
+    try:
+        return _tree.scatter(obj, len(cards), split, path)
+    finally:
+        ledger.stream = prev
 
 
 def _first_batch_size(obj: Any) -> Optional[int]:
