@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 FIRST, LAST = "## Use it", "## When you outgrow one process"
 #: the most blocks the "Use it" part may leave unrun
-MAX_NO_RUN = 9
+MAX_NO_RUN = 7
 
 
 class Block(NamedTuple):
