@@ -5,7 +5,8 @@ matplotlib, and prints nothing. Public names are loaded on first use.
 
 Public API (grouped):
 
-- Tuning: :class:`Tuner`, :class:`TuneResult`, :class:`StepSettings` (what a split was tuned for),
+- Tuning: :class:`Tuner`, :class:`TuneResult`, :func:`load_result` (a saved report; its
+  ``.wrap(model)`` reuses the split), :class:`StepSettings` (what a split was tuned for),
   :class:`Workload` (the training step), :class:`WorkloadSpec` (the same, by import strings)
 - Wrapping: :class:`BalancedDataParallel`, :func:`patch_dataparallel` (scripts that build
   ``torch.nn.DataParallel`` themselves); the Hugging Face Trainer: :mod:`dptune.integrations.transformers`

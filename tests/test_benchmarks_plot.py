@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
+
 from plot_check import text_problems
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +32,7 @@ def rows_from_csv(path: Path) -> list:
     return rows
 
 
+@pytest.mark.slow    # imports the benchmark harness (torch, the tuner) and draws 8 panels: ~13 s
 def test_summary_plot_has_no_overlapping_or_clipped_text():
     from benchmarks.run import SUMMARY_DPI, summary_figure
 

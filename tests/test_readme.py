@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 FIRST, LAST = "## Use it", "## When you outgrow one process"
 #: the most blocks the "Use it" part may leave unrun
-MAX_NO_RUN = 9
+MAX_NO_RUN = 7
 
 
 class Block(NamedTuple):
@@ -132,3 +132,20 @@ def test_readme_blocks_are_found_and_few_are_left_unrun():
     # a block that reads a report some block writes runs after it
     reads = [b for b in BLOCKS if b.no_run is None and "load_result" in b.code]
     assert reads and all(_writer_of(b) for b in reads)
+
+
+def test_default_report_folders_are_not_left_untracked():
+    """`dptune search` without --out writes reports/<Model>-<cluster>/ in the working
+    directory: inside the checkout git ignores it, while the committed reports stay tracked."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def ignored(path: str) -> bool:
+        done = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT)
+        assert done.returncode in (0, 1), done
+        return done.returncode == 0
+
+    assert ignored("reports/TinyGPT-8x80GB/report.json")
+    assert ignored("reports/ddp-TinyGPT-4x24GB/plan.json")
+    assert not ignored("reports/TinyGPT-4x24GB/report.json")
+    assert not ignored("reports/benchmarks/results.csv")
