@@ -419,21 +419,12 @@ def _texts(fig) -> list[str]:
 def test_peaks_labels_say_samples_and_share_of_budget():
     fig = plot_result(make_result("balance"), "peaks")
     ticks = [t.get_text() for t in fig.axes[0].get_xticklabels(minor=True)]
-<<<<<<< ours
-    # each bar's label: the split, its samples on the card, its share of budget; one key beside
-    # the labels says which line is which (8-digit counts fit under the bars that way)
-    assert ticks[0] == "even\n16\n" + ticks[0].splitlines()[2]
-    assert ticks[1].startswith("dptune\n1\n") and ticks[1].endswith("%")
-    assert not any("smp" in t for t in _texts(fig))
-    assert any(t == "split\nsamples on the card\nshare of budget" for t in _texts(fig))
-=======
     # under each bar: the split, its samples, its share; the rows are named once at the left
     # ("samples" under every bar made 8-digit counts run into each other)
     assert ticks[0] == "even\n16\n" + ticks[0].splitlines()[2]
     assert ticks[1].startswith("dptune\n1\n") and ticks[1].endswith("%")
     assert not any("smp" in t for t in _texts(fig))
     assert "split\nsamples on the card\nshare of budget" in _texts(fig)
->>>>>>> theirs
 
 
 def test_peaks_show_memory_used_by_other_processes():
