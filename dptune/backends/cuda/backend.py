@@ -90,8 +90,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 from dptune.backends.base import Capabilities, Device, ModelFacts, ProbeResult
-from dptune.backends.cuda.devices import check_devices
-from dptune.backends.cuda.runtime import CudaRuntime
+from dptune.backends.cuda.runtime import CudaRuntime, check_devices
 from dptune.backends.cuda.step import StepContext, default_step
 from dptune.errors import DptuneError, UsageError, UserCodeError
 from dptune.oom import is_oom, oom_device, oom_summary, replica_where

@@ -6,13 +6,17 @@ from __future__ import annotations
 import gc
 import os
 import warnings
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
+
+from dptune.backends.cuda.devices import format_uuid, nvml_handle, torch_pci
+from dptune.errors import BackendUnavailableError, UsageError
 
 
 class CudaRuntime:
     """The real CUDA runtime and NVML, as the backend uses them (device indices are torch's).
 
-    NVML figures come from :mod:`dptune._nvml` (cards matched by UUID, never by index);
+    NVML figures come from :mod:`dptune._nvml`, the card found as the device layer
+    (:mod:`dptune.backends.cuda.devices`) finds it: by UUID, then PCI bus id, never by index;
     where NVML is missing, or a card does not answer a query, the ``nvml_*`` methods return
     ``None`` (one warning per runtime for a failed query; :mod:`dptune._nvml` warns once for
     a missing library).
@@ -55,14 +59,18 @@ class CudaRuntime:
         return int(torch.cuda.get_device_properties(d).total_memory)
 
     def uuid(self, d: int) -> Optional[str]:
+        """The card's UUID as :func:`~dptune.backends.cuda.devices.format_uuid` writes it."""
         import torch
 
         from dptune import _nvml
 
-        norm = _nvml.normalize_uuid(getattr(torch.cuda.get_device_properties(d), "uuid", None))
-        if norm is None or norm.startswith("mig-") or len(norm) != 32:
-            return None if norm is None else norm
-        return "GPU-" + "-".join((norm[:8], norm[8:12], norm[12:16], norm[16:20], norm[20:]))
+        return format_uuid(_nvml.normalize_uuid(getattr(torch.cuda.get_device_properties(d), "uuid", None)))
+
+    def pci_bus_id(self, d: int) -> Optional[str]:
+        """The card's PCI bus id (NVML's form), from torch; ``None`` when unknown."""
+        import torch
+
+        return torch_pci(torch.cuda.get_device_properties(d))
 
     def mem_get_info(self, d: int) -> tuple[int, int]:
         import torch
@@ -124,14 +132,10 @@ class CudaRuntime:
         if d in self._handles:
             return self._handles[d]
         handle = None
-        try:
-            from dptune import _nvml
-
-            if _nvml.nvml() is not None:
-                uuid = self.uuid(d)
-                handle = _nvml.handle_by_uuid(uuid) if uuid and not uuid.lower().startswith("mig-") else None
+        try:   # the device layer's matching: by UUID, then PCI bus id, never by index
+            handle = nvml_handle(self.uuid(d), lambda: self.pci_bus_id(d))
         except Exception as exc:  # noqa: BLE001 - NVML must never break a probe
-            self._warn(f"find card {d} by UUID", exc)
+            self._warn(f"find card {d} by UUID or PCI bus id", exc)
             handle = None
         self._handles[d] = handle
         return handle
@@ -170,3 +174,54 @@ class CudaRuntime:
                 used = getattr(p, "usedGpuMemory", None)
                 return int(used) if isinstance(used, int) and used >= 0 else None
         return None
+
+
+def _ids_text(ids: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in ids)
+
+
+def check_devices(device_ids: Optional[Sequence[int]], runtime: Any = None) -> list[int]:
+    """The CUDA cards to use: ``device_ids`` checked against what torch sees, or every
+    visible card. Raises :class:`UsageError` for a malformed list and
+    :class:`BackendUnavailableError` (saying why: no CUDA build, ``CUDA_VISIBLE_DEVICES``,
+    how torch numbers the cards) when they are not all visible. The one check, for the tuner's
+    choice of backend and for a backend built directly."""
+    rt = runtime if runtime is not None else CudaRuntime()
+    if device_ids is not None:
+        ids = list(device_ids)
+        if not ids:
+            raise UsageError("device_ids is empty; give at least one CUDA device index, e.g. [0, 1]")
+        for d in ids:
+            if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+                raise UsageError(f"device_ids must be non-negative ints (torch device indices), got {ids!r}")
+        if len(set(ids)) != len(ids):
+            raise UsageError(f"device_ids {ids} names a card twice")
+    else:
+        ids = None
+    asked = f"GPUs {_ids_text(ids)} were" if ids else "real GPUs (all visible ones) were"
+    hint = ("; to tune without GPUs, simulate a cluster: Tuner(..., simulate='4x24GB') or "
+            "`dptune search ... --simulate 4x24GB`")
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    cvd_text = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "CUDA_VISIBLE_DEVICES is not set"
+    if not rt.is_available():
+        why = "torch.cuda.is_available() is False"
+        if isinstance(rt, CudaRuntime):
+            import torch
+
+            if getattr(torch.version, "cuda", None) is None:
+                why += f"; this torch build has no CUDA support: torch {torch.__version__}"
+        why += f"; {cvd_text}"
+        raise BackendUnavailableError(f"{asked} asked for but torch sees none ({why}){hint}")
+    count = rt.device_count()
+    if ids is None:
+        if count < 1:
+            raise BackendUnavailableError(f"{asked} asked for but torch sees none ({cvd_text}){hint}")
+        return list(range(count))
+    missing = [d for d in ids if d >= count]
+    if missing:
+        raise BackendUnavailableError(
+            f"GPU{'s' if len(missing) > 1 else ''} {_ids_text(missing)} "
+            f"{'were' if len(missing) > 1 else 'was'} asked for but only {count} "
+            f"{'is' if count == 1 else 'are'} visible ({cvd_text}); torch numbers the visible "
+            f"cards 0..{count - 1}{hint}")
+    return ids
