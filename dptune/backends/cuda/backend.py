@@ -66,7 +66,7 @@ used by others); ``Device.used_bytes`` = ``(total - free) - memory_reserved - co
 memory taken by others.
 
 **Isolation.** ``isolate=True`` runs each probe in a spawned child process (so a sticky CUDA
-error, e.g. an illegal memory access, costs only that child). The child must rebuild the
+error, e.g. an illegal memory access, costs only that child; :mod:`dptune.backends.cuda.isolated`). The child must rebuild the
 workload, so isolation needs a picklable :class:`~dptune.spec.WorkloadSpec` (import strings, as
 the command line has); a model object or closure given to ``Tuner(model=...)`` does not pickle
 reliably (lambdas, local classes, a model on a card) and is refused with a
@@ -81,7 +81,6 @@ pass a fake runtime with a memory model and a step that allocates from it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 import traceback
@@ -90,6 +89,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 from dptune.backends.base import Capabilities, Device, ModelFacts, ProbeResult
+from dptune.backends.cuda.isolated import IsolatedProbe, probe_in_child
 from dptune.backends.cuda.runtime import CudaRuntime, check_devices
 from dptune.backends.cuda.step import StepContext, default_step
 from dptune.errors import DptuneError, UsageError, UserCodeError
@@ -559,88 +559,10 @@ class CudaBackend:
 
     # -- isolation ---------------------------------------------------------------------
     def _probe_isolated(self, sizes: list[int], output_device: int = 0) -> ProbeResult:
-        import multiprocessing
-        import pickle
-
-        payload = {"spec": self.spec, "device_ids": list(self.device_ids), "repeats": self.repeats,
-                   "runtime": None if type(self.runtime) is CudaRuntime else self.runtime,
-                   "step_fn": self._step_fn if self._custom_step else None,
-                   "batch_on_card0": self.batch_on_card0, "chunk_sizes": list(sizes),
-                   "output_device": output_device}
-        try:
-            pickle.dumps(payload)
-        except Exception as exc:
-            raise UsageError(f"isolate=True needs a picklable workload spec, runtime and step "
-                             f"function: {type(exc).__name__}: {exc}") from exc
-        mp = multiprocessing.get_context("spawn")
-        recv, send = mp.Pipe(duplex=False)
-        proc = mp.Process(target=_child_main, args=(payload, send), daemon=True,
-                          name="dptune-probe")
-        proc.start()
-        send.close()
-        msg = None
-        try:
-            while True:
-                if recv.poll(0.1):
-                    msg = recv.recv()
-                    break
-                if not proc.is_alive():
-                    if recv.poll(0.5):
-                        msg = recv.recv()
-                    break
-        except EOFError:
-            msg = None
-        finally:
-            recv.close()
-            proc.join(timeout=60)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        if msg is None:
-            raise UserCodeError(
-                f"the probe's child process (chunk_sizes {sizes} on devices {self.device_ids}) "
-                f"exited with code {proc.exitcode} without a result: a crash in native code "
-                "(a CUDA extension, a driver fault) or the host running out of memory")
-        status = msg[0]
-        if status == "ok":
-            result = ProbeResult.from_dict(msg[1])
-            note = (result.note + "; " if result.note else "") + "isolated child process"
-            return ProbeResult.from_dict({**result.to_dict(), "note": note})
-        if status == "user":
-            raise UserCodeError(f"{msg[1]}\n\nin the probe's child process:\n{msg[2]}")
-        if status == "dptune":
-            import dptune.errors as errors
-
-            cls = getattr(errors, msg[1], None)
-            if isinstance(cls, type) and issubclass(cls, DptuneError):
-                try:
-                    raise cls(msg[2])
-                except TypeError:
-                    pass
-            raise DptuneError(f"{msg[1]}: {msg[2]}")
-        raise DptuneError(f"the isolated probe failed with {msg[1]}: {msg[2]}\n{msg[3]}")
-
-
-def _child_main(payload: dict, conn: Any) -> None:
-    """Entry point of an isolated probe's child: one probe, its result sent back as a dict."""
-    try:
-        try:
-            backend = CudaBackend(payload["spec"], payload["device_ids"], repeats=payload["repeats"],
-                                  runtime=payload["runtime"], step_fn=payload["step_fn"],
-                                  batch_on_card0=payload["batch_on_card0"])
-            try:
-                result = backend.probe(payload["chunk_sizes"], payload.get("output_device", 0))
-            finally:
-                with contextlib.suppress(Exception):
-                    backend.close()
-            conn.send(("ok", result.to_dict()))
-        except UserCodeError as exc:
-            conn.send(("user", str(exc), "".join(traceback.format_exception(
-                type(exc), exc, exc.__traceback__))))
-        except DptuneError as exc:
-            conn.send(("dptune", type(exc).__name__, str(exc)))
-        except BaseException as exc:  # noqa: BLE001 - report anything to the parent
-            conn.send(("error", type(exc).__name__, str(exc), "".join(traceback.format_exception(
-                type(exc), exc, exc.__traceback__))))
-    finally:
-        conn.close()
+        """This probe in a fresh spawned process (:mod:`dptune.backends.cuda.isolated`)."""
+        assert self.spec is not None
+        return probe_in_child(IsolatedProbe(
+            spec=self.spec, device_ids=list(self.device_ids), repeats=self.repeats,
+            runtime=None if type(self.runtime) is CudaRuntime else self.runtime,
+            step_fn=self._step_fn if self._custom_step else None,
+            batch_on_card0=self.batch_on_card0, chunk_sizes=list(sizes), output_device=output_device))
