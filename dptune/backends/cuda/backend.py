@@ -562,7 +562,7 @@ class CudaBackend:
         """This probe in a fresh spawned process (:mod:`dptune.backends.cuda.isolated`)."""
         assert self.spec is not None
         return probe_in_child(IsolatedProbe(
-            spec=self.spec, device_ids=list(self.device_ids), repeats=self.repeats,
+            backend=CudaBackend, spec=self.spec, device_ids=list(self.device_ids), repeats=self.repeats,
             runtime=None if type(self.runtime) is CudaRuntime else self.runtime,
             step_fn=self._step_fn if self._custom_step else None,
             batch_on_card0=self.batch_on_card0, chunk_sizes=list(sizes), output_device=output_device))

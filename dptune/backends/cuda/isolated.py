@@ -27,8 +27,11 @@ __all__ = ["IsolatedProbe", "probe_in_child"]
 
 @dataclass(frozen=True)
 class IsolatedProbe:
-    """Everything the child needs for one probe (it must pickle)."""
+    """Everything the child needs for one probe (it must pickle). ``backend`` is the class
+    that runs the probe there (:class:`~dptune.backends.cuda.backend.CudaBackend`, pickled by
+    reference), so that this module needs nothing above it."""
 
+    backend: Any
     spec: WorkloadSpec
     device_ids: list[int]
     repeats: int
@@ -88,13 +91,12 @@ def _answer(msg: tuple) -> ProbeResult:
 
 
 def _child_probe(job: IsolatedProbe) -> tuple:
-    """In the child: one probe with an ordinary CudaBackend; its result or failure as a tuple."""
+    """In the child: one probe with an ordinary (not isolated) backend; its result or failure
+    as a tuple."""
     import contextlib
 
-    from dptune.backends.cuda.backend import CudaBackend
-
     try:
-        backend = CudaBackend(job.spec, job.device_ids, repeats=job.repeats, runtime=job.runtime,
+        backend = job.backend(job.spec, job.device_ids, repeats=job.repeats, runtime=job.runtime,
                               step_fn=job.step_fn, batch_on_card0=job.batch_on_card0)
         try:
             result = backend.probe(job.chunk_sizes, job.output_device)
