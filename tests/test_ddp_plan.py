@@ -13,7 +13,7 @@ import torch.nn as nn
 from dptune import ddp
 from dptune.backends.simulated import parse_cluster
 from dptune.backends.simulated_ddp import SimulatedDDPRank, card_of
-from dptune.ddp.sampler import tail_split
+from dptune.ddp.sampler import last_steps, tail_split
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.result import Fit
 from dptune.solver import solve_balance, solve_max_batch
@@ -183,8 +183,8 @@ def test_bad_plan_files_are_usage_errors(tmp_path, content, match):
 
 # ---- the sampler ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sizes, n", [([3, 1], 16), ([5, 3], 19), ([4, 1, 7], 23), ([4, 1, 7], 2),
-                                      ([2, 2, 2], 7), ([10, 1], 0)])
+@pytest.mark.parametrize("sizes, n", [([3, 1], 16), ([5, 3], 19), ([4, 1, 7], 23), ([4, 1, 7], 14),
+                                      ([2, 2, 2], 7), ([10, 1], 0), ([3, 1], 2), ([1, 2, 2], 11)])
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_sampler_partitions_each_epoch(sizes, n, drop_last):
     plan = ddp.DDPPlan.from_batch_sizes(sizes)
@@ -202,7 +202,47 @@ def test_sampler_partitions_each_epoch(sizes, n, drop_last):
         for step in range(len(batches[0])):
             sizes_now = samplers[0].sizes_at(step)
             assert [len(b[step]) for b in batches] == sizes_now
-            assert all(a <= b for a, b in zip(sizes_now, sizes))
+            assert all(1 <= a <= b for a, b in zip(sizes_now, sizes))   # never empty, never over
+
+
+def test_last_steps_lend_to_empty_ranks():
+    # brute force over small plans and tails: every rank gets >= 1 in both steps, no rank
+    # more than planned, the samples add up, and it refuses exactly when lending cannot work
+    for sizes in itertools.product(range(1, 4), repeat=3):
+        B, W = sum(sizes), len(sizes)
+        for t in range(1, B):
+            got = last_steps(sizes, t)
+            if got is None:
+                assert B - W < W - t
+                continue
+            before, tail = got
+            assert sum(before) + sum(tail) == B + t
+            assert all(1 <= a <= b for a, b in zip(before, sizes))
+            assert all(1 <= a <= b for a, b in zip(tail, sizes))
+            if t >= W:
+                assert list(before) == list(sizes)
+
+
+def test_sampler_refuses_what_cannot_give_every_rank_a_sample():
+    with pytest.raises(UsageError, match="fewer than the 3 ranks"):
+        ddp.UnevenBatchSampler(2, [4, 1, 7], rank=0)
+    with pytest.raises(UsageError, match="pass drop_last=True"):
+        ddp.UnevenBatchSampler(4, [1, 1, 1], rank=0)      # nothing to lend: every batch is 1
+    assert len(ddp.UnevenBatchSampler(4, [1, 1, 1], rank=0, drop_last=True)) == 1
+
+
+def test_scale_loss_follows_the_step_sizes():
+    plan = ddp.DDPPlan.from_batch_sizes([40, 30, 20])
+    loss = torch.tensor(2.0)
+    # the tail [5, 3, 2]: rank 0's scale is 3*5/10, not the planned 3*40/90
+    assert plan.scale_loss(loss, rank=0, sizes=[5, 3, 2]).item() == pytest.approx(2.0 * 1.5)
+    assert plan.scale_loss(loss, rank=2, sizes=[5, 3, 2], batch_size=2).item() == pytest.approx(1.2)
+    with pytest.raises(UsageError, match="sizes gives this rank 3"):
+        plan.scale_loss(loss, rank=1, sizes=[5, 3, 2], batch_size=4)
+    with pytest.raises(UsageError, match="3 ranks"):
+        plan.scale_loss(loss, rank=1, sizes=[5, 3])
+    with pytest.raises(UsageError, match="not initialised"):
+        plan.scale_loss(loss, rank=0, batch_size=5)       # the sum needs the other ranks
 
 
 def test_tail_split_rules():
