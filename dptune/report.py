@@ -136,8 +136,24 @@ def _ratio(x: float) -> str:
 
 
 def _gain(result: TuneResult) -> str:
-    g = result.batch_gain
-    return "" if math.isinf(g) else f" ({g:+.0%})"
+    g, even = result.batch_gain, result.even
+    if math.isinf(g):
+        return ""
+    if not even.open_bracket:
+        return f" ({g:+.0%})"
+    if even.at_most is None:
+        return f" (at most {g:+.1%})"
+    return f" ({result.batch_size / even.at_most - 1:+.1%} to {g:+.1%})"
+
+
+def _even_batch(result: TuneResult) -> str:
+    """The even split's largest batch, as a range when its bracket is still open."""
+    even = result.even
+    if not even.open_bracket:
+        return str(even.batch_size)
+    if even.at_most is None:
+        return f"at least {even.batch_size}"
+    return f"{even.batch_size} to {even.at_most}"
 
 
 def _table_rows(result: TuneResult) -> tuple[list[str], list[list[str]]]:
@@ -175,7 +191,7 @@ def _footer(result: TuneResult) -> list[str]:
         lines.append("card 0 with no samples holds the largest share (a floor no split can "
                      "beat): the imbalance is among the cards that hold samples")
     if result.objective == "max_batch":
-        lines.append(f"max batch that fits: even {even.batch_size} -> balanced "
+        lines.append(f"max batch that fits: even {_even_batch(result)} -> balanced "
                      f"{result.batch_size}{_gain(result)}")
     if result.output_device != 0:
         lines.append(f"outputs gathered on card {result.output_device}: "
@@ -602,7 +618,7 @@ def _draw_max_batch(result: TuneResult, ax: "Axes") -> None:
     ax.set_ylabel("largest batch that fits (samples)")
     cards = "" if per_card else f" over {n} cards"
     ax.set_title(f"{_subject(result)}: largest batch that fits{cards}\n"
-                 f"even {result.even.batch_size} -> dptune {result.batch_size}{_gain(result)}",
+                 f"even {_even_batch(result)} -> dptune {result.batch_size}{_gain(result)}",
                  fontsize=10)
     if per_card:
         handles, labels = ax.get_legend_handles_labels()
