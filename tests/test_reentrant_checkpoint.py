@@ -79,3 +79,77 @@ def test_an_output_without_grad_and_no_checkpoint_keeps_its_own_message():
     with pytest.raises(UsageError, match="pass loss_fn") as err:
         tune(Frozen())
     assert "reentrant" not in str(err.value)
+
+
+# ---- several cards: the broadcast's backward once per segment ----------------------------------
+#
+# The reference counts, per card, what torch's DataParallel holds at its peak, from torch's own
+# code: ``Broadcast`` gives each card a copy of every parameter (card 0 uses the masters); its
+# backward gets a gradient for *every* copy, autograd materializing zeros on the copy's card
+# for those the segment did not touch (``Function``'s default ``materialize_grads``);
+# ``ReduceAddCoalesced`` reduces them into new tensors on card 0 (``nccl.reduce`` into
+# ``empty_like``), which become the masters' gradients the first time and are added into them
+# after. With ``use_reentrant=True`` every checkpointed segment's backward runs that once,
+# the replicas' copies still held by the checkpoints (their ``run_function``); without
+# checkpointing it runs once, at the end, the copies already freed. Like the simulator
+# (README, "What the simulator models"), it leaves out the transient 10 MiB buffers that
+# ``comm.reduce_add_coalesced`` flattens the gradients into.
+
+MiB = 2**20
+D, BLOCKS = 4096, 8     # parameters dominate: a chunk's activations are < 0.3% of a card
+
+
+def _r512(n: int) -> int:            # the caching allocator's rounding
+    return -(-n // 512) * 512
+
+
+def _workspace() -> int:
+    """cuBLAS's workspace per card, from torch's default CUBLAS_WORKSPACE_CONFIG ':4096:2:16:8'
+    (sizes in KiB, counts), which the simulated (non-Hopper) cards take."""
+    return 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+def _reference(n_cards: int, reentrant: bool) -> list[int]:
+    P = BLOCKS * (_r512(D * D * 4) + _r512(D * 4))     # one copy of the parameters
+    ws = _workspace()
+    if reentrant:
+        # in a later segment's backward: card 0 the masters, their gradients, replica 0's
+        # gradients (touched or zeros) and the reduced sum; a replica card its copies and
+        # their gradients (touched or zeros)
+        return [4 * P + ws] + [2 * P + ws] * (n_cards - 1)
+    # card 0 at the reduction, once, at the end: the masters, replica 0's gradients and the
+    # reduced sum that becomes the masters' gradients; a replica card when the last block's
+    # gradients are made (the first of the backward), every copy still saved for it
+    block = _r512(D * D * 4) + _r512(D * 4)
+    return [3 * P + ws] + [P + block + ws] * (n_cards - 1)
+
+
+class Stack(nn.Module):
+    """The issue's 8-block MLP, each block its own checkpointed segment."""
+
+    def __init__(self, reentrant: bool):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(D, D), nn.ReLU()) for _ in range(BLOCKS))
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        x = x.detach().requires_grad_(True)
+        for b in self.blocks:
+            x = checkpoint(b, x, use_reentrant=True) if self.reentrant else b(x)
+        return x
+
+
+@pytest.mark.parametrize("split", [[8, 8], [4, 12], [4, 4, 4, 4], [2, 6, 4, 4]],
+                         ids=lambda s: "-".join(map(str, s)))
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "plain"])
+def test_data_parallel_peaks_match_torchs_broadcast_and_reduce(split, reentrant):
+    from dptune.backends.simulated import SimulatedBackend
+    from dptune.workload import Workload
+
+    wl = Workload(Stack(reentrant), lambda b: torch.randn(b, D), None, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = SimulatedBackend(wl, f"{len(split)}x24GB").estimate(split)
+    ref = _reference(len(split), reentrant)
+    for card, (got, want) in enumerate(zip(est.peak_bytes, ref)):
+        assert abs(got - want) <= 0.005 * want, (card, got / MiB, want / MiB)
