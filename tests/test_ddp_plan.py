@@ -310,3 +310,23 @@ def test_step_options_reach_the_rank_step_and_the_plan(tmp_path, capsys):
                  "--batch-size", "64", "--amp", "bf16", "--accumulate", "2",
                  "--out", str(tmp_path / "p.json"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["settings"]["accumulate"] == 2
+
+
+def test_a_sampler_made_before_the_group_is_checked_when_iterated():
+    import socket
+
+    import torch.distributed as dist
+
+    sampler = ddp.UnevenBatchSampler(10, [3, 2], rank=0)     # no group yet: not checked
+    plan = ddp.DDPPlan.from_batch_sizes([3])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        with pytest.raises(UsageError, match="the plan has 2 ranks but this torch.distributed job has 1"):
+            list(sampler)
+        # one rank: the step's scale is 1 whatever its size
+        assert plan.scale_loss(torch.tensor(2.0), batch_size=2).item() == 2.0
+    finally:
+        dist.destroy_process_group()

@@ -179,6 +179,7 @@ class UnevenBatchSampler:
         return torch.randperm(self.num_samples, generator=g).tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
+        check_world_size(self.plan.world_size, "UnevenBatchSampler")   # made before the group
         order = self._order()
         r = self.rank
         for step in range(len(self)):
