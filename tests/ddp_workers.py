@@ -127,6 +127,27 @@ def readme_loop(rank: int, world: int, sizes: list[int], n: int, epochs: int = 1
     return {"steps": steps}
 
 
+def bn_loop(rank: int, world: int, sizes: list[int], n: int) -> dict:
+    """The README's loop for a model with BatchNorm (a plan with ``min_batch=2``): per step,
+    this rank's batch size; a batch of one would raise in BatchNorm's training mode."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dptune.ddp import DDPPlan, UnevenBatchSampler
+
+    x, y = data(n)
+    ds = TensorDataset(x, y)
+    plan = DDPPlan.from_batch_sizes(sizes, min_batch=2)
+    sampler = UnevenBatchSampler(ds, plan, seed=1)
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(IN, HID), nn.BatchNorm1d(HID), nn.Linear(HID, OUT)))
+    got = []
+    for xb, yb in DataLoader(ds, batch_sampler=sampler):
+        plan.scale_loss(nn.functional.mse_loss(model(xb), yb), batch_size=len(yb)).backward()
+        got.append(len(yb))
+    return {"sizes": got}
+
+
 def wrong_world(rank: int, world: int, plan_world: int, n: int, what: str) -> dict:
     """A plan for ``plan_world`` ranks used with an explicit ``rank=`` in this job."""
     from dptune.ddp import DDPPlan, UnevenBatchSampler
@@ -189,7 +210,7 @@ def user_error(rank: int, world: int, spec: str) -> dict:
 
 SCENARIOS: dict[str, Callable[..., dict]] = {
     "grad": grad_step, "sampler": sampler_epochs, "plan": make_plan, "user_error": user_error,
-    "loop": readme_loop, "wrong_world": wrong_world, "small": small_dataset,
+    "loop": readme_loop, "wrong_world": wrong_world, "small": small_dataset, "bn": bn_loop,
 }
 
 

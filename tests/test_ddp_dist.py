@@ -141,6 +141,7 @@ LOOP_JOBS = [
     ("wrong_world:scale_batch", {"plan_world": 4, "n": 100, "what": "scale_loss:batch"}),
     ("wrong_world:fewer", {"plan_world": 2, "n": 100, "what": "sampler"}),
     ("small", {"sizes": [4, 1, 7], "n": 2}),
+    ("bn", {"sizes": [4, 2, 7], "n": 29}),                      # tail of 3 < 2 x 3 ranks
 ]
 
 
@@ -197,7 +198,15 @@ def test_a_tail_smaller_than_the_world_runs_on_every_rank(loop_job):
     assert _check_every_step(loop_job, "loop:sizes", 26) == [[4, 1, 7], [4, 1, 6], [1, 1, 1]]
     for r in range(3):                                               # too few samples for 3 ranks
         got = loop_job[r]["small"]
-        assert got.get("error") == "UsageError" and "fewer than the 3 ranks" in got["message"], got
+        assert got.get("error") == "UsageError" and "each of the 3 ranks one" in got["message"], got
+
+
+@pytest.mark.slow
+def test_a_batchnorm_model_gets_two_samples_on_every_step(loop_job):
+    got = [loop_job[r]["bn"] for r in range(3)]
+    assert all("error" not in g for g in got), got
+    # 29 = 2 x 13 + 3: the step before the tail lends 3 samples so each rank gets 2
+    assert [g["sizes"] for g in got] == [[4, 4, 2], [2, 2, 2], [7, 4, 2]]
 
 
 @pytest.mark.slow

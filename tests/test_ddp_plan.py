@@ -131,7 +131,7 @@ def test_batchnorm_gives_every_rank_two_samples():
         return nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
 
     plan = ddp.plan(bn, lambda b: torch.randn(b, 8), global_batch=8, simulate="4x24GB", headroom=0)
-    assert plan.batch_sizes == [2, 2, 2, 2]
+    assert plan.batch_sizes == [2, 2, 2, 2] and plan.min_batch == 2
     assert any("BatchNorm" in n for n in plan.notes)
     assert min(p.batch_size for p in plan.probes) == 2
 
@@ -205,26 +205,50 @@ def test_sampler_partitions_each_epoch(sizes, n, drop_last):
             assert all(1 <= a <= b for a, b in zip(sizes_now, sizes))   # never empty, never over
 
 
-def test_last_steps_lend_to_empty_ranks():
-    # brute force over small plans and tails: every rank gets >= 1 in both steps, no rank
-    # more than planned, the samples add up, and it refuses exactly when lending cannot work
-    for sizes in itertools.product(range(1, 4), repeat=3):
+@pytest.mark.parametrize("least", [1, 2])
+def test_last_steps_lend_to_empty_ranks(least):
+    # brute force over small plans and tails: every rank gets >= least in both steps, no
+    # rank more than planned, the samples add up, and it refuses exactly when no split of
+    # the last two steps' samples can give every rank >= least in each
+    for sizes in itertools.product(range(least, 5), repeat=3):
         B, W = sum(sizes), len(sizes)
         for t in range(1, B):
-            got = last_steps(sizes, t)
+            got = last_steps(sizes, t, least)
+            possible = any(all(least <= x <= b for x, b in zip(tail, sizes)) and
+                           B + t - sum(tail) >= least * W
+                           for tail in itertools.product(*(range(b + 1) for b in sizes))
+                           if sum(tail) <= t + B - least * W and sum(tail) >= min(t, least * W)
+                           and sum(tail) in (t, least * W))
+            assert (got is not None) == possible, (sizes, t)
             if got is None:
-                assert B - W < W - t
                 continue
             before, tail = got
             assert sum(before) + sum(tail) == B + t
-            assert all(1 <= a <= b for a, b in zip(before, sizes))
-            assert all(1 <= a <= b for a, b in zip(tail, sizes))
-            if t >= W:
+            assert all(least <= a <= b for a, b in zip(before, sizes))
+            assert all(least <= a <= b for a, b in zip(tail, sizes))
+            if t >= least * W:
                 assert list(before) == list(sizes)
 
 
+def test_a_batchnorm_plan_never_gives_a_rank_one_sample():
+    plan = ddp.DDPPlan.from_batch_sizes([4, 2, 7], min_batch=2)
+    for n in (13 + 1, 13 * 2 + 3, 13 * 2 + 5, 13 * 3 + 7):
+        samplers = [ddp.UnevenBatchSampler(n, plan, rank=r, seed=2) for r in range(3)]
+        batches = [list(s) for s in samplers]
+        seen = sorted(i for b in batches for step in b for i in step)
+        assert seen == list(range(n))
+        assert all(len(step) >= 2 for b in batches for step in b), (n, [[len(x) for x in b] for b in batches])
+    assert ddp.UnevenBatchSampler(14, plan, rank=0).sizes_at(1) == [2, 2, 2]
+    with pytest.raises(UsageError, match="each of the 3 ranks 2 \\(BatchNorm\\)"):
+        ddp.UnevenBatchSampler(5, plan, rank=0)
+    assert ddp.UnevenBatchSampler(5, plan, rank=0, min_batch=1).sizes_at(0) == [1, 1, 3]
+    with pytest.raises(UsageError, match="min_batch must be an int from 1 to the smallest batch"):
+        ddp.DDPPlan.from_batch_sizes([4, 1], min_batch=2)
+    assert ddp.DDPPlan.from_dict(plan.to_dict()).min_batch == 2
+
+
 def test_sampler_refuses_what_cannot_give_every_rank_a_sample():
-    with pytest.raises(UsageError, match="fewer than the 3 ranks"):
+    with pytest.raises(UsageError, match="each of the 3 ranks one on every step"):
         ddp.UnevenBatchSampler(2, [4, 1, 7], rank=0)
     with pytest.raises(UsageError, match="pass drop_last=True"):
         ddp.UnevenBatchSampler(4, [1, 1, 1], rank=0)      # nothing to lend: every batch is 1

@@ -159,13 +159,20 @@ class DDPPlan:
     requested_global_batch: Optional[int] = None
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the fewest samples a rank may get on any step (2 with BatchNorm, whose training mode
+    #: needs more than one value per channel); the sampler's last steps keep to it
+    min_batch: int = 1
 
     def __post_init__(self) -> None:
         if not self.ranks:
             raise UsageError("a DDPPlan needs at least one rank")
         if [r.rank for r in self.ranks] != list(range(len(self.ranks))):
             raise UsageError(f"a DDPPlan's ranks must be 0..{len(self.ranks) - 1} in order")
-        _check_sizes([r.batch_size for r in self.ranks])
+        sizes = _check_sizes([r.batch_size for r in self.ranks])
+        if isinstance(self.min_batch, bool) or not isinstance(self.min_batch, int) or \
+                not 1 <= self.min_batch <= min(sizes):
+            raise UsageError(f"min_batch must be an int from 1 to the smallest batch ({min(sizes)}); "
+                             f"got {self.min_batch!r}")
 
     # ---- the numbers a training script needs ----------------------------------------
     @property
@@ -266,7 +273,7 @@ class DDPPlan:
                     probes=[p.to_dict() for p in self.probes], rounds=self.rounds,
                     certified=self.certified, even_batch_size=self.even_batch_size,
                     requested_global_batch=self.requested_global_batch, seconds=self.seconds,
-                    notes=list(self.notes))
+                    notes=list(self.notes), min_batch=self.min_batch)
 
     @classmethod
     def from_dict(cls, d: Any) -> "DDPPlan":
@@ -287,7 +294,8 @@ class DDPPlan:
                 rounds=int(d.get("rounds", 0)), certified=bool(d.get("certified", False)),
                 even_batch_size=d.get("even_batch_size"),
                 requested_global_batch=d.get("requested_global_batch"),
-                seconds=float(d.get("seconds", 0.0)), notes=tuple(d.get("notes", [])))
+                seconds=float(d.get("seconds", 0.0)), notes=tuple(d.get("notes", [])),
+                min_batch=int(d.get("min_batch", 1)))
         except ReportError:
             raise
         except UsageError as e:   # e.g. batch sizes < 1

@@ -19,13 +19,14 @@ the ranks' batches never overlap and every rank runs the same number of steps.
   (:func:`tail_split`). So every sample is used exactly once per epoch, none repeated
   (``DistributedSampler`` pads by repeating samples instead), and no rank gets more than its
   planned batch.
-- **No rank is ever empty.** When ``t < world_size`` the step before the tail lends it
-  ``world_size - t`` samples, one at a time from the rank holding the most (ties to the
-  lower rank, never below one): that step is a little smaller and the tail gives every rank
-  exactly one sample (:func:`last_steps`). Where the plan's batches are too small to lend
-  that many (``B - world_size < world_size - t``, e.g. a dataset smaller than the world
-  size), the sampler refuses with a :class:`~dptune.errors.UsageError` on every rank: pass
-  ``drop_last=True``.
+- **No rank is ever empty** (nor, with ``min_batch=2``, the plan's setting for a model with
+  BatchNorm, left with one sample). When ``t < m · world_size`` (``m`` = ``min_batch``) the
+  step before the tail lends it ``m · world_size - t`` samples, one at a time from the rank
+  holding the most (ties to the lower rank, never below ``m``): that step is a little
+  smaller and the tail gives every rank exactly ``m`` (:func:`last_steps`). Where the plan's
+  batches are too small to lend that many (``B - m · world_size < m · world_size - t``, e.g.
+  a dataset smaller than the world size), the sampler refuses with a
+  :class:`~dptune.errors.UsageError` on every rank: pass ``drop_last=True``.
 
 Those steps' batches are not the planned ones, so their loss needs its own scale:
 ``plan.scale_loss(loss, len(batch))`` uses the sizes of the step the ranks actually got
@@ -48,18 +49,19 @@ from dptune.split import scale_split
 __all__ = ["UnevenBatchSampler", "tail_split", "last_steps", "LastSteps"]
 
 
-def tail_split(batch_sizes: Sequence[int], tail: int) -> list[int]:
+def tail_split(batch_sizes: Sequence[int], tail: int, least: int = 1) -> list[int]:
     """The tail's batch per rank, before any lending (see the module docstring):
-    proportional, then every empty rank, lowest first, takes one sample from the fullest
-    while one holds more than 1. With ``tail < len(batch_sizes)`` some ranks stay at 0."""
+    proportional, then every rank below ``least``, lowest first, takes samples one at a time
+    from the fullest while that one holds more than ``least``. With
+    ``tail < least * len(batch_sizes)`` some ranks stay below ``least``."""
     out = scale_split(batch_sizes, tail)
     for r in range(len(out)):
-        if out[r] == 0:
+        while out[r] < least:
             donor = max(range(len(out)), key=lambda i: (out[i], -i))
-            if out[donor] <= 1:
-                break
+            if out[donor] <= least:
+                return out
             out[donor] -= 1
-            out[r] = 1
+            out[r] += 1
     return out
 
 
@@ -71,25 +73,25 @@ class LastSteps(NamedTuple):
     tail: list[int]
 
 
-def last_steps(batch_sizes: Sequence[int], tail: int) -> Optional[LastSteps]:
+def last_steps(batch_sizes: Sequence[int], tail: int, least: int = 1) -> Optional[LastSteps]:
     """The sizes of the last two steps for a tail of ``tail`` samples (``0 < tail``), with no
-    rank empty: the tail's :func:`tail_split`, and when that leaves ranks empty
-    (``tail < world_size``), the step before lends ``world_size - tail`` samples one at a
-    time from its fullest rank (ties to the lower rank), never taking a rank below 1.
-    ``None`` when it cannot (the plan's batches hold fewer than ``world_size - tail``
-    samples above one each)."""
+    rank below ``least`` (1; 2 under BatchNorm): the tail's :func:`tail_split`, and when that
+    leaves ranks below it (``tail < least * world_size``), the tail gives every rank
+    ``least`` and the step before lends what that takes, one sample at a time from its
+    fullest rank (ties to the lower rank), never taking a rank below ``least``. ``None`` when
+    it cannot (the plan's batches hold too few samples above ``least`` each)."""
     sizes, world = list(batch_sizes), len(batch_sizes)
-    split = tail_split(sizes, tail)
-    if tail >= world:
+    split = tail_split(sizes, tail, least)
+    if min(split) >= least:
         return LastSteps(sizes, split)
-    lend = world - tail
-    if sum(sizes) - world < lend:
+    lend = least * world - tail
+    if sum(sizes) - least * world < lend:
         return None
     before = list(sizes)
     for _ in range(lend):
         donor = max(range(world), key=lambda i: (before[i], -i))
         before[donor] -= 1
-    return LastSteps(before, [1] * world)
+    return LastSteps(before, [least] * world)
 
 
 class UnevenBatchSampler:
@@ -99,13 +101,21 @@ class UnevenBatchSampler:
 
     ``dataset`` is the dataset (anything with ``len``) or its length; ``plan`` a
     :class:`DDPPlan` or the per-rank batch sizes; ``rank`` defaults to this process's rank
-    in ``torch.distributed``. See the module docstring for the order, the tail and the
-    world-size check.
+    in ``torch.distributed``; ``min_batch`` the fewest samples a rank may get on a step
+    (default: the plan's, 2 for a model with BatchNorm). See the module docstring for the
+    order, the tail and the world-size check.
     """
 
     def __init__(self, dataset: Any, plan: Union[DDPPlan, Sequence[int]], rank: Optional[int] = None,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False):
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 min_batch: Optional[int] = None):
         self.plan = plan if isinstance(plan, DDPPlan) else DDPPlan.from_batch_sizes(list(plan))
+        least = self.plan.min_batch if min_batch is None else min_batch
+        if isinstance(least, bool) or not isinstance(least, int) or \
+                not 1 <= least <= min(self.plan.batch_sizes):
+            raise UsageError(f"min_batch must be an int from 1 to the plan's smallest batch "
+                             f"({min(self.plan.batch_sizes)}); got {least!r}")
+        self.min_batch = least
         check_world_size(self.plan.world_size, "UnevenBatchSampler")
         n = dataset if isinstance(dataset, int) and not isinstance(dataset, bool) else None
         if n is None:
@@ -126,17 +136,19 @@ class UnevenBatchSampler:
         full, tail = divmod(self.num_samples, self.plan.global_batch)
         if self.drop_last or not tail:
             return None
-        world = self.plan.world_size
-        last = last_steps(self.plan.batch_sizes, tail) if full or tail >= world else None
+        world, least = self.plan.world_size, self.min_batch
+        need = least * world
+        last = last_steps(self.plan.batch_sizes, tail, least) if full or tail >= need else None
+        each = "one" if least == 1 else f"{least} (BatchNorm)"
         if last is None and not full:
-            raise UsageError(f"the dataset has {self.num_samples} samples, fewer than the {world} "
-                             "ranks, and every rank needs one on every step; use at least "
-                             f"{world} samples")
+            raise UsageError(f"the dataset has {self.num_samples} samples, fewer than the {need} "
+                             f"that give each of the {world} ranks {each} on every step; use at "
+                             f"least {need} samples")
         if last is None:
             raise UsageError(
                 f"{self.num_samples} samples in global batches of {self.plan.global_batch} leave "
                 f"a last step of {tail} for {world} ranks, and no earlier step can lend the "
-                f"{world - tail} more that would give every rank a sample; pass drop_last=True "
+                f"{need - tail} more that would give every rank {each}; pass drop_last=True "
                 f"(those {tail} samples are left out of each epoch, a different {tail} each time)")
         return last
 
