@@ -141,6 +141,8 @@ def _gain(result: TuneResult) -> str:
         return ""
     if not even.open_bracket:
         return f" ({g:+.0%})"
+    if not even.feasible:        # no even split known to fit: no gain to give
+        return ""
     if even.at_most is None:
         return f" (at most {g:+.1%})"
     return f" ({result.batch_size / even.at_most - 1:+.1%} to {g:+.1%})"
@@ -151,6 +153,8 @@ def _even_batch(result: TuneResult) -> str:
     even = result.even
     if not even.open_bracket:
         return str(even.batch_size)
+    if not even.feasible:
+        return "none known to fit" + ("" if even.at_most is None else f" (at most {even.at_most})")
     if even.at_most is None:
         return f"at least {even.batch_size}"
     return f"{even.batch_size} to {even.at_most}"

@@ -514,3 +514,21 @@ def test_the_headline_gives_an_open_even_bracket_as_a_range():
     want = (f"max batch that fits: even {lo} to {hi} -> balanced {r.batch_size} "
             f"(+{100 * (r.batch_size / hi - 1):.1f}% to +{100 * (r.batch_size / lo - 1):.1f}%)")
     assert want in str(r), str(r)
+
+
+def test_no_even_split_known_to_fit_is_not_a_headline_figure():
+    import torch.nn as nn
+
+    from dptune import Tuner
+
+    shape = workspace_jump()
+    # the start (40000) is far over: after 3 probes no even split is known to fit
+    r = Tuner(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), lambda b: None,
+              batch_size=40000, objective="max_batch", max_probes=3, backend=CurveBackend(shape),
+              headroom=HEAD, verbose=False).fit()
+    assert proven_even(shape, [list(p.chunk_sizes) for p in r.probes]) == 0
+    assert r.even.open_bracket and not r.even.feasible
+    assert r.even.at_most is not None and r.even.at_most >= best_even(shape)
+    line = next(x for x in str(r).splitlines() if x.startswith("max batch that fits"))
+    assert line == (f"max batch that fits: even none known to fit (at most {r.even.at_most}) "
+                    f"-> balanced {r.batch_size}")

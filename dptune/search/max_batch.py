@@ -322,12 +322,14 @@ class MaxBatch:
         top = max([r.batch_size for r in self.obs.probes] + [self.hint])
         return max(top, best.batch_size if best else 0) + 1
 
+    def _even_start(self) -> int:
+        return self.m * self.n if self.m > 1 else 1   # BatchNorm: no even split below
+
     def even_bracket(self) -> tuple[int, Optional[int]]:
-        up = self._upper()
-        start = self.m * self.n if self.m > 1 else 1   # BatchNorm: no even split below
+        up, start = self._upper(), self._even_start()
         lo = largest_true(self._even_fits, start, up)
         lo = lo if lo >= start else 0
-        hi = largest_true(lambda b: not self._even_over(b), lo + 1, up) + 1
+        hi = largest_true(lambda b: not self._even_over(b), max(lo + 1, start), up) + 1
         return lo, (hi if hi <= up and self._even_over(hi) else None)
 
     def _guess_missed(self, lo: int) -> bool:
@@ -346,14 +348,14 @@ class MaxBatch:
         dominance: ``even(E)`` need not be probed itself when a probe within budget put every
         card at least as high, see :meth:`Observations.fit_witness`)."""
         lo, hi = self.even_bracket()
-        return hi == lo + 1
+        return hi == max(lo + 1, self._even_start())
 
     def _even_step(self) -> Optional[Proposal]:
         obs = self.obs
         lo, hi = self.even_bracket()
-        if hi == lo + 1:
+        if self.even_certified():
             return None
-        lower, upper = lo + 1, (self._upper() if hi is None else hi - 1)
+        lower, upper = max(lo + 1, self._even_start()), (self._upper() if hi is None else hi - 1)
         above = tuple(even_split(lower, self.n))
         if self._guess_missed(lo) and valid_split(above, self.m) and above not in obs.by_split:
             # E >= lo is known by dominance (a probe loaded every card at least as much) and
