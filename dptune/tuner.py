@@ -289,6 +289,9 @@ class Tuner:
                                  f"against {outcome.best.batch_size} gathering on card 0")
                     outcome = dataclasses.replace(alt, probes=probes, even=outcome.even,
                                                   even_split=outcome.even_split,
+                                                  even_implied_by=outcome.even_implied_by,
+                                                  even_open=outcome.even_open,
+                                                  even_at_most=outcome.even_at_most,
                                                   notes=outcome.notes + alt.notes)
                 else:
                     notes.append(f"gathering the outputs on card {k} fits batch "
@@ -310,7 +313,8 @@ class Tuner:
         model = self._wrap(backend, chunk_sizes, notes, out_dev)
         budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
         even = dataclasses.replace(_figures(outcome.even, list(outcome.even_split), budgets),
-                                   implied_by=outcome.even_implied_by)
+                                   implied_by=outcome.even_implied_by,
+                                   open_bracket=outcome.even_open, at_most=outcome.even_at_most)
         best = outcome.best
         return TuneResult(
             objective=self.objective.value, backend=str(capabilities(backend).kind),

@@ -555,7 +555,7 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
         model_name=infos[0].model_name, headroom_bytes=headroom_bytes, options=options,
         settings=infos[0].settings, probes=tuple(state.probes), rounds=state.rounds,
         certified=certified, even_batch_size=even, requested_global_batch=global_batch,
-        seconds=time.perf_counter() - t0, notes=tuple(notes))
+        seconds=time.perf_counter() - t0, notes=tuple(notes), min_batch=state.m)
 
 
 def _local_cuda_prober(workload: Any, device: Optional[int], options: DDPOptions,
