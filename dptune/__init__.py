@@ -35,8 +35,8 @@ _LAZY = {
     "patch_dataparallel": "dptune.integrations.dataparallel",
     # simulation
     "estimate_memory": "dptune.backends.simulated",
-    "Cluster": "dptune.backends.simulated",
-    "parse_cluster": "dptune.backends.simulated",
+    "Cluster": "dptune.backends.cluster",
+    "parse_cluster": "dptune.backends.cluster",
     # devices
     "devices": "dptune.gpus",
     "Device": "dptune.backends.base",

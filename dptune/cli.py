@@ -142,7 +142,7 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
 
     ``ignored`` names flags given that describe a model, which the Trainer already defines.
     """
-    from dptune.backends.simulated import parse_cluster
+    from dptune.backends.cluster import parse_cluster
 
     if ignored:
         raise UsageError(f"--hf-trainer takes the model, batch, loss, optimizer and step "
@@ -408,7 +408,7 @@ def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
              bucket_cap_mb: Optional[float] = None, gradient_as_bucket_view: bool = False) -> Any:
     """``dptune plan`` without the printing: per-rank DDP batch sizes on a simulated cluster
     (one rank per card) for the step ``spec`` describes; returns the :class:`dptune.ddp.DDPPlan`."""
-    from dptune.backends.simulated import parse_cluster
+    from dptune.backends.cluster import parse_cluster
     from dptune.ddp import plan
 
     cluster = parse_cluster(simulate)   # a bad spec is a usage error before the user's code runs
@@ -457,7 +457,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     simulate = args.simulate
     if simulate is None:
-        from dptune.backends.simulated import DEFAULT_CLUSTER
+        from dptune.backends.cluster import DEFAULT_CLUSTER
 
         simulate = DEFAULT_CLUSTER
         if not args.quiet:

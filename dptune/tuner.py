@@ -73,7 +73,7 @@ def choose_backend(device_ids: Optional[Sequence[int]] = None, simulate: Any = N
     ``device_ids`` picks real GPUs and raises :class:`BackendUnavailableError` when they are
     not all visible; neither: every visible GPU, or the simulated ``4x24GB`` when none is.
     """
-    from dptune.backends.simulated import DEFAULT_CLUSTER, parse_cluster
+    from dptune.backends.cluster import DEFAULT_CLUSTER, parse_cluster
 
     if simulate is not None and device_ids is not None:
         raise UsageError("give real GPUs (device_ids=, --devices) or simulated cards "

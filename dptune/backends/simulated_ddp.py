@@ -29,8 +29,8 @@ import torch.nn as nn
 
 from dptune.backends.base import Device, ProbeResult
 from dptune.backends.ddp_memory import Bucket, DDPOptions, bucket_layout, params_of
-from dptune.backends.simulated import (DEFAULT_CLUSTER, Cluster, MemoryEstimate, SimulatedBackend,
-                                       parse_cluster)
+from dptune.backends.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
+from dptune.backends.simulated import MemoryEstimate, SimulatedBackend
 from dptune.errors import UsageError
 from dptune.workload import StepOutcome, Workload
 

@@ -419,7 +419,7 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     Every rank returns the same :class:`DDPPlan`. Raises :class:`NoFeasibleSplitError` (on
     every rank) when some rank cannot fit its share.
     """
-    from dptune.backends.simulated import parse_cluster
+    from dptune.backends.cluster import parse_cluster
     from dptune.backends.simulated_ddp import make_workload
 
     t0 = time.perf_counter()
