@@ -10,7 +10,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
 from dptune.backends.base import Device, ProbeResult
 from dptune.errors import ReportError, UsageError
@@ -421,7 +421,8 @@ def _read_probe(c: _Checked, n: int) -> ProbeResult:
     return ProbeResult(chunk_sizes=tuple(c.ints("chunk_sizes", n)),
                        peak_bytes=tuple(c.ints("peak_bytes", n)), oom_device=c.card("oom_device", n),
                        breakdown=tuple(bd) if bd is not None else None,
-                       **{k: tuple(v) if v is not None else None for k, v in arrays.items()},
+                       **cast("dict[str, Any]", {k: tuple(v) if v is not None else None
+                                                 for k, v in arrays.items()}),
                        seconds=c.number("seconds", optional=True), purpose=c.text("purpose", optional=True),
                        note=c.text("note", optional=True), unread_outputs=_read_unread(c))
 

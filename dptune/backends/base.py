@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
+from dptune.timing import StepTime
+
 __all__ = ["Device", "ProbeResult", "Backend", "CATEGORIES"]
 
 #: Categories of a per-card breakdown, in drawing order.
@@ -72,6 +74,8 @@ class ProbeResult:
     note: str = ""
     # gathered output entries the loss never read: (entry, bytes on the output card)
     unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
+    # the step's time, per card and in all, measured or estimated (dptune.timing)
+    time: Optional[StepTime] = None
 
     @property
     def feasible(self) -> bool:
@@ -83,6 +87,7 @@ class ProbeResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["time"] = None if self.time is None else self.time.to_dict()
         for k, v in d.items():
             if isinstance(v, tuple):
                 d[k] = [list(x) if isinstance(x, tuple) else x for x in v]
@@ -97,6 +102,8 @@ class ProbeResult:
                 kw[k] = tuple(kw[k])
         if kw.get("unread_outputs") is not None:
             kw["unread_outputs"] = tuple((str(e), int(b)) for e, b in kw["unread_outputs"])
+        if isinstance(kw.get("time"), Mapping):
+            kw["time"] = StepTime.from_dict(kw["time"])
         return cls(**{k: v for k, v in kw.items() if k in cls.__dataclass_fields__})
 
 

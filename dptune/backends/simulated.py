@@ -127,6 +127,7 @@ class _Ledger:
         self.as_cuda = False           # the step runs: CUDA's device rules (backends._devices)
         self.category = "other"
         self.bounded: dict[str, str] = {}   # data-dependent ops seen -> how their size was bounded
+        self.observer: Optional[Callable[..., None]] = None  # sees every op (backends.timing)
 
     # -- storages ------------------------------------------------------------------------
     def record_of(self, t: torch.Tensor) -> Optional[_Record]:
@@ -414,6 +415,8 @@ def _make_accountant(ledger: _Ledger) -> Any:
                 card = ledger.running_card()
         for t in _tree.leaves(out):
             ledger.charge(t, card, ledger.category)
+        if ledger.observer is not None:
+            ledger.observer(func, args, kwargs, out, card)
 
     class _Accountant(base):  # type: ignore[misc, valid-type]
         """Charges every new storage an op makes to a virtual card."""
@@ -839,6 +842,8 @@ class SimulatedBackend:
     kind = "simulated"
     #: ``probe(chunk_sizes, output_device=k)`` gathers the outputs on card k
     supports_output_device = True
+    #: called with every op of a step (func, args, kwargs, out, card): the time estimate's counter
+    op_observer: Optional[Callable[..., None]] = None
 
     def __init__(self, workload: Workload, cluster: Union[str, Cluster] = DEFAULT_CLUSTER, *,
                  batch_on_card0: bool = False):
@@ -965,6 +970,7 @@ class SimulatedBackend:
         ledger = self._ledger
         assert ledger is not None and self._module is not None
         self._kernels = {}
+        ledger.observer = self.op_observer
         if self._ledger is not None:
             self._ledger.bounded = {}
         with self._modes(ledger):
