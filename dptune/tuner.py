@@ -32,7 +32,8 @@ from dptune.workload import Workload, has_batchnorm, model_name
 
 __all__ = ["Tuner", "BackendChoice", "choose_backend"]
 
-OBJECTIVES = {"balance": "balance", "max_batch": "max_batch", "max-batch": "max_batch"}
+OBJECTIVES = {"balance": "balance", "max_batch": "max_batch", "max-batch": "max_batch",
+              "throughput": "throughput"}
 #: Share of card 0's peak taken by gathered outputs above which the report gives advice.
 OUTPUTS_ADVICE_SHARE = 0.15
 
@@ -112,7 +113,11 @@ class Tuner:
 
     - ``model``, ``sample``, ``loss_fn``, ``optimizer``: the training step, as in
       :class:`dptune.workload.Workload` (``model`` may be a zero-argument factory).
-    - ``batch_size``: the total batch. With ``objective="balance"`` it is kept and split;
+    - ``batch_size``: the total batch. With ``objective="balance"`` it is kept and split
+      so every card uses the same share of its memory; with ``objective="throughput"`` it is
+      kept and split for the shortest step that fits every card's memory (cards differ in
+      speed; a card may be left out when the step is faster without it): the memory search
+      runs first, then up to ``max(3, max_probes - probes used)`` timed probes;
       with ``objective="max_batch"`` (or ``"max-batch"``) it is only the starting point of
       the search: the answer may be larger or smaller.
     - ``device_ids``: real GPUs to use (default: all visible).
@@ -156,7 +161,7 @@ class Tuner:
             raise UsageError(f"batch_size={batch_size} is beyond what any cluster holds (at most "
                              f"{MAX_BATCH_SIZE:,} samples); give the total batch over all cards")
         if objective not in OBJECTIVES:
-            raise UsageError(f"objective must be 'balance' or 'max_batch', got {objective!r}")
+            raise UsageError(f"objective must be 'balance', 'max_batch' or 'throughput', got {objective!r}")
         try:
             self.headroom_bytes = parse_bytes(headroom)
         except ValueError as e:
@@ -187,6 +192,9 @@ class Tuner:
                                             and output_device >= 0)):
             raise UsageError(f"output_device must be a card index >= 0 or 'auto', got {output_device!r}")
         self.output_device = output_device
+        if self.objective == "throughput" and output_device != 0:
+            raise UsageError("objective='throughput' gathers the outputs on card 0; "
+                             "output_device is not supported with it yet")
 
     @classmethod
     def from_spec(cls, spec: WorkloadSpec, batch_size: int = 256, *, isolate: bool = False,
@@ -231,6 +239,7 @@ class Tuner:
                 _notice(choice.notice, self.verbose)
                 notes.append(choice.notice)
             backend = _build_backend(self.workload, choice, self._isolated)
+        backend = _timed(backend)
         card0_batch: Optional[int] = None
         out_dev = 0
         try:
@@ -253,6 +262,9 @@ class Tuner:
         finally:
             if self.backend is None:
                 backend.close()
+        speed_advice: list[str] = []
+        if any(r.time is not None for r in outcome.probes):
+            outcome = self._speed(backend, outcome, notes, speed_advice)
         notes.extend(outcome.notes)
         chunk_sizes = list(outcome.best.chunk_sizes)
         bn = self._has_batchnorm(backend)
@@ -271,7 +283,7 @@ class Tuner:
             even=even, probes=list(outcome.probes), fits=list(outcome.fits),
             breakdown=list(best.breakdown) if best.breakdown is not None else None,
             requested_batch_size=self.batch_size, seconds=time.perf_counter() - start,
-            advice=_advice(best, even, outcome, budgets) + _output_device_advice(out_dev),
+            advice=_advice(best, even, outcome, budgets) + _output_device_advice(out_dev) + speed_advice,
             notes=notes,
             certified=outcome.certified, brackets=list(outcome.brackets), model=model,
             output_device=out_dev, card0_output_batch_size=card0_batch,
@@ -303,7 +315,8 @@ class Tuner:
         bar = tqdm(total=self.max_probes, desc="probing (at most)", unit="probe",
                    file=sys.stderr, disable=not self.verbose, leave=True)
         try:
-            out = search.run(probe, [budgets[perm[i]] for i in range(len(perm))], self.objective,
+            objective = "balance" if self.objective == "throughput" else self.objective
+            out = search.run(probe, [budgets[perm[i]] for i in range(len(perm))], objective,
                              self.batch_size, min_chunk=m, max_probes=self.max_probes,
                              tolerance=self.tolerance,
                              exact_on_oom=getattr(backend, "kind", "") == "simulated",
@@ -311,6 +324,33 @@ class Tuner:
             return out if not output_device else _swapped_outcome(out, perm, output_device)
         finally:
             bar.close()
+
+    def _speed(self, backend: Backend, outcome: search.SearchOutcome, notes: list[str],
+               advice: list[str]) -> search.SearchOutcome:
+        """Time figures for the report; with ``objective="throughput"`` the fastest split of
+        the batch measured within every budget (:mod:`dptune.search.throughput`)."""
+        from dptune.search import throughput
+
+        budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
+        best = outcome.best
+        if self.objective != "throughput":
+            figs = throughput.figures(outcome.probes, budgets, best.batch_size, best)
+            notes.extend(throughput.speed_notes(figs, best))
+            advice.extend(throughput.advice(figs))
+            return outcome
+        m = 2 if self._has_batchnorm(backend) else 1
+        fast = throughput.fastest(backend.probe, budgets, self.batch_size, outcome.probes,
+                                  outcome.fits, best, min_chunk=m,
+                                  max_probes=max(3, self.max_probes - len(outcome.probes)))
+        notes.extend(fast.notes)
+        advice.extend(fast.advice)
+        notes.append("throughput: the split is measured within every budget; its step time is "
+                     + ("measured" if fast.best.time is not None and fast.best.time.source.value
+                        == "measured" else "estimated") + " and the fastest the time fits predict, "
+                     "not proven the fastest of all splits")
+        return dataclasses.replace(outcome, best=fast.best, probes=fast.probes, card0_floor=False,
+                                   certified=False,
+                                   notes=tuple(f"memory-balanced split: {n}" for n in outcome.notes))
 
     def _output_candidate(self, backend: Backend) -> int:
         """The card to try gathering the outputs on (0: none): the one asked for, or with
@@ -379,6 +419,15 @@ class Tuner:
                 return has_batchnorm(model())
         except Exception:  # the backend will run the factory and report its errors
             return False
+
+
+def _timed(backend: Backend) -> Backend:
+    """A simulated backend whose probes carry the step's estimated time."""
+    if getattr(backend, "kind", "") == "simulated" and hasattr(backend, "op_observer"):
+        from dptune.backends.timing import TimedBackend
+
+        return TimedBackend(backend)
+    return backend
 
 
 def _settings(workload: Workload, backend: Backend) -> Any:
