@@ -112,8 +112,8 @@ class OpCounter:
     restarts the counts.
     """
 
-    def __init__(self, ledger_of: Callable[[], Any], speed: ClusterSpeed):
-        self._ledger_of, self.speed = ledger_of, speed
+    def __init__(self, ledger_of: Callable[[], Any], speed: ClusterSpeed, keep: bool = False):
+        self._ledger_of, self.speed, self.keep = ledger_of, speed, keep
         self._ledger_id: Optional[int] = None
         self._reset()
 
@@ -126,6 +126,7 @@ class OpCounter:
         self.bcast = [0] * n              # weights broadcast to card k
         self.reduce = [0] * n             # gradients reduced from card k
         self.serial_copy = 0              # bytes of the gather and its backward
+        self.costs: list[tuple[int, OpCost]] = []   # (card, cost) of every kernel, if kept
 
     def __call__(self, func: Any, args: Any, kwargs: Any, out: Any, card: int) -> None:
         ledger = self._ledger_of()
@@ -144,6 +145,8 @@ class OpCounter:
         self.flops[card] += cost.flops
         self.bytes[card] += cost.bytes
         self.kernels[card] += 1
+        if self.keep:
+            self.costs.append((card, cost))
         seconds = cost.seconds(self.speed.cards[card])
         if ledger.category in _SERIAL:
             self.serial += seconds
