@@ -192,6 +192,8 @@ class Tuner:
                                             and output_device >= 0)):
             raise UsageError(f"output_device must be a card index >= 0 or 'auto', got {output_device!r}")
         self.output_device = output_device
+        #: the speed figures of the last fit (even, memory-balanced, fastest), when timed
+        self.speed: tuple = ()
         if self.objective == "throughput" and output_device != 0:
             raise UsageError("objective='throughput' gathers the outputs on card 0; "
                              "output_device is not supported with it yet")
@@ -335,6 +337,7 @@ class Tuner:
         best = outcome.best
         if self.objective != "throughput":
             figs = throughput.figures(outcome.probes, budgets, best.batch_size, best)
+            self.speed = figs
             notes.extend(throughput.speed_notes(figs, best))
             advice.extend(throughput.advice(figs))
             return outcome
@@ -342,6 +345,7 @@ class Tuner:
         fast = throughput.fastest(backend.probe, budgets, self.batch_size, outcome.probes,
                                   outcome.fits, best, min_chunk=m,
                                   max_probes=max(3, self.max_probes - len(outcome.probes)))
+        self.speed = fast.figures
         notes.extend(fast.notes)
         advice.extend(fast.advice)
         notes.append("throughput: the split is measured within every budget; its step time is "

@@ -97,6 +97,7 @@ from dptune.oom import is_oom, oom_device, oom_summary, replica_where
 from dptune.spec import WorkloadSpec
 from dptune.split import validate_chunk_sizes
 from dptune.state import Snapshot, restore, snapshot
+from dptune.timing import StepTime, TimeSource
 from dptune.workload import StepOutcome, StepRuntime, Workload, run_step
 
 __all__ = ["CudaBackend", "CudaRuntime", "StepContext", "default_step", "check_devices"]
@@ -378,6 +379,17 @@ class _Figures:
 
 def _alloc_retries(rt: CudaRuntime, device: int, default: int) -> int:
     return int(rt.memory_stats(device).get("num_alloc_retries", default))
+
+
+def _measured(step_seconds: Sequence[float], ok: bool) -> Optional[StepTime]:
+    """The step's wall time (median of the measured steps, each between synchronizations of
+    every card, after the warm-up); per-card times are not measured here (``card_seconds``
+    empty)."""
+    if not ok or not step_seconds:
+        return None
+    ordered = sorted(step_seconds)
+    return StepTime(card_seconds=(), step_seconds=ordered[len(ordered) // 2],
+                    source=TimeSource.MEASURED)
 
 
 def _ids_text(ids: Sequence[int]) -> str:
@@ -739,6 +751,7 @@ class CudaBackend:
                                                output_device=ctx.device_ids[output_device], dim=0,
                                                chunk_sizes=list(sizes))
         runs: list[_Figures] = []
+        step_seconds: list[float] = []      # each measured step, synchronized on every card
         failure: Optional[_Failure] = None
         failed_figures: Optional[_Figures] = None
         failed_in = ""
@@ -746,7 +759,9 @@ class CudaBackend:
         try:
             for what in plan:
                 baseline, retries0 = self._reset_and_baseline(ctx)
+                started = time.perf_counter()
                 failure = self._run_step(ctx, sizes)
+                elapsed = time.perf_counter() - started
                 if failure is not None:
                     failed_figures = self._read(retries0, guarded=True)
                     failed_in = what
@@ -755,6 +770,7 @@ class CudaBackend:
                 self._warmed |= active
                 if what == "measure":
                     runs.append(figures)
+                    step_seconds.append(elapsed)
         finally:
             ctx.wrapper = None
             ctx.output_device = 0
@@ -799,7 +815,7 @@ class CudaBackend:
                            breakdown=None, reserved_bytes=tuple(reserved), nvml_used_bytes=nvml,
                            alloc_retries=tuple(retries), repeat_spread_bytes=spread,
                            seconds=time.perf_counter() - t0, note="; ".join(notes),
-                           unread_outputs=unread)
+                           unread_outputs=unread, time=_measured(step_seconds, failure is None))
 
     def _oom_position(self, failure: _Failure, peak: list[int], reserved: list[int]) -> tuple[int, str]:
         idx = failure.torch_index

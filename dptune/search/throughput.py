@@ -81,7 +81,7 @@ def _within(r: ProbeResult, budgets: Sequence[int]) -> bool:
 
 def step_model(probes: Sequence[ProbeResult], n: int) -> Optional[StepModel]:
     """The step-time model fitted on the timed probes (``None`` when none is timed)."""
-    timed = [(r, r.time) for r in probes if r.time is not None]
+    timed = [(r, r.time) for r in probes if r.time is not None and len(r.time.card_seconds) == n]
     if not timed:
         return None
     cards: list[Optional[TimeFit]] = []
@@ -163,9 +163,12 @@ def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int
         model = step_model(known, n)
     ok = [r for r in known if r.batch_size == batch and _within(r, budgets) and r.time is not None]
     best = min(ok, key=lambda r: (_time(r), tuple(r.chunk_sizes))) if ok else balanced
-    if model is None:
+    if model is None and not ok:
         notes.append("no probe carries a step time (the backend does not time steps): the "
                      "memory-balanced split is returned")
+    elif model is None:
+        notes.append("the probes measured the whole step's time, not each card's: the fastest "
+                     "split measured within every budget is returned (no time fits)")
     figs = figures(known, budgets, batch, balanced, best, model)
     return ThroughputOutcome(best=best, figures=figs, model=model, probes=tuple(known),
                              notes=tuple(notes) + speed_notes(figs, best, fastest=True),
