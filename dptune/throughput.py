@@ -84,10 +84,27 @@ class StepModel:
     cards: tuple[TimeFit, ...]
     serial: TimeFit = TimeFit(0.0, 0.0)     # against the whole batch
     overhead: Callable[[frozenset[int]], float] = field(default=lambda s: 0.0, compare=False)
+    gather_per_sample: float = 0.0          # per sample on a card other than the output card
+
+    @property
+    def linear(self) -> list[float]:
+        """Seconds per sample of each card outside the parallel work (the gather onto card 0)."""
+        return [0.0] + [self.gather_per_sample] * (len(self.cards) - 1)
+
+    @property
+    def serial_pair(self) -> tuple[float, float]:
+        return (self.serial.fixed_seconds, self.serial.per_sample_seconds)
 
     def seconds(self, split: Sequence[int]) -> float:
         return step_seconds([[f.predict(c) for c in range(max(split) + 1)] for f in self.cards],
-                            split, self.overhead, (self.serial.fixed_seconds, self.serial.per_sample_seconds))
+                            split, self.overhead, self.serial_pair, self.linear)
+
+    def fastest(self, caps: Sequence[int], batch: Optional[int], min_chunk: int = 1,
+                every_card: bool = False) -> Optional["SplitTime"]:
+        """:func:`fastest_split` on this model within ``caps``."""
+        return fastest_split(self.curves(caps), batch, overhead=self.overhead,
+                             serial=self.serial_pair, min_chunk=min_chunk, every_card=every_card,
+                             linear=self.linear)
 
     def curves(self, caps: Sequence[int]) -> list[list[float]]:
         """Each card's time at chunks ``0..caps[i]``."""
@@ -117,13 +134,17 @@ class SplitTime:
 
 def step_seconds(times: Sequence[Sequence[float]], split: Sequence[int],
                  overhead: Callable[[frozenset[int]], float] = lambda s: 0.0,
-                 serial: tuple[float, float] = (0.0, 0.0)) -> float:
-    """The model's step time of ``split``; ``times[i][c]``: card i's time at chunk c."""
+                 serial: tuple[float, float] = (0.0, 0.0),
+                 linear: Optional[Sequence[float]] = None) -> float:
+    """The model's step time of ``split``; ``times[i][c]``: card i's time at chunk c;
+    ``linear[i]``: seconds per sample of card i spent outside the cards' parallel work
+    (DataParallel's gather of card i's outputs onto card 0, one card after another)."""
     used = frozenset(i for i, c in enumerate(split) if c > 0)
     if not used:
         return 0.0
     b = sum(split)
-    return (overhead(used) + serial[0] + serial[1] * b
+    extra = sum(g * c for g, c in zip(linear, split)) if linear is not None else 0.0
+    return (overhead(used) + serial[0] + serial[1] * b + extra
             + max(times[i][split[i]] for i in used))
 
 
@@ -138,13 +159,15 @@ def _subsets(n: int, order: Sequence[int], every_card: bool) -> list[tuple[int, 
 def fastest_split(times: Sequence[Sequence[float]], batch: Optional[int] = None, *,
                   overhead: Callable[[frozenset[int]], float] = lambda s: 0.0,
                   serial: tuple[float, float] = (0.0, 0.0), min_chunk: int = 1,
-                  every_card: bool = False) -> Optional[SplitTime]:
+                  every_card: bool = False, linear: Optional[Sequence[float]] = None
+                  ) -> Optional[SplitTime]:
     """The fastest split (see the module docstring); ``None`` when no split fits the caps.
 
     ``times[i]`` lists card i's time at chunks ``0..cap_i`` (its memory cap is
     ``len(times[i]) - 1``; the value at 0 is not used). Curves are made nondecreasing (more
     samples never take less time). ``min_chunk``: a card gets 0 or at least this many
-    samples (2 under BatchNorm); ``every_card``: no card may be dropped (DDP ranks).
+    samples (2 under BatchNorm); ``every_card``: no card may be dropped (DDP ranks);
+    ``linear[i]``: seconds per sample of card i added to the step (see :func:`step_seconds`).
     """
     import numpy as np
 
@@ -156,15 +179,20 @@ def fastest_split(times: Sequence[Sequence[float]], batch: Optional[int] = None,
     for subset in _subsets(n, speed_order, every_card):
         if any(caps[i] < min_chunk for i in subset):
             continue
-        sol = (_fixed_batch(curves, subset, batch, min_chunk) if batch is not None
-               else _free_batch(curves, subset, min_chunk,
-                                overhead(frozenset(subset)) + serial[0], serial[1]))
+        g = [float(linear[i]) if linear is not None else 0.0 for i in subset]
+        fixed = overhead(frozenset(subset)) + serial[0]
+        if any(g):
+            sol = _linear(curves, subset, batch, min_chunk, fixed, serial[1], g)
+        elif batch is not None:
+            sol = _fixed_batch(curves, subset, batch, min_chunk)
+        else:
+            sol = _free_batch(curves, subset, min_chunk, fixed, serial[1])
         if sol is None:
             continue
         split = [0] * n
         for i, c in zip(subset, sol):
             split[i] = int(c)
-        t = step_seconds([[0.0, *c] for c in curves], split, overhead, serial)
+        t = step_seconds([[0.0, *c] for c in curves], split, overhead, serial, linear)
         cand = SplitTime(tuple(split), t)
         if best is None or _better(cand, best, batch is None):
             best = cand
@@ -225,3 +253,45 @@ def _free_batch(curves: list, subset: Sequence[int], m: int, fixed: float, per_s
     t = levels + fixed + per_sample * b
     rate = np.where(t > 0, b / np.where(t > 0, t, 1.0), np.inf)
     return [int(x) for x in counts[:, int(np.argmax(rate))]]
+
+
+def _linear(curves: list, subset: Sequence[int], batch: Optional[int], m: int, fixed: float,
+            per_sample: float, g: Sequence[float]) -> Optional[list[int]]:
+    """With costs per sample outside the parallel work (``g``), every candidate level L is
+    tried: each card may take up to its count at L; for a fixed batch the samples beyond ``m``
+    each go to the cards of smallest ``g`` first; for the best rate (a linear-fractional
+    objective) the cards of smallest ``g + per_sample`` take all they can, the others ``m``,
+    for the best prefix. L bounds the slowest card's time, so the best (L, allocation) is
+    exact (the caller recomputes the step time of the allocation)."""
+    import numpy as np
+
+    if batch is not None and (m * len(subset) > batch or sum(len(curves[i]) for i in subset) < batch):
+        return None
+    floor = max(curves[i][m - 1] for i in subset)
+    levels = np.unique(np.concatenate([curves[i][m - 1:] for i in subset]))
+    levels = levels[levels >= floor]
+    counts = _counts(curves, subset, levels).astype(float)        # cards x levels
+    order = sorted(range(len(subset)), key=lambda j: g[j])
+    if batch is not None:
+        alloc = np.full(counts.shape, float(m))
+        left = np.full(levels.shape, float(batch - m * len(subset)))
+        for j in order:
+            take = np.clip(left, 0.0, counts[j] - m)
+            alloc[j] += take
+            left -= take
+        cost = levels + (np.asarray(g)[:, None] * alloc).sum(axis=0)
+        cost = np.where(left > 0, np.inf, cost)
+        k = int(np.argmin(cost))
+        return None if not np.isfinite(cost[k]) else [int(x) for x in alloc[:, k]]
+    best_rate, best_alloc = -1.0, None
+    for prefix in range(len(subset) + 1):
+        alloc = np.full(counts.shape, float(m))
+        for j in order[:prefix]:
+            alloc[j] = counts[j]
+        b = alloc.sum(axis=0)
+        t = levels + fixed + per_sample * b + (np.asarray(g)[:, None] * alloc).sum(axis=0)
+        rate = np.where(t > 0, b / np.where(t > 0, t, 1.0), np.inf)
+        k = int(np.argmax(rate))
+        if rate[k] > best_rate:
+            best_rate, best_alloc = float(rate[k]), [int(x) for x in alloc[:, k]]
+    return best_alloc

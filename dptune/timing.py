@@ -55,7 +55,9 @@ class StepTime:
     on the output card alone, outside the replicas (loss, gradient clipping, the optimizer's
     step, DataParallel's gather); ``transfer_seconds``: the copies between cards that the
     step waits for (DataParallel's broadcast of the weights and reduction of the gradients,
-    DDP's all-reduce). ``step_seconds``: the whole step as it runs.
+    DDP's all-reduce). ``step_seconds``: the whole step as it runs. ``gather_seconds`` (part
+    of ``serial_seconds``): DataParallel's copies of the other cards' outputs onto the output
+    card and of their gradients back, which grow with the samples on those cards.
     """
 
     card_seconds: tuple[float, ...]
@@ -63,6 +65,7 @@ class StepTime:
     source: TimeSource
     serial_seconds: float = 0.0
     transfer_seconds: float = 0.0
+    gather_seconds: float = 0.0
     flops: tuple[int, ...] = ()          # per card (estimated steps only)
     bytes_moved: tuple[int, ...] = ()    # per card, memory traffic (estimated steps only)
 
@@ -72,7 +75,8 @@ class StepTime:
     def to_dict(self) -> dict:
         return {"card_seconds": list(self.card_seconds), "step_seconds": self.step_seconds,
                 "source": self.source.value, "serial_seconds": self.serial_seconds,
-                "transfer_seconds": self.transfer_seconds, "flops": list(self.flops),
+                "transfer_seconds": self.transfer_seconds, "gather_seconds": self.gather_seconds,
+                "flops": list(self.flops),
                 "bytes_moved": list(self.bytes_moved)}
 
     @classmethod
@@ -81,6 +85,7 @@ class StepTime:
                    step_seconds=float(d["step_seconds"]), source=TimeSource(d["source"]),
                    serial_seconds=float(d.get("serial_seconds", 0.0)),
                    transfer_seconds=float(d.get("transfer_seconds", 0.0)),
+                   gather_seconds=float(d.get("gather_seconds", 0.0)),
                    flops=tuple(int(x) for x in d.get("flops", ())),
                    bytes_moved=tuple(int(x) for x in d.get("bytes_moved", ())))
 

@@ -179,10 +179,11 @@ class OpCounter:
         cards = tuple((self.compute[i] + self.host_in[i] / link.host_bandwidth) if c > 0 else 0.0
                       for i, c in enumerate(chunk_sizes))
         transfer = (max(self.bcast) + max(self.reduce)) / link.bandwidth
-        serial = self.serial + self.serial_copy / link.bandwidth
+        gather = self.serial_copy / link.bandwidth
+        serial = self.serial + gather
         return StepTime(card_seconds=cards, step_seconds=max(cards) + serial + transfer,
                         source=TimeSource.ESTIMATED, serial_seconds=serial,
-                        transfer_seconds=transfer, flops=tuple(self.flops),
+                        transfer_seconds=transfer, gather_seconds=gather, flops=tuple(self.flops),
                         bytes_moved=tuple(self.bytes))
 
 

@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 from dptune.backends.base import ProbeResult
 from dptune.solver import Fit
 from dptune.split import even_split
-from dptune.throughput import SplitTime, StepModel, TimeFit, fastest_split, fit_time
+from dptune.throughput import SplitTime, StepModel, TimeFit, fit_time
 
 __all__ = ["SpeedFigure", "ThroughputOutcome", "fastest", "step_model", "figures",
            "speed_notes", "advice", "memory_caps"]
@@ -92,11 +92,14 @@ def step_model(probes: Sequence[ProbeResult], n: int) -> Optional[StepModel]:
         return None
     # a card never given samples: the slowest known card's time (a guess, said in the notes)
     slowest = max(known, key=lambda f: f.predict(64))
-    serial = fit_time([(r.batch_size, t.serial_seconds) for r, t in timed]) or TimeFit(0.0, 0.0)
+    serial = fit_time([(r.batch_size, t.serial_seconds - t.gather_seconds) for r, t in timed]) \
+        or TimeFit(0.0, 0.0)
+    others = sum(sum(r.chunk_sizes[1:]) for r, _ in timed)
+    gather = sum(t.gather_seconds for _, t in timed) / others if others else 0.0
     spread = [t.transfer_seconds for r, t in timed if any(c > 0 for c in r.chunk_sizes[1:])]
     comm = sum(spread) / len(spread) if spread else 0.0
     return StepModel(cards=tuple(f if f is not None else slowest for f in cards), serial=serial,
-                     overhead=lambda used: comm if used - {0} else 0.0)
+                     overhead=lambda used: comm if used - {0} else 0.0, gather_per_sample=gather)
 
 
 def memory_caps(fits: Sequence[Fit], budgets: Sequence[int], batch: int,
@@ -154,9 +157,7 @@ def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int
     model = step_model(known, n)
     while model is not None and run < max_probes:
         caps = memory_caps(fits, budgets, batch, known)
-        sol = fastest_split(model.curves(caps), batch, overhead=model.overhead,
-                            serial=(model.serial.fixed_seconds, model.serial.per_sample_seconds),
-                            min_chunk=min_chunk)
+        sol = model.fastest(caps, batch, min_chunk)
         if sol is None or sol.chunk_sizes in by_split:
             break
         timed(sol.chunk_sizes, f"throughput: fastest predicted ({sol.step_seconds * 1e3:.2f} ms)")
