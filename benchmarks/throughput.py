@@ -11,6 +11,10 @@ peaks, DataParallel's copies over PCIe; see :mod:`dptune.backends.timing`):
 - **fastest**: ``objective="throughput"``, measured within every budget, with the cards it
   leaves out (a card worth dropping: the step is faster without it).
 
+Models: ``GPT`` (returns its logits, which DataParallel gathers onto card 0: 32 x 256 x 32000
+floats per step), ``GPT-loss`` (the same model given its targets, returning the loss) and
+``ResNet`` (a CNN with BatchNorm).
+
 Writes ``throughput.md`` and ``throughput.csv`` under ``--out`` and prints the Markdown table.
 The estimate is unvalidated on GPUs unless ``benchmarks/validate_gpu.py`` says otherwise.
 """
@@ -22,7 +26,7 @@ import csv
 import pathlib
 import time
 from dataclasses import asdict, dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from dptune import Tuner
 from dptune.backends.cluster import parse_cluster
@@ -55,9 +59,25 @@ class ThroughputRow:
         return self.fastest_sps / self.even_sps - 1.0 if self.even_sps else float("inf")
 
 
-def run_case(model_name: str, cluster: str) -> ThroughputRow:
+#: The benchmark's GPT returning its loss (DataParallel gathers one number per card), beside
+#: ``GPT`` of :mod:`benchmarks.config`, which returns its logits (gathered onto card 0).
+GPT_LOSS = "GPT-loss"
+
+
+def _workload(model_name: str) -> tuple[Any, Any, Any]:
+    if model_name == GPT_LOSS:
+        from dptune.examples.models import TinyGPT
+
+        spec = config.MODELS["GPT"]
+        model = TinyGPT(n_layers=2)
+        return spec, model, model.sample_with_targets
     spec = config.MODELS[model_name]
     model, sample = spec.workload_args()
+    return spec, model, sample
+
+
+def run_case(model_name: str, cluster: str) -> ThroughputRow:
+    spec, model, sample = _workload(model_name)
     batch = spec.hint_per_card * len(parse_cluster(cluster))
     t0 = time.perf_counter()
     tuner = Tuner(model, sample, batch_size=batch, optimizer=config.optimizer, simulate=cluster,
@@ -91,7 +111,8 @@ def table(rows: Sequence[ThroughputRow]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["GPT", "ResNet"], choices=sorted(config.MODELS))
+    ap.add_argument("--models", nargs="+", default=["GPT", GPT_LOSS, "ResNet"],
+                    choices=sorted(config.MODELS) + [GPT_LOSS])
     ap.add_argument("--clusters", nargs="+", default=list(CLUSTERS))
     ap.add_argument("--out", default="reports/benchmarks")
     args = ap.parse_args(argv)
