@@ -64,3 +64,17 @@ def test_a_memory_cap_binds_and_is_named():
 def test_throughput_needs_a_global_batch():
     with pytest.raises(UsageError, match="global_batch"):
         ddp.plan(mlp(), vectors, objective="throughput", simulate="2x24GB")
+
+
+def test_a_rank_worth_leaving_out_is_named():
+    # a 16M-parameter layer: the slow card's optimizer step and the all-reduce over PCIe 3
+    # cost more than its samples save
+    wide = nn.Sequential(nn.Linear(64, 2048), nn.ReLU(), nn.Linear(2048, 8192))
+    fast = ddp.plan(wide, vectors, optimizer=adamw, global_batch=256,
+                    simulate="RTX4090,RTX2080Ti", objective="throughput")
+    assert sum(fast.batch_sizes) == 256 and fast.batch_sizes[0] > fast.batch_sizes[1]
+    note = next(n for n in fast.notes if n.startswith("faster without rank(s) 1"))
+    speed = next(n for n in fast.notes if n.startswith("speed (estimated)"))
+    plan_ms = float(re.findall(r"this plan ([0-9.]+) ms", speed)[0])
+    alone_ms = float(re.findall(r"takes ([0-9.]+) ms", note)[0])
+    assert alone_ms < plan_ms

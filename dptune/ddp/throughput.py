@@ -156,9 +156,12 @@ def _reasons(sizes: Sequence[int], caps: Sequence[int], curves: Sequence[Sequenc
             why = f"its memory cap (the largest batch that fits, {caps[r]}); its step {t:.2f} ms"
         elif curves[r][b] >= slowest * (1 - 1e-9):
             why = f"it sets the step time ({t:.2f} ms)"
-        else:
+        elif curves[r][b + 1] > slowest:
             why = (f"one more sample would make it the slowest rank ({t:.2f} ms now, "
                    f"{slowest * 1e3:.2f} ms the step's slowest)")
+        else:
+            why = (f"the rest of the global batch ({t:.2f} ms): the slowest rank "
+                   f"({slowest * 1e3:.2f} ms) is at its smallest batch")
         out.append(f"rank {r}: batch {b}: {why}")
     return tuple(out)
 
