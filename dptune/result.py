@@ -424,7 +424,21 @@ def _read_probe(c: _Checked, n: int) -> ProbeResult:
                        **cast("dict[str, Any]", {k: tuple(v) if v is not None else None
                                                  for k, v in arrays.items()}),
                        seconds=c.number("seconds", optional=True), purpose=c.text("purpose", optional=True),
-                       note=c.text("note", optional=True), unread_outputs=_read_unread(c))
+                       note=c.text("note", optional=True), unread_outputs=_read_unread(c),
+                       time=_read_time(c))
+
+
+def _read_time(c: _Checked) -> Any:
+    """A probe's step time (dptune.timing.StepTime), ``None`` where the report has none."""
+    from dptune.timing import StepTime
+
+    raw = c.raw("time", optional=True)
+    if raw is None:
+        return None
+    try:
+        return StepTime.from_dict(raw)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise c.fail("time", "a step time (card_seconds, step_seconds, source)", raw) from None
 
 
 def _read_unread(c: _Checked) -> Optional[tuple[tuple[str, int], ...]]:
