@@ -37,20 +37,29 @@ def test_a_probe_carries_the_measured_step_time():
     assert be.probe([0, 2]).time.step_seconds < r.time.step_seconds
 
 
-def test_throughput_on_the_cuda_backend_returns_the_fastest_split_measured(monkeypatch):
+def test_throughput_on_the_cuda_backend_fits_each_card_timed_alone(monkeypatch):
+    """Card 1 takes 20 ms per sample, card 0 5 ms; memory binds nowhere. The step lasts as long
+    as the slower card, so the fastest split of 20 gives card 0 four times card 1's samples:
+    [16, 4] (80 ms), against [10, 10] (200 ms) even; [15, 5] and [17, 3] take 100 and 85 ms
+    (sleeps on a loaded machine may overshoot a few ms: one sample either way is accepted)."""
     from dptune.tuner import Tuner
 
-    # card 1 is four times slower per sample; memory is the same per sample on both cards
     rt = FakeRuntime(n=2, total=8 * GiB)
     be = CudaBackend(tiny_workload(), [0, 1], runtime=rt, repeats=1,
-                     step_fn=SlowStep([0.0005, 0.002], per_sample=MiB, opt_state=0))
+                     step_fn=SlowStep([0.005, 0.020], per_sample=MiB, opt_state=0))
     monkeypatch.setattr(Tuner, "_wrap", lambda self, *a, **k: None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = Tuner(be.workload.model, be.workload.sample, batch_size=20, objective="throughput",
-                    headroom=256 * MiB, verbose=False, backend=be).fit()
+        tuner = Tuner(be.workload.model, be.workload.sample, batch_size=20,
+                      objective="throughput", headroom=256 * MiB, verbose=False, backend=be)
+        res = tuner.fit()
+    assert res.chunk_sizes in ([16, 4], [17, 3], [15, 5])
+    alone = [p for p in res.probes if p.purpose.startswith("throughput: card")]
+    assert {tuple(p.chunk_sizes) for p in alone} == {(10, 0), (5, 0), (0, 10), (0, 5)}
     at_batch = [p for p in res.probes if p.batch_size == 20 and p.feasible]
     assert all(p.time is not None and p.time.source is TimeSource.MEASURED for p in at_batch)
     chosen = next(p for p in at_batch if list(p.chunk_sizes) == res.chunk_sizes)
     assert chosen.time.step_seconds == min(p.time.step_seconds for p in at_batch)
-    assert any("whole step's time, not each card's" in n for n in res.notes)
+    assert any("each card alone" in n for n in res.notes)
+    even, _, fastest = tuner.speed
+    assert fastest.samples_per_second > 2 * even.samples_per_second

@@ -102,6 +102,44 @@ def step_model(probes: Sequence[ProbeResult], n: int) -> Optional[StepModel]:
                      overhead=lambda used: comm if used - {0} else 0.0, gather_per_sample=gather)
 
 
+def _solo(r: ProbeResult) -> Optional[int]:
+    """The card a probe gave samples to, when it gave them to one card only."""
+    busy = [i for i, c in enumerate(r.chunk_sizes) if c > 0]
+    return busy[0] if len(busy) == 1 else None
+
+
+def whole_step_model(probes: Sequence[ProbeResult], n: int) -> Optional[StepModel]:
+    """Fits from measured whole-step times (real cards, no per-card times): card i's time is
+    the step's with only card i given samples, which includes the copies and card 0's work;
+    a split's step is then modelled as its slowest card's. ``None`` without two chunks per card."""
+    cards = []
+    for i in range(n):
+        pts = [(r.chunk_sizes[i], r.time.step_seconds) for r in probes
+               if r.time is not None and r.feasible and _solo(r) == i]
+        f = fit_time(pts)
+        if f is None or len({c for c, _ in pts}) < 2:
+            return None
+        cards.append(f)
+    return StepModel(cards=tuple(cards))
+
+
+def _solo_pos(split: Sequence[int]) -> int:
+    return next(i for i, c in enumerate(split) if c > 0)
+
+
+def _solo_splits(batch: int, n: int, caps: Sequence[int], m: int) -> list[tuple[int, ...]]:
+    """Two chunks per card, each probed with that card alone: the timed probes the fits of
+    whole-step times need."""
+    out = []
+    for i in range(n):
+        hi = max(m, min(caps[i], -(-batch // n)))
+        for c in sorted({hi, max(m, hi // 2)}):
+            split = [0] * n
+            split[i] = c
+            out.append(tuple(split))
+    return out
+
+
 def memory_caps(fits: Sequence[Fit], budgets: Sequence[int], batch: int,
                 probes: Sequence[ProbeResult]) -> list[int]:
     """Each card's largest chunk at ``batch``: its memory fit's, below any chunk measured over
@@ -155,21 +193,34 @@ def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int
     if even not in by_split and run < max_probes:
         timed(even, "throughput: the even split's time")
     model = step_model(known, n)
+    whole = model is None and any(r.time is not None for r in known)
+    if whole:            # real cards: each card timed alone, two chunks each (2n probes)
+        caps = memory_caps(fits, budgets, batch, known)
+        for split in _solo_splits(batch, n, caps, min_chunk):
+            if split not in by_split:
+                timed(split, f"throughput: card {_solo_pos(split)} timed alone")
+        model = whole_step_model(known, n)
+        max_probes += run
     while model is not None and run < max_probes:
         caps = memory_caps(fits, budgets, batch, known)
         sol = model.fastest(caps, batch, min_chunk)
         if sol is None or sol.chunk_sizes in by_split:
             break
         timed(sol.chunk_sizes, f"throughput: fastest predicted ({sol.step_seconds * 1e3:.2f} ms)")
-        model = step_model(known, n)
+        model = whole_step_model(known, n) if whole else step_model(known, n)
     ok = [r for r in known if r.batch_size == batch and _within(r, budgets) and r.time is not None]
     best = min(ok, key=lambda r: (_time(r), tuple(r.chunk_sizes))) if ok else balanced
     if model is None and not ok:
         notes.append("no probe carries a step time (the backend does not time steps): the "
                      "memory-balanced split is returned")
     elif model is None:
-        notes.append("the probes measured the whole step's time, not each card's: the fastest "
-                     "split measured within every budget is returned (no time fits)")
+        notes.append("the probes measured the whole step's time, not each card's, and the "
+                     "cards timed alone gave no fits: the fastest split measured within every "
+                     "budget is returned")
+    elif whole:
+        notes.append("time fits from the measured steps of each card alone (two chunks per "
+                     "card; they include the copies and card 0's work): a split's step is "
+                     "modelled as its slowest card's")
     figs = figures(known, budgets, batch, balanced, best, model)
     return ThroughputOutcome(best=best, figures=figs, model=model, probes=tuple(known),
                              notes=tuple(notes) + speed_notes(figs, best, fastest=True),
