@@ -39,8 +39,8 @@ _LAZY = {
     "parse_cluster": "dptune.backends.cluster",
     # devices
     "devices": "dptune.gpus",
-    "Device": "dptune.backends.base",
-    "ProbeResult": "dptune.backends.base",
+    "Device": "dptune.types",
+    "ProbeResult": "dptune.types",
     # checkpoints
     "state_dict": "dptune.checkpoint",
     "load_state_dict": "dptune.checkpoint",

@@ -171,7 +171,7 @@ def replica_module(module: Any, tensors: dict) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# CUDA autocast on the simulated cluster (see dptune/backends/_autocast.py)
+# CUDA autocast on the simulated cluster (see dptune/backends/simulated/autocast.py)
 # --------------------------------------------------------------------------------------------
 # - ``torch.library.Library(...)._destroy()``: removes the Python kernels registered for the
 #   simulated step, so the real ``AutocastCUDA`` kernels are back afterwards (a Library is

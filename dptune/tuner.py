@@ -21,19 +21,18 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from dptune import search
 from dptune.advice import unread_outputs_advice
-from dptune.backends.base import Backend, ProbeResult
+from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
 from dptune.split import MAX_BATCH_SIZE
 from dptune.search.messages import card0_holdings
 from dptune.spec import WorkloadSpec
+from dptune.types import BackendKind, Objective, card_in_use
 from dptune.units import format_bytes, parse_bytes
 from dptune.workload import Workload, has_batchnorm, model_name
 
 __all__ = ["Tuner", "BackendChoice", "choose_backend"]
 
-OBJECTIVES = {"balance": "balance", "max_batch": "max_batch", "max-batch": "max_batch",
-              "throughput": "throughput"}
 #: Share of card 0's peak taken by gathered outputs above which the report gives advice.
 OUTPUTS_ADVICE_SHARE = 0.15
 
@@ -54,16 +53,29 @@ class BackendChoice:
     """Real GPUs or simulated cards, decided once (:func:`choose_backend`).
 
     ``cluster`` is the simulated cluster (``None``: real GPUs, ``device_ids`` of them or all
-    visible); ``notice`` is said once when dptune chose the default cluster itself.
+    ``visible`` ones); ``notice`` is said once when dptune chose the default cluster itself.
+    Give it to :class:`Tuner` (``choice=``) so that the run does not decide again.
     """
 
     cluster: Any = None
     device_ids: Optional[list[int]] = None
     notice: Optional[str] = None
+    visible: int = 0                 # GPUs visible when all of them were chosen
 
     @property
     def simulated(self) -> bool:
         return self.cluster is not None
+
+    @property
+    def kind(self) -> BackendKind:
+        return BackendKind.SIMULATED if self.simulated else BackendKind.CUDA
+
+    @property
+    def cards(self) -> int:
+        """How many cards the run will use."""
+        if self.simulated:
+            return len(self.cluster)
+        return len(self.device_ids) if self.device_ids is not None else self.visible
 
 
 def choose_backend(device_ids: Optional[Sequence[int]] = None, simulate: Any = None
@@ -90,7 +102,7 @@ def choose_backend(device_ids: Optional[Sequence[int]] = None, simulate: Any = N
         return BackendChoice(cluster=parse_cluster(DEFAULT_CLUSTER),
                              notice=f"no GPU is visible: simulating {DEFAULT_CLUSTER} "
                                     "(choose the cards with --simulate SPEC or simulate=)")
-    return BackendChoice()
+    return BackendChoice(visible=have)
 
 
 def _build_backend(workload: Workload, choice: BackendChoice,
@@ -131,6 +143,9 @@ class Tuner:
       of the card's budget (or of its peak, where that is smaller).
     - ``backend``: an already-built backend (:class:`dptune.backends.base.Backend`); skips
       the selection above and is not closed by the tuner.
+    - ``choice``: the cards already chosen by :func:`choose_backend` (instead of
+      ``device_ids``/``simulate``), so that a caller that needed them first (the Hugging Face
+      integration counts them for the default batch) and the tuner decide once.
     - ``verbose``: a progress bar and notices on stderr; ``False`` prints nothing.
     - ``amp`` (``None``, ``"bf16"``, ``"fp16"``), ``accumulate``, ``clip_grad_norm``, ``step``:
       the training step's settings, as in :class:`dptune.workload.Workload`; the result
@@ -154,14 +169,16 @@ class Tuner:
                  backend: Optional[Backend] = None, amp: Optional[str] = None,
                  accumulate: int = 1, clip_grad_norm: Optional[float] = None,
                  step: Optional[Callable[[Any, Any, Any], None]] = None,
-                 output_device: Union[int, str] = 0):
+                 output_device: Union[int, str] = 0, choice: Optional[BackendChoice] = None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UsageError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if batch_size > MAX_BATCH_SIZE:
             raise UsageError(f"batch_size={batch_size} is beyond what any cluster holds (at most "
                              f"{MAX_BATCH_SIZE:,} samples); give the total batch over all cards")
-        if objective not in OBJECTIVES:
-            raise UsageError(f"objective must be 'balance', 'max_batch' or 'throughput', got {objective!r}")
+        self.objective = Objective.parse(objective)
+        if choice is not None and (device_ids is not None or simulate is not None):
+            raise UsageError("give the cards once: choice= (already chosen) or device_ids= / "
+                             "simulate=, not both")
         try:
             self.headroom_bytes = parse_bytes(headroom)
         except ValueError as e:
@@ -179,13 +196,13 @@ class Tuner:
                                  amp=amp, accumulate=accumulate, clip_grad_norm=clip_grad_norm,
                                  step=step)
         self.batch_size = batch_size
-        self.objective = OBJECTIVES[objective]
         self.device_ids = device_ids
         self.simulate = simulate
         self.verbose = bool(verbose)
         self.max_probes = max_probes
         self.tolerance = float(tolerance)
         self.backend = backend
+        self.choice = choice
         self._isolated: Optional[WorkloadSpec] = None    # set by from_spec(isolate=True)
         if not (output_device == "auto" or (isinstance(output_device, int)
                                             and not isinstance(output_device, bool)
@@ -194,7 +211,7 @@ class Tuner:
         self.output_device = output_device
         #: the speed figures of the last fit (even, memory-balanced, fastest), when timed
         self.speed: tuple = ()
-        if self.objective == "throughput" and output_device != 0:
+        if self.objective is Objective.THROUGHPUT and output_device != 0:
             raise UsageError("objective='throughput' gathers the outputs on card 0; "
                              "output_device is not supported with it yet")
 
@@ -220,7 +237,7 @@ class Tuner:
                              "process; it does not apply to simulated cards (simulate=, --simulate)")
         wl = spec.build()
         tuner = cls(wl.model, wl.sample, batch_size, wl.loss_fn, wl.optimizer,
-                    device_ids=device_ids, simulate=simulate, amp=wl.amp,
+                    choice=choice, amp=wl.amp,
                     accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm, step=wl.step,
                     **options)
         tuner._isolated = spec if isolate else None
@@ -236,7 +253,7 @@ class Tuner:
         notes: list[str] = []
         backend = self.backend
         if backend is None:
-            choice = choose_backend(self.device_ids, self.simulate)
+            choice = self.choice or choose_backend(self.device_ids, self.simulate)
             if choice.notice is not None:
                 _notice(choice.notice, self.verbose)
                 notes.append(choice.notice)
@@ -278,7 +295,7 @@ class Tuner:
                                    implied_by=outcome.even_implied_by)
         best = outcome.best
         return TuneResult(
-            objective=self.objective, backend=str(getattr(backend, "kind", "unknown")),
+            objective=self.objective.value, backend=str(capabilities(backend).kind),
             cluster=backend.describe(), model_name=model_name(self.workload.model),
             devices=list(backend.devices), headroom_bytes=self.headroom_bytes,
             budget_bytes=budgets, chunk_sizes=chunk_sizes, peak_bytes=list(best.peak_bytes),
@@ -317,11 +334,11 @@ class Tuner:
         bar = tqdm(total=self.max_probes, desc="probing (at most)", unit="probe",
                    file=sys.stderr, disable=not self.verbose, leave=True)
         try:
-            objective = "balance" if self.objective == "throughput" else self.objective
+            objective = Objective.BALANCE if self.objective is Objective.THROUGHPUT else self.objective
             out = search.run(probe, [budgets[perm[i]] for i in range(len(perm))], objective,
                              self.batch_size, min_chunk=m, max_probes=self.max_probes,
                              tolerance=self.tolerance,
-                             exact_on_oom=getattr(backend, "kind", "") == "simulated",
+                             exact_on_oom=capabilities(backend).exact_on_oom,
                              on_probe=lambda: bar.update(1))
             return out if not output_device else _swapped_outcome(out, perm, output_device)
         finally:
@@ -335,7 +352,7 @@ class Tuner:
 
         budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
         best = outcome.best
-        if self.objective != "throughput":
+        if self.objective is not Objective.THROUGHPUT:
             figs = throughput.figures(outcome.probes, budgets, best.batch_size, best)
             self.speed = figs
             notes.extend(throughput.speed_notes(figs, best))
@@ -360,13 +377,13 @@ class Tuner:
         """The card to try gathering the outputs on (0: none): the one asked for, or with
         ``"auto"`` for ``max_batch`` the card other than 0 with the largest budget."""
         n = len(backend.devices)
-        if self.output_device == 0 or n < 2 or not getattr(backend, "supports_output_device", False):
+        if self.output_device == 0 or n < 2 or not capabilities(backend).output_device:
             return 0
         if isinstance(self.output_device, int):
             if self.output_device >= n:
                 raise UsageError(f"output_device={self.output_device}: there are cards 0..{n - 1}")
             return self.output_device
-        if self.objective != "max_batch":
+        if self.objective is not Objective.MAX_BATCH:
             return 0
         budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
         return max(range(1, n), key=lambda i: (budgets[i], -i))
@@ -387,7 +404,7 @@ class Tuner:
 
         from dptune.parallel import BalancedDataParallel
 
-        if getattr(backend, "kind", "") == "cuda":
+        if capabilities(backend).kind == BackendKind.CUDA:
             ids = [d.index for d in backend.devices]
             model = self.workload.model() if self.workload.is_factory else self.workload.model
             assert isinstance(model, torch.nn.Module)
@@ -410,7 +427,7 @@ class Tuner:
             return BalancedDataParallel(module, chunk_sizes=chunk_sizes)
 
     def _has_batchnorm(self, backend: Backend) -> bool:
-        flag = getattr(backend, "has_batchnorm", None)
+        flag = model_facts(backend).has_batchnorm
         if flag is not None:
             return bool(flag)
         import torch
@@ -437,7 +454,7 @@ def _timed(backend: Backend) -> Backend:
 def _settings(workload: Workload, backend: Backend) -> Any:
     """The workload's step settings; gradient checkpointing as the backend found the model."""
     settings = workload.settings
-    ckpt = getattr(backend, "gradient_checkpointing", None)
+    ckpt = model_facts(backend).gradient_checkpointing
     if isinstance(ckpt, bool) and ckpt != settings.gradient_checkpointing:
         settings = dataclasses.replace(settings, gradient_checkpointing=ckpt)
     return settings
@@ -448,7 +465,7 @@ def _figures(r: Optional[ProbeResult], split: list[int], budgets: list[int]) -> 
         return SplitFigures(chunk_sizes=tuple(split), peak_bytes=tuple([0] * len(split)),
                             imbalance=float("inf"), feasible=False)
     within = r.feasible and all(p <= b for i, (p, b, c) in enumerate(
-        zip(r.peak_bytes, budgets, r.chunk_sizes)) if i == 0 or c > 0)
+        zip(r.peak_bytes, budgets, r.chunk_sizes)) if card_in_use(i, c))
     return SplitFigures(chunk_sizes=tuple(r.chunk_sizes), peak_bytes=tuple(r.peak_bytes),
                         imbalance=imbalance(r.peak_bytes, budgets, r.chunk_sizes),
                         feasible=within, oom_device=r.oom_device, breakdown=r.breakdown)

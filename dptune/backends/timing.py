@@ -33,7 +33,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import torch
 
 from dptune import _tree
-from dptune.backends._devices import HOST
+from dptune.backends.simulated.device_rules import HOST
 from dptune.backends.base import ProbeResult
 from dptune.timing import LAUNCH_SECONDS, CardSpeed, ClusterSpeed, StepTime, TimeSource
 

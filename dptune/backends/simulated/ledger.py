@@ -7,7 +7,7 @@ dispatch mode sees every new storage and charges it to the virtual card that mak
 - an op's outputs live where its inputs live (as on real devices); in the step, a factory call
   (``arange``, ``zeros``...) makes a host tensor unless it names a device, as on CUDA, and an
   op that mixes a host tensor (other than a 0-dim one) with a card tensor raises CUDA's error
-  (:mod:`dptune.backends._devices`); the user's loss function gets the batch on the output
+  (:mod:`dptune.backends.simulated.device_rules`); the user's loss function gets the batch on the output
   card, as the CUDA backend gives it;
 - DataParallel's copies are explicit, autograd-aware moves between cards: the scatter of the
   input chunks, the broadcast of the weights to cards 1..n-1 (and, in the backward, the
@@ -40,54 +40,47 @@ Known limitations (what is not modelled):
 - Everything runs on the CPU in one thread. Where CUDA runs another kernel than the CPU
   build and keeps other tensors for the backward, the simulator runs CUDA's: attention
   (``F.scaled_dot_product_attention``) takes the kernel CUDA picks for the card's compute
-  capability (:mod:`dptune.backends._sdpa`: flash, memory-efficient, cuDNN or math, through
+  capability (:mod:`dptune.backends.simulated.sdpa`: flash, memory-efficient, cuDNN or math, through
   their meta kernels), and ``F.dropout`` keeps a boolean mask (``native_dropout``) as on
   CUDA. Each card has a compute capability from the card table, 8.0 for a card given by its
   size only (``cc=`` in the spec sets it); the estimate's notes say which kernels ran.
 - ``torch.autocast("cuda")`` (in the built-in step with ``amp=``, or in the user's code)
-  applies CUDA's casting rules, emulated as :mod:`dptune.backends._autocast` says (with where
+  applies CUDA's casting rules, emulated as :mod:`dptune.backends.simulated.autocast` says (with where
   it differs from CUDA). Models whose forward reads tensor values (``.item()``, ``nonzero``,
   data-dependent shapes) cannot be simulated.
 - Optimizers are stepped with ``foreach=True`` where they accept it (torch's default on
   CUDA), whatever the CPU default would be.
 - The batch is built on the host (CPU) and scattered from there, unless ``batch_on_card0``.
+
+This module is the bottom of the simulator: the ledger (which card holds each storage, live
+bytes and peaks per card and category), the dispatch mode that charges every new storage to
+a card under CUDA's rules, and DataParallel's copies between cards. Above it:
+:mod:`~dptune.backends.simulated.fake_model` (the fake copy of the user's model),
+:mod:`~dptune.backends.simulated.errors` (the user's exceptions, mapped) and
+:mod:`~dptune.backends.simulated.backend` (:class:`SimulatedBackend`, :func:`estimate_memory`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
-import logging
-import os
-import time
-import traceback
 import weakref
 from itertools import chain
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
 
 import torch
 import torch.nn as nn
 
 from dptune import _tree
-from dptune._torch_private import (dispatch_mode_base, fake_tensor_mode, function_mode_active,
-                                   new_shape_env, no_dispatch_modes, replica_module,
-                                   sparse_parts, upper_bound, bound_size)
-from dptune.backends import _sdpa
-from dptune.backends._devices import HOST, DeviceMismatchError, check_devices, device_mode
-from dptune.backends._autocast import cuda_autocast
-from dptune.backends.base import CATEGORIES, ProbeResult
-from dptune.backends.cluster import (CARD_CAPABILITY, CARD_TYPES, DEFAULT_CAPABILITY,  # noqa: F401
-                                     DEFAULT_CLUSTER, DEFAULT_CONTEXT_BYTES, Cluster, parse_cluster)
-from dptune.errors import (BackendUnavailableError, DptuneError, InternalError, UsageError,
-                           UserCodeError)
-from dptune.split import scale_split, validate_chunk_sizes
-from dptune.workload import (StepOutcome, StepRuntime, Workload, batch_to_args, gradient_checkpointing, has_batchnorm,
-                             model_name, run_step)
+from dptune._torch_private import (bound_size, dispatch_mode_base, function_mode_active,
+                                   no_dispatch_modes, replica_module, sparse_parts, upper_bound)
+from dptune.backends.base import CATEGORIES
+from dptune.backends.simulated.device_rules import HOST, DeviceMismatchError, check_devices
+from dptune.backends.simulated.errors import _user_error
+from dptune.errors import BackendUnavailableError, DptuneError, InternalError, UsageError
+from dptune.split import scale_split
 
-__all__ = ["Cluster", "CARD_TYPES", "DEFAULT_CLUSTER", "parse_cluster", "SimulatedBackend",
-           "MemoryEstimate", "estimate_memory"]
+__all__ = ["ROUND_BYTES", "FOLLOW"]
 
 ROUND_BYTES = 512                     # the caching allocator's minimum block size
 FOLLOW = -2                           # current card in the backward: the card last computed on
@@ -124,7 +117,7 @@ class _Ledger:
         self.current_card = HOST       # the replica running (factory ops go there), or FOLLOW
         self.last_card = 0             # the card of the last op that read a card's tensor
         self.forced_card: Optional[int] = None
-        self.as_cuda = False           # the step runs: CUDA's device rules (backends._devices)
+        self.as_cuda = False           # the step runs: CUDA's device rules (simulated.device_rules)
         self.category = "other"
         self.bounded: dict[str, str] = {}   # data-dependent ops seen -> how their size was bounded
         self.observer: Optional[Callable[..., None]] = None  # sees every op (backends.timing)
@@ -243,7 +236,7 @@ class _Ledger:
 
     @contextlib.contextmanager
     def cuda_rules(self, on: bool) -> Iterator[None]:
-        """CUDA's device rules (:mod:`dptune.backends._devices`) on or off: on while the step
+        """CUDA's device rules (:mod:`dptune.backends.simulated.device_rules`) on or off: on while the step
         runs, off while dptune itself builds things (the model, the batch)."""
         prev = self.as_cuda
         self.as_cuda = on
@@ -737,451 +730,3 @@ class _SimulatedDataParallel(nn.Module):
         for h in self._hooks:
             h.remove()
         self._hooks = []
-
-
-# --------------------------------------------------------------------------------------------
-# Building a fake copy of the user's model
-# --------------------------------------------------------------------------------------------
-def _fake_like(t: torch.Tensor) -> torch.Tensor:
-    """A fake CPU tensor with ``t``'s shape, strides and dtype (no data is read)."""
-    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
-
-
-def _fake_module(model: Union[nn.Module, Callable[[], nn.Module]]) -> nn.Module:
-    """A copy of ``model`` whose parameters and buffers are fake; call under FakeTensorMode.
-
-    A factory is called on the ``meta`` device (its initialisation allocates nothing and may
-    not read values); a real module is deep-copied with its tensors replaced by fake ones, so
-    the user's module is never touched and no weight data is copied. Tied weights stay tied.
-    """
-    if isinstance(model, nn.Module):
-        memo: dict[int, Any] = {}
-        for p in model.parameters():
-            memo[id(p)] = nn.Parameter(_fake_like(p), requires_grad=p.requires_grad)
-        for b in model.buffers():
-            memo[id(b)] = _fake_like(b)
-        try:
-            return copy.deepcopy(model, memo)
-        except Exception as e:
-            raise UsageError(
-                f"could not copy the model for simulation ({type(e).__name__}: {e}); pass a "
-                "zero-argument factory instead (e.g. model=lambda: Net()), which dptune builds "
-                "on the meta device") from e
-    try:
-        # plain meta tensors, outside the fake mode: a factory may convert them (.to(dtype))
-        with no_dispatch_modes(), torch.device("meta"):
-            module = model()
-    except Exception as e:
-        raise UserCodeError(f"the model factory {model_name(model)!r} raised while building the "
-                            f"model on the meta device: {type(e).__name__}: {e}") from e
-    if not isinstance(module, nn.Module):
-        raise UsageError(f"the model factory returned {type(module).__name__}, not an nn.Module")
-    new: dict[int, Any] = {}
-    for mod in module.modules():
-        for name, param in list(mod._parameters.items()):
-            if param is not None:
-                if id(param) not in new:
-                    new[id(param)] = nn.Parameter(_fake_like(param), requires_grad=param.requires_grad)
-                mod._parameters[name] = new[id(param)]
-        for name, buf in list(mod._buffers.items()):
-            if buf is not None:
-                if id(buf) not in new:
-                    new[id(buf)] = _fake_like(buf)
-                mod._buffers[name] = new[id(buf)]
-    return module
-
-
-def _eager(module: nn.Module) -> tuple[nn.Module, bool]:
-    """The module a ``torch.compile`` wrapper holds (run eagerly here), and whether it was one."""
-    inner = getattr(module, "_orig_mod", None)
-    if isinstance(inner, nn.Module) and type(module).__name__ == "OptimizedModule":
-        return inner, True
-    return module, False
-
-
-def _accepts_foreach(group: Mapping[str, Any]) -> bool:
-    return "foreach" in group and group["foreach"] is None and not group.get("fused")
-
-
-# --------------------------------------------------------------------------------------------
-# The estimate
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Per-card peak of one simulated training step.
-
-    ``peak_bytes[i]`` is comparable with ``torch.cuda.max_memory_allocated(i)`` over a step;
-    ``breakdown[i]`` maps a category (weights, gradients, optimizer, activations, inputs,
-    outputs, other) to the bytes it held at card i's peak.
-    """
-
-    chunk_sizes: tuple[int, ...]
-    peak_bytes: list[int]
-    breakdown: list[dict[str, int]]
-    baseline_bytes: list[int]          # live before the step: weights, buffers, optimizer state
-    cluster: Cluster
-    seconds: float = 0.0
-    notes: tuple[str, ...] = ()        # what was modelled how (attention kernels, bounds...)
-    # gathered output entries the loss never read, with their bytes on card 0
-    unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
-
-    @property
-    def oom_devices(self) -> list[int]:
-        """Cards whose peak exceeds what the allocator can use on them."""
-        return [i for i, (p, d) in enumerate(zip(self.peak_bytes, self.cluster.devices))
-                if p > d.available_bytes]
-
-
-class SimulatedBackend:
-    """The probe interface over a virtual cluster; see the module docstring.
-
-    The fake model and optimizer are built once and reused by every probe. The user's
-    model, its weights, buffers and the RNG state are left untouched.
-    """
-
-    kind = "simulated"
-    #: ``probe(chunk_sizes, output_device=k)`` gathers the outputs on card k
-    supports_output_device = True
-    #: called with every op of a step (func, args, kwargs, out, card): the time estimate's counter
-    op_observer: Optional[Callable[..., None]] = None
-
-    def __init__(self, workload: Workload, cluster: Union[str, Cluster] = DEFAULT_CLUSTER, *,
-                 batch_on_card0: bool = False):
-        self.workload = workload
-        self.cluster = parse_cluster(cluster)
-        self.devices = self.cluster.devices
-        self.batch_on_card0 = batch_on_card0
-        self._fake_mode = fake_tensor_mode(allow_non_fake_inputs=True)
-        self._symbolic = False          # data-dependent sizes as symbols (after a value read)
-        self._compiled = False          # the model was a torch.compile wrapper, run eagerly
-        self._ledger: Optional[_Ledger] = None
-        self._module: Optional[nn.Module] = None
-        self._optimizer: Any = None
-        self._params: list[nn.Parameter] = []
-        self._setup_bytes: list[int] = []
-        self._kernels: dict[tuple[str, tuple[int, int]], int] = {}   # attention kernel choices
-        self._fn_mode: Any = None
-        self.has_batchnorm: Optional[bool] = (
-            has_batchnorm(workload.model) if isinstance(workload.model, nn.Module) else None)
-        self.gradient_checkpointing: Optional[bool] = (
-            gradient_checkpointing(workload.model) if isinstance(workload.model, nn.Module) else None)
-
-    def describe(self) -> str:
-        cap = self.cluster.describe_capability()
-        return f"{self.cluster.describe()} (simulated{', ' + cap if cap else ''})"
-
-    # -- set-up ------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _modes(self, ledger: _Ledger) -> Iterator[None]:
-        rng = torch.get_rng_state()
-        # torch logs every op that fails under fake mode; the error reaches the user anyway
-        log = logging.getLogger("torch._subclasses.fake_tensor")
-        level = log.level
-        log.setLevel(logging.CRITICAL)
-        caps = self.cluster.capabilities
-
-        def capability_of(t: torch.Tensor) -> Optional[tuple[int, int]]:
-            card = ledger.card_of(t)
-            return None if card == HOST else caps[card]
-
-        def chosen(kernel: str, cap: tuple[int, int]) -> None:
-            self._kernels[(kernel, cap)] = self._kernels.get((kernel, cap), 0) + 1
-
-        try:
-            self._fn_mode = _FunctionModes(device_mode(ledger), _sdpa.sdpa_mode(capability_of, chosen))
-            with cuda_autocast(), self._fake_mode, _make_accountant(ledger), self._fn_mode:
-                yield
-        finally:
-            torch.set_rng_state(rng)
-            log.setLevel(level)
-
-    def _setup(self) -> None:
-        if self._ledger is not None:
-            return
-        ledger = _Ledger(len(self.cluster))
-        with self._modes(ledger):
-            with ledger.on(0, "weights"):
-                module, self._compiled = _eager(_fake_module(self.workload.model))
-            module.train(self.workload.model.training if isinstance(self.workload.model, nn.Module) else True)
-            self.has_batchnorm = has_batchnorm(module)
-            self.gradient_checkpointing = gradient_checkpointing(module)
-            with ledger.on(0, "weights"):
-                for t in list(module.parameters()) + list(module.buffers()):
-                    ledger.charge(t, 0, "weights")
-            params = [p for p in module.parameters() if p.requires_grad]
-            optimizer = None
-            if self.workload.optimizer is not None:
-                try:
-                    optimizer = self.workload.optimizer(params)
-                except Exception as e:
-                    raise UserCodeError(f"the optimizer factory raised: {type(e).__name__}: {e}") from e
-                for group in getattr(optimizer, "param_groups", []):
-                    if _accepts_foreach(group):
-                        group["foreach"] = True
-                # Create the optimizer's state as a warm-up step would.
-                with ledger.on(0, "optimizer"):
-                    for p in params:
-                        with ledger.forced(0, "gradients"):
-                            p.grad = torch.zeros_like(p)
-                    try:
-                        optimizer.step()
-                    except Exception as e:
-                        raise UserCodeError(
-                            f"optimizer.step() raised in the simulated warm-up: {type(e).__name__}: {e}") from e
-                    optimizer.zero_grad(set_to_none=True)
-                    # torch keeps the step counters of non-capturable, non-fused optimizers
-                    # on the host even when the parameters are on a GPU
-                    for group in optimizer.param_groups:
-                        if group.get("capturable") or group.get("fused"):
-                            continue
-                        for p in group["params"]:
-                            step = optimizer.state.get(p, {}).get("step")
-                            if isinstance(step, torch.Tensor) and step.dim() == 0:
-                                ledger.to_host(step)
-        self._ledger, self._module, self._optimizer, self._params = ledger, module, optimizer, params
-        self._setup_bytes = list(ledger.live)
-
-    # -- one step ----------------------------------------------------------------------
-    def estimate(self, chunk_sizes: Sequence[int], output_device: int = 0) -> MemoryEstimate:
-        """Simulate one training step with this split and return per-card peaks
-        (``output_device``: the card the outputs are gathered on, as DataParallel's).
-
-        A step that reads tensor values (``nonzero``, boolean masks, ``.item()``) is run again
-        with symbolic data-dependent sizes (a ``ShapeEnv``, a few times slower, so only then),
-        each charged at its largest possible value; the notes say which ops were bounded.
-        """
-        try:
-            return self._estimate(chunk_sizes, output_device)
-        except _ValueReadingError:
-            if self._symbolic:
-                raise
-        self.close()
-        self._symbolic = True
-        self._fake_mode = fake_tensor_mode(allow_non_fake_inputs=True, shape_env=new_shape_env())
-        return self._estimate(chunk_sizes, output_device)
-
-    def _estimate(self, chunk_sizes: Sequence[int], output_device: int) -> MemoryEstimate:
-        sizes = validate_chunk_sizes(chunk_sizes, len(self.cluster))
-        if not 0 <= output_device < len(self.cluster):
-            raise UsageError(f"output_device={output_device}: the cluster has cards "
-                             f"0..{len(self.cluster) - 1}")
-        t0 = time.perf_counter()
-        self._setup()
-        ledger = self._ledger
-        assert ledger is not None and self._module is not None
-        self._kernels = {}
-        ledger.observer = self.op_observer
-        if self._ledger is not None:
-            self._ledger.bounded = {}
-        with self._modes(ledger):
-            baseline = list(ledger.live)
-            ledger.reset_peaks()
-            try:
-                outcome = self._step(sizes, output_device)
-            except DptuneError:
-                raise
-            except Exception as e:   # user code is wrapped where it runs; this is dptune's
-                raise InternalError(f"dptune's simulator failed in the simulated step "
-                                    f"(split {sizes}; {type(e).__name__}: {e}); this is a bug in "
-                                    "dptune, not in your model: please report it") from e
-            finally:
-                if self._optimizer is not None:
-                    self._optimizer.zero_grad(set_to_none=True)
-                for p in self._module.parameters():
-                    p.grad = None
-        return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=list(ledger.peak),
-                              breakdown=[dict(b) for b in ledger.peak_breakdown],
-                              baseline_bytes=baseline, cluster=self.cluster,
-                              seconds=time.perf_counter() - t0, notes=self._notes(),
-                              unread_outputs=outcome.unread_outputs)
-
-    def _notes(self) -> tuple[str, ...]:
-        notes = []
-        if self._kernels:
-            calls = ", ".join(f"{kernel} x{n} (sm {cap[0]}.{cap[1]})"
-                              for (kernel, cap), n in sorted(self._kernels.items()))
-            notes.append(f"attention (scaled_dot_product_attention) kernels as CUDA picks them: {calls}")
-        if self._ledger is not None and self._ledger.bounded:
-            notes.append("data-dependent sizes bounded by their largest possible value: " + "; ".join(
-                f"{op} {how}" for op, how in sorted(self._ledger.bounded.items())))
-        if self._compiled:
-            notes.append("torch.compile: the model runs eagerly on the simulated cluster (compiled "
-                         "kernels may keep fewer tensors)")
-        cap = self.cluster.describe_capability()
-        if cap:
-            notes.append(f"compute capability: {cap} for cards given by size (set it with cc=)")
-        return tuple(notes)
-
-    def _step(self, sizes: list[int], output_device: int = 0) -> StepOutcome:
-        """One training step (:func:`dptune.workload.run_step`) through DataParallel over the
-        virtual cards, with CUDA autocast emulated (:mod:`dptune.backends._autocast`)."""
-        ledger, module, wl = self._ledger, self._module, self.workload
-        assert ledger is not None and module is not None
-        batch_size = sum(sizes)
-        cards = tuple(i for i, c in enumerate(sizes) if c > 0)
-        source = 0 if self.batch_on_card0 else HOST
-        ws_keep = []   # cuBLAS workspace, created by the warm-up step on each busy card
-        for card in cards:
-            with ledger.forced(card, "other"):
-                ws_keep.append(torch.empty(self.cluster.workspace_bytes(card), dtype=torch.uint8))
-
-        def next_batch() -> Any:
-            with ledger.on(source, "inputs"), ledger.cuda_rules(False):
-                try:
-                    batch = wl.sample(batch_size)
-                except DptuneError:
-                    raise
-                except Exception as e:
-                    raise UserCodeError(f"sample({batch_size}) raised: {type(e).__name__}: {e}") from e
-            found = _first_batch_size(batch_to_args(batch))
-            if found is not None and found != batch_size:
-                raise UsageError(f"sample({batch_size}) returned a batch of {found} samples; "
-                                 "sample(n) must build a batch of n samples along dim 0")
-            return batch
-
-        @contextlib.contextmanager
-        def phase(name: str) -> Iterator[None]:
-            category, where = _PHASES[name]
-            with ledger.on(0, category):
-                try:
-                    yield
-                except DptuneError:
-                    raise
-                except Exception as e:
-                    raise _user_error(e, where, sizes) from e
-
-        def batch_for_loss(batch: Any) -> Any:
-            # a loss function gets the batch on the output card, as the CUDA backend gives it
-            if wl.loss_fn is None or source != HOST:
-                return batch
-            with ledger.forced(output_device, "inputs"):
-                return _tree.map_tensors(lambda t: t.clone(), batch)
-
-        single = len(self.cluster) == 1
-        wrapper = _SimulatedDataParallel(module, ledger, sizes, source, single,
-                                         output_device, self._fn_mode)
-        try:
-            with ledger.cuda_rules(True):
-                outcome = run_step(wl, StepRuntime(model=wrapper, optimizer=self._optimizer,
-                                                   next_batch=next_batch, batch_for_loss=batch_for_loss,
-                                                   phase=phase))
-        finally:
-            wrapper.close()
-        del ws_keep
-        # on one card nothing is gathered, so unread outputs cost nothing extra
-        return StepOutcome() if single else outcome
-
-    # -- the probe interface -----------------------------------------------------------
-    def probe(self, chunk_sizes: Sequence[int], output_device: int = 0) -> ProbeResult:
-        est = self.estimate(chunk_sizes, output_device)
-        over = [(p - d.available_bytes) / d.available_bytes
-                for p, d in zip(est.peak_bytes, self.devices)]
-        worst = max(range(len(over)), key=lambda i: over[i])
-        oom = worst if over[worst] > 0 else None
-        return ProbeResult(chunk_sizes=est.chunk_sizes, peak_bytes=tuple(est.peak_bytes),
-                           oom_device=oom, breakdown=tuple(est.breakdown), seconds=est.seconds,
-                           note="; ".join(("simulated",) + est.notes),
-                           unread_outputs=est.unread_outputs)
-
-    def close(self) -> None:
-        self._ledger = self._module = self._optimizer = None
-        self._params = []
-
-
-class _ValueReadingError(BackendUnavailableError):
-    """The step reads tensor values in a way even symbolic sizes cannot follow."""
-
-
-def _raised_in(e: BaseException, torch_file: str) -> bool:
-    """Whether a frame of ``e``'s traceback is in ``torch/nn/modules/<torch_file>``."""
-    where = os.path.join(os.path.dirname(torch.__file__), "nn", "modules", torch_file)
-    return any(os.path.abspath(f.filename) == where for f in traceback.extract_tb(e.__traceback__))
-
-
-def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
-    if isinstance(e, DptuneError):
-        return e
-    name = type(e).__name__
-    # an RNN on a PackedSequence passes batch_sizes[0], a 0-dim tensor, as a size: a TypeError
-    # on fake tensors (other TypeErrors that name a FakeTensor are the model's own)
-    as_number = isinstance(e, TypeError) and "got FakeTensor" in str(e) and _raised_in(e, "rnn.py")
-    if "DataDependent" in name or "DynamicOutputShape" in name or "item()" in str(e) or as_number:
-        # Not a bug in the model: the simulator computes no values. One line, naming the
-        # user's line that reads them, instead of FakeTensor's internals.
-        at = _users_line(e)
-        first = (str(e).strip().splitlines() or [""])[0].strip()
-        if _raised_in(e, "rnn.py"):
-            return _ValueReadingError(
-                f"an RNN{at} runs on a PackedSequence, whose state it sizes from the values of "
-                f"batch_sizes ({first}); the simulated cluster computes no values, so it cannot run "
-                "this step: tune on real GPUs (--devices), or estimate with padded batches (no "
-                "pack_padded_sequence): packing only saves memory, so that is an upper bound")
-        return _ValueReadingError(
-            f"the model reads tensor values{at} and decides on them (an `if` on .item(), or a size "
-            f"from int(t)) ({first}); the simulated cluster computes no values, so it cannot run "
-            "this step (sizes from nonzero() or boolean masks it can bound, not decisions): "
-            "tune on real GPUs (--devices), or move value-dependent code out of the training step")
-    if isinstance(e, DeviceMismatchError):   # raised in dptune's dispatch mode: name the user's line
-        return UserCodeError(f"RuntimeError {where}{_users_line(e)} (split {list(sizes)}): {e}")
-    return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}{_fake_kernel_note(e)}")
-
-
-_FAKE_KERNEL_FILES = tuple(os.path.join(os.path.dirname(torch.__file__), p)
-                           for p in ("_meta_registrations.py", "_refs", "_decomp", "_prims",
-                                     "_subclasses" + os.sep + "fake_impls.py"))
-
-
-def _fake_kernel_note(e: BaseException) -> str:
-    """When the error was raised inside one of torch's fake (meta) kernels, which stand in for
-    CUDA's on the simulated cluster, a sentence saying so: the fault is the model's when the
-    same step fails on a GPU too, and the simulator's when it does not."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if os.path.abspath(f.filename).startswith(_FAKE_KERNEL_FILES)]
-    if not frames:
-        return ""
-    return (f" [raised in torch's fake kernel {frames[-1].name}, which stands in for CUDA's on "
-            "the simulated cluster: if this step runs on a GPU, the simulator is wrong here; "
-            "tune on the GPUs with --devices and report it]")
-
-
-_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
-                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
-
-
-def _users_line(e: BaseException) -> str:
-    """`` at mymodel.py:12 (if x.sum().item() > 0:)``: the innermost frame outside torch and
-    dptune, or ``""``."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if not os.path.abspath(f.filename).startswith(_LIBRARY_DIRS)
-              and not f.filename.startswith("<")]
-    if not frames:
-        return ""
-    f = frames[-1]
-    code = f" ({f.line.strip()})" if f.line else ""
-    return f" at {os.path.basename(f.filename)}:{f.lineno}{code}"
-
-
-def estimate_memory(model: Union[nn.Module, Callable[[], nn.Module]], sample: Callable[[int], Any],
-                    chunk_sizes: Sequence[int], cluster: Union[str, Cluster] = DEFAULT_CLUSTER, *,
-                    loss_fn: Optional[Callable[[Any, Any], Any]] = None,
-                    optimizer: Optional[Callable[..., Any]] = None, amp: Optional[str] = None,
-                    accumulate: int = 1, clip_grad_norm: Optional[float] = None,
-                    step: Optional[Callable[[Any, Any, Any], None]] = None) -> MemoryEstimate:
-    """Per-card peak memory (bytes) of one DataParallel training step on a simulated cluster.
-
-    ``model`` is an ``nn.Module`` or a zero-argument factory (built on the meta device);
-    ``sample(batch_size)`` builds a batch; ``loss_fn(output, batch)`` the loss (default: the
-    output's ``loss``, else its sum); ``optimizer`` a factory ``params -> Optimizer`` (default
-    none). ``amp``, ``accumulate``, ``clip_grad_norm`` and ``step`` describe the training step
-    as in :class:`dptune.workload.Workload`. ``chunk_sizes`` has one entry per card of
-    ``cluster`` (a spec such as ``'4x24GB'`` or a :class:`Cluster`). Nothing of the model's
-    size is allocated and the model, its weights and buffers are left untouched. See the
-    module docstring for what is not modelled.
-    """
-    backend = SimulatedBackend(Workload(model, sample, loss_fn, optimizer, amp=amp,
-                                        accumulate=accumulate, clip_grad_norm=clip_grad_norm,
-                                        step=step), cluster)
-    try:
-        return backend.estimate(chunk_sizes)
-    finally:
-        backend.close()
