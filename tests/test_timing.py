@@ -175,3 +175,14 @@ def test_ring_allreduce_by_hand():
 def test_op_cost_of_a_view_is_nothing():
     x = torch.randn(3, 4)
     assert op_cost(torch.ops.aten.view.default, (x, [12]), {}, x.view(12)).kernel is False
+
+
+def test_the_counter_changes_no_memory_figure():
+    from dptune.examples.models import TinyGPT
+
+    model = TinyGPT(vocab_size=512, d_model=32, n_layers=1, n_heads=2, seq_len=16)
+    wl = Workload(model=model, sample=model.sample, optimizer=lambda p: torch.optim.AdamW(p))
+    plain = SimulatedBackend(wl, "RTX4090,RTX3090").probe([3, 5])
+    timed = TimedBackend(SimulatedBackend(wl, "RTX4090,RTX3090")).probe([3, 5])
+    assert timed.peak_bytes == plain.peak_bytes and timed.breakdown == plain.breakdown
+    assert plain.time is None and timed.time is not None
