@@ -26,6 +26,9 @@ def test_equal_cards_where_memory_does_not_bind_get_equal_batches():
     # speed (both assumed) and the tiny MLP binds no memory, so equal batches are fastest
     balance = ddp.plan(mlp(), vectors, optimizer=adamw, global_batch=90, simulate="2x24GB,12GB")
     assert balance.batch_sizes[2] < 5
+    # every offline plan gives its estimated speed beside equal batches
+    assert any(n.startswith("speed (estimated): this plan") and "equal batches [30, 30, 30]" in n
+               for n in balance.notes)
     fast = ddp.plan(mlp(), vectors, optimizer=adamw, global_batch=90, simulate="2x24GB,12GB",
                     objective="throughput")
     assert fast.objective == "throughput"

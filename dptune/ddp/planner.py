@@ -464,10 +464,10 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     probers: dict[int, _Prober] = {}
     shared: dict = {}
     timer = None
-    if objective == "throughput":   # dptune.ddp.throughput: offline, on the simulated cluster
-        if in_job or cluster is None:
-            raise UsageError("objective='throughput' plans offline on the simulated cluster for now "
-                             "(simulate=... without a process group); inside a job use 'balance'")
+    if objective == "throughput" and (in_job or cluster is None):
+        raise UsageError("objective='throughput' plans offline on the simulated cluster for now "
+                         "(simulate=... without a process group); inside a job use 'balance'")
+    if cluster is not None and not in_job:   # offline: every plan gets its estimated speed
         from dptune.ddp.throughput import RankTimer
 
         timer = RankTimer(probers, cluster)
@@ -498,11 +498,12 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
             total = sum(state.budgets)
             second = [max(state.m + 1, global_batch * b // total) for b in state.budgets]
             _first_rounds(state, group, probe, second)
-            if timer is None:
+            if objective == "balance":
                 sizes = _balance(state, group, probe, global_batch, max_rounds, second)
             else:
                 from dptune.ddp.throughput import plan_throughput
 
+                assert timer is not None
                 fast = plan_throughput(state, lambda sz: state.run(group, sz, probe), timer,
                                        global_batch, max_rounds, infos[0].ddp_bytes, _cap_of)
                 sizes, why = fast.sizes, fast.reasons + fast.notes
@@ -513,6 +514,10 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
             if global_batch is not None and sum(sizes) > global_batch:
                 sizes = _balance(state, group, probe, global_batch, max_rounds + 4, sizes)
                 certified = False
+        if timer is not None and objective != "throughput":
+            from dptune.ddp.throughput import speed_note
+
+            why = speed_note(state, timer, sizes, infos[0].ddp_bytes)
     finally:
         for p in probers.values():
             p.close()

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 from dptune.errors import NoFeasibleSplitError
 from dptune.throughput import SplitTime, TimeFit, fastest_split, fit_time
 
-__all__ = ["RankTimer", "ThroughputPlan", "plan_throughput"]
+__all__ = ["RankTimer", "ThroughputPlan", "plan_throughput", "speed_note"]
 
 
 class RankTimer:
@@ -187,3 +187,24 @@ def _notes(curves: Sequence[Sequence[float]], sizes: Sequence[int], batch: int,
                      f"batches {kept} takes {subset.step_seconds * 1e3:.2f} ms per step "
                      f"({subset.samples_per_second:,.0f} samples/s): leave that card out of the job")
     return tuple(lines)
+
+
+def speed_note(state: Any, timer: RankTimer, sizes: Sequence[int], grad_bytes: int) -> tuple[str, ...]:
+    """A plan of another objective: its estimated speed against equal batches (each rank's
+    time fitted on its probes), and a warning when it is slower."""
+    n = len(sizes)
+    fits = [timer.fit(r, [p.batch_size for p in state.of(r)]) for r in range(n)]
+    if any(f is None for f in fits):
+        return ()
+    overhead = timer.allreduce(grad_bytes)(frozenset(range(n)))
+    batch = sum(sizes)
+    t_plan = overhead + max(f.predict(b) for f, b in zip(fits, sizes))  # type: ignore[union-attr]
+    even = [batch // n + (1 if r < batch % n else 0) for r in range(n)]
+    t_even = overhead + max(f.predict(b) for f, b in zip(fits, even))  # type: ignore[union-attr]
+    line = (f"speed (estimated): this plan {t_plan * 1e3:.2f} ms per step, {batch / t_plan:,.0f} "
+            f"samples/s; equal batches {even}: {t_even * 1e3:.2f} ms, {batch / t_even:,.0f} samples/s"
+            " (whether they fit was not checked)")
+    if t_plan > t_even * 1.01:
+        line += ("; this plan is slower per sample: its fullest rank sets the step time "
+                 "(objective='throughput' gives the fastest batches that fit)")
+    return (line,)
