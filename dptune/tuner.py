@@ -352,6 +352,8 @@ class Tuner:
 
         budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
         best = outcome.best
+        cluster_speed = getattr(backend, "speed", None)     # TimedBackend: the card table's
+        notes.extend(getattr(cluster_speed, "notes", ()))
         if self.objective is not Objective.THROUGHPUT:
             figs = throughput.figures(outcome.probes, budgets, best.batch_size, best)
             self.speed = figs

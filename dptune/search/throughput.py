@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 from dptune.backends.base import ProbeResult
 from dptune.solver import Fit
 from dptune.split import even_split
-from dptune.throughput import SplitTime, StepModel, TimeFit, fit_time
+from dptune.throughput import StepModel, TimeFit, fit_time
 
 __all__ = ["SpeedFigure", "ThroughputOutcome", "fastest", "step_model", "figures",
            "speed_notes", "advice", "memory_caps"]
@@ -274,7 +274,3 @@ def advice(figs: Sequence[SpeedFigure]) -> list[str]:
                 f"samples/s, {chosen.source}): its fullest card sets the step time; "
                 "use --objective throughput for the fastest split that fits"]
     return []
-
-
-def as_split_time(f: SpeedFigure) -> Optional[SplitTime]:
-    return None if f.step_seconds is None else SplitTime(f.chunk_sizes, f.step_seconds)
