@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 import warnings
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence, cast
 
 from dptune.backends.base import Device, ProbeResult
 from dptune.errors import ReportError, UsageError
@@ -538,10 +538,11 @@ def _read_probe(c: _Checked, n: int) -> ProbeResult:
     return ProbeResult(chunk_sizes=tuple(c.ints("chunk_sizes", n)),
                        peak_bytes=tuple(c.ints("peak_bytes", n)), oom_device=c.card("oom_device", n),
                        breakdown=tuple(bd) if bd is not None else None,
-                       **{k: tuple(v) if v is not None else None for k, v in arrays.items()},
+                       **cast("dict[str, Any]", {k: tuple(v) if v is not None else None
+                                                 for k, v in arrays.items()}),
                        seconds=c.number("seconds", optional=True), purpose=c.text("purpose", optional=True),
                        note=c.text("note", optional=True), unread_outputs=_read_unread(c),
-                       memory_stats=_read_memory_stats(c, n))
+                       memory_stats=_read_memory_stats(c, n), time=_read_time(c))
 
 
 def _read_memory_stats(c: _Checked, n: int) -> Optional[tuple[dict[str, int], ...]]:
@@ -554,6 +555,19 @@ def _read_memory_stats(c: _Checked, n: int) -> Optional[tuple[dict[str, int], ..
             for d in raw)):
         raise c.fail("memory_stats", f"a list of {n} objects of byte counts", raw)
     return tuple({str(k): int(v) for k, v in d.items()} for d in raw)
+
+
+def _read_time(c: _Checked) -> Any:
+    """A probe's step time (dptune.timing.StepTime), ``None`` where the report has none."""
+    from dptune.timing import StepTime
+
+    raw = c.raw("time", optional=True)
+    if raw is None:
+        return None
+    try:
+        return StepTime.from_dict(raw)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise c.fail("time", "a step time (card_seconds, step_seconds, source)", raw) from None
 
 
 def _read_unread(c: _Checked) -> Optional[tuple[tuple[str, int], ...]]:
