@@ -15,6 +15,7 @@ import pytest
 from dptune import search
 from dptune.backends.base import Device, ProbeResult
 from dptune.errors import NoFeasibleSplitError
+from dptune.report import render_table
 from dptune.search.loop import fill
 from dptune.split import even_split
 
@@ -513,7 +514,7 @@ def test_the_headline_gives_an_open_even_bracket_as_a_range():
     assert hi is not None and lo <= best_even(shape) <= hi
     want = (f"max batch that fits: even {lo} to {hi} -> balanced {r.batch_size} "
             f"(+{100 * (r.batch_size / hi - 1):.1f}% to +{100 * (r.batch_size / lo - 1):.1f}%)")
-    assert want in str(r), str(r)
+    assert want in render_table(r), render_table(r)
 
 
 def test_no_even_split_known_to_fit_is_not_a_headline_figure():
@@ -529,6 +530,6 @@ def test_no_even_split_known_to_fit_is_not_a_headline_figure():
     assert proven_even(shape, [list(p.chunk_sizes) for p in r.probes]) == 0
     assert r.even.open_bracket and not r.even.feasible
     assert r.even.at_most is not None and r.even.at_most >= best_even(shape)
-    line = next(x for x in str(r).splitlines() if x.startswith("max batch that fits"))
+    line = next(x for x in render_table(r).splitlines() if x.startswith("max batch that fits"))
     assert line == (f"max batch that fits: even none known to fit (at most {r.even.at_most}) "
                     f"-> balanced {r.batch_size}")
