@@ -112,6 +112,7 @@ def _check(name: str, reshard: bool, bf16: bool) -> None:
         assert abs(ours[b] - ref) <= 0.01 * ref, (name, reshard, bf16, rank, b, ours[b], ref)
 
 
+@pytest.mark.slow
 def test_mlp_matches_fsdp_mem_tracker() -> None:
     _check("mlp", True, False)
 

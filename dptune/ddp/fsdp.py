@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 from dptune.errors import UsageError
 
-__all__ = ["FSDPOptions", "default_shard", "repeated_blocks"]
+__all__ = ["FSDPOptions", "default_shard", "repeated_blocks", "mixed_precision", "SimulatedFSDPProber"]
 
 
 def repeated_blocks(model: Any) -> list:
@@ -99,3 +99,81 @@ class FSDPOptions:
                  f"gradients reduced in {str(r).replace('torch.', '') if r else 'the param dtype'}"
         return (f"FSDP2: fully_shard on each ModuleList block then the root, reshard_after_forward="
                 f"{self.reshard_after_forward}{mp}")
+
+
+class SimulatedFSDPProber:
+    """Rank ``rank`` on card ``rank`` of a simulated cluster, as one FSDP2 rank of
+    ``len(cluster)`` (the planner's prober interface, as ``_SimulatedProber`` for DDP).
+
+    Ranks simulated in one process share one simulator per card type (every rank's shards
+    have the same size, so a rank's peak depends only on its card and its local batch) and
+    one fake process group; ``shared`` holds them."""
+
+    _GROUP = "fsdp-group"
+
+    def __init__(self, workload: Any, cluster: Any, rank: int, options: FSDPOptions,
+                 headroom_bytes: int, host: Optional[str], shared: dict):
+        import torch.distributed as dist
+
+        from dptune.backends.simulated_ddp import card_of
+        from dptune.backends.simulated_fsdp import FakeGroup, SimulatedFSDPRank
+        from dptune.workload import model_name
+
+        self.device = cluster.devices[rank]
+        if self._GROUP not in shared:
+            # inside a job this process is rank `rank` of it; offline one process plays them all
+            shared[self._GROUP] = [FakeGroup(len(cluster), rank if dist.is_initialized() else 0), 0]
+        shared[self._GROUP][1] += 1
+        self._shared = shared
+        card = ("fsdp", cluster.names[rank])
+        try:
+            if card not in shared:
+                shared[card] = (SimulatedFSDPRank(workload, card_of(cluster, rank), len(cluster),
+                                                  options.shard_fn(), group=shared[self._GROUP][0]), {})
+        except BaseException:
+            self._release()
+            raise
+        self.backend, self._memo = shared[card]
+        self.workload, self.headroom, self.host = workload, headroom_bytes, host
+        self.name = model_name(workload.model)
+
+    def info(self) -> Any:
+        from dptune.ddp.planner import _min_batch, _RankInfo, _settings
+
+        self.backend._setup()     # builds and shards the model now: its errors belong to round 0
+        return _RankInfo(device=self.device, host=self.host,
+                         budget_bytes=self.device.budget_bytes(self.headroom), ddp_bytes=0,
+                         min_batch=_min_batch(self.workload.model), model_name=self.name,
+                         settings=_settings(self.workload))
+
+    def probe(self, batch_size: int) -> Optional[int]:
+        if batch_size not in self._memo:
+            self._memo[batch_size] = self.backend.estimate([batch_size]).peak_bytes[0]
+        return self._memo[batch_size]
+
+    def close(self) -> None:
+        self.backend.close()
+        self._release()
+
+    def _release(self) -> None:
+        """The fake process group is closed with the last prober that uses it."""
+        entry = self._shared.get(self._GROUP)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                entry[0].close()
+                del self._shared[self._GROUP]
+
+
+def mixed_precision(param_dtype: Optional[str]) -> Any:
+    """``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32)`` for "bf16" or "fp16";
+    ``None`` for ``None``."""
+    if param_dtype is None:
+        return None
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    if param_dtype not in dtypes:
+        raise UsageError(f"the parameters' dtype must be bf16 or fp16, got {param_dtype!r}")
+    return MixedPrecisionPolicy(param_dtype=dtypes[param_dtype], reduce_dtype=torch.float32)
