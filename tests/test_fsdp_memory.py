@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.fsdp_models import Decoder, MLPStack
+from fsdp_models import Decoder, MLPStack
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

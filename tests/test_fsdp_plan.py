@@ -16,7 +16,7 @@ from dptune.backends.simulated_fsdp import SimulatedFSDPRank
 from dptune.ddp.fsdp import FSDPOptions, repeated_blocks
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.workload import Workload
-from tests.fsdp_models import Decoder, MLPStack
+from fsdp_models import Decoder, MLPStack
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

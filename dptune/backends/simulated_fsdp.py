@@ -24,8 +24,12 @@ seen where it allocates it:
 The rank's memory is charged to its card by the simulator's ledger (storages rounded to 512
 bytes as the CUDA caching allocator rounds them, the cuBLAS workspace, the local batch on
 the card), so the peak compares with ``torch.cuda.max_memory_allocated`` over a step of a
-real rank. Every rank's shards have the same size, so a rank's peak depends only on its
-card and its own local batch: one simulation per (card, local batch) serves every rank.
+real rank. FSDP2 shards each parameter's rows with ``torch.chunk``: the all-gather buffers
+are padded to equal shards on every rank, but a rank's own shard (and the optimizer state and
+gradient shard made like it) has ``ceil(rows / world_size)`` rows on the first ranks and
+fewer, or none, on the last. So rank 0 holds the most and its peak bounds every rank's (by a
+few rows per parameter): offline, one simulation of rank 0 per (card, local batch) serves
+every rank; inside a job each rank simulates its own shards.
 
 Not modelled: the communication library's own buffers (NCCL's are outside torch's
 allocator), the separate CUDA streams FSDP2 uses for all-gathers and reduce-scatters (the

@@ -105,9 +105,10 @@ class SimulatedFSDPProber:
     """Rank ``rank`` on card ``rank`` of a simulated cluster, as one FSDP2 rank of
     ``len(cluster)`` (the planner's prober interface, as ``_SimulatedProber`` for DDP).
 
-    Ranks simulated in one process share one simulator per card type (every rank's shards
-    have the same size, so a rank's peak depends only on its card and its local batch) and
-    one fake process group; ``shared`` holds them."""
+    Ranks simulated in one process share one fake process group and one simulator per card
+    type, each rank simulated as rank 0, whose shards are the largest (so its peak bounds
+    the others', see :mod:`dptune.backends.simulated_fsdp`); inside a job the rank simulates
+    its own shards. ``shared`` holds them."""
 
     _GROUP = "fsdp-group"
 
