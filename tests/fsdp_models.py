@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 class MLPStack(nn.Module):
@@ -45,9 +46,9 @@ class Block(nn.Module):
 
 class Decoder(nn.Module):
     def __init__(self, vocab: int = 512, dim: int = 128, depth: int = 3, heads: int = 4, seq: int = 64,
-                 sdpa: bool = True):
+                 sdpa: bool = True, checkpoint: bool = False):
         super().__init__()
-        self.seq = seq
+        self.seq, self.checkpoint = seq, checkpoint
         self.embed = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(torch.zeros(seq, dim))
         self.layers = nn.ModuleList(Block(dim, heads, sdpa) for _ in range(depth))
@@ -57,5 +58,8 @@ class Decoder(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids) + self.pos[: ids.shape[1]]
         for layer in self.layers:
-            x = layer(x)
+            if self.checkpoint:     # activation checkpointing, torch's non-reentrant variant
+                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
         return self.head(self.norm(x))

@@ -41,6 +41,10 @@ def _decoder() -> nn.Module:
     return Decoder(vocab=512, dim=128, depth=3, heads=4, seq=64, sdpa=False)
 
 
+def _checkpointed() -> nn.Module:
+    return Decoder(vocab=512, dim=128, depth=3, heads=4, seq=64, sdpa=False, checkpoint=True)
+
+
 def _sample(name: str):
     if name == "mlp":
         return lambda b: torch.randn(b, 256)
@@ -60,8 +64,12 @@ def _shard(reshard: bool, bf16: bool):
     return FSDPOptions(reshard_after_forward=reshard, mp_policy=mp).shard_fn()
 
 
-def _tracker_peak(factory, sample, shard, rank: int, batch: int) -> int:
-    """torch's FSDPMemTracker on rank ``rank`` of a fake group of WORLD ranks."""
+def _tracker_peak(factory, sample, shard, rank: int, batch: int, accumulate: int = 1,
+                  clip: float | None = None) -> int:
+    """torch's FSDPMemTracker on rank ``rank`` of a fake group of WORLD ranks; the step as
+    dptune's built-in step runs it (``accumulate`` micro-batches of ``batch``, each loss
+    divided by ``accumulate``, a micro-batch's output held until the next forward is done,
+    then clipping and the optimizer)."""
     import torch.distributed as dist
     from torch._subclasses import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -80,8 +88,13 @@ def _tracker_peak(factory, sample, shard, rank: int, batch: int) -> int:
                 tracker = FSDPMemTracker(model, opt)
                 tracker.track_inputs((x,))
                 with tracker:
-                    out = model(x)       # the output lives until the step ends, as in a
-                    out.sum().backward()  # training loop (`out = model(x); loss = ...`)
+                    for i in range(accumulate):
+                        if i:    # the tracker's per-module figures take one forward each
+                            tracker.reset_mod_stats()   # (its peak is kept)
+                        out = model(x)        # the output lives until the step ends, as in a
+                        (out.sum() / accumulate).backward()   # loop (`out = model(x); ...`)
+                    if clip is not None:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
                     opt.step()
                     opt.zero_grad()
                     del out
@@ -91,11 +104,11 @@ def _tracker_peak(factory, sample, shard, rank: int, batch: int) -> int:
         dist.destroy_process_group()
 
 
-def _dptune_peaks(factory, sample, shard) -> dict[int, int]:
+def _dptune_peaks(factory, sample, shard, **step) -> dict[int, int]:
     from dptune.backends.simulated_fsdp import SimulatedFSDPRank
     from dptune.workload import Workload
 
-    sim = SimulatedFSDPRank(Workload(factory, sample, None, _adamw), "24GB", WORLD, shard)
+    sim = SimulatedFSDPRank(Workload(factory, sample, None, _adamw, **step), "24GB", WORLD, shard)
     try:
         workspace = sim.cluster.workspace_bytes(0)
         return {b: sim.estimate([b]).peak_bytes[0] - workspace for b in set(BATCHES)}
@@ -103,12 +116,12 @@ def _dptune_peaks(factory, sample, shard) -> dict[int, int]:
         sim.close()
 
 
-def _check(name: str, reshard: bool, bf16: bool) -> None:
-    factory = _mlp if name == "mlp" else _decoder
+def _check(name: str, reshard: bool, bf16: bool, accumulate: int = 1, clip: float | None = None) -> None:
+    factory = {"mlp": _mlp, "decoder": _decoder, "checkpointed": _checkpointed}[name]
     sample, shard = _sample(name), _shard(reshard, bf16)
-    ours = _dptune_peaks(factory, sample, shard)
+    ours = _dptune_peaks(factory, sample, shard, accumulate=accumulate, clip_grad_norm=clip)
     for rank, b in enumerate(BATCHES):
-        ref = _tracker_peak(factory, sample, shard, rank, b)
+        ref = _tracker_peak(factory, sample, shard, rank, b, accumulate, clip)
         assert abs(ours[b] - ref) <= 0.01 * ref, (name, reshard, bf16, rank, b, ours[b], ref)
 
 
@@ -124,6 +137,17 @@ def test_mlp_matches_fsdp_mem_tracker() -> None:
     ("decoder", False, True)])
 def test_matches_fsdp_mem_tracker(name: str, reshard: bool, bf16: bool) -> None:
     _check(name, reshard, bf16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,reshard,accumulate,clip", [
+    ("decoder", True, 2, 1.0), ("checkpointed", True, 1, None), ("checkpointed", False, 2, None)])
+def test_step_options_match_fsdp_mem_tracker(name: str, reshard: bool, accumulate: int,
+                                             clip: float | None) -> None:
+    """Accumulation (FSDP2 reduce-scatters every micro-batch and sums the sharded
+    gradients), clipping (a norm over DTensor shards) and activation checkpointing (each
+    block's forward runs again in the backward, its parameters all-gathered again)."""
+    _check(name, reshard, False, accumulate, clip)
 
 
 def test_unsharded_parameters_are_counted() -> None:
