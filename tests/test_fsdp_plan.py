@@ -154,3 +154,18 @@ def test_cli_plan_strategy_fsdp(tmp_path, capsys):
     assert main(["plan", "--model", "dptune.examples.models:MLP", "--simulate", "32GB,24GB",
                  "--batch-size", "96", "--strategy", "fsdp", "--gradient-as-bucket-view"]) == 2
     assert "DDP's" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_fsdp_benchmark_exact_caps_agree_with_the_plan():
+    """benchmarks/fsdp.py's exact caps (bisection on the simulated rank) are the plan's."""
+    from benchmarks.fsdp import Case, exact_caps
+
+    case = Case("tiny", "2x160MB,128MB,context=8MB", d_model=128, n_layers=2, seq_len=64)
+    options = FSDPOptions()
+    caps = exact_caps(Workload(case.model(), case.sample(), None, adamw), case.cluster, 0, options)
+    plan = ddp.plan(case.model(), case.sample(), optimizer=adamw, objective="max_batch",
+                    simulate=case.cluster, headroom=0, strategy="fsdp")
+    assert plan.certified and plan.batch_sizes == caps
+    assert caps[0] == caps[1] > caps[2] >= 1
+    assert not torch.distributed.is_initialized()
