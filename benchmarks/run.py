@@ -436,18 +436,21 @@ def write_csv(path: pathlib.Path, dicts: list[dict[str, Any]]) -> None:
         w.writerows(dicts)
 
 
-def plot_summary(rows: list[Row], path: pathlib.Path) -> None:
-    """Largest batch per cluster (even / dptune / optimum) per model, and probes per method."""
-    import matplotlib
+def summary_figure(rows: list[Row]) -> Any:
+    """Largest batch per cluster (even / dptune / optimum) per model, and probes per method.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Drawn on a bare Figure at the size and resolution ``plot_summary`` writes
+    (``SUMMARY_DPI``); tests/test_benchmarks_plot.py checks it has no overlapping text."""
+    import textwrap
+
+    from matplotlib.figure import Figure
 
     models = list(dict.fromkeys(r.model for r in rows))
     panels = len(models) + 1
     cols = min(3, panels)
     nrows = -(-panels // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 4.2 * nrows), squeeze=False)
+    fig = Figure(figsize=(5.2 * cols, 4.2 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, cols, squeeze=False)
     colors = {"even split (DataParallel)": "#9e9e9e", "dptune max_batch": "#1f77b4",
               "exact optimum": "#2ca02c"}
     for ax, model in zip(axes.flat, models):
@@ -477,15 +480,27 @@ def plot_summary(rows: list[Row], path: pathlib.Path) -> None:
         ax.bar([i + (k - 1.5) * w for i in range(len(models))], ys, w, label=label)
     ax.set_yscale("log")
     ax.set_xticks(range(len(models)))
-    ax.set_xticklabels(models, fontsize=8)
-    ax.set_title("probes (training steps) per search, median over clusters", fontsize=10)
+    # one model per tick, wrapped to the width a tick has (names such as "GPT-2 small (seq
+    # 1024, HF)" ran into their neighbours), every other one lower where they are many
+    ax.set_xticklabels([textwrap.fill(m, 10) for m in models], fontsize=7)
+    for k, label in enumerate(ax.get_xticklabels()):
+        if len(models) > 4 and k % 2:
+            label.set_y(label.get_position()[1] - 0.12)
+    ax.set_title("probes (training steps) per search,\nmedian over clusters", fontsize=10)
     ax.legend(fontsize=8)
     for extra in list(axes.flat)[panels:]:
         extra.axis("off")
     fig.suptitle(f"dptune on the simulated cluster (headroom {config.HEADROOM} per card)", fontsize=12)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+#: resolution of summary.png
+SUMMARY_DPI = 110
+
+
+def plot_summary(rows: list[Row], path: pathlib.Path) -> None:
+    """Write :func:`summary_figure` to ``path`` (PNG)."""
+    summary_figure(rows).savefig(path, dpi=SUMMARY_DPI)
 
 
 def write_outputs(out: pathlib.Path, rows: list[Row], scale_rows: list[dict[str, Any]],

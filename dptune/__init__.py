@@ -5,7 +5,8 @@ matplotlib, and prints nothing. Public names are loaded on first use.
 
 Public API (grouped):
 
-- Tuning: :class:`Tuner`, :class:`TuneResult`, :class:`StepSettings` (what a split was tuned for),
+- Tuning: :class:`Tuner`, :class:`TuneResult`, :func:`load_result` (a saved report; its
+  ``.wrap(model)`` reuses the split), :class:`StepSettings` (what a split was tuned for),
   :class:`Workload` (the training step), :class:`WorkloadSpec` (the same, by import strings)
 - Wrapping: :class:`BalancedDataParallel`, :func:`patch_dataparallel` (scripts that build
   ``torch.nn.DataParallel`` themselves); the Hugging Face Trainer: :mod:`dptune.integrations.transformers`
@@ -27,6 +28,7 @@ _LAZY = {
     # tuning
     "Tuner": "dptune.tuner",
     "TuneResult": "dptune.result",
+    "load_result": "dptune.result",
     "StepSettings": "dptune.workload",
     "Workload": "dptune.workload",
     "WorkloadSpec": "dptune.spec",
@@ -35,12 +37,12 @@ _LAZY = {
     "patch_dataparallel": "dptune.integrations.dataparallel",
     # simulation
     "estimate_memory": "dptune.backends.simulated",
-    "Cluster": "dptune.backends.simulated",
-    "parse_cluster": "dptune.backends.simulated",
+    "Cluster": "dptune.backends.cluster",
+    "parse_cluster": "dptune.backends.cluster",
     # devices
     "devices": "dptune.gpus",
-    "Device": "dptune.backends.base",
-    "ProbeResult": "dptune.backends.base",
+    "Device": "dptune.types",
+    "ProbeResult": "dptune.types",
     # checkpoints
     "state_dict": "dptune.checkpoint",
     "load_state_dict": "dptune.checkpoint",

@@ -172,7 +172,7 @@ def replica_module(module: Any, tensors: dict) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# CUDA autocast on the simulated cluster (see dptune/backends/_autocast.py)
+# CUDA autocast on the simulated cluster (see dptune/backends/simulated/autocast.py)
 # --------------------------------------------------------------------------------------------
 # - ``torch.library.Library(...)._destroy()``: removes the Python kernels registered for the
 #   simulated step, so the real ``AutocastCUDA`` kernels are back afterwards (a Library is
@@ -321,7 +321,7 @@ def sparse_parts(t: Any) -> list:
         return []
 
 
-# ---- FSDP2 on the simulated cluster (dptune.backends.simulated_fsdp) ----------------------
+# ---- FSDP2 on the simulated cluster (dptune.backends.simulated.fsdp) ----------------------
 # - ``torch.testing._internal.distributed.fake_pg``: importing it registers torch's "fake"
 #   process-group backend (collectives that do nothing), and ``FakeStore`` initialises a
 #   default group of any world size in one process; torch's own FSDP memory tools and

@@ -19,7 +19,8 @@ Exit codes (also in ``dptune --help``)::
     130  interrupted (Ctrl-C)
 
 Errors dptune diagnoses are one line on stderr, ``dptune: error: <message>``, with no
-traceback. Each subcommand is registered by a ``*_parser(subparsers)`` function; the work
+traceback; so are argparse's own (with the command's ``--help`` to read instead of the usage
+block). Inputs out of any sensible range are checked before any work (:mod:`dptune.cli_checks`). Each subcommand is registered by a ``*_parser(subparsers)`` function; the work
 is done by plain functions that take and return values (:func:`search`, :func:`ddp_plan`),
 and printing is kept apart from them.
 """
@@ -35,14 +36,16 @@ import pathlib
 import re
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, NoReturn, Optional, Sequence, Union
 
+from dptune.cli_checks import (REPORT_TEMP_ROOM, accumulate_arg, batch_size_arg, card_or_auto,
+                               check_cards, check_out, check_plan_out, device_ids_arg,
+                               headroom_arg, out_path, positive_float, positive_int)
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            DptuneError, UsageError, UserCodeError)
 from dptune.presets import (LOSSES, OPTIMIZERS, adam, adamw, cross_entropy_loss, mean_loss, mse_loss,
                             sgd, sum_loss)
 from dptune.spec import DTYPES, WorkloadSpec, import_users, users_code
-from dptune.split import MAX_BATCH_SIZE
 from dptune.units import parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -142,7 +145,7 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
 
     ``ignored`` names flags given that describe a model, which the Trainer already defines.
     """
-    from dptune.backends.simulated import parse_cluster
+    from dptune.backends.cluster import parse_cluster
 
     if ignored:
         raise UsageError(f"--hf-trainer takes the model, batch, loss, optimizer and step "
@@ -191,66 +194,7 @@ def default_report_dir(result: "TuneResult") -> pathlib.Path:
     return pathlib.Path("reports") / f"{name}-{slug}"
 
 
-# ---- argument types ----------------------------------------------------------------------
-
-def _output_device(text: str) -> Union[int, str]:
-    if text == "auto":
-        return "auto"
-    try:
-        k = int(text)
-    except ValueError:
-        k = -1
-    if k < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a card index (0, 1, ...) or 'auto'")
-    return k
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _batch_size(text: str) -> int:
-    value = _positive_int(text)
-    if value > MAX_BATCH_SIZE:
-        raise argparse.ArgumentTypeError(
-            f"{text} is beyond what any cluster holds (at most {MAX_BATCH_SIZE:,} samples); give "
-            "the total batch over all cards, e.g. 256")
-    return value
-
-
-def _byte_size(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _device_ids(text: str) -> list[int]:
-    try:
-        ids = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        ids = []
-    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
-        raise argparse.ArgumentTypeError(
-            f"expected distinct GPU indices separated by commas, e.g. 0,1,2,3, got {text!r}")
-    return ids
-
+# ---- argument types (the others are in dptune.cli_checks) ---------------------------------
 
 def _shape(text: str) -> tuple[int, ...]:
     try:
@@ -285,9 +229,9 @@ def workload_arguments(p: argparse.ArgumentParser, *, batch_default: Optional[in
                        help="one sample's shape, e.g. 3,224,224; random data of --dtype")
     g.add_argument("--dtype", choices=DTYPES, default=None,
                    help="dtype of --input-shape data (default float32; long with --vocab-size)")
-    g.add_argument("--vocab-size", type=_positive_int, metavar="N",
+    g.add_argument("--vocab-size", type=positive_int, metavar="N",
                    help="token ids for --input-shape are drawn from 0..N-1 (dtype long)")
-    g.add_argument("--batch-size", type=_batch_size, default=batch_default, metavar="N",
+    g.add_argument("--batch-size", type=batch_size_arg, default=batch_default, metavar="N",
                    help=batch_help)
     g.add_argument("--loss", default="default", metavar="NAME",
                    help="default (the output's .loss, else the sum of the output), sum, mean, "
@@ -299,7 +243,7 @@ def workload_arguments(p: argparse.ArgumentParser, *, batch_default: Optional[in
 
 
 def _headroom_argument(group: Any) -> None:
-    group.add_argument("--headroom", type=_byte_size, default=parse_bytes("1GiB"), metavar="SIZE",
+    group.add_argument("--headroom", type=headroom_arg, default=parse_bytes("1GiB"), metavar="SIZE",
                        help="memory kept free on every card, e.g. 1GiB (default), 512MiB")
 
 
@@ -315,10 +259,10 @@ def step_arguments(p: argparse.ArgumentParser) -> Any:
     st.add_argument("--amp", choices=("bf16", "fp16"), default=None,
                     help="mixed precision: forward and loss under torch.autocast('cuda', dtype), "
                          "with a GradScaler for fp16 (default: fp32)")
-    st.add_argument("--accumulate", type=_positive_int, default=1, metavar="N",
+    st.add_argument("--accumulate", type=accumulate_arg, default=1, metavar="N",
                     help="micro-batches per optimizer step (gradient accumulation); --batch-size "
                          "stays per forward pass (default 1)")
-    st.add_argument("--clip-grad-norm", type=_positive_float, default=None, metavar="X",
+    st.add_argument("--clip-grad-norm", type=positive_float, default=None, metavar="X",
                     help="clip_grad_norm_ to max norm X before the optimizer step")
     st.add_argument("--step", metavar="MODULE:FUNC", default=None,
                     help="your own step(model, batch, optimizer), replacing the built-in step "
@@ -340,7 +284,7 @@ def search_parser(subparsers: Any) -> None:
     step_arguments(p)
     c = p.add_argument_group("cards")
     where = c.add_mutually_exclusive_group()
-    where.add_argument("--devices", type=_device_ids, metavar="I,J,...",
+    where.add_argument("--devices", type=device_ids_arg, metavar="I,J,...",
                        help="real GPUs to use, e.g. 0,1,2,3 (default: all visible)")
     where.add_argument("--simulate", metavar="SPEC",
                        help="virtual cards, e.g. 4x24GB, 2xA100-80GB,2xA100-40GB or "
@@ -349,13 +293,13 @@ def search_parser(subparsers: Any) -> None:
     t = p.add_argument_group("search and output")
     _objective_argument(t, "balance: even out memory at --batch-size (default); max-batch: the "
                            "largest batch that fits")
-    t.add_argument("--max-probes", type=_positive_int, default=12, metavar="N",
+    t.add_argument("--max-probes", type=positive_int, default=12, metavar="N",
                    help="at most this many training steps are probed (default 12)")
-    t.add_argument("--output-device", type=_output_device, default=0, metavar="K|auto",
+    t.add_argument("--output-device", type=card_or_auto, default=0, metavar="K|auto",
                    help="the card the outputs are gathered on (default 0, as DataParallel); "
                         "'auto' with --objective max-batch tries another card and keeps it when "
                         "it fits a larger batch")
-    t.add_argument("--out", metavar="DIR",
+    t.add_argument("--out", metavar="DIR", type=out_path,
                    help="report folder (default reports/<Model>-<cluster>)")
     t.add_argument("--no-plots", action="store_true", help="write the report without PNG plots")
     c.add_argument("--isolate", action="store_true",
@@ -369,11 +313,12 @@ def search_parser(subparsers: Any) -> None:
 
 
 def _search_command(args: argparse.Namespace) -> int:
-    from dptune.report import check_output_folder, render_table, write_report
+    from dptune.report import render_table, write_report
 
     out = sys.stderr if args.json else sys.stdout
     if args.out:  # before minutes of probing
-        check_output_folder(args.out, "--out", report=True)
+        check_out(args.out, "--out", room=REPORT_TEMP_ROOM, report=True)
+    check_cards(args.simulate, args.devices, 0 if args.hf_trainer else args.output_device)
 
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -412,7 +357,7 @@ def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
     (one rank per card) for the step ``spec`` describes; returns the :class:`dptune.ddp.DDPPlan`.
     ``strategy="fsdp"``: FSDP2 with the default sharding, ``mp_param_dtype`` ("bf16",
     "fp16") the ``MixedPrecisionPolicy``'s parameter dtype (gradients reduced in fp32)."""
-    from dptune.backends.simulated import parse_cluster
+    from dptune.backends.cluster import parse_cluster
     from dptune.ddp import plan
 
     cluster = parse_cluster(simulate)   # a bad spec is a usage error before the user's code runs
@@ -453,7 +398,7 @@ def plan_parser(subparsers: Any) -> None:
                    help="virtual cards, one rank each, e.g. 2x32GB,2x24GB or "
                         "4x24GB,used=3:10GB (default 4x24GB)")
     _headroom_argument(c)
-    c.add_argument("--bucket-cap-mb", type=_positive_float, default=None, metavar="MIB",
+    c.add_argument("--bucket-cap-mb", type=positive_float, default=None, metavar="MIB",
                    help="DDP's bucket_cap_mb (default: torch's, 25)")
     c.add_argument("--gradient-as-bucket-view", action="store_true",
                    help="DDP's gradient_as_bucket_view=True (no second copy of the gradients)")
@@ -468,7 +413,7 @@ def plan_parser(subparsers: Any) -> None:
     t = p.add_argument_group("plan and output")
     _objective_argument(t, "balance: the same share of memory on every card at --batch-size "
                            "(default); max-batch: the largest global batch")
-    t.add_argument("--out", metavar="PATH",
+    t.add_argument("--out", metavar="PATH", type=out_path,
                    help="a folder (plan.json + summary.md) or a .json file "
                         "(default reports/ddp-<Model>-<cluster>)")
     t.add_argument("--json", action="store_true",
@@ -481,7 +426,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     simulate = args.simulate
     if simulate is None:
-        from dptune.backends.simulated import DEFAULT_CLUSTER
+        from dptune.backends.cluster import DEFAULT_CLUSTER
 
         simulate = DEFAULT_CLUSTER
         if not args.quiet:
@@ -490,11 +435,9 @@ def _plan_command(args: argparse.Namespace) -> int:
     if args.objective == "balance" and args.batch_size is None:
         raise UsageError("--objective balance splits a global batch: give --batch-size N "
                          "(or --objective max-batch for the largest that fits)")
+    check_cards(simulate)
     if args.out:  # checked before minutes of planning
-        from dptune.report import check_output_folder
-
-        check_output_folder(os.path.dirname(args.out) or "." if args.out.endswith(".json")
-                            else args.out, "--out")
+        check_plan_out(args.out)
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with redirect:
         result = ddp_plan(
@@ -509,6 +452,7 @@ def _plan_command(args: argparse.Namespace) -> int:
             slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", result.cluster).strip("_") or "cluster"
             name = re.sub(r"[^A-Za-z0-9.+-]+", "_", result.model_name).strip("_") or "model"
             target = str(pathlib.Path("reports") / f"{args.strategy}-{name}-{slug}")
+            check_plan_out(target, "the default folder")   # a plan or nothing there too
         written = result.save(target)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
@@ -562,7 +506,7 @@ def plot_parser(subparsers: Any) -> None:
     p.add_argument("report", metavar="REPORT", help="report folder (or its report.json)")
     p.add_argument("--kind", choices=PLOT_KINDS, action="append",
                    help="which plot (repeatable; default: every plot the report has)")
-    p.add_argument("--out", metavar="DIR",
+    p.add_argument("--out", metavar="DIR", type=out_path,
                    help="where to write the PNGs (default: the report folder)")
     p.set_defaults(func=_plot_command)
 
@@ -570,6 +514,8 @@ def plot_parser(subparsers: Any) -> None:
 def _plot_command(args: argparse.Namespace) -> int:
     from dptune.report import read_report, write_plots
 
+    if args.out:
+        check_out(args.out, "--out")
     result = read_report(args.report)
     folder = pathlib.Path(args.out) if args.out else _report_folder(args.report)
     for kind in write_plots(result, folder, args.kind, flag="--out" if args.out else "REPORT"):
@@ -591,10 +537,22 @@ def _devices_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _ArgumentError(Exception):
+    """argparse's own complaint about the command line: one line from :func:`main`."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors are dptune's one line (``dptune: error: ...``, exit 2,
+    pointing at the command's ``--help``) instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _ArgumentError(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dptune import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dptune",
         description="Measure per-GPU memory of a DataParallel training step and balance\n"
                     "the split of the batch across the cards.",
@@ -666,7 +624,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse's own errors (2), --help and --version (0)
+    except _ArgumentError as e:
+        command = argv_command(argv)
+        known = command in ("search", "plan", "show", "plot", "devices")
+        _error(f"{e}; see 'dptune{' ' + command if known else ''} --help'")
+        return EXIT_USAGE
+    except SystemExit as e:  # --help and --version (0)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     if not hasattr(args, "func"):
         parser.print_help(sys.stderr)

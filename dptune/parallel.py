@@ -29,6 +29,9 @@ gradients on the card). On one device the
 module is called directly; without CUDA (``device_ids == []``) the wrapper is a plain
 pass-through, exactly like DataParallel.
 
+A saved split is reused with ``dptune.load_result("reports/mynet").wrap(net)``
+(:meth:`dptune.result.TuneResult.wrap`): the result reads reports; this module only wraps.
+
 Known limitations:
 
 - Like DataParallel, replicas are made at every forward and in-place changes to a replica
@@ -49,7 +52,7 @@ import torch
 from torch import nn
 
 from dptune import _torch_private, _tree
-from dptune.errors import DptuneWarning, UsageError
+from dptune.errors import UsageError
 from dptune.split import even_split, scale_split, validate_chunk_sizes
 
 __all__ = [
@@ -291,31 +294,6 @@ def join_replicas(module: nn.Module, replicas: Sequence[nn.Module], destination:
     return list(replicas)
 
 
-_NOT_GIVEN: Any = object()
-
-
-def _warn_settings(tuned: Any, model: nn.Module, path: str, **given: Any) -> None:
-    """One :class:`DptuneWarning` listing how the step described by ``given`` (those given)
-    and the model's gradient checkpointing differ from the report's ``tuned`` settings."""
-    from dptune.workload import StepSettings, function_name, gradient_checkpointing
-
-    if given.get("step") is not _NOT_GIVEN and callable(given.get("step")):
-        given["step"] = function_name(given["step"])
-    if given.get("clip_grad_norm") not in (_NOT_GIVEN, None):
-        given["clip_grad_norm"] = float(given["clip_grad_norm"])
-    given = {k: v for k, v in given.items() if v is not _NOT_GIVEN}
-    given["gradient_checkpointing"] = gradient_checkpointing(model)
-    mine = StepSettings.from_dict({**tuned.to_dict(), **given})
-    diffs = [f"{k}={getattr(tuned, k)!r} in the report, {getattr(mine, k)!r} here"
-             for k in given if getattr(tuned, k) != getattr(mine, k)]
-    if diffs:
-        warnings.warn(
-            f"the split in {path!r} was tuned for another training step ({tuned.describe()}; "
-            f"now {mine.describe()}): {'; '.join(diffs)}. Its memory was measured for that step, "
-            "so it may run out of memory or leave memory unused: re-run `dptune search` with "
-            "these settings", DptuneWarning, stacklevel=3)
-
-
 # ---- the wrapper ------------------------------------------------------------------------
 
 class BalancedDataParallel(nn.DataParallel):
@@ -528,43 +506,13 @@ class BalancedDataParallel(nn.DataParallel):
 
     # ---- from a report ----------------------------------------------------------------
     @classmethod
-    def from_report(cls, model: nn.Module, path: str,
-                    device_ids: Optional[Sequence[Any]] = None, *, amp: Any = _NOT_GIVEN,
-                    accumulate: Any = _NOT_GIVEN, clip_grad_norm: Any = _NOT_GIVEN,
-                    step: Any = _NOT_GIVEN) -> "BalancedDataParallel":
-        """Wrap ``model`` with the split saved by ``dptune search`` (a folder or report.json).
+    def from_report(cls, model: nn.Module, path: str, *args: Any, **kwargs: Any) -> Any:
+        """Moved: reading a report belongs to the result, which sits above this wrapper.
 
-        ``device_ids`` defaults to the first ``len(chunk_sizes)`` visible CUDA devices. On a
-        machine without CUDA the wrapper is a plain pass-through (with the constructor's
-        warning that the split is not used), so a script runs unchanged on a laptop. The
-        report is read and checked by the one report reader, :meth:`TuneResult.load`.
-
-        ``amp``, ``accumulate``, ``clip_grad_norm`` and ``step`` (a function or its
-        ``"module:qualname"``) describe the training step this model will run, as for
-        ``Tuner``; each one given is compared with the step the report was tuned for, as is
-        the model's own gradient checkpointing flag, and a :class:`~dptune.errors.DptuneWarning`
-        lists any difference: the split's memory was measured for the other step.
+        Use ``dptune.load_result(path).wrap(model, ...)`` (same arguments: ``device_ids``,
+        ``amp``, ``accumulate``, ``clip_grad_norm``, ``step``); this raises a
+        :class:`~dptune.errors.UsageError` saying so.
         """
-        from dptune.result import TuneResult
-
-        result = TuneResult.load(str(path))
-        _warn_settings(result.settings, model, str(path), amp=amp, accumulate=accumulate,
-                       clip_grad_norm=clip_grad_norm, step=step)
-        sizes = list(result.chunk_sizes)
-        n = len(sizes)
-        if device_ids is None and not torch.cuda.is_available():
-            return cls(model, chunk_sizes=sizes)
-        if device_ids is None:
-            visible = torch.cuda.device_count()
-            if visible < n:
-                raise UsageError(
-                    f"the report at {str(path)!r} was tuned for {n} cards ({result.cluster}) "
-                    f"but {visible} CUDA device(s) are visible; run on a machine with {n} cards, "
-                    "check CUDA_VISIBLE_DEVICES, or re-run `dptune search` for these cards")
-            device_ids = list(range(n))
-        elif len(device_ids) != n:
-            raise UsageError(
-                f"the report at {str(path)!r} has a split for {n} cards {sizes} but "
-                f"device_ids={list(device_ids)} names {len(device_ids)}; give {n} device ids")
-        ids = list(device_ids)
-        return cls(model, device_ids=ids, output_device=ids[result.output_device], chunk_sizes=sizes)
+        raise UsageError(
+            "BalancedDataParallel.from_report(model, path) is now "
+            f"dptune.load_result({str(path)!r}).wrap(model) (same arguments after the path)")

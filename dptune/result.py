@@ -10,7 +10,9 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+import warnings
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence
 
 from dptune.backends.base import Device, ProbeResult
 from dptune.errors import ReportError, UsageError
@@ -19,13 +21,18 @@ from dptune.solver import Fit
 from dptune.workload import StepSettings
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas
     import torch
 
+    from dptune.parallel import BalancedDataParallel
+
 __all__ = ["Fit", "Bracket", "SplitFigures", "TuneResult", "REPORT_VERSION", "OBJECTIVES", "shares",
-           "imbalance", "load_result"]
+           "imbalance", "load_result", "BudgetCheck", "budget_check", "wrap_model", "NOT_GIVEN"]
 
 REPORT_VERSION = 1
+
+#: "not given" for :func:`wrap_model`'s step settings (``None`` is a value some of them take)
+NOT_GIVEN: Any = type("_NotGiven", (), {"__repr__": lambda self: "NOT_GIVEN"})()
+
 
 #: What a search optimises: the same batch with memory evened out, or the largest batch.
 OBJECTIVES = ("balance", "max_batch")
@@ -51,6 +58,30 @@ def imbalance(peak_bytes: Sequence[int], budget_bytes: Sequence[int],
     return max(s) / lo if lo > 0 else float("inf")
 
 
+class BudgetCheck(NamedTuple):
+    """What the search read from one probe (:func:`budget_check`)."""
+
+    #: every card in use (card 0, and each card given samples) measured within its budget,
+    #: without running out of memory: what the search counts as fitting
+    within_budget: bool
+    #: the smallest ``budget - peak`` over the cards in use (negative: over by that much);
+    #: ``None`` when the probe ran out of memory (its peaks are lower bounds)
+    margin_bytes: Optional[int]
+    #: the card with that smallest margin (the one that ran out of memory, for an OOM probe)
+    card: Optional[int]
+
+
+def budget_check(probe: ProbeResult, budget_bytes: Sequence[int]) -> BudgetCheck:
+    """Within budget or not, and by how much, as the search decides it: a card with no
+    samples other than card 0 runs no replica and is not counted."""
+    if probe.oom_device is not None:
+        return BudgetCheck(False, None, probe.oom_device)
+    margins = [(b - p, i) for i, (p, b, c) in enumerate(zip(probe.peak_bytes, budget_bytes,
+                                                           probe.chunk_sizes)) if i == 0 or c > 0]
+    margin, card = min(margins)
+    return BudgetCheck(margin >= 0, margin, card)
+
+
 @dataclass(frozen=True)
 class SplitFigures:
     """A split and what a probe measured for it (used for the even-split comparison)."""
@@ -61,7 +92,8 @@ class SplitFigures:
     feasible: bool = True
     oom_device: Optional[int] = None
     breakdown: Optional[tuple[dict[str, int], ...]] = None
-    #: not probed itself: known to fit from these probes (1-based), which measured every card
+    #: not probed itself: known to fit from these probes (numbered from 1, as in every table,
+    #: text and plot of a report), which measured every card
     #: within budget at a chunk (card 0: a chunk and a batch) at least as large; the peaks
     #: are then upper bounds taken from those probes
     implied_by: tuple[int, ...] = ()
@@ -69,6 +101,10 @@ class SplitFigures:
     @property
     def batch_size(self) -> int:
         return sum(self.chunk_sizes)
+
+    def shares(self, budget_bytes: Sequence[int]) -> list[float]:
+        """Each card's peak as a share of its budget."""
+        return shares(self.peak_bytes, budget_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(chunk_sizes=list(self.chunk_sizes), peak_bytes=list(self.peak_bytes),
@@ -122,6 +158,8 @@ class TuneResult:
     card0_output_batch_size: Optional[int] = None
     settings: StepSettings = field(default_factory=StepSettings)
     model: Optional["torch.nn.Module"] = field(default=None, repr=False, compare=False)
+    #: the report file this result was read from (set by :func:`load_result`)
+    source: Optional[str] = field(default=None, repr=False, compare=False)
 
     # ---- derived figures -------------------------------------------------------------
     @property
@@ -163,36 +201,29 @@ class TuneResult:
         """Relative gain in batch size over the even split (0.25 means +25%)."""
         return self.batch_size / self.even.batch_size - 1.0 if self.even.batch_size else float("inf")
 
-    # ---- views ----------------------------------------------------------------------
-    @property
-    def table(self) -> "pandas.DataFrame":
-        """Per card: even split and its peak, dptune's split and its peak, budget, shares."""
-        from dptune.report import result_table
-
-        return result_table(self)
-
-    def plot(self, kind: str = "peaks", ax: Any = None, show: bool = False) -> Any:
-        """Draw one of the report's plots (``peaks``, ``fits``, ``max_batch``); returns the Figure."""
-        from dptune.report import plot_result
-
-        return plot_result(self, kind=kind, ax=ax, show=show)
-
-    def save(self, directory: str) -> str:
-        """Write report.json, probes.csv, summary.md and the PNG plots into ``directory``."""
-        from dptune.report import write_report
-
-        return str(write_report(self, directory))
-
-    def summary(self) -> str:
-        """The Markdown summary (what ``summary.md`` holds)."""
-        from dptune.report import render_summary
-
-        return render_summary(self)
+    def budget_check(self, probe: ProbeResult) -> "BudgetCheck":
+        """What the search read from ``probe``: within every budget or not, and by how much."""
+        return budget_check(probe, self.budget_bytes)
 
     def __str__(self) -> str:
-        from dptune.report import render_table
+        """One line; the per-card table is :func:`dptune.report.render_table`."""
+        state = "certified" if self.certified else "not certified"
+        return (f"TuneResult({self.model_name} on {self.cluster}: split {list(self.chunk_sizes)}, "
+                f"batch {self.batch_size}, {self.objective}, {state}; "
+                "dptune.report.render_table(result) prints the table)")
 
-        return render_table(self)
+    # ---- using the split ---------------------------------------------------------------
+    def wrap(self, model: "torch.nn.Module", device_ids: Optional[Sequence[Any]] = None, *,
+             amp: Any = NOT_GIVEN, accumulate: Any = NOT_GIVEN, clip_grad_norm: Any = NOT_GIVEN,
+             step: Any = NOT_GIVEN) -> "BalancedDataParallel":
+        """``model`` in a :class:`~dptune.parallel.BalancedDataParallel` with this split.
+
+        ``load_result("reports/mynet").wrap(net)`` reuses a saved split without probing again.
+        See :func:`wrap_model` for the devices, the move onto the first card and the checks
+        of ``amp``, ``accumulate``, ``clip_grad_norm`` and ``step``.
+        """
+        return wrap_model(self, model, device_ids, amp=amp, accumulate=accumulate,
+                          clip_grad_norm=clip_grad_norm, step=step)
 
     # ---- serialisation --------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -227,7 +258,7 @@ class TuneResult:
         """Read and check a result from ``report.json`` or from the report folder that holds it.
 
         The one reader of report files (``dptune show``, ``dptune plot`` and
-        ``BalancedDataParallel.from_report`` all come here). Any problem with the file raises
+        :meth:`wrap` after ``load_result`` all come here). Any problem with the file raises
         :class:`~dptune.errors.ReportError` (a usage error, exit 2) in one line.
         """
         return load_result(path)
@@ -265,9 +296,83 @@ def load_result(path: "str | os.PathLike[str]") -> TuneResult:
     """:meth:`TuneResult.load`: read ``report.json`` (or the folder holding it) and check it."""
     p, data = read_json(path, "report.json", "report", "dptune search")
     try:
-        return _read_result(data)
+        return replace(_read_result(data), source=p)
     except ReportError as e:
         raise ReportError(f"the report {p!r} is not valid: {e}") from None
+
+
+# ---- wrapping a model with a result's split ----------------------------------------------
+
+def wrap_model(result: TuneResult, model: "torch.nn.Module",
+               device_ids: Optional[Sequence[Any]] = None, *, amp: Any = NOT_GIVEN,
+               accumulate: Any = NOT_GIVEN, clip_grad_norm: Any = NOT_GIVEN,
+               step: Any = NOT_GIVEN) -> "BalancedDataParallel":
+    """``model`` in a ``BalancedDataParallel`` with ``result``'s split (:meth:`TuneResult.wrap`).
+
+    ``device_ids`` defaults to the first ``len(chunk_sizes)`` visible CUDA devices; the model
+    is moved to the first of them (where DataParallel needs its parameters) and the outputs
+    are gathered on the result's ``output_device``. On a machine without CUDA (and no
+    ``device_ids``) the model stays where it is and the wrapper is a plain pass-through, with
+    the constructor's warning that the split is not used, so the same line runs on a laptop.
+
+    ``amp``, ``accumulate``, ``clip_grad_norm`` and ``step`` (a function or its
+    ``"module:qualname"``) describe the training step this model will run, as for ``Tuner``;
+    each one given is compared with the step the result was tuned for, as is the model's own
+    gradient checkpointing flag, and a :class:`~dptune.errors.DptuneWarning` lists any
+    difference: the split's memory was measured for the other step.
+    """
+    import torch
+
+    from dptune.parallel import BalancedDataParallel
+
+    where = f"the report at {result.source!r}" if result.source else "the result"
+    _warn_settings(result.settings, model, where, amp=amp, accumulate=accumulate,
+                   clip_grad_norm=clip_grad_norm, step=step)
+    sizes = list(result.chunk_sizes)
+    n = len(sizes)
+    if device_ids is None and not torch.cuda.is_available():
+        return BalancedDataParallel(model, chunk_sizes=sizes)
+    if device_ids is None:
+        visible = torch.cuda.device_count()
+        if visible < n:
+            raise UsageError(
+                f"{where} was tuned for {n} cards ({result.cluster}) but {visible} CUDA "
+                f"device(s) are visible; run on a machine with {n} cards, check "
+                "CUDA_VISIBLE_DEVICES, or re-run `dptune search` for these cards")
+        device_ids = list(range(n))
+    elif len(device_ids) != n:
+        raise UsageError(
+            f"{where} has a split for {n} cards {sizes} but device_ids={list(device_ids)} "
+            f"names {len(device_ids)}; give {n} device ids")
+    ids = list(device_ids)
+    first = torch.device("cuda", ids[0]) if isinstance(ids[0], int) else torch.device(ids[0])
+    if torch.cuda.is_available():   # without CUDA, DataParallel itself is a pass-through
+        model = model.to(first)
+    return BalancedDataParallel(model, device_ids=ids,
+                                output_device=ids[result.output_device], chunk_sizes=sizes)
+
+
+def _warn_settings(tuned: StepSettings, model: "torch.nn.Module", where: str, **given: Any) -> None:
+    """One :class:`DptuneWarning` listing how the step described by ``given`` (those given)
+    and the model's gradient checkpointing differ from the result's ``tuned`` settings."""
+    from dptune.errors import DptuneWarning
+    from dptune.workload import function_name, gradient_checkpointing
+
+    if given.get("step") is not NOT_GIVEN and callable(given.get("step")):
+        given["step"] = function_name(given["step"])
+    if given.get("clip_grad_norm") not in (NOT_GIVEN, None):
+        given["clip_grad_norm"] = float(given["clip_grad_norm"])
+    given = {k: v for k, v in given.items() if v is not NOT_GIVEN}
+    given["gradient_checkpointing"] = gradient_checkpointing(model)
+    mine = StepSettings.from_dict({**tuned.to_dict(), **given})
+    diffs = [f"{k}={getattr(tuned, k)!r} in the report, {getattr(mine, k)!r} here"
+             for k in given if getattr(tuned, k) != getattr(mine, k)]
+    if diffs:
+        warnings.warn(
+            f"the split in {where} was tuned for another training step ({tuned.describe()}; "
+            f"now {mine.describe()}): {'; '.join(diffs)}. Its memory was measured for that step, "
+            "so it may run out of memory or leave memory unused: re-run `dptune search` with "
+            "these settings", DptuneWarning, stacklevel=4)
 
 
 class _Checked:
@@ -324,9 +429,11 @@ class _Checked:
         if v is None and optional:
             return None
         what = "a list of integers >= 0" + (f" (one per card, {n})" if n is not None else "")
-        if not isinstance(v, list) or not all(
-                (x is None and nullable_items) or (_is_int(x) and x >= 0) for x in v):
+        if not isinstance(v, list):
             raise self.fail(key, what, v)
+        for k, x in enumerate(v):   # the first bad entry, by its index
+            if not ((x is None and nullable_items) or (_is_int(x) and x >= 0)):
+                raise self.fail(f"{key}[{k}]", "an integer >= 0", x)
         if n is not None and len(v) != n:
             raise ReportError(f"{self.path(key)} has {len(v)} entries for {n} cards; {_AGAIN}")
         return [None if x is None else int(x) for x in v]
@@ -417,13 +524,27 @@ def _check_sum(c: _Checked, chunks: Sequence[int]) -> None:
 def _read_probe(c: _Checked, n: int) -> ProbeResult:
     bd = c.breakdowns("breakdown", n)
     arrays = {k: c.ints(k, n, optional=True, nullable_items=k == "nvml_used_bytes")
-              for k in ("reserved_bytes", "nvml_used_bytes", "alloc_retries", "repeat_spread_bytes")}
+              for k in ("reserved_bytes", "nvml_used_bytes", "alloc_retries", "repeat_spread_bytes",
+                        "total_bytes", "expandable_reserved_bytes", "allocated_peak_bytes")}
     return ProbeResult(chunk_sizes=tuple(c.ints("chunk_sizes", n)),
                        peak_bytes=tuple(c.ints("peak_bytes", n)), oom_device=c.card("oom_device", n),
                        breakdown=tuple(bd) if bd is not None else None,
                        **{k: tuple(v) if v is not None else None for k, v in arrays.items()},
                        seconds=c.number("seconds", optional=True), purpose=c.text("purpose", optional=True),
-                       note=c.text("note", optional=True), unread_outputs=_read_unread(c))
+                       note=c.text("note", optional=True), unread_outputs=_read_unread(c),
+                       memory_stats=_read_memory_stats(c, n))
+
+
+def _read_memory_stats(c: _Checked, n: int) -> Optional[tuple[dict[str, int], ...]]:
+    """Per card, the allocator model's figures under torch.cuda.memory_stats()'s key names."""
+    raw = c.raw("memory_stats", optional=True)
+    if raw is None:
+        return None
+    if not (isinstance(raw, list) and len(raw) == n and all(
+            isinstance(d, dict) and all(isinstance(k, str) and _is_int(v) for k, v in d.items())
+            for d in raw)):
+        raise c.fail("memory_stats", f"a list of {n} objects of byte counts", raw)
+    return tuple({str(k): int(v) for k, v in d.items()} for d in raw)
 
 
 def _read_unread(c: _Checked) -> Optional[tuple[tuple[str, int], ...]]:
@@ -462,11 +583,28 @@ def _read_flag(c: _Checked, key: str) -> bool:
     return bool(v)
 
 
-def _read_bracket(c: _Checked) -> Bracket:
+def _check_implied(even: SplitFigures, probes: int) -> None:
+    """The probes an even split rests on (numbered from 1) must be in the report."""
+    bad = [k for k in even.implied_by if not 1 <= k <= probes]
+    if bad:
+        have = f"#1..#{probes}" if probes else "none"
+        raise ReportError(f"even.implied_by names probe #{bad[0]}, but the report has {probes} "
+                          f"probe(s) ({have}); {_AGAIN}")
+
+
+def _read_brackets(c: _Checked, n: int) -> list[Bracket]:
+    """None recorded, or one per card."""
+    items = c.objects("brackets", n if c.raw("brackets", optional=True) else None, optional=True)
+    return [_read_bracket(x, n) for x in items or []]
+
+
+def _read_bracket(c: _Checked, n: int) -> Bracket:
     what = c.text("what", optional=True, default="chunk")
     if what not in ("chunk", "batch"):
         raise ReportError(f"{c.path('what')} is {what!r}, expected 'chunk' or 'batch'; {_AGAIN}")
-    return Bracket(card=c.integer("card"), lo=c.integer("lo"), hi=c.integer("hi", optional=True),
+    card = c.card("card", n, optional=False)
+    assert card is not None
+    return Bracket(card=card, lo=c.integer("lo"), hi=c.integer("hi", optional=True),
                    what=what, min_chunk=c.integer("min_chunk", optional=True, minimum=1) or 1)
 
 
@@ -493,18 +631,20 @@ def _read_result(d: Any) -> TuneResult:
         raise ReportError(f"gpu0_bsz is {gpu0} but chunk_sizes {chunks} gives card 0 "
                           f"{chunks[0]}; {_AGAIN}")
     requested = c.integer("requested_batch_size", optional=True, minimum=1)
+    even = _read_split(_Checked(c.raw("even"), "even"), n)
+    probes = [_read_probe(x, n) for x in c.objects("probes")]
+    _check_implied(even, len(probes))
     return TuneResult(
         objective=objective, backend=c.text("backend"), cluster=c.text("cluster"),
         model_name=c.text("model_name"), devices=devices,
         headroom_bytes=c.integer("headroom_bytes"),
         budget_bytes=c.ints("budget_bytes", n), chunk_sizes=chunks,
-        peak_bytes=c.ints("peak_bytes", n), even=_read_split(_Checked(c.raw("even"), "even"), n),
-        probes=[_read_probe(x, n) for x in c.objects("probes")],
+        peak_bytes=c.ints("peak_bytes", n), even=even, probes=probes,
         fits=[_read_fit(x) for x in c.objects("fits", n)], breakdown=c.breakdowns("breakdown", n),
         requested_batch_size=requested, seconds=c.number("seconds", optional=True),
         advice=c.strings("advice"), notes=c.strings("notes"), settings=_read_settings(c),
         certified=_read_flag(c, "certified"),
-        brackets=[_read_bracket(x) for x in c.objects("brackets", optional=True) or []],
+        brackets=_read_brackets(c, n),
         output_device=c.card("output_device", n) or 0,
         card0_output_batch_size=c.integer("card0_output_batch_size", optional=True),
     )

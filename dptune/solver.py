@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from dptune.errors import NoFeasibleSplitError
 from dptune.split import even_split
+from dptune.units import format_bytes
 
 __all__ = [
     "Fit", "fit_affine", "predict", "shares_of", "max_share",
@@ -206,7 +207,7 @@ def over_budget(card: int, shortfall_bytes: float, batch_size: int) -> NoFeasibl
     short = max(0, int(math.ceil(shortfall_bytes)))
     return NoFeasibleSplitError(
         f"no split of batch size {batch_size} is predicted to fit: card {card} is "
-        f"{short} bytes over its budget", shortfall_bytes=short)
+        f"{format_bytes(short)} over its budget", shortfall_bytes=short)
 
 
 # ---- balance ---------------------------------------------------------------------------

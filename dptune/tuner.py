@@ -21,18 +21,22 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from dptune import search
 from dptune.advice import unread_outputs_advice
-from dptune.backends.base import Backend, ProbeResult
+from dptune.backends.allocator import AllocatorConfig
+from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
+from dptune.backends.fixed_costs import FixedCosts
+from dptune.backends.reserved import (DEFAULT_HEADROOM, BudgetLevel, ReservedModel, advice_lines,
+                                      at_level, parse_level)
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
 from dptune.split import MAX_BATCH_SIZE
 from dptune.search.messages import card0_holdings
 from dptune.spec import WorkloadSpec
+from dptune.types import BackendKind, Objective, card_in_use
 from dptune.units import format_bytes, parse_bytes
 from dptune.workload import Workload, has_batchnorm, model_name
 
 __all__ = ["Tuner", "BackendChoice", "choose_backend"]
 
-OBJECTIVES = {"balance": "balance", "max_batch": "max_batch", "max-batch": "max_batch"}
 #: Share of card 0's peak taken by gathered outputs above which the report gives advice.
 OUTPUTS_ADVICE_SHARE = 0.15
 
@@ -53,16 +57,29 @@ class BackendChoice:
     """Real GPUs or simulated cards, decided once (:func:`choose_backend`).
 
     ``cluster`` is the simulated cluster (``None``: real GPUs, ``device_ids`` of them or all
-    visible); ``notice`` is said once when dptune chose the default cluster itself.
+    ``visible`` ones); ``notice`` is said once when dptune chose the default cluster itself.
+    Give it to :class:`Tuner` (``choice=``) so that the run does not decide again.
     """
 
     cluster: Any = None
     device_ids: Optional[list[int]] = None
     notice: Optional[str] = None
+    visible: int = 0                 # GPUs visible when all of them were chosen
 
     @property
     def simulated(self) -> bool:
         return self.cluster is not None
+
+    @property
+    def kind(self) -> BackendKind:
+        return BackendKind.SIMULATED if self.simulated else BackendKind.CUDA
+
+    @property
+    def cards(self) -> int:
+        """How many cards the run will use."""
+        if self.simulated:
+            return len(self.cluster)
+        return len(self.device_ids) if self.device_ids is not None else self.visible
 
 
 def choose_backend(device_ids: Optional[Sequence[int]] = None, simulate: Any = None
@@ -73,7 +90,7 @@ def choose_backend(device_ids: Optional[Sequence[int]] = None, simulate: Any = N
     ``device_ids`` picks real GPUs and raises :class:`BackendUnavailableError` when they are
     not all visible; neither: every visible GPU, or the simulated ``4x24GB`` when none is.
     """
-    from dptune.backends.simulated import DEFAULT_CLUSTER, parse_cluster
+    from dptune.backends.cluster import DEFAULT_CLUSTER, parse_cluster
 
     if simulate is not None and device_ids is not None:
         raise UsageError("give real GPUs (device_ids=, --devices) or simulated cards "
@@ -89,17 +106,19 @@ def choose_backend(device_ids: Optional[Sequence[int]] = None, simulate: Any = N
         return BackendChoice(cluster=parse_cluster(DEFAULT_CLUSTER),
                              notice=f"no GPU is visible: simulating {DEFAULT_CLUSTER} "
                                     "(choose the cards with --simulate SPEC or simulate=)")
-    return BackendChoice()
+    return BackendChoice(visible=have)
 
 
 def _build_backend(workload: Workload, choice: BackendChoice,
-                   isolated: Optional[WorkloadSpec] = None) -> Backend:
+                   isolated: Optional[WorkloadSpec] = None,
+                   reserved: Optional[ReservedModel] = None) -> Backend:
     """The backend ``choice`` names; with ``isolated``, real cards probed in child processes
-    that rebuild the workload from that spec."""
+    that rebuild the workload from that spec; ``reserved``: the allocator model of simulated
+    cards (real cards measure their reserved memory)."""
     if choice.simulated:   # Tuner.from_spec refuses isolate=True on simulated cards
         from dptune.backends.simulated import SimulatedBackend
 
-        return SimulatedBackend(workload, choice.cluster)
+        return SimulatedBackend(workload, choice.cluster, reserved=reserved)
     from dptune.backends.cuda import CudaBackend
 
     if isolated is not None:
@@ -120,12 +139,24 @@ class Tuner:
       cards. ``None``: real GPUs when there are any, else the simulated ``"4x24GB"`` (with a
       one-line notice on stderr when ``verbose``).
     - ``headroom``: memory left free on every card (bytes or a string such as ``"1GiB"``);
-      each card's budget is its memory minus what others use minus this.
+      each card's budget is its memory minus what others use minus this. Default: 1 GiB at
+      ``budget_level="allocated"``, 256 MiB at ``"reserved"`` (why:
+      :data:`dptune.backends.reserved.DEFAULT_HEADROOM`).
+    - ``budget_level``: the figure checked against each budget: ``"allocated"`` (the
+      allocator's allocated peak, the default) or ``"reserved"`` (the caching allocator's
+      reserved peak plus NCCL's buffers: on simulated cards predicted by the allocator model,
+      :mod:`dptune.backends.allocator`; on real cards ``max_memory_reserved``).
+      ``allocator``: the allocator's options in ``PYTORCH_CUDA_ALLOC_CONF`` syntax for the
+      model (default: that environment variable); ``nccl_bytes``: NCCL's buffers per card
+      (default: :mod:`dptune.backends.fixed_costs`).
     - ``max_probes``: the most training steps run (each one is a probe); ``tolerance``: the
       largest miss between a prediction and a probe for the fit to be trusted, as a fraction
       of the card's budget (or of its peak, where that is smaller).
     - ``backend``: an already-built backend (:class:`dptune.backends.base.Backend`); skips
       the selection above and is not closed by the tuner.
+    - ``choice``: the cards already chosen by :func:`choose_backend` (instead of
+      ``device_ids``/``simulate``), so that a caller that needed them first (the Hugging Face
+      integration counts them for the default batch) and the tuner decide once.
     - ``verbose``: a progress bar and notices on stderr; ``False`` prints nothing.
     - ``amp`` (``None``, ``"bf16"``, ``"fp16"``), ``accumulate``, ``clip_grad_norm``, ``step``:
       the training step's settings, as in :class:`dptune.workload.Workload`; the result
@@ -144,23 +175,36 @@ class Tuner:
                  loss_fn: Optional[Callable[[Any, Any], Any]] = None,
                  optimizer: Optional[Callable[[Iterable[Any]], Any]] = None, *,
                  device_ids: Optional[Sequence[int]] = None, simulate: Any = None,
-                 objective: str = "balance", headroom: Union[int, str] = "1GiB",
+                 objective: str = "balance", headroom: Union[int, str, None] = None,
                  verbose: bool = True, max_probes: int = 12, tolerance: float = 0.02,
                  backend: Optional[Backend] = None, amp: Optional[str] = None,
                  accumulate: int = 1, clip_grad_norm: Optional[float] = None,
                  step: Optional[Callable[[Any, Any, Any], None]] = None,
-                 output_device: Union[int, str] = 0):
+                 output_device: Union[int, str] = 0, choice: Optional[BackendChoice] = None,
+                 budget_level: str = "allocated",
+                 allocator: Union[str, AllocatorConfig, None] = None,
+                 nccl_bytes: Union[int, str, None] = None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UsageError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if batch_size > MAX_BATCH_SIZE:
             raise UsageError(f"batch_size={batch_size} is beyond what any cluster holds (at most "
                              f"{MAX_BATCH_SIZE:,} samples); give the total batch over all cards")
-        if objective not in OBJECTIVES:
-            raise UsageError(f"objective must be 'balance' or 'max_batch', got {objective!r}")
+        self.objective = Objective.parse(objective)
+        if choice is not None and (device_ids is not None or simulate is not None):
+            raise UsageError("give the cards once: choice= (already chosen) or device_ids= / "
+                             "simulate=, not both")
+        self.budget_level = parse_level(budget_level)
         try:
-            self.headroom_bytes = parse_bytes(headroom)
+            self.headroom_bytes = (DEFAULT_HEADROOM[self.budget_level] if headroom is None
+                                   else parse_bytes(headroom))
+            nccl = None if nccl_bytes is None else parse_bytes(nccl_bytes)
         except ValueError as e:
-            raise UsageError(f"headroom: {e}") from None
+            raise UsageError(f"headroom/nccl_bytes: {e}") from None
+        self.reserved_model: Optional[ReservedModel] = None
+        if self.budget_level is BudgetLevel.RESERVED:    # the environment is read only then
+            config = (AllocatorConfig.from_env() if allocator is None else allocator
+                      if isinstance(allocator, AllocatorConfig) else AllocatorConfig.parse(allocator))
+            self.reserved_model = ReservedModel(config, FixedCosts(nccl))
         if isinstance(max_probes, bool) or not isinstance(max_probes, int) or max_probes < 3:
             raise UsageError(f"max_probes must be an int >= 3, got {max_probes!r}")
         if not (isinstance(tolerance, (int, float)) and 0 < tolerance < 1):
@@ -174,13 +218,13 @@ class Tuner:
                                  amp=amp, accumulate=accumulate, clip_grad_norm=clip_grad_norm,
                                  step=step)
         self.batch_size = batch_size
-        self.objective = OBJECTIVES[objective]
         self.device_ids = device_ids
         self.simulate = simulate
         self.verbose = bool(verbose)
         self.max_probes = max_probes
         self.tolerance = float(tolerance)
         self.backend = backend
+        self.choice = choice
         self._isolated: Optional[WorkloadSpec] = None    # set by from_spec(isolate=True)
         if not (output_device == "auto" or (isinstance(output_device, int)
                                             and not isinstance(output_device, bool)
@@ -210,7 +254,7 @@ class Tuner:
                              "process; it does not apply to simulated cards (simulate=, --simulate)")
         wl = spec.build()
         tuner = cls(wl.model, wl.sample, batch_size, wl.loss_fn, wl.optimizer,
-                    device_ids=device_ids, simulate=simulate, amp=wl.amp,
+                    choice=choice, amp=wl.amp,
                     accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm, step=wl.step,
                     **options)
         tuner._isolated = spec if isolate else None
@@ -226,11 +270,11 @@ class Tuner:
         notes: list[str] = []
         backend = self.backend
         if backend is None:
-            choice = choose_backend(self.device_ids, self.simulate)
+            choice = self.choice or choose_backend(self.device_ids, self.simulate)
             if choice.notice is not None:
                 _notice(choice.notice, self.verbose)
                 notes.append(choice.notice)
-            backend = _build_backend(self.workload, choice, self._isolated)
+            backend = _build_backend(self.workload, choice, self._isolated, self.reserved_model)
         card0_batch: Optional[int] = None
         out_dev = 0
         try:
@@ -254,6 +298,11 @@ class Tuner:
             if self.backend is None:
                 backend.close()
         notes.extend(outcome.notes)
+        if self.budget_level is BudgetLevel.RESERVED:
+            notes.append("budgets checked against the reserved level: peaks are the caching "
+                         "allocator's reserved peak plus NCCL's buffers (allocated peaks in each "
+                         "probe's allocated_peak_bytes); on simulated cards a model of the "
+                         "allocator, not yet checked on hardware")
         chunk_sizes = list(outcome.best.chunk_sizes)
         bn = self._has_batchnorm(backend)
         if bn:
@@ -264,14 +313,15 @@ class Tuner:
                                    implied_by=outcome.even_implied_by)
         best = outcome.best
         return TuneResult(
-            objective=self.objective, backend=str(getattr(backend, "kind", "unknown")),
+            objective=self.objective.value, backend=str(capabilities(backend).kind),
             cluster=backend.describe(), model_name=model_name(self.workload.model),
             devices=list(backend.devices), headroom_bytes=self.headroom_bytes,
             budget_bytes=budgets, chunk_sizes=chunk_sizes, peak_bytes=list(best.peak_bytes),
             even=even, probes=list(outcome.probes), fits=list(outcome.fits),
             breakdown=list(best.breakdown) if best.breakdown is not None else None,
             requested_batch_size=self.batch_size, seconds=time.perf_counter() - start,
-            advice=_advice(best, even, outcome, budgets) + _output_device_advice(out_dev),
+            advice=(_advice(best, even, outcome, budgets) + _output_device_advice(out_dev)
+                    + advice_lines(best)),
             notes=notes,
             certified=outcome.certified, brackets=list(outcome.brackets), model=model,
             output_device=out_dev, card0_output_batch_size=card0_batch,
@@ -290,12 +340,15 @@ class Tuner:
         budgets = [d.budget_bytes(self.headroom_bytes) for d in devices]
         perm = list(range(len(devices)))
         perm[0], perm[output_device] = output_device, 0
-        probe: Callable[[Sequence[int]], ProbeResult] = backend.probe
-        if output_device:
-            def probe(split: Sequence[int]) -> ProbeResult:
-                real = [split[perm[i]] for i in range(len(split))]
-                r = backend.probe(real, output_device=output_device)  # type: ignore[call-arg]
-                return dataclasses.replace(_swapped(r, perm), purpose=r.purpose)
+        level = self.budget_level
+
+        def probe(split: Sequence[int]) -> ProbeResult:
+            if not output_device:
+                return at_level(backend.probe(split), devices, level)
+            real = [split[perm[i]] for i in range(len(split))]
+            r = at_level(backend.probe(real, output_device=output_device),  # type: ignore[call-arg]
+                         devices, level)
+            return dataclasses.replace(_swapped(r, perm), purpose=r.purpose)
         from tqdm.auto import tqdm
 
         # The total is the most probes the search may run, and stays so: a search that
@@ -306,7 +359,7 @@ class Tuner:
             out = search.run(probe, [budgets[perm[i]] for i in range(len(perm))], self.objective,
                              self.batch_size, min_chunk=m, max_probes=self.max_probes,
                              tolerance=self.tolerance,
-                             exact_on_oom=getattr(backend, "kind", "") == "simulated",
+                             exact_on_oom=capabilities(backend).exact_on_oom,
                              on_probe=lambda: bar.update(1))
             return out if not output_device else _swapped_outcome(out, perm, output_device)
         finally:
@@ -316,13 +369,13 @@ class Tuner:
         """The card to try gathering the outputs on (0: none): the one asked for, or with
         ``"auto"`` for ``max_batch`` the card other than 0 with the largest budget."""
         n = len(backend.devices)
-        if self.output_device == 0 or n < 2 or not getattr(backend, "supports_output_device", False):
+        if isinstance(self.output_device, int) and self.output_device >= n:
+            raise UsageError(f"output_device={self.output_device}: there are cards 0..{n - 1}")
+        if self.output_device == 0 or n < 2 or not capabilities(backend).output_device:
             return 0
         if isinstance(self.output_device, int):
-            if self.output_device >= n:
-                raise UsageError(f"output_device={self.output_device}: there are cards 0..{n - 1}")
             return self.output_device
-        if self.objective != "max_batch":
+        if self.objective is not Objective.MAX_BATCH:
             return 0
         budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
         return max(range(1, n), key=lambda i: (budgets[i], -i))
@@ -343,7 +396,7 @@ class Tuner:
 
         from dptune.parallel import BalancedDataParallel
 
-        if getattr(backend, "kind", "") == "cuda":
+        if capabilities(backend).kind == BackendKind.CUDA:
             ids = [d.index for d in backend.devices]
             model = self.workload.model() if self.workload.is_factory else self.workload.model
             assert isinstance(model, torch.nn.Module)
@@ -353,7 +406,7 @@ class Tuner:
         if not isinstance(module, torch.nn.Module):
             notes.append("the model was given as a factory and simulated, so result.model is None; "
                          "wrap the real model with BalancedDataParallel(model, chunk_sizes=...) "
-                         "or BalancedDataParallel.from_report(model, report_dir)")
+                         "or dptune.load_result(report_dir).wrap(model)")
             return None
         n = len(chunk_sizes)
         if torch.cuda.is_available() and torch.cuda.device_count() >= n:
@@ -366,7 +419,7 @@ class Tuner:
             return BalancedDataParallel(module, chunk_sizes=chunk_sizes)
 
     def _has_batchnorm(self, backend: Backend) -> bool:
-        flag = getattr(backend, "has_batchnorm", None)
+        flag = model_facts(backend).has_batchnorm
         if flag is not None:
             return bool(flag)
         import torch
@@ -384,7 +437,7 @@ class Tuner:
 def _settings(workload: Workload, backend: Backend) -> Any:
     """The workload's step settings; gradient checkpointing as the backend found the model."""
     settings = workload.settings
-    ckpt = getattr(backend, "gradient_checkpointing", None)
+    ckpt = model_facts(backend).gradient_checkpointing
     if isinstance(ckpt, bool) and ckpt != settings.gradient_checkpointing:
         settings = dataclasses.replace(settings, gradient_checkpointing=ckpt)
     return settings
@@ -395,7 +448,7 @@ def _figures(r: Optional[ProbeResult], split: list[int], budgets: list[int]) -> 
         return SplitFigures(chunk_sizes=tuple(split), peak_bytes=tuple([0] * len(split)),
                             imbalance=float("inf"), feasible=False)
     within = r.feasible and all(p <= b for i, (p, b, c) in enumerate(
-        zip(r.peak_bytes, budgets, r.chunk_sizes)) if i == 0 or c > 0)
+        zip(r.peak_bytes, budgets, r.chunk_sizes)) if card_in_use(i, c))
     return SplitFigures(chunk_sizes=tuple(r.chunk_sizes), peak_bytes=tuple(r.peak_bytes),
                         imbalance=imbalance(r.peak_bytes, budgets, r.chunk_sizes),
                         feasible=within, oom_device=r.oom_device, breakdown=r.breakdown)
@@ -451,7 +504,10 @@ def _swapped(r: ProbeResult, perm: list[int]) -> ProbeResult:
         oom_device=None if r.oom_device is None else perm[r.oom_device],
         breakdown=per_card(r.breakdown), reserved_bytes=per_card(r.reserved_bytes),
         nvml_used_bytes=per_card(r.nvml_used_bytes), alloc_retries=per_card(r.alloc_retries),
-        repeat_spread_bytes=per_card(r.repeat_spread_bytes))
+        repeat_spread_bytes=per_card(r.repeat_spread_bytes), total_bytes=per_card(r.total_bytes),
+        memory_stats=per_card(r.memory_stats),
+        expandable_reserved_bytes=per_card(r.expandable_reserved_bytes),
+        allocated_peak_bytes=per_card(r.allocated_peak_bytes))
 
 
 def _swapped_outcome(out: search.SearchOutcome, perm: list[int], k: int) -> search.SearchOutcome:

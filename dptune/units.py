@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 __all__ = ["parse_bytes", "format_bytes", "GiB", "MiB", "KiB"]
 
@@ -25,7 +26,8 @@ def parse_bytes(value: int | float | str, *, gb_is_gib: bool = False) -> int:
 
     SI units (kB, MB, GB) are powers of 1000 and IEC units (KiB, MiB, GiB) powers of 1024,
     unless ``gb_is_gib`` is true: GPU vendors' "24GB" cards hold 24 GiB, so cluster specs
-    read GB as GiB.
+    read GB as GiB. The figure is read exactly (``"0.1GB"`` is 100000000 bytes, and a
+    30-digit count stays that count), rounded to whole bytes only at the end.
     """
     if isinstance(value, bool):
         raise ValueError(f"not a byte size: {value!r}")
@@ -41,7 +43,7 @@ def parse_bytes(value: int | float | str, *, gb_is_gib: bool = False) -> int:
     factor = _UNITS[unit]
     if gb_is_gib and unit in ("k", "kb", "m", "mb", "g", "gb", "t", "tb"):
         factor = _UNITS[unit.rstrip("b") + "ib"] if unit.endswith("b") else _UNITS[unit + "ib"]
-    return int(round(float(m.group(1)) * factor))
+    return round(Fraction(m.group(1)) * factor)
 
 
 def format_bytes(n: int | float | None, *, precision: int = 1) -> str:

@@ -53,12 +53,19 @@ def function_name(fn: Any) -> str:
     return f"{module}:{name}"
 
 
+#: The most micro-batches per step (``accumulate``), and why.
+MAX_ACCUMULATE = 1024
+ACCUMULATE_BOUND = (f"at most {MAX_ACCUMULATE} micro-batches per step: every probe runs each one, "
+                    "and the memory peak does not grow after the second, so a smaller number "
+                    "gives the same split sooner")
+
+
 @dataclass(frozen=True)
 class StepSettings:
     """What a split was tuned for: the training step's settings that change its memory.
 
     Stored in ``TuneResult.settings``, ``report.json`` and the summary, so a split is not
-    reused for another step unnoticed (``BalancedDataParallel.from_report`` compares them).
+    reused for another step unnoticed (``TuneResult.wrap`` compares them).
     """
 
     amp: Optional[str] = None              # None | "bf16" | "fp16"
@@ -73,6 +80,8 @@ class StepSettings:
         if isinstance(self.accumulate, bool) or not isinstance(self.accumulate, int) or self.accumulate < 1:
             raise UsageError(f"accumulate must be an int >= 1 (micro-batches per optimizer step), "
                              f"got {self.accumulate!r}")
+        if self.accumulate > MAX_ACCUMULATE:
+            raise UsageError(f"accumulate={self.accumulate}: {ACCUMULATE_BOUND}")
         if self.clip_grad_norm is not None:
             c = self.clip_grad_norm
             if isinstance(c, bool) or not isinstance(c, (int, float)) or not (c > 0 and math.isfinite(c)):

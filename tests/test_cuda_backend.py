@@ -20,7 +20,7 @@ import torch.nn as nn
 from dptune.backends.base import Backend, ProbeResult
 from dptune.backends.cuda import CudaBackend, CudaRuntime, StepContext, default_step
 from dptune.spec import WorkloadSpec
-from dptune.errors import (BackendUnavailableError, ImportStringError, UsageError,
+from dptune.errors import (BackendUnavailableError, ImportStringError, NoFeasibleSplitError, UsageError,
                            UserCodeError)
 from dptune.state import snapshot
 
@@ -688,6 +688,29 @@ def test_isolated_probe_runs_in_a_child_process():
     b2 = CudaBackend(spec, [0, 1], runtime=FakeRuntime(), step_fn=spawn_bad_step, isolate=True)
     with pytest.raises(UserCodeError, match="broken in the child"):
         b2.probe([1, 1])
+
+
+def spawn_crash_step(ctx, sizes):
+    import os
+
+    os._exit(3)          # as a segfault in native code: no answer, no exception
+
+
+def spawn_dptune_error_step(ctx, sizes):
+    from dptune.errors import NoFeasibleSplitError
+
+    raise NoFeasibleSplitError("raised in the child")
+
+
+def test_isolated_child_that_dies_or_raises_dptunes_error():
+    spec = WorkloadSpec("dptune.examples.models:MLP",
+                        model_kwargs={"in_features": 8, "hidden": 16, "depth": 1, "num_classes": 3})
+    b = CudaBackend(spec, [0, 1], runtime=FakeRuntime(), step_fn=spawn_crash_step, isolate=True)
+    with pytest.raises(UserCodeError, match="exited without a result"):
+        b.probe([1, 1])
+    b = CudaBackend(spec, [0, 1], runtime=FakeRuntime(), step_fn=spawn_dptune_error_step, isolate=True)
+    with pytest.raises(NoFeasibleSplitError, match="raised in the child"):
+        b.probe([1, 1])
 
 
 def test_isolation_refuses_unpicklable_parts():

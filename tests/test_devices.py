@@ -349,3 +349,38 @@ def test_format_devices():
 def test_format_no_devices():
     text = format_devices([])
     assert "no CUDA GPU is visible" in text and "CUDA_VISIBLE_DEVICES" in text
+
+
+# ---- one device layer: `dptune devices` and the backend's runtime agree ------------------
+
+@pytest.mark.parametrize("uuid_kind", ["object", "str", "none"])
+def test_the_runtime_finds_the_cards_devices_finds(monkeypatch, uuid_kind):
+    """Both go through the same matching (UUID, then PCI bus id) and the same UUID text: the
+    runtime's NVML figures are the listed cards' own, also where torch gives no UUID."""
+    from dptune.backends.cuda.runtime import CudaRuntime
+
+    fake_torch_cuda(monkeypatch, [2, 0, 1], uuid_kind=uuid_kind)
+    use_nvml(monkeypatch, fake_pynvml())
+    gpus = devices()
+    rt = CudaRuntime()
+    assert [rt._handle(i) for i in range(3)] == [g.nvml_handle for g in gpus] == [2, 0, 1]
+    assert [rt.nvml_used(i) for i in range(3)] == [g.used_bytes for g in gpus] == [7 * GiB, 1 * GiB, 5 * GiB]
+    if uuid_kind != "none":
+        assert [rt.uuid(i) for i in range(3)] == [g.uuid for g in gpus]
+        assert rt.uuid(0) == "GPU-00112233-4455-6677-8899-aabbccddeeff"
+
+
+def test_a_mig_instance_is_not_matched_and_is_written_alike(monkeypatch):
+    from dptune.backends.cuda.devices import format_uuid, nvml_handle
+    from dptune.backends.cuda.runtime import CudaRuntime
+
+    use_nvml(monkeypatch, fake_pynvml())
+    mig = "MIG-" + CARDS[0].uuid
+    asked = []
+    assert nvml_handle(mig, lambda: asked.append(1) or CARDS[0].bus) is None and asked == []
+    assert format_uuid(_nvml.normalize_uuid(mig)) == "MIG-" + CARDS[0].uuid.replace("-", "")
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(uuid=mig, pci_domain_id=0,
+                                                        pci_bus_id=CARDS[0].pci_bus, pci_device_id=0))
+    rt = CudaRuntime()
+    assert rt.uuid(0) == format_uuid(_nvml.normalize_uuid(mig)) and rt.nvml_used(0) is None

@@ -2,7 +2,7 @@
 code and one line that says what is wrong and what to do, never a traceback of dptune's own.
 
 Reports are checked when read, by the one reader that `show`, `plot` and
-`BalancedDataParallel.from_report` share; reports are written atomically.
+`load_result(path).wrap(model)` share; reports are written atomically.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import pytest
 import torch
 from torch import nn
 
-from dptune import report as report_mod
 from dptune.cli import main
 from dptune.errors import DptuneWarning, OutputError, ReportError, SpecError, UsageError
 from dptune.parallel import BalancedDataParallel
+from dptune.report import files as report_mod
 from dptune.report import plot_result, write_report
-from dptune.result import TuneResult
+from dptune.result import TuneResult, load_result
 
 from test_report import make_result
 
@@ -228,14 +228,23 @@ BAD_REPORTS = [
     (_drop("probes"), "probes is missing"),
     (lambda d: [d], "holds a JSON array, expected a JSON object"),
     (_set("chunk_sizes", [1, 22, 41]), "chunk_sizes has 3 entries for 4 cards"),
-    (_set("peak_bytes", ["1GB", 2, 3, 4]), "peak_bytes is a JSON array, expected a list of integers"),
-    (_set("chunk_sizes", [-1, 22, 22, 21]), "chunk_sizes is a JSON array, expected a list of integers >= 0"),
+    (_set("peak_bytes", ["1GB", 2, 3, 4]), "peak_bytes[0] is a string ('1GB'), expected an integer >= 0"),
+    (_set("chunk_sizes", [1, 22, -1, 21]), "chunk_sizes[2] is int -1, expected an integer >= 0"),
     (_set("batch_size", 65), "batch_size is 65 but chunk_sizes [1, 22, 22, 19] sum to 64"),
     (_set("headroom_bytes", "1GiB"), "headroom_bytes is a string ('1GiB'), expected an integer"),
     (_set("devices", {}), "devices is a JSON object, expected a list"),
     (_probe0("peak_bytes", [1, 2]), "probes[0].peak_bytes has 2 entries for 4 cards"),
     (_probe0("oom_device", 7), "probes[0].oom_device is 7, but there are only 4 cards"),
     (_set("objective", "fastest"), "objective is 'fastest', expected one of balance, max_batch"),
+    # issue 22: these three were read without a word
+    (_set("brackets", [dict(card=i, lo=8, hi=9) for i in range(3)]),
+     "brackets has 3 entries for 4 cards"),
+    (_set("brackets", [dict(card=7 if i == 3 else i, lo=8, hi=9) for i in range(4)]),
+     "brackets[3].card is 7, but there are only 4 cards"),
+    (lambda d: {**d, "even": {**d["even"], "implied_by": [2, 99]}},
+     "even.implied_by names probe #99, but the report has 3 probe(s) (#1..#3)"),
+    (lambda d: {**d, "probes": [{**d["probes"][0], "peak_bytes": [1, 2, 3, -4]}] + d["probes"][1:]},
+     "probes[0].peak_bytes[3] is int -4, expected an integer >= 0"),
 ]
 
 
@@ -258,7 +267,7 @@ def test_from_report_refuses_a_bad_report(saved, change, message):
     _edit(saved, change)
     with pytest.raises(ReportError, match=message.replace("[", r"\[").replace("(", r"\(")
                        .replace(")", r"\)").replace("]", r"\]")):
-        BalancedDataParallel.from_report(nn.Linear(2, 2), saved)
+        load_result(saved).wrap(nn.Linear(2, 2))
 
 
 def test_truncated_report_is_one_line(saved, capsys):
@@ -266,6 +275,18 @@ def test_truncated_report_is_one_line(saved, capsys):
     (saved / "report.json").write_text(text[: len(text) // 2])
     code, _, err = run(capsys, "show", str(saved))
     one_line_error(code, err, 2, "is not valid JSON", "re-run `dptune search`")
+
+
+def test_brackets_one_per_card_and_implied_probes_in_the_report_read_fine(saved, capsys):
+    """The checks above refuse only what is wrong: four brackets for four cards and an even
+    split implied by probes #1 and #3 of three are read and shown."""
+    _edit(saved, lambda d: {**d, "brackets": [dict(card=i, lo=8, hi=9) for i in range(4)],
+                            "even": {**d["even"], "implied_by": [1, 3]}})
+    result = TuneResult.load(str(saved))
+    assert [b.card for b in result.brackets] == [0, 1, 2, 3]
+    assert result.even.implied_by == (1, 3)
+    code, out, err = run(capsys, "show", str(saved))
+    assert code == 0 and "dptune: error" not in err
 
 
 def test_a_valid_report_reads_back_equal(saved):
@@ -398,10 +419,12 @@ def _texts(fig) -> list[str]:
 def test_peaks_labels_say_samples_and_share_of_budget():
     fig = plot_result(make_result("balance"), "peaks")
     ticks = [t.get_text() for t in fig.axes[0].get_xticklabels(minor=True)]
-    assert ticks[0] == "even\n16 samples\n" + ticks[0].splitlines()[2]
-    assert ticks[1].startswith("dptune\n1 samples\n") and ticks[1].endswith("%")
+    # under each bar: the split, its samples, its share; the rows are named once at the left
+    # ("samples" under every bar made 8-digit counts run into each other)
+    assert ticks[0] == "even\n16\n" + ticks[0].splitlines()[2]
+    assert ticks[1].startswith("dptune\n1\n") and ticks[1].endswith("%")
     assert not any("smp" in t for t in _texts(fig))
-    assert any(t.endswith("share of budget") for t in _texts(fig))
+    assert "split\nsamples on the card\nshare of budget" in _texts(fig)
 
 
 def test_peaks_show_memory_used_by_other_processes():
@@ -529,11 +552,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_commands() -> list[list[str]]:
-    """The `dptune ...` lines of the README's "From the shell" block, as argument lists."""
+    """The `dptune ...` lines of the README's "From the shell" blocks, as argument lists."""
     import shlex
 
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = text.split("### From the shell", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    section = text.split("### From the shell", 1)[1].split("\n### ", 1)[0]
+    block = "\n".join(b.split("```", 1)[0] for b in section.split("```bash")[1:])
     joined = block.replace("\\\n", " ")
     return [shlex.split(line.split(" #", 1)[0])[1:] for line in joined.splitlines()
             if line.startswith("dptune ")]

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from dptune import ddp
-from dptune.backends.simulated import parse_cluster
-from dptune.backends.simulated_ddp import card_of
-from dptune.backends.simulated_fsdp import SimulatedFSDPRank
+from dptune.backends.cluster import parse_cluster
+from dptune.backends.simulated.ddp import card_of
+from dptune.backends.simulated.fsdp import SimulatedFSDPRank
 from dptune.ddp.fsdp import FSDPOptions, repeated_blocks
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.workload import Workload

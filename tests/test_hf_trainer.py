@@ -296,7 +296,7 @@ def test_a_split_for_other_cards_is_refused(tmp_path):
 
 
 def test_report_folder_as_tuned(tmp_path, fake_gpus):
-    from test_parallel import write_report
+    from test_result_wrap import write_report
 
     folder = write_report(tmp_path / "rep", [1, 3, 3, 3])
     t = make_trainer(BalancedTrainer, MeanLossNet(), four_gpu_args(tmp_path), tuned=folder)

@@ -1,4 +1,4 @@
-"""BalancedDataParallel: splitting, pass-through, reduce, warnings, repr, from_report.
+"""BalancedDataParallel: splitting, pass-through, reduce, warnings, repr.
 
 Everything but the class at the end runs on the CPU. The multi-device path of ``forward`` is
 run on the CPU by :class:`CpuBDP`, which pretends to have devices 0..n-1 and replaces only
@@ -8,7 +8,6 @@ the CUDA steps (scatter, replicate, parallel_apply, gather) with CPU ones.
 from __future__ import annotations
 
 import copy
-import json
 import warnings
 from collections import namedtuple
 
@@ -18,13 +17,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from dptune.backends.base import Device, ProbeResult
 from dptune.errors import UsageError
 from dptune.parallel import (
     BalancedDataParallel, find_batch_size, gpu0_split, narrow_scatter, split_inputs,
     weighted_reduce,
 )
-from dptune.result import Fit, SplitFigures, TuneResult
 from dptune.split import even_split
 
 Pair = namedtuple("Pair", "x y")
@@ -524,66 +521,13 @@ def test_repr_shows_split_and_devices():
     assert "no CUDA" in repr(BalancedDataParallel(nn.Linear(2, 2)))
 
 
-# ---- from_report ------------------------------------------------------------------------
+# ---- from_report moved to the result ---------------------------------------------------
 
-def write_report(folder, chunk_sizes):
-    n = len(chunk_sizes)
-    gib = 2**30
-    devices = [Device(index=i, name="Virtual 24GB", total_bytes=24 * gib) for i in range(n)]
-    peaks = [10 * gib] * n
-    result = TuneResult(
-        objective="balance", backend="simulated", cluster=f"{n}x24GB (simulated)",
-        model_name="MLP", devices=devices, headroom_bytes=gib, budget_bytes=[23 * gib] * n,
-        chunk_sizes=list(chunk_sizes), peak_bytes=peaks,
-        even=SplitFigures(chunk_sizes=tuple(even_split(sum(chunk_sizes), n)),
-                          peak_bytes=tuple(peaks), imbalance=1.0),
-        probes=[ProbeResult(chunk_sizes=tuple(chunk_sizes), peak_bytes=tuple(peaks))],
-        fits=[Fit(intercept_bytes=1e9, slope_bytes=1e8) for _ in range(n)],
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "report.json", "w", encoding="utf-8") as f:
-        json.dump(result.to_dict(), f)
-    return folder
-
-
-def test_from_report_folder_and_file(tmp_path):
-    folder = write_report(tmp_path / "rep", [6, 10, 10, 10])
-    for path in (folder, folder / "report.json", str(folder)):
-        with pytest.warns(UserWarning, match="no CUDA"):   # built on this CPU-only machine
-            w = BalancedDataParallel.from_report(MLP(), path, device_ids=[0, 1, 2, 3])
-        assert isinstance(w, BalancedDataParallel)
-        assert w.chunk_sizes == [6, 10, 10, 10]
-
-
-def test_from_report_with_too_few_visible_devices(tmp_path, monkeypatch):
-    folder = write_report(tmp_path / "rep", [6, 10, 10, 10])
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with pytest.raises(UsageError, match=r"tuned for 4 cards .* but 2 CUDA device"):
-        BalancedDataParallel.from_report(MLP(), folder)
-
-
-def test_from_report_without_cuda_is_a_pass_through(tmp_path, monkeypatch):
-    """The README's promise: a script that reuses a report runs unchanged without a GPU."""
-    folder = write_report(tmp_path / "rep", [3, 5])
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    net = MLP()
-    with pytest.warns(UserWarning, match="no CUDA device is available.*not used"):
-        w = BalancedDataParallel.from_report(net, folder)
-    assert w.device_ids == [] and w.module is net and w.chunk_sizes == [3, 5]
-    x = torch.randn(8, 4)
-    assert torch.equal(w(x), net(x))
-
-
-def test_from_report_device_ids_mismatch(tmp_path):
-    folder = write_report(tmp_path / "rep", [6, 10, 10, 10])
-    with pytest.raises(UsageError, match="split for 4 cards.*give 4 device ids"):
-        BalancedDataParallel.from_report(MLP(), folder, device_ids=[0, 1])
-
-
-def test_from_report_missing(tmp_path):
-    with pytest.raises(UsageError, match="no report"):
-        BalancedDataParallel.from_report(MLP(), tmp_path / "nothing")
+def test_from_report_says_where_it_moved(tmp_path):
+    """Reading a report belongs to the result (load_result(path).wrap(model), tested in
+    test_result_wrap.py); the old name answers with the new one instead of reading."""
+    with pytest.raises(UsageError, match=r"load_result\('rep'\)\.wrap\(model\)"):
+        BalancedDataParallel.from_report(MLP(), "rep")
 
 
 # ---- real GPUs ----------------------------------------------------------------------------

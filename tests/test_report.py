@@ -116,7 +116,6 @@ def test_result_table_has_bytes_per_card(result):
     assert list(df["peak_bytes"]) == result.peak_bytes
     assert list(df["budget_bytes"]) == result.budget_bytes
     assert df["share"].tolist() == pytest.approx(result.shares)
-    assert result.table.equals(df)
 
 
 def test_render_table_balance():
@@ -129,7 +128,9 @@ def test_render_table_balance():
     assert f"even {r.even.imbalance:.2f} -> dptune {r.imbalance:.2f}" in lines[-2]
     assert lines[-1].startswith("certified: ")
     assert "max batch" not in text
-    assert str(r) == text
+    # str(result) is one line (the result does not import its renderer): it names the split
+    # and where the table comes from
+    assert "\n" not in str(r) and str(r.chunk_sizes) in str(r) and "render_table" in str(r)
 
 
 def test_render_table_max_batch_shows_gain():
@@ -240,7 +241,6 @@ def test_plot_into_given_axes(result):
     for kind in plot_kinds(result):
         ax.clear()
         assert plot_result(result, kind, ax=ax) is fig
-    assert result.plot("fits", ax=ax) is fig
 
 
 def test_unknown_plot_kind():
@@ -268,5 +268,57 @@ def test_peaks_plot_marks_an_implied_even_split_as_upper_bounds():
     even_ticks = [t for t in ticks if t.startswith("even")]
     assert even_ticks and all(t.splitlines()[-1].startswith("<= ") for t in even_ticks)
     assert not any(t.splitlines()[-1].startswith("<=") for t in ticks if t.startswith("dptune"))
-    assert "not probed, upper bounds from probe #3" in ax.get_title()
-    assert "not probed" not in plain.get_title()
+    assert "not probed, upper bounds from probe #3" in " ".join(ax.get_title().split())
+    assert "not probed" not in " ".join(plain.get_title().split())
+
+
+def test_a_probe_over_budget_but_within_memory_is_not_within_budget(tmp_path):
+    """The issue's case: a probe that ran (no OOM) over the headroom is what the search
+    counts as not fitting; the table, the summary and probes.csv say so and by how much."""
+    import dataclasses
+
+    import pandas as pd
+
+    r = make_result("max_batch")
+    budget1 = r.budget_bytes[1]
+    over = ProbeResult(chunk_sizes=(20, 66, 65, 58), purpose="one more sample",
+                       peak_bytes=(r.peak_bytes[0], budget1 + 5 * 2**20, budget1 - 2**20,
+                                   r.peak_bytes[3]))
+    assert over.feasible and over.peak_bytes[1] < r.devices[1].total_bytes   # ran, fits the card
+    r = dataclasses.replace(r, probes=[*r.probes, over])
+    check = r.budget_check(over)
+    assert (check.within_budget, check.margin_bytes, check.card) == (False, -5 * 2**20, 1)
+    md = render_summary(r)
+    assert f"| {len(r.probes)} | one more sample |" in md
+    assert "no: card 1 over by 5.0 MiB" in md.splitlines()[md.splitlines().index(
+        next(line for line in md.splitlines() if "one more sample" in line))]
+    out = write_report(r, tmp_path / "r", plots=False)
+    csv = pd.read_csv(out / "probes.csv")
+    last = csv.iloc[-1]
+    assert not last["within_budget"] and last["margin_bytes"] == -5 * 2**20
+    assert last["margin_card"] == 1 and math.isnan(last["oom_device"])
+    # every other probe: within budget exactly when every card in use is at or under budget
+    for row, p in zip(csv.itertuples(), r.probes):
+        used = [i for i, c in enumerate(p.chunk_sizes) if i == 0 or c > 0]
+        want = p.feasible and all(p.peak_bytes[i] <= r.budget_bytes[i] for i in used)
+        assert row.within_budget == want
+
+
+def test_probes_are_numbered_from_one_everywhere(tmp_path):
+    """probes.csv, the summary's table and the even split's "probe(s) #k" use one numbering:
+    #k is the k-th probe run."""
+    import dataclasses
+
+    import pandas as pd
+
+    r = make_result("max_batch")
+    k = next(k for k, p in enumerate(r.probes, start=1) if p.chunk_sizes == r.even.chunk_sizes)
+    r = dataclasses.replace(r, even=dataclasses.replace(r.even, implied_by=(k,)))
+    out = write_report(r, tmp_path / "r", plots=False)
+    assert list(pd.read_csv(out / "probes.csv")["probe"]) == list(range(1, r.num_probes + 1))
+    md = render_summary(r)
+    row = next(line for line in md.splitlines() if line.startswith(f"| {k} |"))
+    assert str(list(r.even.chunk_sizes)) in row          # row k is the probe named #k
+    assert f"probe(s) #{k} measured" in md and f"probe(s) #{k} measured" in render_table(r)
+    assert f"upper bounds from probe #{k}" in " ".join(plot_result(r, "peaks").axes[0]
+                                                      .get_title().split())

@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dptune._torch_private import fake_tensor_mode
-from dptune.backends._sdpa import SdpaCall, SdpaFlags, sdpa_mode, select_kernel
+from dptune.backends.simulated.sdpa import SdpaCall, SdpaFlags, sdpa_mode, select_kernel
 from dptune.backends.simulated import (
     DEFAULT_CAPABILITY,
     SimulatedBackend,

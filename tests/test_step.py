@@ -12,6 +12,7 @@ import torch.nn as nn
 from dptune import Tuner
 from dptune.backends.simulated import estimate_memory, parse_cluster
 from dptune.errors import UsageError
+from dptune.report import plot_result, render_table, write_report
 from dptune.result import TuneResult
 from dptune.workload import StepSettings, Workload
 
@@ -202,13 +203,13 @@ def test_tuner_records_settings_in_result_report_and_plots(tmp_path):
     res = Tuner(mlp(), sample, batch_size=64, simulate="2x24GB", amp="bf16", accumulate=2,
                 verbose=False).fit()
     assert res.settings == StepSettings(amp="bf16", accumulate=2)
-    res.save(str(tmp_path))
+    write_report(res, str(tmp_path))
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["settings"]["amp"] == "bf16" and data["settings"]["accumulate"] == 2
     assert TuneResult.load(str(tmp_path)).settings == res.settings
     assert "bf16 autocast, accumulate 2" in (tmp_path / "summary.md").read_text()
-    assert "bf16 autocast, accumulate 2" in str(res).splitlines()[0]
-    fig = res.plot("peaks")
+    assert "bf16 autocast, accumulate 2" in render_table(res).splitlines()[0]
+    fig = plot_result(res, "peaks")
     assert "bf16 autocast, accumulate 2" in fig.axes[0].get_title()
 
 
@@ -356,16 +357,16 @@ def test_gpt2_through_the_cli_with_bf16_and_accumulation(tmp_path, capsys):
 
 def test_from_report_warns_when_the_step_differs(tmp_path):
     from dptune.errors import DptuneWarning
-    from dptune.parallel import BalancedDataParallel
+    from dptune.result import load_result
 
     res = Tuner(mlp(), sample, batch_size=32, simulate="2x24GB", amp="bf16", accumulate=2,
                 verbose=False).fit()
-    res.save(str(tmp_path))
+    write_report(res, str(tmp_path))
 
     def warnings_for(**kw):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            BalancedDataParallel.from_report(mlp(), str(tmp_path), **kw)
+            load_result(str(tmp_path)).wrap(mlp(), **kw)
         return [str(w.message) for w in caught if "another training step" in str(w.message)]
 
     assert warnings_for() == []                                  # nothing given, nothing to compare
@@ -375,4 +376,4 @@ def test_from_report_warns_when_the_step_differs(tmp_path):
     [msg] = warnings_for(amp="bf16", accumulate=4, clip_grad_norm=1.0)
     assert "accumulate=2 in the report, 4 here" in msg and "clip_grad_norm=None in the report, 1.0 here" in msg
     with pytest.warns(DptuneWarning, match="another training step"):
-        BalancedDataParallel.from_report(mlp(), str(tmp_path), step=lambda m, b, o: None)
+        load_result(str(tmp_path)).wrap(mlp(), step=lambda m, b, o: None)

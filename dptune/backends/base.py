@@ -3,108 +3,74 @@
 The tuner sees only this: a list of :class:`Device` and a ``probe(chunk_sizes)`` method that
 runs one training step with that split and returns a :class:`ProbeResult`. It cannot tell
 which backend it talks to. All memory figures are ``int`` bytes.
+
+What a backend can do beyond that is declared, not probed for: :class:`Capabilities` (its
+kind, whether an out-of-memory probe's peaks are exact, whether it can gather the outputs on
+another card) and :class:`ModelFacts` (what it found out about the model: BatchNorm, gradient
+checkpointing). dptune's backends give both; :func:`capabilities` and :func:`model_facts` read
+them in one place, with the defaults of a backend that gives only the five required members
+(a user's own backend, the tests' synthetic ones).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol, Sequence, runtime_checkable
 
-__all__ = ["Device", "ProbeResult", "Backend", "CATEGORIES"]
+from dptune.types import CATEGORIES, BackendKind, Device, ProbeResult
 
-#: Categories of a per-card breakdown, in drawing order.
-CATEGORIES = ("weights", "gradients", "optimizer", "activations", "inputs", "outputs", "other")
-
-
-@dataclass(frozen=True)
-class Device:
-    """One card as the tuner sees it.
-
-    ``used_bytes`` is memory taken on the card by others (other processes) before dptune
-    starts, ``context_bytes`` memory of our own process that the allocator does not count
-    (the CUDA context). The allocator can use ``available_bytes`` of the card; the tuner
-    plans within ``budget_bytes(headroom)``.
-    """
-
-    index: int                      # torch device index (virtual index when simulated)
-    name: str
-    total_bytes: int
-    used_bytes: int = 0             # in bytes, taken by other processes
-    context_bytes: int = 0          # in bytes, CUDA context etc. of this process
-    uuid: Optional[str] = None      # NVML/CUDA UUID when known
-
-    @property
-    def available_bytes(self) -> int:
-        return self.total_bytes - self.used_bytes - self.context_bytes
-
-    def budget_bytes(self, headroom_bytes: int = 0) -> int:
-        return self.available_bytes - headroom_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Device":
-        return cls(**{k: d[k] for k in ("index", "name", "total_bytes", "used_bytes",
-                                        "context_bytes", "uuid") if k in d})
+__all__ = ["Device", "ProbeResult", "Backend", "CATEGORIES", "Capabilities", "ModelFacts",
+           "capabilities", "model_facts"]
 
 
 @dataclass(frozen=True)
-class ProbeResult:
-    """What one probe measured.
+class Capabilities:
+    """What a backend can do.
 
-    ``peak_bytes[i]`` is card i's allocator peak over the whole step (comparable with
-    ``torch.cuda.max_memory_allocated``). When ``oom_device`` is set the probe ran out of
-    memory on that card (a position in the backend's device list) and the peaks are only
-    lower bounds. Optional fields are ``None`` where the backend cannot know them.
+    - ``kind``: real cards (:attr:`BackendKind.CUDA`) or simulated ones;
+    - ``exact_on_oom``: an out-of-memory probe still gives every card's whole-step peak (the
+      simulator measures the whole step); on real cards the peaks of an OOM probe are only
+      lower bounds;
+    - ``output_device``: ``probe(sizes, output_device=k)`` gathers the outputs on card k.
     """
 
-    chunk_sizes: tuple[int, ...]
-    peak_bytes: tuple[int, ...]
-    oom_device: Optional[int] = None
-    breakdown: Optional[tuple[dict[str, int], ...]] = None     # category -> bytes at the peak
-    reserved_bytes: Optional[tuple[int, ...]] = None          # allocator's max reserved
-    nvml_used_bytes: Optional[tuple[Optional[int], ...]] = None  # whole card, NVML's view
-    alloc_retries: Optional[tuple[int, ...]] = None           # cudaMalloc retries (at the edge)
-    repeat_spread_bytes: Optional[tuple[int, ...]] = None     # max - min over repeats
-    seconds: float = 0.0
-    purpose: str = ""                                         # set by the tuner: why it ran
-    note: str = ""
-    # gathered output entries the loss never read: (entry, bytes on the output card)
-    unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
-
-    @property
-    def feasible(self) -> bool:
-        return self.oom_device is None
-
-    @property
-    def batch_size(self) -> int:
-        return sum(self.chunk_sizes)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for k, v in d.items():
-            if isinstance(v, tuple):
-                d[k] = [list(x) if isinstance(x, tuple) else x for x in v]
-        return d
+    kind: str                    # a BackendKind; a foreign backend's own kind otherwise
+    exact_on_oom: bool = False
+    output_device: bool = False
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ProbeResult":
-        kw = dict(d)
-        for k in ("chunk_sizes", "peak_bytes", "breakdown", "reserved_bytes", "nvml_used_bytes",
-                  "alloc_retries", "repeat_spread_bytes"):
-            if kw.get(k) is not None:
-                kw[k] = tuple(kw[k])
-        if kw.get("unread_outputs") is not None:
-            kw["unread_outputs"] = tuple((str(e), int(b)) for e, b in kw["unread_outputs"])
-        return cls(**{k: v for k, v in kw.items() if k in cls.__dataclass_fields__})
+    def simulated(cls, output_device: bool = True) -> "Capabilities":
+        return cls(BackendKind.SIMULATED, exact_on_oom=True, output_device=output_device)
+
+    @classmethod
+    def cuda(cls, output_device: bool) -> "Capabilities":
+        return cls(BackendKind.CUDA, exact_on_oom=False, output_device=output_device)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a backend found out about the user's model (``None``: not known yet, e.g. a
+    model given as a factory that no probe has built)."""
+
+    has_batchnorm: Optional[bool] = None
+    gradient_checkpointing: Optional[bool] = None
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """What the tuner needs from a backend."""
+    """What the tuner needs from a backend.
 
-    kind: str                        # "simulated" or "cuda"
+    Required: ``kind``, ``devices``, ``describe()``, ``probe(chunk_sizes)``, ``close()``.
+    dptune's own backends also give ``capabilities`` (a :class:`Capabilities`) and
+    ``model_facts`` (a :class:`ModelFacts`), read through :func:`capabilities` and
+    :func:`model_facts`; a backend whose ``capabilities.output_device`` is true takes
+    ``probe(chunk_sizes, output_device=k)``.
+    """
+
+    @property
+    def kind(self) -> str:
+        """A :class:`BackendKind`: ``"simulated"`` or ``"cuda"``."""
+        ...
 
     @property
     def devices(self) -> Sequence[Device]:
@@ -125,3 +91,25 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release what the backend holds; the user's objects are as they were."""
         ...
+
+
+def capabilities(backend: Any) -> Capabilities:
+    """The backend's declared :class:`Capabilities`; for a backend that declares none, those
+    of its ``kind`` with nothing optional (an exact OOM only for ``"simulated"``)."""
+    caps = getattr(backend, "capabilities", None)
+    if isinstance(caps, Capabilities):
+        return caps
+    kind = str(getattr(backend, "kind", "unknown"))
+    if kind == BackendKind.SIMULATED:
+        return Capabilities.simulated(output_device=False)
+    return Capabilities(BackendKind.CUDA if kind == BackendKind.CUDA else kind)
+
+
+def model_facts(backend: Any) -> ModelFacts:
+    """What the backend found out about the model, read now (a simulated backend learns it
+    when its first probe builds a model given as a factory)."""
+    facts = getattr(backend, "model_facts", None)
+    if isinstance(facts, ModelFacts):
+        return facts
+    flag = getattr(backend, "has_batchnorm", None)   # a backend declaring only the flag
+    return ModelFacts(has_batchnorm=None if flag is None else bool(flag))

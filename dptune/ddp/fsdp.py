@@ -4,7 +4,7 @@
 FSDP2 exactly as for DDP (the same rounds, fits, certification, plan object, sampler and
 loss scaling); only a rank's memory differs: each probe runs one FSDP2 rank under fake
 tensors with a fake process group of the job's world size
-(:class:`dptune.backends.simulated_fsdp.SimulatedFSDPRank`).
+(:class:`dptune.backends.simulated.fsdp.SimulatedFSDPRank`).
 
 **Why the loss scaling is the same.** FSDP2's reduce-scatter averages the ranks' gradients
 with equal weights (it divides the sum by the world size), as DDP's all-reduce does. Every
@@ -107,7 +107,7 @@ class SimulatedFSDPProber:
 
     Ranks simulated in one process share one fake process group and one simulator per card
     type, each rank simulated as rank 0, whose shards are the largest (so its peak bounds
-    the others', see :mod:`dptune.backends.simulated_fsdp`); inside a job the rank simulates
+    the others', see :mod:`dptune.backends.simulated.fsdp`); inside a job the rank simulates
     its own shards. ``shared`` holds them."""
 
     _GROUP = "fsdp-group"
@@ -116,8 +116,8 @@ class SimulatedFSDPProber:
                  headroom_bytes: int, host: Optional[str], shared: dict):
         import torch.distributed as dist
 
-        from dptune.backends.simulated_ddp import card_of
-        from dptune.backends.simulated_fsdp import FakeGroup, SimulatedFSDPRank
+        from dptune.backends.simulated.ddp import card_of
+        from dptune.backends.simulated.fsdp import FakeGroup, SimulatedFSDPRank
         from dptune.workload import model_name
 
         self.device = cluster.devices[rank]

@@ -336,8 +336,15 @@ def _balance(state: _State, group: _Group, probe: Callable[[int, int], Optional[
     last = list(near)
     while True:
         fits = [state.fit(r, last[r]) for r in range(n)]
-        split = solve_balance(fits, state.budgets, global_batch, min_chunk_nonzero=m,
-                              caps=state.caps(), every_card=True, strict=True)
+        caps = state.caps()
+        try:
+            split = solve_balance(fits, state.budgets, global_batch, min_chunk_nonzero=m,
+                                  caps=caps, every_card=True, strict=True)
+        except NoFeasibleSplitError:
+            known = [c for c in caps if c is not None]
+            if len(known) == n and sum(known) < global_batch:   # more than the ranks hold
+                raise _beyond_the_ranks(state, group, probe, global_batch, max_rounds) from None
+            raise
         done = [state.measured(r, b) for r, b in enumerate(split)]
         if all(p is not None and p.fits for p in done) or tuple(split) in tried \
                 or state.rounds >= max_rounds:
@@ -361,6 +368,27 @@ def _balance(state: _State, group: _Group, probe: Callable[[int, int], Optional[
             f"in {state.rounds} rounds; try a smaller global_batch or a larger max_rounds",
             shortfall_bytes=None)
     return best[1]
+
+
+def _beyond_the_ranks(state: _State, group: _Group, probe: Callable[[int, int], Optional[int]],
+                      global_batch: int, max_rounds: int) -> NoFeasibleSplitError:
+    """``global_batch`` is more than the ranks' measured caps add up to: bracket each rank's
+    largest batch (as ``max_batch`` does) and say how many samples the ranks take together,
+    a figure measured on the cards, not read off the probes that happened to be over."""
+    closed = _max_batch(state, group, probe, max_rounds, None)
+    n = state.n
+    fit = [state.lo(r) for r in range(n)]
+    over = [state.hi(r) for r in range(n)]
+    most = sum(fit) if closed else sum(fit[r] if h is None else h - 1 for r, h in enumerate(over))
+    bound = f"the ranks take at most {most} samples together"
+    if not closed:
+        bound += f" ({sum(fit)} measured to fit; not every rank bracketed in {state.rounds} rounds)"
+    elif n <= 8:
+        bound += f" ({', '.join(f'rank {r}: {b}' for r, b in enumerate(fit))})"
+    return NoFeasibleSplitError(
+        f"no split of the global batch {global_batch} is possible: {bound}, each rank probed up "
+        f"to its budget. Try a global batch of at most {sum(fit)} (--batch-size), or more cards.",
+        shortfall_bytes=None)
 
 
 def _max_batch(state: _State, group: _Group, probe: Callable[[int, int], Optional[int]],
@@ -426,7 +454,7 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     Every rank returns the same :class:`DDPPlan`. Raises :class:`NoFeasibleSplitError` (on
     every rank) when some rank cannot fit its share.
     """
-    from dptune.backends.simulated import parse_cluster
+    from dptune.backends.cluster import parse_cluster
     from dptune.backends.simulated_ddp import make_workload
 
     t0 = time.perf_counter()

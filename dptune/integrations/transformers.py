@@ -289,7 +289,7 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
     Returns a :class:`~dptune.TuneResult`; pass it to :class:`BalancedTrainer` as ``tuned=``.
     The Trainer, its model and its arguments are left as they were.
     """
-    from dptune.tuner import Tuner, _visible_gpus, choose_backend
+    from dptune.tuner import Tuner, choose_backend
 
     if not isinstance(trainer, transformers.Trainer):
         raise UsageError(f"tune_trainer expects a transformers.Trainer, got {type(trainer).__name__}")
@@ -320,22 +320,30 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
                      "batch")
     device_ids = tuner_options.pop("device_ids", None)
     verbose = tuner_options.pop("verbose", True)
+    # the cards, decided once here: they decide the default batch, and the tuner uses them
+    # (unless the caller gave a backend of its own and the batch)
+    choice = (choose_backend(device_ids, simulate)
+              if tuner_options.get("backend") is None or batch_size is None else None)
+    cards_given = ({"choice": choice} if choice is not None
+                   else {"device_ids": device_ids, "simulate": simulate})
     if batch_size is None:
-        # the cards decide the default batch: the tuner's own choice of them, made here first
-        choice = choose_backend(device_ids, simulate)
-        cards = (len(choice.cluster) if choice.simulated else
-                 len(choice.device_ids) if choice.device_ids is not None else _visible_gpus())
+        assert choice is not None
+        cards = choice.cards
         per_device = int(args.per_device_train_batch_size)
         batch_size = per_device * cards
         notes.append(f"batch: {batch_size} samples per forward pass "
                      f"(per_device_train_batch_size {per_device} x {cards} cards)")
     with _checkpointing(model, args):
         tuner = Tuner(model, sample, batch_size=batch_size, loss_fn=loss_fn, optimizer=optimizer,
-                      device_ids=device_ids, simulate=simulate, objective=objective,
+                      **cards_given, objective=objective,
                       headroom=headroom, verbose=verbose, amp=settings.amp,
                       accumulate=settings.accumulate, clip_grad_norm=settings.clip_grad_norm,
                       **tuner_options)
         result = tuner.fit()
+    from dptune.tuner import _notice
+
+    for note in notes:   # on the terminal too, as the tuner's own notices
+        _notice(note, verbose)
     result.notes.extend(n for n in notes if n not in result.notes)
     return result
 

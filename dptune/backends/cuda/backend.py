@@ -66,7 +66,7 @@ used by others); ``Device.used_bytes`` = ``(total - free) - memory_reserved - co
 memory taken by others.
 
 **Isolation.** ``isolate=True`` runs each probe in a spawned child process (so a sticky CUDA
-error, e.g. an illegal memory access, costs only that child). The child must rebuild the
+error, e.g. an illegal memory access, costs only that child; :mod:`dptune.backends.cuda.isolated`). The child must rebuild the
 workload, so isolation needs a picklable :class:`~dptune.spec.WorkloadSpec` (import strings, as
 the command line has); a model object or closure given to ``Tuner(model=...)`` does not pickle
 reliably (lambdas, local classes, a model on a card) and is refused with a
@@ -81,278 +81,30 @@ pass a fake runtime with a memory model and a step that allocates from it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
-import os
 import time
 import traceback
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
-from dptune.backends.base import Device, ProbeResult
-from dptune.errors import BackendUnavailableError, DptuneError, UsageError, UserCodeError
+from dptune.backends.base import Capabilities, Device, ModelFacts, ProbeResult
+from dptune.backends.cuda.isolated import IsolatedProbe, probe_in_child
+from dptune.backends.cuda.runtime import CudaRuntime, check_devices
+from dptune.backends.cuda.step import StepContext, default_step
+from dptune.errors import DptuneError, UsageError, UserCodeError
 from dptune.oom import is_oom, oom_device, oom_summary, replica_where
 from dptune.spec import WorkloadSpec
 from dptune.split import validate_chunk_sizes
 from dptune.state import Snapshot, restore, snapshot
-from dptune.workload import StepOutcome, StepRuntime, Workload, run_step
+from dptune.types import BackendKind
+from dptune.workload import Workload
 
-__all__ = ["CudaBackend", "CudaRuntime", "StepContext", "default_step", "check_devices"]
+__all__ = ["CudaBackend"]
 
 _STICKY = ("illegal memory access", "device-side assert", "misaligned address",
            "unspecified launch failure", "illegal instruction", "uncorrectable ecc",
            "an illegal", "hardware stack error")
-
-
-# --------------------------------------------------------------------------------------------
-# The runtime: every torch.cuda / NVML call of the backend
-# --------------------------------------------------------------------------------------------
-class CudaRuntime:
-    """The real CUDA runtime and NVML, as the backend uses them (device indices are torch's).
-
-    NVML figures come from :mod:`dptune._nvml` (cards matched by UUID, never by index);
-    where NVML is missing, or a card does not answer a query, the ``nvml_*`` methods return
-    ``None`` (one warning per runtime for a failed query; :mod:`dptune._nvml` warns once for
-    a missing library).
-    """
-
-    #: whether state snapshots should include the CUDA generators
-    cuda_rng = True
-
-    def __init__(self) -> None:
-        self._handles: dict[int, Any] = {}
-        self._warned = False
-
-    def __getstate__(self) -> dict:   # NVML handles do not pickle; a child finds its own
-        return {"_handles": {}, "_warned": False}
-
-    # -- torch.cuda ------------------------------------------------------------------------
-    def is_available(self) -> bool:
-        import torch
-
-        return bool(torch.cuda.is_available())
-
-    def device_count(self) -> int:
-        import torch
-
-        return int(torch.cuda.device_count())
-
-    def torch_device(self, d: int) -> Any:
-        import torch
-
-        return torch.device("cuda", d)
-
-    def name(self, d: int) -> str:
-        import torch
-
-        return str(torch.cuda.get_device_name(d))
-
-    def total(self, d: int) -> int:
-        import torch
-
-        return int(torch.cuda.get_device_properties(d).total_memory)
-
-    def uuid(self, d: int) -> Optional[str]:
-        import torch
-
-        from dptune import _nvml
-
-        norm = _nvml.normalize_uuid(getattr(torch.cuda.get_device_properties(d), "uuid", None))
-        if norm is None or norm.startswith("mig-") or len(norm) != 32:
-            return None if norm is None else norm
-        return "GPU-" + "-".join((norm[:8], norm[8:12], norm[12:16], norm[16:20], norm[20:]))
-
-    def mem_get_info(self, d: int) -> tuple[int, int]:
-        import torch
-
-        free, total = torch.cuda.mem_get_info(d)
-        return int(free), int(total)
-
-    def memory_allocated(self, d: int) -> int:
-        import torch
-
-        return int(torch.cuda.memory_allocated(d))
-
-    def memory_reserved(self, d: int) -> int:
-        import torch
-
-        return int(torch.cuda.memory_reserved(d))
-
-    def max_memory_allocated(self, d: int) -> int:
-        import torch
-
-        return int(torch.cuda.max_memory_allocated(d))
-
-    def max_memory_reserved(self, d: int) -> int:
-        import torch
-
-        return int(torch.cuda.max_memory_reserved(d))
-
-    def reset_peak_memory_stats(self, d: int) -> None:
-        import torch
-
-        torch.cuda.reset_peak_memory_stats(d)
-
-    def memory_stats(self, d: int) -> Mapping[str, Any]:
-        import torch
-
-        return torch.cuda.memory_stats(d)
-
-    def empty_cache(self) -> None:
-        import torch
-
-        torch.cuda.empty_cache()
-
-    def synchronize(self, d: int) -> None:
-        import torch
-
-        torch.cuda.synchronize(d)
-
-    def gc_collect(self) -> None:
-        gc.collect()
-
-    # -- NVML ------------------------------------------------------------------------------
-    def _warn(self, what: str, exc: BaseException) -> None:
-        if not self._warned:
-            self._warned = True
-            warnings.warn(f"NVML could not {what} ({type(exc).__name__}: {exc}); dptune goes on "
-                          "with the CUDA allocator's figures only", RuntimeWarning, stacklevel=3)
-
-    def _handle(self, d: int) -> Any:
-        if d in self._handles:
-            return self._handles[d]
-        handle = None
-        try:
-            from dptune import _nvml
-
-            if _nvml.nvml() is not None:
-                uuid = self.uuid(d)
-                handle = _nvml.handle_by_uuid(uuid) if uuid and not uuid.lower().startswith("mig-") else None
-        except Exception as exc:  # noqa: BLE001 - NVML must never break a probe
-            self._warn(f"find card {d} by UUID", exc)
-            handle = None
-        self._handles[d] = handle
-        return handle
-
-    def nvml_used(self, d: int) -> Optional[int]:
-        """Bytes in use on the whole card (every process), NVML's view; ``None`` if unknown."""
-        handle = self._handle(d)
-        if handle is None:
-            return None
-        try:
-            from dptune import _nvml
-
-            info = _nvml.memory_info(handle)
-        except Exception as exc:  # noqa: BLE001
-            self._warn(f"read card {d}'s memory", exc)
-            return None
-        return None if info is None else int(info.used)
-
-    def nvml_process_used(self, d: int) -> Optional[int]:
-        """Bytes this process holds on the card (context + allocator), NVML's view, or ``None``."""
-        handle = self._handle(d)
-        if handle is None:
-            return None
-        try:
-            from dptune import _nvml
-
-            m = _nvml.nvml()
-            if m is None:
-                return None
-            procs = m.nvmlDeviceGetComputeRunningProcesses(handle)
-        except Exception:  # noqa: BLE001 - unsupported query: context unknown, no warning
-            return None
-        pid = os.getpid()
-        for p in procs or ():
-            if getattr(p, "pid", None) == pid:
-                used = getattr(p, "usedGpuMemory", None)
-                return int(used) if isinstance(used, int) and used >= 0 else None
-        return None
-
-
-# --------------------------------------------------------------------------------------------
-# The step
-# --------------------------------------------------------------------------------------------
-@dataclass
-class StepContext:
-    """What a step function gets: the placed model, the probe's optimizer, the cards."""
-
-    workload: Workload
-    model: Any
-    optimizer: Any
-    device_ids: list[int]
-    devices: list[Any]               # torch.device per entry of device_ids
-    runtime: Any
-    batch_on_card0: bool = False
-    wrapper: Any = None              # BalancedDataParallel for this probe (default step)
-    output_device: int = 0           # position in device_ids where outputs are gathered
-    stage: str = ""                  # what the step is doing, for error messages
-    outcome: Optional[StepOutcome] = None   # what the last default step saw
-
-    def zero_grad(self) -> None:
-        """Drop every gradient (``set_to_none``), as ``zero_grad()`` does by default."""
-        if self.model is not None:
-            self.model.zero_grad(set_to_none=True)
-        if self.optimizer is not None:
-            self.optimizer.zero_grad(set_to_none=True)
-
-
-def _to_device(obj: Any, device: Any) -> Any:
-    """Every tensor of a batch moved to ``device`` (:func:`dptune._tree.map_tensors`)."""
-    from dptune import _tree
-
-    return _tree.map_tensors(lambda t: t.to(device), obj)
-
-
-_STAGES = {"forward": "the forward", "loss": "the loss", "backward": "the backward",
-           "clip": "clip_grad_norm_", "optimizer": "optimizer.step()", "step": "the step function"}
-
-
-def default_step(ctx: StepContext, chunk_sizes: Sequence[int]) -> None:
-    """One training step through ``BalancedDataParallel`` with ``chunk_sizes``: the workload's
-    step (:func:`dptune.workload.run_step`: mixed precision, accumulation, clipping, or the
-    user's own step function), after dropping the gradients. The outputs are gathered on
-    ``ctx.devices[ctx.output_device]``, where the loss's targets are moved too."""
-    wl = ctx.workload
-    ctx.stage = "zero_grad"
-    ctx.zero_grad()
-    batch_size = sum(chunk_sizes)
-    dev0 = ctx.devices[0]
-    k = ctx.output_device
-    dev_out = ctx.devices[k]
-    wrapper = ctx.wrapper
-    if wrapper is None:
-        from dptune.parallel import BalancedDataParallel
-
-        wrapper = BalancedDataParallel(ctx.model, device_ids=ctx.device_ids,
-                                       output_device=ctx.device_ids[k], dim=0,
-                                       chunk_sizes=list(chunk_sizes))
-
-    def next_batch() -> Any:
-        ctx.stage = f"sample({batch_size})"
-        batch = wl.sample(batch_size)
-        if ctx.batch_on_card0:
-            ctx.stage = "moving the batch to card 0"
-            batch = _to_device(batch, dev0)
-        return batch
-
-    def batch_for_loss(batch: Any) -> Any:
-        if wl.loss_fn is not None and (not ctx.batch_on_card0 or k != 0):
-            return _to_device(batch, dev_out)
-        return batch
-
-    @contextlib.contextmanager
-    def phase(name: str) -> Any:
-        ctx.stage = _STAGES[name]
-        yield
-
-    device_type = getattr(dev0, "type", "cuda")
-    ctx.outcome = run_step(wl, StepRuntime(model=wrapper, optimizer=ctx.optimizer, next_batch=next_batch,
-                                           batch_for_loss=batch_for_loss, phase=phase,
-                                           device_type=device_type, scaler_device=device_type))
-    ctx.stage = "done"
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,57 +132,6 @@ def _alloc_retries(rt: CudaRuntime, device: int, default: int) -> int:
     return int(rt.memory_stats(device).get("num_alloc_retries", default))
 
 
-def _ids_text(ids: Sequence[int]) -> str:
-    return ", ".join(str(i) for i in ids)
-
-
-def check_devices(device_ids: Optional[Sequence[int]], runtime: Any = None) -> list[int]:
-    """The CUDA cards to use: ``device_ids`` checked against what torch sees, or every
-    visible card. Raises :class:`UsageError` for a malformed list and
-    :class:`BackendUnavailableError` (saying why: no CUDA build, ``CUDA_VISIBLE_DEVICES``,
-    how torch numbers the cards) when they are not all visible. The one check, for the tuner's
-    choice of backend and for a backend built directly."""
-    rt = runtime if runtime is not None else CudaRuntime()
-    if device_ids is not None:
-        ids = list(device_ids)
-        if not ids:
-            raise UsageError("device_ids is empty; give at least one CUDA device index, e.g. [0, 1]")
-        for d in ids:
-            if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-                raise UsageError(f"device_ids must be non-negative ints (torch device indices), got {ids!r}")
-        if len(set(ids)) != len(ids):
-            raise UsageError(f"device_ids {ids} names a card twice")
-    else:
-        ids = None
-    asked = f"GPUs {_ids_text(ids)} were" if ids else "real GPUs (all visible ones) were"
-    hint = ("; to tune without GPUs, simulate a cluster: Tuner(..., simulate='4x24GB') or "
-            "`dptune search ... --simulate 4x24GB`")
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    cvd_text = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "CUDA_VISIBLE_DEVICES is not set"
-    if not rt.is_available():
-        why = "torch.cuda.is_available() is False"
-        if isinstance(rt, CudaRuntime):
-            import torch
-
-            if getattr(torch.version, "cuda", None) is None:
-                why += f"; this torch build has no CUDA support: torch {torch.__version__}"
-        why += f"; {cvd_text}"
-        raise BackendUnavailableError(f"{asked} asked for but torch sees none ({why}){hint}")
-    count = rt.device_count()
-    if ids is None:
-        if count < 1:
-            raise BackendUnavailableError(f"{asked} asked for but torch sees none ({cvd_text}){hint}")
-        return list(range(count))
-    missing = [d for d in ids if d >= count]
-    if missing:
-        raise BackendUnavailableError(
-            f"GPU{'s' if len(missing) > 1 else ''} {_ids_text(missing)} "
-            f"{'were' if len(missing) > 1 else 'was'} asked for but only {count} "
-            f"{'is' if count == 1 else 'are'} visible ({cvd_text}); torch numbers the visible "
-            f"cards 0..{count - 1}{hint}")
-    return ids
-
-
 class CudaBackend:
     """Probes on real CUDA cards (see the module docstring for what a probe does).
 
@@ -449,7 +150,7 @@ class CudaBackend:
     visible. Use as a context manager, or call :meth:`close`, to put the model back.
     """
 
-    kind = "cuda"
+    kind = BackendKind.CUDA
 
     @property
     def supports_output_device(self) -> bool:
@@ -457,6 +158,14 @@ class CudaBackend:
         with the default step; a custom ``step_fn`` runs its own step, which dptune cannot
         point elsewhere."""
         return not self._custom_step
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities.cuda(output_device=self.supports_output_device)
+
+    @property
+    def model_facts(self) -> ModelFacts:
+        return ModelFacts(has_batchnorm=self.has_batchnorm)
 
     def __init__(self, workload: Union[Workload, WorkloadSpec], device_ids: Optional[Sequence[int]] = None,
                  *, repeats: int = 2, isolate: bool = False, runtime: Any = None,
@@ -799,7 +508,10 @@ class CudaBackend:
                            breakdown=None, reserved_bytes=tuple(reserved), nvml_used_bytes=nvml,
                            alloc_retries=tuple(retries), repeat_spread_bytes=spread,
                            seconds=time.perf_counter() - t0, note="; ".join(notes),
-                           unread_outputs=unread)
+                           unread_outputs=unread,
+                           memory_stats=tuple({"allocated_bytes.all.peak": a, "reserved_bytes.all.peak": r,
+                                               "num_alloc_retries": k}
+                                              for a, r, k in zip(peak, reserved, retries)))
 
     def _oom_position(self, failure: _Failure, peak: list[int], reserved: list[int]) -> tuple[int, str]:
         idx = failure.torch_index
@@ -850,88 +562,10 @@ class CudaBackend:
 
     # -- isolation ---------------------------------------------------------------------
     def _probe_isolated(self, sizes: list[int], output_device: int = 0) -> ProbeResult:
-        import multiprocessing
-        import pickle
-
-        payload = {"spec": self.spec, "device_ids": list(self.device_ids), "repeats": self.repeats,
-                   "runtime": None if type(self.runtime) is CudaRuntime else self.runtime,
-                   "step_fn": self._step_fn if self._custom_step else None,
-                   "batch_on_card0": self.batch_on_card0, "chunk_sizes": list(sizes),
-                   "output_device": output_device}
-        try:
-            pickle.dumps(payload)
-        except Exception as exc:
-            raise UsageError(f"isolate=True needs a picklable workload spec, runtime and step "
-                             f"function: {type(exc).__name__}: {exc}") from exc
-        mp = multiprocessing.get_context("spawn")
-        recv, send = mp.Pipe(duplex=False)
-        proc = mp.Process(target=_child_main, args=(payload, send), daemon=True,
-                          name="dptune-probe")
-        proc.start()
-        send.close()
-        msg = None
-        try:
-            while True:
-                if recv.poll(0.1):
-                    msg = recv.recv()
-                    break
-                if not proc.is_alive():
-                    if recv.poll(0.5):
-                        msg = recv.recv()
-                    break
-        except EOFError:
-            msg = None
-        finally:
-            recv.close()
-            proc.join(timeout=60)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        if msg is None:
-            raise UserCodeError(
-                f"the probe's child process (chunk_sizes {sizes} on devices {self.device_ids}) "
-                f"exited with code {proc.exitcode} without a result: a crash in native code "
-                "(a CUDA extension, a driver fault) or the host running out of memory")
-        status = msg[0]
-        if status == "ok":
-            result = ProbeResult.from_dict(msg[1])
-            note = (result.note + "; " if result.note else "") + "isolated child process"
-            return ProbeResult.from_dict({**result.to_dict(), "note": note})
-        if status == "user":
-            raise UserCodeError(f"{msg[1]}\n\nin the probe's child process:\n{msg[2]}")
-        if status == "dptune":
-            import dptune.errors as errors
-
-            cls = getattr(errors, msg[1], None)
-            if isinstance(cls, type) and issubclass(cls, DptuneError):
-                try:
-                    raise cls(msg[2])
-                except TypeError:
-                    pass
-            raise DptuneError(f"{msg[1]}: {msg[2]}")
-        raise DptuneError(f"the isolated probe failed with {msg[1]}: {msg[2]}\n{msg[3]}")
-
-
-def _child_main(payload: dict, conn: Any) -> None:
-    """Entry point of an isolated probe's child: one probe, its result sent back as a dict."""
-    try:
-        try:
-            backend = CudaBackend(payload["spec"], payload["device_ids"], repeats=payload["repeats"],
-                                  runtime=payload["runtime"], step_fn=payload["step_fn"],
-                                  batch_on_card0=payload["batch_on_card0"])
-            try:
-                result = backend.probe(payload["chunk_sizes"], payload.get("output_device", 0))
-            finally:
-                with contextlib.suppress(Exception):
-                    backend.close()
-            conn.send(("ok", result.to_dict()))
-        except UserCodeError as exc:
-            conn.send(("user", str(exc), "".join(traceback.format_exception(
-                type(exc), exc, exc.__traceback__))))
-        except DptuneError as exc:
-            conn.send(("dptune", type(exc).__name__, str(exc)))
-        except BaseException as exc:  # noqa: BLE001 - report anything to the parent
-            conn.send(("error", type(exc).__name__, str(exc), "".join(traceback.format_exception(
-                type(exc), exc, exc.__traceback__))))
-    finally:
-        conn.close()
+        """This probe in a fresh spawned process (:mod:`dptune.backends.cuda.isolated`)."""
+        assert self.spec is not None
+        return probe_in_child(IsolatedProbe(
+            backend=CudaBackend, spec=self.spec, device_ids=list(self.device_ids), repeats=self.repeats,
+            runtime=None if type(self.runtime) is CudaRuntime else self.runtime,
+            step_fn=self._step_fn if self._custom_step else None,
+            batch_on_card0=self.batch_on_card0, chunk_sizes=list(sizes), output_device=output_device))

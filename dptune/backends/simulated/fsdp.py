@@ -48,9 +48,11 @@ import torch.nn as nn
 
 from dptune._torch_private import (dispatch_mode_base, fake_process_group_store,
                                    register_fake_backend, storage_resize_hook)
-from dptune.backends.simulated import (Cluster, SimulatedBackend, _accepts_foreach, _eager,
-                                       _fake_module, _Ledger, _rounded, parse_cluster)
-from dptune.backends._devices import HOST
+from dptune.backends.cluster import Cluster, parse_cluster
+from dptune.backends.simulated import SimulatedBackend
+from dptune.backends.simulated.device_rules import HOST
+from dptune.backends.simulated.fake_model import _accepts_foreach, _eager, _fake_module
+from dptune.backends.simulated.ledger import _Ledger, _rounded
 from dptune.errors import UsageError, UserCodeError
 from dptune.workload import Workload, gradient_checkpointing, has_batchnorm
 
@@ -114,11 +116,18 @@ class _FSDPLedger(_Ledger):
         if rec is None or rec.ref() is not st:
             return
         new = _rounded(int(st.nbytes()))
-        delta = new - rec.nbytes
-        rec.nbytes = new
+        old, delta = rec.nbytes, new - rec.nbytes
         card = rec.card
         if card == HOST or not delta:
+            rec.nbytes = new
             return
+        # for the allocator trace a resize is a free and a new allocation
+        if self.on_event is not None and old:
+            self.on_event(card, -old, rec.seq, 0)
+        self._seq += 1
+        rec.nbytes, rec.seq = new, self._seq
+        if self.on_event is not None and new:
+            self.on_event(card, new, rec.seq, self.stream)
         self.live[card] += delta
         self.by_cat[card][rec.category] += delta
         if self.live[card] > self.peak[card]:
@@ -179,6 +188,10 @@ class SimulatedFSDPRank(SimulatedBackend):
         if self._group is None:
             self._group = FakeGroup(self.world_size, self.rank)
         ledger = _FSDPLedger(1)
+        if self.reserved is not None:    # the allocator model, wired as the base class does
+            from dptune.backends.reserved import TraceRecorder
+
+            ledger.on_event = self._recorder = TraceRecorder(1)
         with self._modes(ledger):
             with ledger.on(0, "weights"):
                 module, self._compiled = _eager(_fake_module(self.workload.model))

@@ -46,7 +46,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from dptune import _torch_private
-from dptune.backends._autocast import autocast_inputs
+from dptune.backends.simulated.autocast import autocast_inputs
 
 __all__ = ["CUDNN_VERSION_ASSUMED", "KERNELS", "Capability", "SdpaCall", "SdpaFlags", "run_kernel",
            "sdpa_mode", "select_kernel"]

@@ -1,0 +1,149 @@
+"""Check the allocator model against a real card: ``python benchmarks/validate_reserved.py``.
+
+For :mod:`benchmarks.validate_gpu`'s models, steps and batch sizes, a plain training loop on
+``cuda:0`` (the same step, two warm-up steps then the measured one, the cache kept between
+steps as in training: no ``empty_cache``) gives the three levels of the card's memory:
+
+- ``allocated``: ``torch.cuda.max_memory_allocated`` over the measured step;
+- ``reserved``: ``torch.cuda.max_memory_reserved`` over it, with ``num_alloc_retries``;
+- ``total``: the card's use at the reserved peak: the reserved peak plus what the card held
+  before the first allocation (``mem_get_info`` right after CUDA started: this process's
+  context and other processes).
+
+against the simulator with the allocator model (:mod:`dptune.backends.reserved`, the options
+of ``PYTORCH_CUDA_ALLOC_CONF`` in this environment) on a one-card cluster like this one
+(context = what was measured before the first allocation, no NCCL on one card). It prints
+the relative error per level and writes ``reports/benchmarks/validate_reserved.csv``. Without
+a GPU it says so and exits 0. Until it has run on hardware, the reserved figures are a model
+of the allocator not yet checked there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CSV_PATH = os.path.join(ROOT, "reports", "benchmarks", "validate_reserved.csv")
+LEVELS = ("allocated", "reserved", "total")
+
+
+def measure_real(case: Any, batch: int, before_bytes: int) -> dict[str, int]:
+    """The three levels of the measured step of a plain loop on cuda:0 (see the docstring)."""
+    import torch
+
+    from benchmarks.validate_gpu import _free, plain_step
+
+    torch.manual_seed(0)
+    model = case.factory().cuda(0)
+    opt = case.optimizer(model.parameters())
+    accumulate = int(case.step.get("accumulate", 1))
+    try:
+        for i in range(3):                      # two warm-up steps, then the measured one
+            model.zero_grad(set_to_none=True)
+            hosts = [case.sample(model, batch) for _ in range(accumulate)]
+            if i == 2:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats(0)
+                retries0 = torch.cuda.memory_stats(0).get("num_alloc_retries", 0)
+            plain_step(model, opt, hosts, case.step.get("amp"), "cuda:0")
+            del hosts
+        torch.cuda.synchronize()
+        stats = torch.cuda.memory_stats(0)
+        reserved = int(stats["reserved_bytes.all.peak"])
+        return {"allocated": int(stats["allocated_bytes.all.peak"]), "reserved": reserved,
+                "total": reserved + before_bytes,
+                "retries": int(stats.get("num_alloc_retries", 0)) - retries0}
+    finally:
+        del model, opt
+        _free()
+
+
+def estimate(case: Any, batch: int, cluster: Any) -> dict[str, int]:
+    """The simulator's three levels for the same step (the allocator model on)."""
+    import torch
+
+    from dptune.backends.allocator import AllocatorConfig
+    from dptune.backends.fixed_costs import FixedCosts
+    from dptune.backends.reserved import ReservedModel
+    from dptune.backends.simulated import SimulatedBackend
+    from dptune.workload import Workload
+
+    with torch.device("meta"):
+        shape_model = case.factory()
+    wl = Workload(model=case.factory, sample=lambda b: case.sample(shape_model, b),
+                  optimizer=case.optimizer, **case.step)
+    model = ReservedModel(AllocatorConfig.from_env(), FixedCosts(nccl_bytes=0))
+    backend = SimulatedBackend(wl, cluster, reserved=model)
+    try:
+        r = backend.probe([batch])
+    finally:
+        backend.close()
+    assert r.reserved_bytes is not None and r.total_bytes is not None and r.alloc_retries is not None
+    return {"allocated": int(r.peak_bytes[0]), "reserved": int(r.reserved_bytes[0]),
+            "total": int(r.total_bytes[0]), "retries": int(r.alloc_retries[0])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--csv", default=CSV_PATH, help="where to write the table")
+    parser.add_argument("--quick", action="store_true", help="only the first batch size of each model")
+    args = parser.parse_args(argv)
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("validate_reserved: no CUDA GPU here (torch.cuda.is_available() is False); "
+              "nothing to validate, skipping.")
+        return 0
+    from benchmarks.validate_gpu import _cases
+    from dptune.backends.simulated import Cluster
+    from dptune.units import format_bytes
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda:0")                 # the context, before the models
+    free, total = torch.cuda.mem_get_info(0)
+    before = int(total - free - torch.cuda.memory_reserved(0))
+    cluster = Cluster.uniform(1, int(total), name=torch.cuda.get_device_name(0), context_bytes=before,
+                              capability=torch.cuda.get_device_capability(0))
+    torch.backends.cudnn.benchmark = False
+    print(f"validate_reserved: {torch.cuda.get_device_name(0)}, held before the models "
+          f"{format_bytes(before)}, PYTORCH_CUDA_ALLOC_CONF="
+          f"{os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r}")
+    rows = []
+    for case in _cases():
+        for batch in case.batches[:1] if args.quick else case.batches:
+            try:
+                real = measure_real(case, batch, before)
+                est = estimate(case, batch, cluster)
+            except torch.OutOfMemoryError:
+                print(f"{case.label:<16}{batch:>6}  out of memory on this card, skipped")
+                continue
+            except Exception as e:   # a construct the simulator cannot run: say which
+                print(f"{case.label:<16}{batch:>6}  not simulated: {type(e).__name__}: {str(e)[:100]}")
+                continue
+            row: dict[str, Any] = {"model": case.label, "step": case.step_label, "batch_size": batch}
+            for level in LEVELS:
+                row[f"real_{level}"], row[f"est_{level}"] = real[level], est[level]
+                row[f"err_{level}"] = round((est[level] - real[level]) / real[level], 5)
+            row["real_retries"], row["est_retries"] = real["retries"], est["retries"]
+            rows.append(row)
+            print(f"{case.label:<16}{case.step_label:<20}{batch:>6}  " + "  ".join(
+                f"{level} {format_bytes(real[level])}/{format_bytes(est[level])} "
+                f"({row[f'err_{level}']:+.1%})" for level in LEVELS))
+    os.makedirs(os.path.dirname(args.csv), exist_ok=True)
+    with open(args.csv, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["model"])
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"table written to {os.path.relpath(args.csv)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

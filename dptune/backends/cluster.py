@@ -1,0 +1,194 @@
+"""Simulated clusters without torch: the spec (``'4x24GB'``, ``'2xA100-80GB,2x40GB'``,
+``'4x24GB,used=0:6GB'``), the card table (total memory and compute capability of common cards)
+and :class:`Cluster`, the parsed spec.
+
+This module imports nothing heavy (no torch): the tuner, the command line, the DDP planner
+and the Hugging Face integration parse a spec through it before anything is simulated.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from dptune.backends.base import Device
+from dptune.errors import SpecError
+from dptune.units import GiB, MiB, format_bytes, parse_bytes
+
+__all__ = ["Cluster", "CARD_TYPES", "CARD_CAPABILITY", "DEFAULT_CAPABILITY", "DEFAULT_CLUSTER",
+           "DEFAULT_CONTEXT_BYTES", "parse_cluster"]
+
+DEFAULT_CLUSTER = "4x24GB"
+DEFAULT_CONTEXT_BYTES = 384 * MiB     # a CUDA context with torch's kernels loaded
+
+# Total memory of common cards as torch.cuda.get_device_properties reports it (in bytes).
+CARD_TYPES: dict[str, int] = {
+    "V100-16GB": int(15.77 * GiB), "V100-32GB": int(31.74 * GiB),
+    "T4": int(14.75 * GiB), "A10": int(22.06 * GiB), "A30": int(23.50 * GiB),
+    "A100-40GB": int(39.39 * GiB), "A100-80GB": int(79.15 * GiB),
+    "L4": int(22.03 * GiB), "L40S": int(44.39 * GiB),
+    "RTX3090": int(23.68 * GiB), "RTX4090": int(23.99 * GiB), "A6000": int(47.53 * GiB),
+    "H100-80GB": int(79.10 * GiB), "H200": int(139.80 * GiB),
+}
+_ALIASES = {"V100": "V100-16GB", "A100": "A100-80GB", "H100": "H100-80GB", "H200-141GB": "H200",
+            "RTXA6000": "A6000", "3090": "RTX3090", "4090": "RTX4090"}
+_HOPPER = ("H100", "H200")
+# Compute capability (major, minor) of each card: it decides the attention kernel CUDA runs.
+CARD_CAPABILITY: dict[str, tuple[int, int]] = {
+    "V100-16GB": (7, 0), "V100-32GB": (7, 0), "T4": (7, 5), "A10": (8, 6), "A30": (8, 0),
+    "A100-40GB": (8, 0), "A100-80GB": (8, 0), "L4": (8, 9), "L40S": (8, 9),
+    "RTX3090": (8, 6), "RTX4090": (8, 9), "A6000": (8, 6), "H100-80GB": (9, 0), "H200": (9, 0),
+}
+DEFAULT_CAPABILITY = (8, 0)           # for a card given by its size only ('24GB'), unless cc=
+
+_SPEC_HELP = (
+    "accepted forms: '4x24GB', '2x80GB,2x40GB', '8xA100-80GB', '4xV100-16GB', 'RTX4090', "
+    "with optional items 'used=0:6GB' (memory taken on card 0 by other processes; repeatable) "
+    "and 'context=384MiB' (CUDA context per card) and 'cc=8.6' (compute capability of the cards "
+    "given by size only; default 8.0). Known cards: " + ", ".join(CARD_TYPES))
+
+
+def _norm_card(name: str) -> str:
+    return re.sub(r"[\s_\-]", "", name).upper()
+
+
+_CARD_LOOKUP = {_norm_card(k): k for k in CARD_TYPES}
+_CARD_LOOKUP.update({_norm_card(a): k for a, k in _ALIASES.items()})
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Virtual cards: names, total memory, memory taken by others, per-card context cost."""
+
+    names: tuple[str, ...]
+    total_bytes: tuple[int, ...]
+    used_bytes: tuple[int, ...]
+    context_bytes: int = DEFAULT_CONTEXT_BYTES
+    spec: str = ""
+    capabilities: tuple[tuple[int, int], ...] = ()   # per card; () = from the card table
+    assumed_capability: bool = False                  # some card's capability is the default
+
+    def __post_init__(self) -> None:
+        if not self.capabilities:
+            caps = tuple(CARD_CAPABILITY.get(n) for n in self.names)
+            object.__setattr__(self, "capabilities",
+                               tuple(c if c is not None else DEFAULT_CAPABILITY for c in caps))
+            object.__setattr__(self, "assumed_capability", None in caps)
+        if not (len(self.names) == len(self.total_bytes) == len(self.used_bytes)
+                == len(self.capabilities)):
+            raise SpecError("cluster fields have different lengths")
+        if not self.names:
+            raise SpecError("a cluster needs at least one card; " + _SPEC_HELP)
+
+    @property
+    def devices(self) -> list[Device]:
+        return [Device(index=i, name=n, total_bytes=t, used_bytes=u, context_bytes=self.context_bytes)
+                for i, (n, t, u) in enumerate(zip(self.names, self.total_bytes, self.used_bytes))]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def workspace_bytes(self, card: int) -> int:
+        """The cuBLAS workspace torch allocates per card (32 MiB on Hopper, else 8 MiB)."""
+        hopper = any(h in self.names[card].upper() for h in _HOPPER)
+        return 32 * MiB if hopper else 4096 * 1024 * 2 + 16 * 1024 * 8
+
+    def describe(self) -> str:
+        return self.spec or ",".join(self.names)
+
+    def describe_capability(self) -> str:
+        """``'sm 8.0 assumed'`` where a card's capability is not known from its name, else ''."""
+        if not self.assumed_capability:
+            return ""
+        caps = sorted({f"{a}.{b}" for n, (a, b) in zip(self.names, self.capabilities)
+                       if n not in CARD_CAPABILITY})
+        return f"sm {'/'.join(caps)} assumed"
+
+    @classmethod
+    def uniform(cls, n: int, total_bytes: int, name: Optional[str] = None,
+                context_bytes: int = DEFAULT_CONTEXT_BYTES,
+                capability: Optional[tuple[int, int]] = None) -> "Cluster":
+        name = name or format_bytes(total_bytes, precision=0).replace(" ", "")
+        caps = (tuple(capability),) * n if capability is not None else ()
+        return cls(names=(name,) * n, total_bytes=(total_bytes,) * n, used_bytes=(0,) * n,
+                   context_bytes=context_bytes, spec=f"{n}x{name}", capabilities=caps)  # type: ignore[arg-type]
+
+
+def parse_cluster(spec: Union[str, Cluster]) -> Cluster:
+    """Parse a cluster spec such as ``'4x24GB'``, ``'2xA100-80GB,2x40GB,used=0:6GB'``.
+
+    Sizes in a spec are GPU marketing sizes: ``24GB`` is read as 24 GiB. Raises
+    :class:`dptune.errors.SpecError` with the accepted forms when the spec is malformed.
+    """
+    if isinstance(spec, Cluster):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecError(f"empty cluster spec {spec!r}; " + _SPEC_HELP)
+    names: list[str] = []
+    totals: list[int] = []
+    used: dict[int, int] = {}
+    context = DEFAULT_CONTEXT_BYTES
+    cc: Optional[tuple[int, int]] = None
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            raise SpecError(f"empty item in cluster spec {spec!r}; " + _SPEC_HELP)
+        key, eq, value = item.partition("=")
+        if eq:
+            key = key.strip().lower()
+            try:
+                if key == "used":
+                    card_text, colon, size = value.partition(":")
+                    if not colon:
+                        raise ValueError("missing ':'")
+                    card_index = int(card_text)
+                    used[card_index] = used.get(card_index, 0) + parse_bytes(size, gb_is_gib=True)
+                elif key == "context":
+                    context = parse_bytes(value, gb_is_gib=True)
+                elif key in ("cc", "sm"):
+                    major, dot, minor = value.strip().partition(".")
+                    cc = (int(major), int(minor or 0))
+                else:
+                    raise ValueError(f"unknown option {key!r}")
+            except ValueError as e:
+                raise SpecError(f"bad item {item!r} in cluster spec {spec!r} ({e}); " + _SPEC_HELP) from None
+            continue
+        m = re.fullmatch(r"(?:(\d+)\s*[xX×]\s*)?(.+)", item)
+        count = int(m.group(1)) if m and m.group(1) else 1
+        card = m.group(2).strip() if m else item
+        if count < 1:
+            raise SpecError(f"card count must be >= 1 in {item!r}; " + _SPEC_HELP)
+        known = _CARD_LOOKUP.get(_norm_card(card))
+        if known is not None:
+            name, total = known, CARD_TYPES[known]
+        else:
+            try:
+                total = parse_bytes(card, gb_is_gib=True)
+            except ValueError:
+                raise SpecError(f"unknown card {card!r} in cluster spec {spec!r}; " + _SPEC_HELP) from None
+            if total <= 0:
+                raise SpecError(f"card size must be > 0 in {item!r}; " + _SPEC_HELP)
+            name = card.replace(" ", "")
+        names += [name] * count
+        totals += [total] * count
+    if not names:
+        raise SpecError(f"cluster spec {spec!r} names no card; " + _SPEC_HELP)
+    for idx, total in enumerate(totals):
+        if context >= total:
+            raise SpecError(f"context={format_bytes(context)} leaves nothing of card {idx}'s "
+                            f"{format_bytes(total)}; the CUDA context takes a few hundred MiB "
+                            "(default 384MiB): give a smaller context= or larger cards; " + _SPEC_HELP)
+    for idx, b in used.items():
+        if not 0 <= idx < len(names):
+            raise SpecError(f"used={idx}:... names card {idx}, but the cluster has cards "
+                            f"0..{len(names) - 1}; " + _SPEC_HELP)
+        if b + context >= totals[idx]:
+            raise SpecError(f"card {idx} has {format_bytes(totals[idx])} in all, "
+                            f"{format_bytes(b)} used by others leaves nothing; " + _SPEC_HELP)
+    known_caps = [CARD_CAPABILITY.get(n) for n in names]
+    caps = tuple(c if c is not None else (cc or DEFAULT_CAPABILITY) for c in known_caps)
+    return Cluster(names=tuple(names), total_bytes=tuple(totals),
+                   used_bytes=tuple(used.get(i, 0) for i in range(len(names))),
+                   context_bytes=context, spec=spec.replace(" ", ""), capabilities=caps,
+                   assumed_capability=cc is None and None in known_caps)

@@ -1,0 +1,34 @@
+"""Real-GPU probes: one DataParallel training step per probe, measured by the CUDA allocator.
+
+The modules, bottom to top: :mod:`~dptune.backends.cuda.devices` (the one device layer: the
+visible cards matched to NVML, used by ``dptune devices`` too),
+:mod:`~dptune.backends.cuda.runtime` (every ``torch.cuda`` and NVML call of a probe, and
+:func:`check_devices`), :mod:`~dptune.backends.cuda.step` (the step a probe runs) and
+:mod:`~dptune.backends.cuda.backend` (:class:`CudaBackend`: the measurement protocol, in its
+docstring, and isolation).
+
+The names below are imported on first use, so that the device layer stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["CudaBackend", "CudaRuntime", "StepContext", "default_step", "check_devices"]
+
+_HOME = {"CudaBackend": "backend", "CudaRuntime": "runtime", "check_devices": "runtime",
+         "StepContext": "step", "default_step": "step"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

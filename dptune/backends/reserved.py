@@ -1,0 +1,272 @@
+"""Reserved memory and the card's whole use, predicted from the simulator's allocation trace.
+
+The simulator's ledger calls a hook for every storage it charges to a card or frees
+(:class:`TraceRecorder`: ``(card, +/-bytes, id, stream)`` in order, ids free of addresses). The set-up
+(weights, buffers, the optimizer state a warm-up step makes) is one trace per card; each
+probe's step is another. :meth:`ReservedModel.predict` replays, per card, set-up + the step
+as warm-up + the step measured (peaks reset before it, as ``reset_peak_memory_stats`` after a
+warm-up step) through :mod:`dptune.backends.allocator`, and adds the fixed costs
+(:mod:`dptune.backends.fixed_costs`).
+
+Streams: a DataParallel step runs each replica on its card's current (default) stream, so
+every allocation is on stream 0 except the input chunks of a batch that starts on the host:
+``Scatter`` copies them on a background stream per card (``_get_stream``), so their blocks
+belong to that stream's pools (stream 1 here) and are never reused by the default stream.
+
+Approximations (besides the allocator model's own): the warm-up step's trace is the measured
+step's unless other warm-up traces are given (the simulator runs one step; the optimizer state
+is made in the set-up, where a real warm-up makes it after its backward); the input chunks'
+``record_stream`` hand-over is taken as done at their free (the block goes back to the copy
+stream's pool at once, where the allocator waits for the default stream's event); the
+capacity the allocator may reserve is the card's memory less other processes, the CUDA
+context and NCCL's buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional, Protocol, Sequence
+
+from dptune.backends.allocator import AllocatorConfig, AllocatorStats, Event, replay
+from dptune.backends.base import Device, ProbeResult
+from dptune.backends.fixed_costs import FixedCosts
+from dptune.errors import BackendUnavailableError, UsageError
+from dptune.units import format_bytes
+
+__all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "BudgetLevel",
+           "DEFAULT_HEADROOM", "parse_level", "at_level", "advice_lines", "merge_rank_probes",
+           "predict_steps"]
+
+#: reserved over allocated by this share (and by at least 256 MiB) calls for the advice
+WIDE_GAP = 0.25
+_WIDE_GAP_MIN = 256 * 1024 * 1024
+
+
+class TraceRecorder:
+    """The ledger's hook: each card's mallocs (``+bytes``) and frees (``-bytes``), in order."""
+
+    def __init__(self, n_cards: int):
+        self.events: list[list[Event]] = [[] for _ in range(n_cards)]
+        self._pending: list[list[Event]] = [[] for _ in range(n_cards)]
+
+    def __call__(self, card: int, delta: int, seq: int, stream: int = 0) -> None:
+        self.events[card].append(Event(seq, delta, stream))
+
+    def mark(self) -> list[int]:
+        """Where the next step's events begin. Set-up storages the last step freed (a
+        replaced buffer, say) are freed in the set-up trace from now on."""
+        for e, pending in zip(self.events, self._pending):
+            e.extend(pending)
+            pending.clear()
+        return [len(e) for e in self.events]
+
+    def cut(self, mark: Sequence[int]) -> list[list[Event]]:
+        """The events since ``mark``, taken out (what is left is the set-up trace)."""
+        step = [e[m:] for e, m in zip(self.events, mark)]
+        for card, (e, m) in enumerate(zip(self.events, mark)):
+            del e[m:]
+            live: set = set()
+            for ev in e:
+                (live.add if ev.delta > 0 else live.discard)(ev.id)
+            self._pending[card] = [ev for ev in step[card] if ev.delta < 0 and ev.id in live]
+        return step
+
+
+@dataclass(frozen=True)
+class ReservedFigures:
+    """Per-card predictions of one probe (bytes). On a card whose replay ran out of memory
+    (``num_ooms``) the peaks are what the step would need on a card without that limit."""
+
+    stats: tuple[AllocatorStats, ...]
+    total_bytes: tuple[int, ...]                 # reserved peak + CUDA context + NCCL
+    nccl_bytes: int
+    expandable: Optional[tuple[AllocatorStats, ...]] = None   # when the gap is wide
+    seconds: float = 0.0
+
+    @property
+    def oom_card(self) -> Optional[int]:
+        """The first card whose replay ran out of memory (the allocator's OOM)."""
+        return next((i for i, s in enumerate(self.stats) if s.num_ooms), None)
+
+    def wide_gap(self) -> list[int]:
+        """Cards whose reserved peak exceeds the allocated peak widely."""
+        return [i for i, s in enumerate(self.stats) if _wide(s)]
+
+    def probe_fields(self) -> dict:
+        """The :class:`~dptune.backends.base.ProbeResult` fields these figures fill."""
+        return dict(
+            reserved_bytes=tuple(s.reserved_peak for s in self.stats),
+            alloc_retries=tuple(s.num_alloc_retries for s in self.stats),
+            total_bytes=self.total_bytes,
+            memory_stats=tuple(s.memory_stats() for s in self.stats),
+            expandable_reserved_bytes=(None if self.expandable is None
+                                       else tuple(s.reserved_peak for s in self.expandable)))
+
+
+def _wide(s: AllocatorStats) -> bool:
+    gap = s.reserved_peak - s.allocated_peak
+    return gap > WIDE_GAP * s.allocated_peak and gap >= _WIDE_GAP_MIN
+
+
+@dataclass(frozen=True)
+class ReservedModel:
+    """The allocator configuration and the fixed costs a prediction uses."""
+
+    config: AllocatorConfig = field(default_factory=AllocatorConfig)
+    fixed: FixedCosts = field(default_factory=FixedCosts)
+
+    def predict(self, setup: Sequence[Sequence[Event]], step: Sequence[Sequence[Event]],
+                devices: Sequence[Device],
+                warmup: Optional[Sequence[Sequence[Sequence[Event]]]] = None) -> ReservedFigures:
+        """Replay per card the set-up, the warm-up steps (``warmup``: per-card traces of each
+        step run before, in order; default: ``step`` once) and the measured ``step``."""
+        t0 = time.perf_counter()
+        nccl = self.fixed.nccl_for(len(devices))
+        before = [step] if warmup is None else list(warmup)
+
+        def card(i: int, cap: int, cfg: AllocatorConfig) -> AllocatorStats:
+            traces = [setup[i], *(w[i] for w in before), step[i]]
+            s = replay(traces, cap, cfg, measure_from=len(traces) - 1)
+            if not s.num_ooms:
+                return s
+            # past an OOM: the figures the step would need, the OOM and retries kept
+            need = replay(traces, 1 << 62, cfg, measure_from=len(traces) - 1)
+            return dataclasses.replace(need, num_ooms=s.num_ooms, oom_event=s.oom_event,
+                                       num_alloc_retries=s.num_alloc_retries)
+
+        def run(cfg: AllocatorConfig) -> tuple[AllocatorStats, ...]:
+            return tuple(card(i, max(0, d.available_bytes - nccl), cfg)
+                         for i, d in enumerate(devices))
+
+        stats = run(self.config)
+        expandable = None
+        if not self.config.expandable_segments and any(_wide(s) for s in stats):
+            expandable = run(dataclasses.replace(self.config, expandable_segments=True))
+        total = tuple(s.reserved_peak + d.context_bytes + nccl for s, d in zip(stats, devices))
+        return ReservedFigures(stats, total, nccl, expandable, time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------------------------
+# The budget level: which figure the search checks against each card's budget
+# --------------------------------------------------------------------------------------------
+class BudgetLevel(str, Enum):
+    """``allocated``: the allocator's allocated peak (``max_memory_allocated``), the default.
+    ``reserved``: the reserved peak plus the fixed costs the budget does not already take out
+    (NCCL on the simulator; the CUDA context is in ``Device.context_bytes``), i.e. what runs
+    out on a card."""
+
+    ALLOCATED = "allocated"
+    RESERVED = "reserved"
+
+
+#: The headroom each level leaves by default. At ``allocated`` 1 GiB covers fragmentation
+#: (the reserved-but-free memory), NCCL's buffers and what else is not modelled. At
+#: ``reserved`` fragmentation and NCCL are predicted, so 768 MiB less is kept: 256 MiB for
+#: what is still not modelled (cuDNN's per-algorithm workspaces, DataParallel's 10 MiB
+#: coalesced broadcast/reduce buckets, blocks held back by record_stream on the scatter's
+#: side stream, the driver's own rounding).
+DEFAULT_HEADROOM = {BudgetLevel.ALLOCATED: 1024 * 1024 * 1024, BudgetLevel.RESERVED: 256 * 1024 * 1024}
+
+
+def parse_level(level: "str | BudgetLevel") -> BudgetLevel:
+    try:
+        return BudgetLevel(level)
+    except ValueError:
+        raise UsageError(f"budget level must be 'allocated' or 'reserved', got {level!r}") from None
+
+
+def at_level(r: ProbeResult, devices: Sequence[Device], level: BudgetLevel) -> ProbeResult:
+    """``r`` with ``peak_bytes`` at ``level`` (the allocated peak kept in
+    ``allocated_peak_bytes``): on the simulator the model's reserved peak + NCCL (total use
+    less the context, which the budget already takes out); on real cards the measured
+    ``max_memory_reserved`` (NCCL's buffers, once made, are in NVML's figures there)."""
+    if level is BudgetLevel.ALLOCATED:
+        return r
+    if r.reserved_bytes is None:
+        raise BackendUnavailableError(
+            "budget level 'reserved' needs reserved figures, and this backend gave none; "
+            "use the default level 'allocated'")
+    if r.total_bytes is not None:
+        peaks = tuple(t - d.context_bytes for t, d in zip(r.total_bytes, devices))
+    else:
+        peaks = tuple(r.reserved_bytes)
+    return dataclasses.replace(r, peak_bytes=peaks, allocated_peak_bytes=r.peak_bytes)
+
+
+def advice_lines(r: ProbeResult) -> list[str]:
+    """When the predicted reserved peak exceeds the allocated peak widely: how much, and the
+    reserved peak predicted with ``expandable_segments:True``."""
+    if r.memory_stats is None or r.expandable_reserved_bytes is None:
+        return []
+    out = []
+    for i, (ms, es) in enumerate(zip(r.memory_stats, r.expandable_reserved_bytes)):
+        alloc, res = ms["allocated_bytes.all.peak"], ms["reserved_bytes.all.peak"]
+        gap = res - alloc
+        if gap > WIDE_GAP * alloc and gap >= _WIDE_GAP_MIN:
+            out.append(
+                f"card {i}: the caching allocator is predicted to reserve {format_bytes(res)} for "
+                f"{format_bytes(alloc)} allocated ({format_bytes(gap)} cached but free, "
+                f"fragmentation); with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it is "
+                f"predicted to reserve {format_bytes(es)}")
+    return out
+
+
+def merge_rank_probes(probes: Sequence[ProbeResult], devices: Sequence[Device]) -> ProbeResult:
+    """One probe of a DDP world from each rank's one-card probe (rank r on card r): per-card
+    fields side by side; the OOM card is the one most over its memory, else the first whose
+    allocator replay ran out."""
+    def cat(name: str) -> Optional[tuple]:
+        parts = [getattr(p, name) for p in probes]
+        return None if any(x is None for x in parts) else tuple(x[0] for x in parts)
+
+    peaks = tuple(p.peak_bytes[0] for p in probes)
+    over = [(x - d.available_bytes) / d.available_bytes for x, d in zip(peaks, devices)]
+    worst = max(range(len(over)), key=lambda i: over[i])
+    oom = worst if over[worst] > 0 else next(
+        (i for i, p in enumerate(probes) if p.oom_device is not None), None)
+    expandable = [p.expandable_reserved_bytes[0] if p.expandable_reserved_bytes is not None
+                  else (p.reserved_bytes or (0,))[0] for p in probes]
+    return ProbeResult(
+        chunk_sizes=tuple(p.chunk_sizes[0] for p in probes), peak_bytes=peaks, oom_device=oom,
+        breakdown=cat("breakdown"), reserved_bytes=cat("reserved_bytes"),
+        alloc_retries=cat("alloc_retries"), total_bytes=cat("total_bytes"),
+        memory_stats=cat("memory_stats"),
+        expandable_reserved_bytes=(None if all(p.expandable_reserved_bytes is None for p in probes)
+                                   else tuple(expandable)),
+        seconds=sum(p.seconds for p in probes), note="simulated DDP")
+
+
+def predict_steps(backend: "SimulatedLike", splits: Sequence[Sequence[int]],
+                  model: Optional[ReservedModel] = None) -> ReservedFigures:
+    """A run of steps of different shapes (variable batch sizes or lengths): each split is
+    simulated in turn, and the last is measured after all the others as warm-up steps, in
+    order, so cached segments from each step shape the next (where fragmentation grows).
+    ``backend`` is a :class:`~dptune.backends.simulated.SimulatedBackend` built with
+    ``reserved=``; ``model`` overrides its allocator model."""
+    use = model or backend.reserved
+    if use is None:
+        raise UsageError("predict_steps needs an allocator model: build the backend with "
+                         "reserved=ReservedModel(...) or pass model=")
+    traces = []
+    for split in splits:
+        backend.estimate(split)
+        traces.append(backend._step_trace)
+    if backend._recorder is None or not traces:
+        raise UsageError("predict_steps needs at least one split and a backend built with reserved=")
+    return use.predict(backend._recorder.events, traces[-1], backend.devices, warmup=traces[:-1])
+
+
+class SimulatedLike(Protocol):
+    """What :func:`predict_steps` uses of a simulated backend."""
+
+    reserved: Optional[ReservedModel]
+    _recorder: Optional[TraceRecorder]
+    _step_trace: list
+
+    @property
+    def devices(self) -> Sequence[Device]: ...
+
+    def estimate(self, chunk_sizes: Sequence[int], output_device: int = 0) -> object: ...

@@ -1,0 +1,30 @@
+"""The simulated cluster: per-card memory of a DataParallel (or DDP) training step, without GPUs.
+
+The user's real model runs under ``FakeTensorMode`` on the CPU and every new storage is charged
+to the virtual card that makes it; what is modelled and what is not is said in
+:mod:`dptune.backends.simulated.ledger`. The modules, bottom to top:
+
+- :mod:`~dptune.backends.simulated.device_rules`, :mod:`~dptune.backends.simulated.autocast`,
+  :mod:`~dptune.backends.simulated.sdpa`: CUDA's device rules, autocast rules and attention
+  kernel choice, as the simulated step applies them;
+- :mod:`~dptune.backends.simulated.errors`: the user's exceptions mapped to dptune's;
+- :mod:`~dptune.backends.simulated.ledger`: the ledger, the dispatch that charges it, and
+  DataParallel's scatter, broadcast and gather between the virtual cards;
+- :mod:`~dptune.backends.simulated.fake_model`: the fake copy of the user's model;
+- :mod:`~dptune.backends.simulated.backend`: :class:`SimulatedBackend` and
+  :func:`estimate_memory`;
+- :mod:`~dptune.backends.simulated.ddp`: one DDP rank per card (``SimulatedDDPRank``);
+- :mod:`~dptune.backends.simulated.fsdp`: one FSDP2 rank per card (``SimulatedFSDPRank``).
+
+The cluster spec and the card table are in :mod:`dptune.backends.cluster` (no torch); they
+are re-exported here.
+"""
+
+from dptune.backends.cluster import (CARD_CAPABILITY, CARD_TYPES, DEFAULT_CAPABILITY,
+                                     DEFAULT_CLUSTER, DEFAULT_CONTEXT_BYTES, Cluster, parse_cluster)
+from dptune.backends.simulated.backend import MemoryEstimate, SimulatedBackend, estimate_memory
+from dptune.backends.simulated.ledger import _Ledger  # noqa: F401 (tests reach the ledger here)
+
+__all__ = ["Cluster", "CARD_TYPES", "CARD_CAPABILITY", "DEFAULT_CAPABILITY", "DEFAULT_CLUSTER",
+           "DEFAULT_CONTEXT_BYTES", "parse_cluster", "SimulatedBackend", "MemoryEstimate",
+           "estimate_memory"]

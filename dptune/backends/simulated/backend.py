@@ -1,0 +1,360 @@
+"""The simulated backend: :class:`SimulatedBackend` (the probe interface of
+:mod:`dptune.backends.base`) and :func:`estimate_memory`, over the ledger of
+:mod:`dptune.backends.simulated.ledger` (whose docstring says what is modelled and what is not)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+
+from dptune import _tree
+from dptune._torch_private import fake_tensor_mode, new_shape_env
+from dptune.backends.base import Capabilities, ModelFacts, ProbeResult
+from dptune.backends.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
+from dptune.backends.reserved import ReservedModel, TraceRecorder
+from dptune.backends.simulated import sdpa as _sdpa
+from dptune.backends.simulated.autocast import cuda_autocast
+from dptune.backends.simulated.device_rules import HOST, device_mode
+from dptune.backends.simulated.errors import _user_error, _ValueReadingError
+from dptune.backends.simulated.fake_model import _accepts_foreach, _eager, _fake_module
+from dptune.backends.simulated.ledger import (_PHASES, _first_batch_size, _FunctionModes, _Ledger,
+                                             _make_accountant, _SimulatedDataParallel)
+from dptune.errors import DptuneError, InternalError, UsageError, UserCodeError
+from dptune.split import validate_chunk_sizes
+from dptune.types import BackendKind
+from dptune.workload import (StepOutcome, StepRuntime, Workload, batch_to_args, gradient_checkpointing,
+                             has_batchnorm, run_step)
+
+__all__ = ["SimulatedBackend", "MemoryEstimate", "estimate_memory"]
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-card peak of one simulated training step.
+
+    ``peak_bytes[i]`` is comparable with ``torch.cuda.max_memory_allocated(i)`` over a step;
+    ``breakdown[i]`` maps a category (weights, gradients, optimizer, activations, inputs,
+    outputs, other) to the bytes it held at card i's peak.
+    """
+
+    chunk_sizes: tuple[int, ...]
+    peak_bytes: list[int]
+    breakdown: list[dict[str, int]]
+    baseline_bytes: list[int]          # live before the step: weights, buffers, optimizer state
+    cluster: Cluster
+    seconds: float = 0.0
+    notes: tuple[str, ...] = ()        # what was modelled how (attention kernels, bounds...)
+    # gathered output entries the loss never read, with their bytes on card 0
+    unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
+
+    @property
+    def oom_devices(self) -> list[int]:
+        """Cards whose peak exceeds what the allocator can use on them."""
+        return [i for i, (p, d) in enumerate(zip(self.peak_bytes, self.cluster.devices))
+                if p > d.available_bytes]
+
+
+class SimulatedBackend:
+    """The probe interface over a virtual cluster; see the module docstring.
+
+    The fake model and optimizer are built once and reused by every probe. The user's
+    model, its weights, buffers and the RNG state are left untouched.
+    """
+
+    kind = BackendKind.SIMULATED
+    #: ``probe(chunk_sizes, output_device=k)`` gathers the outputs on card k
+    capabilities = Capabilities.simulated(output_device=True)
+    supports_output_device = True
+
+    def __init__(self, workload: Workload, cluster: Union[str, Cluster] = DEFAULT_CLUSTER, *,
+                 batch_on_card0: bool = False, reserved: Optional[ReservedModel] = None):
+        self.workload = workload
+        self.reserved = reserved        # the allocator model: reserved and total use per card
+        self._recorder: Optional[TraceRecorder] = None
+        self._step_trace: list = []
+        self.cluster = parse_cluster(cluster)
+        self.devices = self.cluster.devices
+        self.batch_on_card0 = batch_on_card0
+        self._fake_mode = fake_tensor_mode(allow_non_fake_inputs=True)
+        self._symbolic = False          # data-dependent sizes as symbols (after a value read)
+        self._compiled = False          # the model was a torch.compile wrapper, run eagerly
+        self._ledger: Optional[_Ledger] = None
+        self._module: Optional[nn.Module] = None
+        self._optimizer: Any = None
+        self._params: list[nn.Parameter] = []
+        self._setup_bytes: list[int] = []
+        self._kernels: dict[tuple[str, tuple[int, int]], int] = {}   # attention kernel choices
+        self._fn_mode: Any = None
+        self.has_batchnorm: Optional[bool] = (
+            has_batchnorm(workload.model) if isinstance(workload.model, nn.Module) else None)
+        self.gradient_checkpointing: Optional[bool] = (
+            gradient_checkpointing(workload.model) if isinstance(workload.model, nn.Module) else None)
+
+    @property
+    def model_facts(self) -> ModelFacts:
+        """BatchNorm and gradient checkpointing in the model (known once it is built)."""
+        return ModelFacts(self.has_batchnorm, self.gradient_checkpointing)
+
+    def describe(self) -> str:
+        cap = self.cluster.describe_capability()
+        return f"{self.cluster.describe()} (simulated{', ' + cap if cap else ''})"
+
+    # -- set-up ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _modes(self, ledger: _Ledger) -> Iterator[None]:
+        rng = torch.get_rng_state()
+        # torch logs every op that fails under fake mode; the error reaches the user anyway
+        log = logging.getLogger("torch._subclasses.fake_tensor")
+        level = log.level
+        log.setLevel(logging.CRITICAL)
+        caps = self.cluster.capabilities
+
+        def capability_of(t: torch.Tensor) -> Optional[tuple[int, int]]:
+            card = ledger.card_of(t)
+            return None if card == HOST else caps[card]
+
+        def chosen(kernel: str, cap: tuple[int, int]) -> None:
+            self._kernels[(kernel, cap)] = self._kernels.get((kernel, cap), 0) + 1
+
+        try:
+            self._fn_mode = _FunctionModes(device_mode(ledger), _sdpa.sdpa_mode(capability_of, chosen))
+            with cuda_autocast(), self._fake_mode, _make_accountant(ledger), self._fn_mode:
+                yield
+        finally:
+            torch.set_rng_state(rng)
+            log.setLevel(level)
+
+    def _setup(self) -> None:
+        if self._ledger is not None:
+            return
+        ledger = _Ledger(len(self.cluster))
+        if self.reserved is not None:
+            ledger.on_event = self._recorder = TraceRecorder(len(self.cluster))
+        with self._modes(ledger):
+            with ledger.on(0, "weights"):
+                module, self._compiled = _eager(_fake_module(self.workload.model))
+            module.train(self.workload.model.training if isinstance(self.workload.model, nn.Module) else True)
+            self.has_batchnorm = has_batchnorm(module)
+            self.gradient_checkpointing = gradient_checkpointing(module)
+            with ledger.on(0, "weights"):
+                for t in list(module.parameters()) + list(module.buffers()):
+                    ledger.charge(t, 0, "weights")
+            params = [p for p in module.parameters() if p.requires_grad]
+            optimizer = None
+            if self.workload.optimizer is not None:
+                try:
+                    optimizer = self.workload.optimizer(params)
+                except Exception as e:
+                    raise UserCodeError(f"the optimizer factory raised: {type(e).__name__}: {e}") from e
+                for group in getattr(optimizer, "param_groups", []):
+                    if _accepts_foreach(group):
+                        group["foreach"] = True
+                # Create the optimizer's state as a warm-up step would.
+                with ledger.on(0, "optimizer"):
+                    for p in params:
+                        with ledger.forced(0, "gradients"):
+                            p.grad = torch.zeros_like(p)
+                    try:
+                        optimizer.step()
+                    except Exception as e:
+                        raise UserCodeError(
+                            f"optimizer.step() raised in the simulated warm-up: {type(e).__name__}: {e}") from e
+                    optimizer.zero_grad(set_to_none=True)
+                    # torch keeps the step counters of non-capturable, non-fused optimizers
+                    # on the host even when the parameters are on a GPU
+                    for group in optimizer.param_groups:
+                        if group.get("capturable") or group.get("fused"):
+                            continue
+                        for p in group["params"]:
+                            step = optimizer.state.get(p, {}).get("step")
+                            if isinstance(step, torch.Tensor) and step.dim() == 0:
+                                ledger.to_host(step)
+        self._ledger, self._module, self._optimizer, self._params = ledger, module, optimizer, params
+        self._setup_bytes = list(ledger.live)
+
+    # -- one step ----------------------------------------------------------------------
+    def estimate(self, chunk_sizes: Sequence[int], output_device: int = 0) -> MemoryEstimate:
+        """Simulate one training step with this split and return per-card peaks
+        (``output_device``: the card the outputs are gathered on, as DataParallel's).
+
+        A step that reads tensor values (``nonzero``, boolean masks, ``.item()``) is run again
+        with symbolic data-dependent sizes (a ``ShapeEnv``, a few times slower, so only then),
+        each charged at its largest possible value; the notes say which ops were bounded.
+        """
+        try:
+            return self._estimate(chunk_sizes, output_device)
+        except _ValueReadingError:
+            if self._symbolic:
+                raise
+        self.close()
+        self._symbolic = True
+        self._fake_mode = fake_tensor_mode(allow_non_fake_inputs=True, shape_env=new_shape_env())
+        return self._estimate(chunk_sizes, output_device)
+
+    def _estimate(self, chunk_sizes: Sequence[int], output_device: int) -> MemoryEstimate:
+        sizes = validate_chunk_sizes(chunk_sizes, len(self.cluster))
+        if not 0 <= output_device < len(self.cluster):
+            raise UsageError(f"output_device={output_device}: the cluster has cards "
+                             f"0..{len(self.cluster) - 1}")
+        t0 = time.perf_counter()
+        self._setup()
+        ledger = self._ledger
+        assert ledger is not None and self._module is not None
+        self._kernels = {}
+        if self._ledger is not None:
+            self._ledger.bounded = {}
+        with self._modes(ledger):
+            baseline = list(ledger.live)
+            mark = self._recorder.mark() if self._recorder is not None else None
+            ledger.reset_peaks()
+            try:
+                outcome = self._step(sizes, output_device)
+            except DptuneError:
+                raise
+            except Exception as e:   # user code is wrapped where it runs; this is dptune's
+                raise InternalError(f"dptune's simulator failed in the simulated step "
+                                    f"(split {sizes}; {type(e).__name__}: {e}); this is a bug in "
+                                    "dptune, not in your model: please report it") from e
+            finally:
+                if self._optimizer is not None:
+                    self._optimizer.zero_grad(set_to_none=True)
+                for p in self._module.parameters():
+                    p.grad = None
+                if self._recorder is not None and mark is not None:
+                    self._step_trace = self._recorder.cut(mark)
+        return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=list(ledger.peak),
+                              breakdown=[dict(b) for b in ledger.peak_breakdown],
+                              baseline_bytes=baseline, cluster=self.cluster,
+                              seconds=time.perf_counter() - t0, notes=self._notes(),
+                              unread_outputs=outcome.unread_outputs)
+
+    def _notes(self) -> tuple[str, ...]:
+        notes = []
+        if self._kernels:
+            calls = ", ".join(f"{kernel} x{n} (sm {cap[0]}.{cap[1]})"
+                              for (kernel, cap), n in sorted(self._kernels.items()))
+            notes.append(f"attention (scaled_dot_product_attention) kernels as CUDA picks them: {calls}")
+        if self._ledger is not None and self._ledger.bounded:
+            notes.append("data-dependent sizes bounded by their largest possible value: " + "; ".join(
+                f"{op} {how}" for op, how in sorted(self._ledger.bounded.items())))
+        if self._compiled:
+            notes.append("torch.compile: the model runs eagerly on the simulated cluster (compiled "
+                         "kernels may keep fewer tensors)")
+        cap = self.cluster.describe_capability()
+        if cap:
+            notes.append(f"compute capability: {cap} for cards given by size (set it with cc=)")
+        return tuple(notes)
+
+    def _step(self, sizes: list[int], output_device: int = 0) -> StepOutcome:
+        """One training step (:func:`dptune.workload.run_step`) through DataParallel over the
+        virtual cards, with CUDA autocast emulated (:mod:`dptune.backends.simulated.autocast`)."""
+        ledger, module, wl = self._ledger, self._module, self.workload
+        assert ledger is not None and module is not None
+        batch_size = sum(sizes)
+        cards = tuple(i for i, c in enumerate(sizes) if c > 0)
+        source = 0 if self.batch_on_card0 else HOST
+        ws_keep = []   # cuBLAS workspace, created by the warm-up step on each busy card
+        for card in cards:
+            with ledger.forced(card, "other"):
+                ws_keep.append(torch.empty(self.cluster.workspace_bytes(card), dtype=torch.uint8))
+
+        def next_batch() -> Any:
+            with ledger.on(source, "inputs"), ledger.cuda_rules(False):
+                try:
+                    batch = wl.sample(batch_size)
+                except DptuneError:
+                    raise
+                except Exception as e:
+                    raise UserCodeError(f"sample({batch_size}) raised: {type(e).__name__}: {e}") from e
+            found = _first_batch_size(batch_to_args(batch))
+            if found is not None and found != batch_size:
+                raise UsageError(f"sample({batch_size}) returned a batch of {found} samples; "
+                                 "sample(n) must build a batch of n samples along dim 0")
+            return batch
+
+        @contextlib.contextmanager
+        def phase(name: str) -> Iterator[None]:
+            category, where = _PHASES[name]
+            with ledger.on(0, category):
+                try:
+                    yield
+                except DptuneError:
+                    raise
+                except Exception as e:
+                    raise _user_error(e, where, sizes) from e
+
+        def batch_for_loss(batch: Any) -> Any:
+            # a loss function gets the batch on the output card, as the CUDA backend gives it
+            if wl.loss_fn is None or source != HOST:
+                return batch
+            with ledger.forced(output_device, "inputs"):
+                return _tree.map_tensors(lambda t: t.clone(), batch)
+
+        single = len(self.cluster) == 1
+        wrapper = _SimulatedDataParallel(module, ledger, sizes, source, single,
+                                         output_device, self._fn_mode)
+        try:
+            with ledger.cuda_rules(True):
+                outcome = run_step(wl, StepRuntime(model=wrapper, optimizer=self._optimizer,
+                                                   next_batch=next_batch, batch_for_loss=batch_for_loss,
+                                                   phase=phase))
+        finally:
+            wrapper.close()
+        del ws_keep
+        # on one card nothing is gathered, so unread outputs cost nothing extra
+        return StepOutcome() if single else outcome
+
+    # -- the probe interface -----------------------------------------------------------
+    def probe(self, chunk_sizes: Sequence[int], output_device: int = 0) -> ProbeResult:
+        est = self.estimate(chunk_sizes, output_device)
+        over = [(p - d.available_bytes) / d.available_bytes
+                for p, d in zip(est.peak_bytes, self.devices)]
+        worst = max(range(len(over)), key=lambda i: over[i])
+        oom = worst if over[worst] > 0 else None
+        extra: dict = {}
+        seconds = est.seconds
+        if self.reserved is not None and self._recorder is not None:
+            fig = self.reserved.predict(self._recorder.events, self._step_trace, self.devices)
+            extra, oom = fig.probe_fields(), oom if oom is not None else fig.oom_card
+            seconds += fig.seconds
+        return ProbeResult(chunk_sizes=est.chunk_sizes, peak_bytes=tuple(est.peak_bytes),
+                           oom_device=oom, breakdown=tuple(est.breakdown), seconds=seconds,
+                           note="; ".join(("simulated",) + est.notes),
+                           unread_outputs=est.unread_outputs, **extra)
+
+    def close(self) -> None:
+        self._ledger = self._module = self._optimizer = None
+        self._params = []
+
+
+
+
+def estimate_memory(model: Union[nn.Module, Callable[[], nn.Module]], sample: Callable[[int], Any],
+                    chunk_sizes: Sequence[int], cluster: Union[str, Cluster] = DEFAULT_CLUSTER, *,
+                    loss_fn: Optional[Callable[[Any, Any], Any]] = None,
+                    optimizer: Optional[Callable[..., Any]] = None, amp: Optional[str] = None,
+                    accumulate: int = 1, clip_grad_norm: Optional[float] = None,
+                    step: Optional[Callable[[Any, Any, Any], None]] = None) -> MemoryEstimate:
+    """Per-card peak memory (bytes) of one DataParallel training step on a simulated cluster.
+
+    ``model`` is an ``nn.Module`` or a zero-argument factory (built on the meta device);
+    ``sample(batch_size)`` builds a batch; ``loss_fn(output, batch)`` the loss (default: the
+    output's ``loss``, else its sum); ``optimizer`` a factory ``params -> Optimizer`` (default
+    none). ``amp``, ``accumulate``, ``clip_grad_norm`` and ``step`` describe the training step
+    as in :class:`dptune.workload.Workload`. ``chunk_sizes`` has one entry per card of
+    ``cluster`` (a spec such as ``'4x24GB'`` or a :class:`Cluster`). Nothing of the model's
+    size is allocated and the model, its weights and buffers are left untouched. See the
+    module docstring for what is not modelled.
+    """
+    backend = SimulatedBackend(Workload(model, sample, loss_fn, optimizer, amp=amp,
+                                        accumulate=accumulate, clip_grad_norm=clip_grad_norm,
+                                        step=step), cluster)
+    try:
+        return backend.estimate(chunk_sizes)
+    finally:
+        backend.close()

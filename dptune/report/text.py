@@ -1,0 +1,276 @@
+"""Text of a report: the terminal table, the Markdown summary, and the per-card and per-probe
+``pandas`` tables (probes.csv). Probes are numbered from 1 everywhere (the tables, the text,
+the plots and ``even.implied_by`` in report.json)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from dptune.units import format_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas
+
+    from dptune.backends.base import ProbeResult
+    from dptune.result import TuneResult
+
+__all__ = ["PLOT_KINDS", "plot_kinds", "device_label", "result_table", "probes_table",
+           "render_table", "render_summary", "budget_text"]
+
+PLOT_KINDS = ("peaks", "fits", "max_batch")
+
+
+# ---- data -------------------------------------------------------------------------------
+
+def plot_kinds(result: TuneResult) -> list[str]:
+    """The plots that make sense for this result (``max_batch`` only for that objective)."""
+    return [k for k in PLOT_KINDS if k != "max_batch" or result.objective == "max_batch"]
+
+
+def device_label(result: TuneResult, i: int) -> str:
+    """``"0: RTX 4090"``: the card's index and name."""
+    d = result.devices[i]
+    return f"{d.index}: {d.name}"
+
+
+def result_table(result: TuneResult) -> "pandas.DataFrame":
+    """One row per card: even split and its peak, dptune's split and its peak, budget, shares.
+
+    Memory columns are ``int`` bytes; shares are fractions of the budget (1.0 = full).
+    """
+    import pandas as pd
+
+    even = result.even
+    even_shares = even.shares(result.budget_bytes)
+    rows = []
+    for i, d in enumerate(result.devices):
+        rows.append(dict(
+            device=d.index, name=d.name,
+            even_chunk=even.chunk_sizes[i], even_peak_bytes=even.peak_bytes[i],
+            even_oom=even.oom_device == i,
+            chunk=result.chunk_sizes[i], peak_bytes=result.peak_bytes[i],
+            budget_bytes=result.budget_bytes[i], total_bytes=d.total_bytes,
+            even_share=even_shares[i], share=result.shares[i],
+        ))
+    return pd.DataFrame(rows).set_index("device")
+
+
+_PROBE_ARRAYS = ("reserved_bytes", "nvml_used_bytes", "alloc_retries", "repeat_spread_bytes")
+
+
+def probes_table(result: TuneResult) -> "pandas.DataFrame":
+    """One row per probe, in the order run (``probe`` numbered from 1): why, the split, whether
+    the search counted it within budget and by how much, per-card peaks (bytes), OOM card.
+
+    ``within_budget`` is what the search used: every card in use measured within its budget
+    without running out of memory. ``margin_bytes`` is the smallest ``budget - peak`` over
+    those cards (negative: over by that much; empty for an OOM probe, whose peaks are lower
+    bounds), on card ``margin_card``. Per-card columns are ``chunk_<i>`` and ``peak_bytes_<i>``,
+    plus the optional per-card figures (``reserved_bytes_<i>``, ...) the backend measured.
+    """
+    import pandas as pd
+
+    n = len(result.devices)
+    present = [k for k in _PROBE_ARRAYS if any(getattr(p, k) is not None for p in result.probes)]
+    rows = []
+    for k, p in enumerate(result.probes, start=1):
+        check = result.budget_check(p)
+        row: dict[str, Any] = dict(probe=k, purpose=p.purpose, batch_size=p.batch_size,
+                                   within_budget=check.within_budget,
+                                   margin_bytes=check.margin_bytes, margin_card=check.card,
+                                   oom_device=p.oom_device, seconds=round(p.seconds, 4))
+        row.update({f"chunk_{i}": p.chunk_sizes[i] for i in range(n)})
+        row.update({f"peak_bytes_{i}": p.peak_bytes[i] for i in range(n)})
+        for key in present:
+            values = getattr(p, key)
+            row.update({f"{key}_{i}": (values[i] if values is not None else None) for i in range(n)})
+        row["note"] = p.note
+        rows.append(row)
+    columns = (["probe", "purpose", "batch_size", "within_budget", "margin_bytes", "margin_card",
+                "oom_device", "seconds"]
+               + [f"chunk_{i}" for i in range(n)] + [f"peak_bytes_{i}" for i in range(n)]
+               + [f"{k}_{i}" for k in present for i in range(n)] + ["note"])
+    df = pd.DataFrame(rows, columns=columns)
+    # Keep integer columns integer where values are missing (oom_device, optional figures).
+    for col in columns:
+        if col in ("margin_bytes", "margin_card", "oom_device") or any(
+                col.startswith(k) for k in present):
+            df[col] = df[col].astype("Int64")
+    return df
+
+
+def budget_text(result: TuneResult, probe: "ProbeResult") -> str:
+    """Within budget or not, and by how much: ``"yes, 1.2 GiB to spare (card 3)"``,
+    ``"no: card 2 over by 310 MiB"`` or ``"no: out of memory on card 1"``."""
+    check = result.budget_check(probe)
+    if check.margin_bytes is None:
+        return f"no: out of memory on card {check.card}"
+    if check.within_budget:
+        return f"yes, {format_bytes(check.margin_bytes)} to spare (card {check.card})"
+    return f"no: card {check.card} over by {format_bytes(-check.margin_bytes)}"
+
+
+# ---- text -------------------------------------------------------------------------------
+
+def _pct(share: float) -> str:
+    return "inf" if math.isinf(share) else f"{share:.0%}"
+
+
+def _ratio(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.2f}"
+
+
+def _gain(result: TuneResult) -> str:
+    g = result.batch_gain
+    return "" if math.isinf(g) else f" ({g:+.0%})"
+
+
+def _table_rows(result: TuneResult) -> tuple[list[str], list[list[str]]]:
+    header = ["device", "even split", "peak", "dptune split", "peak", "budget", "share used"]
+    even = result.even
+    even_shares = even.shares(result.budget_bytes)
+    rows = []
+    for i in range(len(result.devices)):
+        even_peak = "OOM" if even.oom_device == i else format_bytes(even.peak_bytes[i])
+        if even.implied_by and even.peak_bytes[i] > 0:
+            even_peak = f"<= {even_peak}"
+        rows.append([device_label(result, i), str(even.chunk_sizes[i]), even_peak,
+                     str(result.chunk_sizes[i]), format_bytes(result.peak_bytes[i]),
+                     format_bytes(result.budget_bytes[i]),
+                     f"{_pct(even_shares[i])} -> {_pct(result.shares[i])}"])
+    return header, rows
+
+
+def _footer(result: TuneResult) -> list[str]:
+    even = result.even
+    lines = []
+    if not even.feasible:
+        card = device_label(result, even.oom_device) if even.oom_device is not None else "a card"
+        lines.append(f"the even split runs out of memory on {card} "
+                     "(its peaks are lower bounds)")
+    if even.implied_by:
+        names = ", ".join(f"#{k}" for k in even.implied_by)
+        lines.append(f"the even split {list(even.chunk_sizes)} was not probed itself: probe(s) "
+                     f"{names} measured every card within budget with at least as many samples "
+                     "(card 0: and as large a batch), so it fits; its peaks are upper bounds")
+    even_imb = "not measured" if even.implied_by else _ratio(even.imbalance)
+    lines.append(f"imbalance (max/min share of budget): even {even_imb} "
+                 f"-> dptune {_ratio(result.imbalance)}")
+    if result.card0_floor:
+        lines.append("card 0 with no samples holds the largest share (a floor no split can "
+                     "beat): the imbalance is among the cards that hold samples")
+    if result.objective == "max_batch":
+        lines.append(f"max batch that fits: even {even.batch_size} -> balanced "
+                     f"{result.batch_size}{_gain(result)}")
+    if result.output_device != 0:
+        lines.append(f"outputs gathered on card {result.output_device}: "
+                     f"+{result.output_device_gain} samples over gathering on card 0")
+    lines.append(_certificate(result))
+    return lines
+
+
+def _certificate(result: TuneResult) -> str:
+    """One line: certified or not, and the brackets ``[lo, hi)`` that say why."""
+    if not result.brackets:
+        return "certified: no (no brackets recorded)"
+    br = "; ".join(b.describe() for b in result.brackets)
+    if result.certified:
+        why = ("one more sample does not fit" if result.objective == "max_batch"
+               else "no split lowers the largest share")
+        return f"certified: yes ({why}; brackets {br})"
+    return f"certified: no (brackets {br})"
+
+
+def _subject(result: TuneResult) -> str:
+    """``"Net on 4x24GB (simulated), bf16 autocast, accumulate 2"``: what was tuned, for what step."""
+    return f"{result.model_name} on {result.cluster}, {result.settings.describe()}"
+
+
+def _title(result: TuneResult) -> str:
+    return (f"{_subject(result)}: batch {result.batch_size}, "
+            f"objective {result.objective}, headroom {format_bytes(result.headroom_bytes)}")
+
+
+def render_table(result: TuneResult) -> str:
+    """The terminal table: per card the even split and its peak, dptune's split and its
+    peak, the budget and the share of it used (even -> dptune); then the imbalance before
+    and after and, for ``max_batch``, the largest batch each split fits."""
+    header, rows = _table_rows(result)
+    numeric = [False, True, True, True, True, True, True]
+    widths = [max(len(r[c]) for r in [header] + rows) for c in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if num else c.ljust(w)
+                         for c, w, num in zip(cells, widths, numeric)).rstrip()
+
+    out = [_title(result), line(header)] + [line(r) for r in rows] + _footer(result)
+    return "\n".join(out)
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]],
+              numeric: Sequence[bool]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---:" if num else "---" for num in numeric) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def render_summary(result: TuneResult, plots: Optional[Sequence[str]] = None) -> str:
+    """The Markdown summary that ``summary.md`` holds.
+
+    ``plots`` are the kinds of plot embedded (files ``<kind>.png`` beside the summary);
+    ``None`` means every kind :func:`plot_kinds` gives for this result, ``()`` none.
+    """
+    plots = plot_kinds(result) if plots is None else list(plots)
+    md = [f"# dptune report: {result.model_name} on {result.cluster}", ""]
+    requested = ("" if result.requested_batch_size in (None, result.batch_size)
+                 else f" (asked for {result.requested_batch_size})")
+    md += [
+        f"- objective: `{result.objective}`; backend: `{result.backend}`",
+        f"- training step: {result.settings.describe()} (the split is valid for this step only)",
+        f"- batch size: {result.batch_size}{requested}",
+        f"- split: `{list(result.chunk_sizes)}` (`gpu0_bsz={result.gpu0_bsz}`); "
+        f"even split: `{list(result.even.chunk_sizes)}`",
+        f"- headroom: {format_bytes(result.headroom_bytes)} per card",
+        f"- probes: {result.num_probes} in {result.seconds:.1f} s",
+        f"- {_certificate(result)}",
+        "",
+        "## Per card",
+        "",
+    ]
+    header, rows = _table_rows(result)
+    md += _md_table(header, rows, [False] + [True] * 6)
+    md += [""] + [f"- {line}" for line in _footer(result)] + [""]
+
+    md += ["## Fits", "",
+           "Memory of card *i* with chunk *c* at batch *B*: "
+           "intercept + per sample x *c* + per batch sample x *B*.", ""]
+    fit_rows = [[device_label(result, i), format_bytes(f.intercept_bytes),
+                 format_bytes(f.slope_bytes, precision=2),
+                 format_bytes(f.batch_slope_bytes, precision=2),
+                 format_bytes(f.max_error_bytes), str(f.points)]
+                for i, f in enumerate(result.fits)]
+    md += _md_table(["device", "intercept", "per sample", "per batch sample", "max error",
+                     "points"], fit_rows, [False, True, True, True, True, True])
+    md += [""]
+
+    md += ["## Probes", ""]
+    probe_rows = [[str(k), p.purpose or "-", str(list(p.chunk_sizes)),
+                   ", ".join(format_bytes(b) for b in p.peak_bytes), budget_text(result, p),
+                   f"{p.seconds:.2f}"]
+                  for k, p in enumerate(result.probes, start=1)]
+    md += _md_table(["#", "purpose", "split", "peaks", "within budget", "seconds"], probe_rows,
+                    [True, False, False, False, False, True])
+    md += [""]
+
+    for title, items in (("Advice", result.advice), ("Notes", result.notes)):
+        if items:
+            md += [f"## {title}", ""] + [f"- {x}" for x in items] + [""]
+    if plots:
+        md += ["## Plots", ""] + [f"![{kind}]({kind}.png)" for kind in plots] + [""]
+    md += ["Files: `report.json` (everything above, reload with `dptune show`), "
+           "`probes.csv` (one row per probe, bytes).", ""]
+    return "\n".join(md)
+
+

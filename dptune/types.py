@@ -1,0 +1,188 @@
+"""dptune's small types, at the bottom of the package: they import nothing of dptune above them.
+
+- :class:`Device` (one card as the tuner sees it) and :class:`ProbeResult` (what one probe
+  measured), shared by every backend, the search, the result and the reports;
+- the closed sets as enums: :class:`Objective` (what a search optimises), :class:`Category`
+  (the parts of a per-card breakdown) and :class:`BackendKind` (real or simulated cards);
+- the per-card rules every layer applies the same way: :func:`card_in_use` (card 0 always
+  counts: it holds the master weights and gathers the outputs, even with no samples) and
+  :func:`budget_share` (a peak as a share of the card's budget).
+
+All memory figures are ``int`` bytes. Each enum is a ``str``: a member equals its value
+(``Objective.MAX_BATCH == "max_batch"``) and is written to JSON as that value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any, Mapping, Optional, Union
+
+from dptune.errors import UsageError
+
+__all__ = ["Device", "ProbeResult", "CATEGORIES", "Category", "Objective", "BackendKind",
+           "card_in_use", "budget_share"]
+
+
+class _StrEnum(str, Enum):
+    """A ``str`` enum whose ``str()`` and format are its value (as 3.11's ``StrEnum``)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Category(_StrEnum):
+    """A part of a card's memory in a per-card breakdown, in drawing order."""
+
+    WEIGHTS = "weights"
+    GRADIENTS = "gradients"
+    OPTIMIZER = "optimizer"
+    ACTIVATIONS = "activations"
+    INPUTS = "inputs"
+    OUTPUTS = "outputs"
+    OTHER = "other"
+
+
+class Objective(_StrEnum):
+    """What a search optimises: memory evened out at a given batch, or the largest batch."""
+
+    BALANCE = "balance"
+    MAX_BATCH = "max_batch"
+
+    @property
+    def flag(self) -> str:
+        """The spelling of the command line (``--objective max-batch``)."""
+        return self.value.replace("_", "-")
+
+    @classmethod
+    def parse(cls, value: Union[str, "Objective"]) -> "Objective":
+        """``'balance'``, ``'max_batch'`` or ``'max-batch'`` (or a member); anything else is a
+        :class:`dptune.errors.UsageError` naming the accepted values."""
+        if isinstance(value, str):
+            try:
+                return cls(value.replace("-", "_"))
+            except ValueError:
+                pass
+        raise UsageError(f"objective must be 'balance' or 'max_batch', got {value!r}")
+
+
+class BackendKind(_StrEnum):
+    """Which cards a backend probes: real GPUs through CUDA, or simulated ones."""
+
+    CUDA = "cuda"
+    SIMULATED = "simulated"
+
+
+def card_in_use(card: int, chunk: int) -> bool:
+    """Whether card ``card`` with ``chunk`` samples counts in a split: a card with samples,
+    and card 0 always (it holds the master weights, the optimizer state and the gathered
+    outputs even when it runs no replica)."""
+    return card == 0 or chunk > 0
+
+
+def budget_share(peak_bytes: float, budget_bytes: int) -> float:
+    """A peak as a share of the card's budget (1.0 = full); ``inf`` for a card with no budget."""
+    return peak_bytes / budget_bytes if budget_bytes > 0 else float("inf")
+
+
+#: Categories of a per-card breakdown, in drawing order (plain strings: the keys of a breakdown).
+CATEGORIES: tuple[str, ...] = tuple(c.value for c in Category)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One card as the tuner sees it.
+
+    ``used_bytes`` is memory taken on the card by others (other processes) before dptune
+    starts, ``context_bytes`` memory of our own process that the allocator does not count
+    (the CUDA context). The allocator can use ``available_bytes`` of the card; the tuner
+    plans within ``budget_bytes(headroom)``.
+    """
+
+    index: int                      # torch device index (virtual index when simulated)
+    name: str
+    total_bytes: int
+    used_bytes: int = 0             # in bytes, taken by other processes
+    context_bytes: int = 0          # in bytes, CUDA context etc. of this process
+    uuid: Optional[str] = None      # NVML/CUDA UUID when known
+
+    @property
+    def available_bytes(self) -> int:
+        return self.total_bytes - self.used_bytes - self.context_bytes
+
+    def budget_bytes(self, headroom_bytes: int = 0) -> int:
+        return self.available_bytes - headroom_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Device":
+        return cls(**{k: d[k] for k in ("index", "name", "total_bytes", "used_bytes",
+                                        "context_bytes", "uuid") if k in d})
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one probe measured.
+
+    ``peak_bytes[i]`` is card i's allocator peak over the whole step (comparable with
+    ``torch.cuda.max_memory_allocated``), or, where the tuner checks budgets at the reserved
+    level, the reserved peak plus NCCL (``allocated_peak_bytes`` then holds the allocated
+    peak). When ``oom_device`` is set the probe ran out of memory on that card (a position in
+    the backend's device list) and the peaks are only lower bounds. Optional fields are
+    ``None`` where the backend cannot know them.
+    """
+
+    chunk_sizes: tuple[int, ...]
+    peak_bytes: tuple[int, ...]
+    oom_device: Optional[int] = None
+    breakdown: Optional[tuple[dict[str, int], ...]] = None     # category -> bytes at the peak
+    reserved_bytes: Optional[tuple[int, ...]] = None          # allocator's max reserved
+    nvml_used_bytes: Optional[tuple[Optional[int], ...]] = None  # whole card, NVML's view
+    alloc_retries: Optional[tuple[int, ...]] = None           # cudaMalloc retries (at the edge)
+    repeat_spread_bytes: Optional[tuple[int, ...]] = None     # max - min over repeats
+    seconds: float = 0.0
+    purpose: str = ""                                         # set by the tuner: why it ran
+    note: str = ""
+    # gathered output entries the loss never read: (entry, bytes on the output card)
+    unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
+    # the allocator model (dptune.backends.reserved): predicted card use (reserved peak + CUDA
+    # context + NCCL), per-card figures under torch.cuda.memory_stats()'s key names, and the
+    # reserved peak with expandable_segments:True (set when reserved exceeds allocated widely)
+    total_bytes: Optional[tuple[int, ...]] = None
+    memory_stats: Optional[tuple[dict[str, int], ...]] = None
+    expandable_reserved_bytes: Optional[tuple[int, ...]] = None
+    # set when peak_bytes holds the budget level 'reserved' (dptune.backends.reserved.at_level):
+    # the allocated peak, which peak_bytes holds otherwise
+    allocated_peak_bytes: Optional[tuple[int, ...]] = None
+
+    @property
+    def feasible(self) -> bool:
+        return self.oom_device is None
+
+    @property
+    def batch_size(self) -> int:
+        return sum(self.chunk_sizes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = [list(x) if isinstance(x, tuple) else x for x in v]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ProbeResult":
+        kw = dict(d)
+        for k in ("chunk_sizes", "peak_bytes", "breakdown", "reserved_bytes", "nvml_used_bytes",
+                  "alloc_retries", "repeat_spread_bytes", "total_bytes", "memory_stats",
+                  "expandable_reserved_bytes", "allocated_peak_bytes"):
+            if kw.get(k) is not None:
+                kw[k] = tuple(kw[k])
+        if kw.get("unread_outputs") is not None:
+            kw["unread_outputs"] = tuple((str(e), int(b)) for e, b in kw["unread_outputs"])
+        return cls(**{k: v for k, v in kw.items() if k in cls.__dataclass_fields__})
