@@ -248,7 +248,7 @@ def _headroom_argument(group: Any) -> None:
 
 
 def _objective_argument(group: Any, help: str) -> None:
-    group.add_argument("--objective", choices=("balance", "max-batch"), default="balance",
+    group.add_argument("--objective", choices=("balance", "max-batch", "throughput"), default="balance",
                        type=lambda s: s.replace("_", "-"), help=help)
 
 
@@ -292,7 +292,8 @@ def search_parser(subparsers: Any) -> None:
     _headroom_argument(c)
     t = p.add_argument_group("search and output")
     _objective_argument(t, "balance: even out memory at --batch-size (default); max-batch: the "
-                           "largest batch that fits")
+                           "largest batch that fits; throughput: the fastest split of --batch-size "
+                           "that fits (cards may differ in speed, or be left out)")
     t.add_argument("--max-probes", type=positive_int, default=12, metavar="N",
                    help="at most this many training steps are probed (default 12)")
     t.add_argument("--output-device", type=card_or_auto, default=0, metavar="K|auto",
@@ -412,7 +413,8 @@ def plan_parser(subparsers: Any) -> None:
                    help="MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32)")
     t = p.add_argument_group("plan and output")
     _objective_argument(t, "balance: the same share of memory on every card at --batch-size "
-                           "(default); max-batch: the largest global batch")
+                           "(default); max-batch: the largest global batch; throughput: per-rank "
+                           "batches of --batch-size with the shortest step that fits")
     t.add_argument("--out", metavar="PATH", type=out_path,
                    help="a folder (plan.json + summary.md) or a .json file "
                         "(default reports/ddp-<Model>-<cluster>)")
@@ -432,8 +434,8 @@ def _plan_command(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"dptune: planning for the simulated cluster {DEFAULT_CLUSTER} "
                   "(choose cards with --simulate SPEC)", file=sys.stderr)
-    if args.objective == "balance" and args.batch_size is None:
-        raise UsageError("--objective balance splits a global batch: give --batch-size N "
+    if args.objective in ("balance", "throughput") and args.batch_size is None:
+        raise UsageError(f"--objective {args.objective} splits a global batch: give --batch-size N "
                          "(or --objective max-batch for the largest that fits)")
     check_cards(simulate)
     if args.out:  # checked before minutes of planning

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 import warnings
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence, cast
 
 from dptune.backends.base import Device, ProbeResult
 from dptune.errors import ReportError, UsageError
@@ -97,6 +97,10 @@ class SplitFigures:
     #: within budget at a chunk (card 0: a chunk and a batch) at least as large; the peaks
     #: are then upper bounds taken from those probes
     implied_by: tuple[int, ...] = ()
+    #: max_batch: the even split's largest batch was not bracketed to one sample; it is at
+    #: least ``batch_size`` and at most ``at_most`` (``None``: no upper bound measured)
+    open_bracket: bool = False
+    at_most: Optional[int] = None
 
     @property
     def batch_size(self) -> int:
@@ -110,7 +114,8 @@ class SplitFigures:
         return dict(chunk_sizes=list(self.chunk_sizes), peak_bytes=list(self.peak_bytes),
                     imbalance=self.imbalance, feasible=self.feasible, oom_device=self.oom_device,
                     breakdown=list(self.breakdown) if self.breakdown is not None else None,
-                    batch_size=self.batch_size, implied_by=list(self.implied_by))
+                    batch_size=self.batch_size, implied_by=list(self.implied_by),
+                    open_bracket=self.open_bracket, at_most=self.at_most)
 
 
 @dataclass
@@ -198,7 +203,9 @@ class TuneResult:
 
     @property
     def batch_gain(self) -> float:
-        """Relative gain in batch size over the even split (0.25 means +25%)."""
+        """Relative gain in batch size over the even split (0.25 means +25%); over the lower
+        end of the even split's bracket when it is open (``even.open_bracket``), so the most
+        the probes allow."""
         return self.batch_size / self.even.batch_size - 1.0 if self.even.batch_size else float("inf")
 
     def budget_check(self, probe: ProbeResult) -> "BudgetCheck":
@@ -511,7 +518,9 @@ def _read_split(c: _Checked, n: int) -> SplitFigures:
                         feasible=True if feasible is None else feasible,
                         oom_device=c.card("oom_device", n),
                         breakdown=tuple(bd) if bd is not None else None,
-                        implied_by=tuple(c.ints("implied_by", None, optional=True) or ()))
+                        implied_by=tuple(c.ints("implied_by", None, optional=True) or ()),
+                        open_bracket=c.raw("open_bracket", optional=True) is True,
+                        at_most=c.integer("at_most", optional=True))
 
 
 def _check_sum(c: _Checked, chunks: Sequence[int]) -> None:
@@ -529,10 +538,11 @@ def _read_probe(c: _Checked, n: int) -> ProbeResult:
     return ProbeResult(chunk_sizes=tuple(c.ints("chunk_sizes", n)),
                        peak_bytes=tuple(c.ints("peak_bytes", n)), oom_device=c.card("oom_device", n),
                        breakdown=tuple(bd) if bd is not None else None,
-                       **{k: tuple(v) if v is not None else None for k, v in arrays.items()},
+                       **cast("dict[str, Any]", {k: tuple(v) if v is not None else None
+                                                 for k, v in arrays.items()}),
                        seconds=c.number("seconds", optional=True), purpose=c.text("purpose", optional=True),
                        note=c.text("note", optional=True), unread_outputs=_read_unread(c),
-                       memory_stats=_read_memory_stats(c, n))
+                       memory_stats=_read_memory_stats(c, n), time=_read_time(c))
 
 
 def _read_memory_stats(c: _Checked, n: int) -> Optional[tuple[dict[str, int], ...]]:
@@ -545,6 +555,19 @@ def _read_memory_stats(c: _Checked, n: int) -> Optional[tuple[dict[str, int], ..
             for d in raw)):
         raise c.fail("memory_stats", f"a list of {n} objects of byte counts", raw)
     return tuple({str(k): int(v) for k, v in d.items()} for d in raw)
+
+
+def _read_time(c: _Checked) -> Any:
+    """A probe's step time (dptune.timing.StepTime), ``None`` where the report has none."""
+    from dptune.timing import StepTime
+
+    raw = c.raw("time", optional=True)
+    if raw is None:
+        return None
+    try:
+        return StepTime.from_dict(raw)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise c.fail("time", "a step time (card_seconds, step_seconds, source)", raw) from None
 
 
 def _read_unread(c: _Checked) -> Optional[tuple[tuple[str, int], ...]]:

@@ -131,7 +131,11 @@ class Tuner:
 
     - ``model``, ``sample``, ``loss_fn``, ``optimizer``: the training step, as in
       :class:`dptune.workload.Workload` (``model`` may be a zero-argument factory).
-    - ``batch_size``: the total batch. With ``objective="balance"`` it is kept and split;
+    - ``batch_size``: the total batch. With ``objective="balance"`` it is kept and split
+      so every card uses the same share of its memory; with ``objective="throughput"`` it is
+      kept and split for the shortest step that fits every card's memory (cards differ in
+      speed; a card may be left out when the step is faster without it): the memory search
+      runs first, then up to ``max(3, max_probes - probes used)`` timed probes;
       with ``objective="max_batch"`` (or ``"max-batch"``) it is only the starting point of
       the search: the answer may be larger or smaller.
     - ``device_ids``: real GPUs to use (default: all visible).
@@ -231,6 +235,11 @@ class Tuner:
                                             and output_device >= 0)):
             raise UsageError(f"output_device must be a card index >= 0 or 'auto', got {output_device!r}")
         self.output_device = output_device
+        #: the speed figures of the last fit (even, memory-balanced, fastest), when timed
+        self.speed: tuple = ()
+        if self.objective is Objective.THROUGHPUT and output_device != 0:
+            raise UsageError("objective='throughput' gathers the outputs on card 0; "
+                             "output_device is not supported with it yet")
 
     @classmethod
     def from_spec(cls, spec: WorkloadSpec, batch_size: int = 256, *, isolate: bool = False,
@@ -275,6 +284,7 @@ class Tuner:
                 _notice(choice.notice, self.verbose)
                 notes.append(choice.notice)
             backend = _build_backend(self.workload, choice, self._isolated, self.reserved_model)
+        backend = _timed(backend)
         card0_batch: Optional[int] = None
         out_dev = 0
         try:
@@ -289,6 +299,9 @@ class Tuner:
                                  f"against {outcome.best.batch_size} gathering on card 0")
                     outcome = dataclasses.replace(alt, probes=probes, even=outcome.even,
                                                   even_split=outcome.even_split,
+                                                  even_implied_by=outcome.even_implied_by,
+                                                  even_open=outcome.even_open,
+                                                  even_at_most=outcome.even_at_most,
                                                   notes=outcome.notes + alt.notes)
                 else:
                     notes.append(f"gathering the outputs on card {k} fits batch "
@@ -297,6 +310,9 @@ class Tuner:
         finally:
             if self.backend is None:
                 backend.close()
+        speed_advice: list[str] = []
+        if any(r.time is not None for r in outcome.probes):
+            outcome = self._speed(backend, outcome, notes, speed_advice)
         notes.extend(outcome.notes)
         if self.budget_level is BudgetLevel.RESERVED:
             notes.append("budgets checked against the reserved level: peaks are the caching "
@@ -310,7 +326,8 @@ class Tuner:
         model = self._wrap(backend, chunk_sizes, notes, out_dev)
         budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
         even = dataclasses.replace(_figures(outcome.even, list(outcome.even_split), budgets),
-                                   implied_by=outcome.even_implied_by)
+                                   implied_by=outcome.even_implied_by,
+                                   open_bracket=outcome.even_open, at_most=outcome.even_at_most)
         best = outcome.best
         return TuneResult(
             objective=self.objective.value, backend=str(capabilities(backend).kind),
@@ -321,7 +338,7 @@ class Tuner:
             breakdown=list(best.breakdown) if best.breakdown is not None else None,
             requested_batch_size=self.batch_size, seconds=time.perf_counter() - start,
             advice=(_advice(best, even, outcome, budgets) + _output_device_advice(out_dev)
-                    + advice_lines(best)),
+                    + advice_lines(best) + speed_advice),
             notes=notes,
             certified=outcome.certified, brackets=list(outcome.brackets), model=model,
             output_device=out_dev, card0_output_batch_size=card0_batch,
@@ -356,7 +373,8 @@ class Tuner:
         bar = tqdm(total=self.max_probes, desc="probing (at most)", unit="probe",
                    file=sys.stderr, disable=not self.verbose, leave=True)
         try:
-            out = search.run(probe, [budgets[perm[i]] for i in range(len(perm))], self.objective,
+            objective = Objective.BALANCE if self.objective is Objective.THROUGHPUT else self.objective
+            out = search.run(probe, [budgets[perm[i]] for i in range(len(perm))], objective,
                              self.batch_size, min_chunk=m, max_probes=self.max_probes,
                              tolerance=self.tolerance,
                              exact_on_oom=capabilities(backend).exact_on_oom,
@@ -364,6 +382,37 @@ class Tuner:
             return out if not output_device else _swapped_outcome(out, perm, output_device)
         finally:
             bar.close()
+
+    def _speed(self, backend: Backend, outcome: search.SearchOutcome, notes: list[str],
+               advice: list[str]) -> search.SearchOutcome:
+        """Time figures for the report; with ``objective="throughput"`` the fastest split of
+        the batch measured within every budget (:mod:`dptune.search.throughput`)."""
+        from dptune.search import throughput
+
+        budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
+        best = outcome.best
+        cluster_speed = getattr(backend, "speed", None)     # TimedBackend: the card table's
+        notes.extend(getattr(cluster_speed, "notes", ()))
+        if self.objective is not Objective.THROUGHPUT:
+            figs = throughput.figures(outcome.probes, budgets, best.batch_size, best)
+            self.speed = figs
+            notes.extend(throughput.speed_notes(figs, best))
+            advice.extend(throughput.advice(figs))
+            return outcome
+        m = 2 if self._has_batchnorm(backend) else 1
+        fast = throughput.fastest(backend.probe, budgets, self.batch_size, outcome.probes,
+                                  outcome.fits, best, min_chunk=m,
+                                  max_probes=max(3, self.max_probes - len(outcome.probes)))
+        self.speed = fast.figures
+        notes.extend(fast.notes)
+        advice.extend(fast.advice)
+        notes.append("throughput: the split is measured within every budget; its step time is "
+                     + ("measured" if fast.best.time is not None and fast.best.time.source.value
+                        == "measured" else "estimated") + " and the fastest the time fits predict, "
+                     "not proven the fastest of all splits")
+        return dataclasses.replace(outcome, best=fast.best, probes=fast.probes, card0_floor=False,
+                                   certified=False,
+                                   notes=tuple(f"memory-balanced split: {n}" for n in outcome.notes))
 
     def _output_candidate(self, backend: Backend) -> int:
         """The card to try gathering the outputs on (0: none): the one asked for, or with
@@ -432,6 +481,15 @@ class Tuner:
                 return has_batchnorm(model())
         except Exception:  # the backend will run the factory and report its errors
             return False
+
+
+def _timed(backend: Backend) -> Backend:
+    """A simulated backend whose probes carry the step's estimated time."""
+    if getattr(backend, "kind", "") == "simulated" and hasattr(backend, "op_observer"):
+        from dptune.backends.timing import TimedBackend
+
+        return TimedBackend(backend)
+    return backend
 
 
 def _settings(workload: Workload, backend: Backend) -> Any:

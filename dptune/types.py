@@ -19,6 +19,7 @@ from enum import Enum
 from typing import Any, Mapping, Optional, Union
 
 from dptune.errors import UsageError
+from dptune.timing import StepTime
 
 __all__ = ["Device", "ProbeResult", "CATEGORIES", "Category", "Objective", "BackendKind",
            "card_in_use", "budget_share"]
@@ -47,10 +48,12 @@ class Category(_StrEnum):
 
 
 class Objective(_StrEnum):
-    """What a search optimises: memory evened out at a given batch, or the largest batch."""
+    """What a search optimises: memory evened out at a given batch, the largest batch, or the
+    fastest step at a given batch (dptune.search.throughput)."""
 
     BALANCE = "balance"
     MAX_BATCH = "max_batch"
+    THROUGHPUT = "throughput"
 
     @property
     def flag(self) -> str:
@@ -66,7 +69,7 @@ class Objective(_StrEnum):
                 return cls(value.replace("-", "_"))
             except ValueError:
                 pass
-        raise UsageError(f"objective must be 'balance' or 'max_batch', got {value!r}")
+        raise UsageError(f"objective must be 'balance', 'max_batch' or 'throughput', got {value!r}")
 
 
 class BackendKind(_StrEnum):
@@ -159,6 +162,8 @@ class ProbeResult:
     # set when peak_bytes holds the budget level 'reserved' (dptune.backends.reserved.at_level):
     # the allocated peak, which peak_bytes holds otherwise
     allocated_peak_bytes: Optional[tuple[int, ...]] = None
+    # the step's time, per card and in all, measured or estimated (dptune.timing)
+    time: Optional[StepTime] = None
 
     @property
     def feasible(self) -> bool:
@@ -170,6 +175,7 @@ class ProbeResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["time"] = None if self.time is None else self.time.to_dict()
         for k, v in d.items():
             if isinstance(v, tuple):
                 d[k] = [list(x) if isinstance(x, tuple) else x for x in v]
@@ -185,4 +191,6 @@ class ProbeResult:
                 kw[k] = tuple(kw[k])
         if kw.get("unread_outputs") is not None:
             kw["unread_outputs"] = tuple((str(e), int(b)) for e, b in kw["unread_outputs"])
+        if isinstance(kw.get("time"), Mapping):
+            kw["time"] = StepTime.from_dict(kw["time"])
         return cls(**{k: v for k, v in kw.items() if k in cls.__dataclass_fields__})

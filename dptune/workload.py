@@ -27,7 +27,8 @@ import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, Optional, Union
+from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator, Mapping,
+                    Optional, Union)
 
 from dptune.advice import CACHE_MARK
 from dptune.errors import DptuneWarning, UsageError
@@ -434,18 +435,15 @@ def run_step(wl: Workload, rt: StepRuntime) -> StepOutcome:
         batch = rt.next_batch()
         args, kwargs = batch_to_args(batch)
         with rt.phase("forward"):
-            with _autocast(rt.device_type, dtype):
+            with _autocast(rt.device_type, dtype), _watch_no_grad_checkpoint() as no_grad_ckpt:
                 new_output = rt.model(*args, **kwargs)
         del args, kwargs
         output = new_output            # the previous micro-batch's output lives until here
         del new_output
         unread = _watch_reads(output)
         with rt.phase("loss"):
-            with _autocast(rt.device_type, dtype):
-                loss = wl.loss(output, rt.batch_for_loss(batch))
-            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                raise UsageError("the loss must be a scalar tensor; got "
-                                 f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}")
+            loss = _loss(wl, output, rt.batch_for_loss(batch), rt.device_type, dtype,
+                         bool(no_grad_ckpt))
             if n > 1:
                 loss = loss / n
         del batch
@@ -466,6 +464,69 @@ def run_step(wl: Workload, rt: StepRuntime) -> StepOutcome:
                 rt.optimizer.step()
     del output, loss
     return StepOutcome(unread_outputs=unread() if n else ())
+
+
+def _loss(wl: Workload, output: Any, batch: Any, device_type: str, dtype: Any,
+          no_grad_ckpt: bool) -> Any:
+    """The step's loss, a scalar tensor; a reentrant checkpoint that cut the gradient off
+    (``no_grad_ckpt``, see :func:`_watch_no_grad_checkpoint`) is named as the cause."""
+    import torch
+
+    try:
+        with _autocast(device_type, dtype):
+            loss = wl.loss(output, batch)
+    except UsageError:
+        if no_grad_ckpt:
+            raise UsageError(REENTRANT_NO_GRAD) from None
+        raise
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise UsageError("the loss must be a scalar tensor; got "
+                         f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}")
+    if no_grad_ckpt and not loss.requires_grad:
+        raise UsageError(REENTRANT_NO_GRAD)
+    return loss
+
+
+#: What ``torch.utils.checkpoint`` warns when a reentrant checkpoint's inputs all lack
+#: ``requires_grad`` (``check_backward_validity``).
+_NO_GRAD_INPUTS = "None of the inputs have requires_grad=True"
+
+REENTRANT_NO_GRAD = (
+    "the loss does not require grad: a reentrant activation checkpoint "
+    "(torch.utils.checkpoint with use_reentrant=True) got inputs none of which require grad "
+    "(e.g. the batch itself), so PyTorch computes no gradient through it (torch warns \"None "
+    "of the inputs have requires_grad=True\"); checkpoint with use_reentrant=False (HF: "
+    "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": "
+    "False})), or make the checkpointed block's input require grad (HF: "
+    "model.enable_input_require_grads())")
+
+_shown_no_grad_inputs: list[bool] = []
+
+
+@contextlib.contextmanager
+def _watch_no_grad_checkpoint() -> Iterator[list[bool]]:
+    """Records (in the list it yields) whether a reentrant checkpoint in the forward got no
+    input that requires grad, from torch's own warning; the warning itself is still shown,
+    once per process."""
+    import re
+
+    seen: list[bool] = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("always", message=re.escape(_NO_GRAD_INPUTS))
+        show = warnings.showwarning
+
+        def record(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                   line: Optional[str] = None) -> None:
+            if not str(message).startswith(_NO_GRAD_INPUTS):
+                show(message, category, filename, lineno, file, line)
+                return
+            seen.append(True)
+            if not _shown_no_grad_inputs:
+                _shown_no_grad_inputs.append(True)
+                show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = record
+        yield seen
 
 
 def _autocast(device_type: str, dtype: Any) -> ContextManager[Any]:

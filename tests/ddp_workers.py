@@ -80,6 +80,94 @@ def sampler_epochs(rank: int, world: int, sizes: list[int], n: int, epochs: int 
     return {"epochs": out, "len": len(sampler)}
 
 
+def grads_of(indices: list[int], n: int) -> list[list[float]]:
+    """The single-process gradient of the mean loss over ``indices`` of the dataset of n."""
+    model = tiny_model()
+    x, y = data(n)
+    nn.functional.mse_loss(model(x[indices]), y[indices]).backward()
+    return [p.grad.flatten().tolist() for p in model.parameters()]
+
+
+def readme_loop(rank: int, world: int, sizes: list[int], n: int, epochs: int = 1,
+                how: str = "batch_size") -> dict:
+    """The README's loop (``DataLoader`` + ``UnevenBatchSampler`` + ``plan.scale_loss``) over
+    whole epochs; per step, this rank's indices and the gradient after the backward."""
+    from torch.utils.data import DataLoader, Dataset
+
+    from dptune.ddp import DDPPlan, UnevenBatchSampler
+
+    x, y = data(n)
+
+    class Indexed(Dataset):
+        def __len__(self) -> int:
+            return n
+
+        def __getitem__(self, i: int) -> tuple:
+            return x[i], y[i], i
+
+    plan = DDPPlan.from_batch_sizes(sizes)
+    sampler = UnevenBatchSampler(Indexed(), plan, shuffle=True, seed=5)
+    loader = DataLoader(Indexed(), batch_sampler=sampler)
+    model = nn.parallel.DistributedDataParallel(tiny_model())
+    steps = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for step, (xb, yb, idx) in enumerate(loader):
+            loss = nn.functional.mse_loss(model(xb), yb)
+            if how == "batch_size":
+                scaled = plan.scale_loss(loss, batch_size=len(yb))
+            elif how == "sizes":
+                scaled = plan.scale_loss(loss, sizes=sampler.sizes_at(step))
+            else:
+                scaled = plan.scale_loss(loss)
+            scaled.backward()
+            steps.append({"epoch": epoch, "indices": idx.tolist(),
+                          "grads": [p.grad.flatten().tolist() for p in model.parameters()]})
+            model.zero_grad()
+    return {"steps": steps}
+
+
+def bn_loop(rank: int, world: int, sizes: list[int], n: int) -> dict:
+    """The README's loop for a model with BatchNorm (a plan with ``min_batch=2``): per step,
+    this rank's batch size; a batch of one would raise in BatchNorm's training mode."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dptune.ddp import DDPPlan, UnevenBatchSampler
+
+    x, y = data(n)
+    ds = TensorDataset(x, y)
+    plan = DDPPlan.from_batch_sizes(sizes, min_batch=2)
+    sampler = UnevenBatchSampler(ds, plan, seed=1)
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(IN, HID), nn.BatchNorm1d(HID), nn.Linear(HID, OUT)))
+    got = []
+    for xb, yb in DataLoader(ds, batch_sampler=sampler):
+        plan.scale_loss(nn.functional.mse_loss(model(xb), yb), batch_size=len(yb)).backward()
+        got.append(len(yb))
+    return {"sizes": got}
+
+
+def wrong_world(rank: int, world: int, plan_world: int, n: int, what: str) -> dict:
+    """A plan for ``plan_world`` ranks used with an explicit ``rank=`` in this job."""
+    from dptune.ddp import DDPPlan, UnevenBatchSampler
+
+    plan = DDPPlan.from_batch_sizes([3] * plan_world)
+    if what == "sampler":
+        UnevenBatchSampler(n, plan, rank=rank)
+    else:
+        plan.scale_loss(torch.tensor(1.0, requires_grad=True), rank=rank,
+                        **({"batch_size": 3} if what == "scale_loss:batch" else {}))
+    return {}
+
+
+def small_dataset(rank: int, world: int, sizes: list[int], n: int) -> dict:
+    from dptune.ddp import UnevenBatchSampler
+
+    UnevenBatchSampler(n, sizes)
+    return {}
+
+
 def _plan_model() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
 
@@ -122,6 +210,7 @@ def user_error(rank: int, world: int, spec: str) -> dict:
 
 SCENARIOS: dict[str, Callable[..., dict]] = {
     "grad": grad_step, "sampler": sampler_epochs, "plan": make_plan, "user_error": user_error,
+    "loop": readme_loop, "wrong_world": wrong_world, "small": small_dataset, "bn": bn_loop,
 }
 
 

@@ -130,3 +130,96 @@ def test_nccl_gradient_equals_full_batch():  # pragma: no cover - needs 2 GPUs
         assert "error" not in out[r]["grad:nccl"], out[r]["grad:nccl"]
         for g, f in zip(out[r]["grad:nccl"]["grads"], full):
             assert _close(g, f, 1e-4)
+
+
+# ---- the README's loop on every step: the tail, a tail smaller than the world, a wrong plan --
+
+LOOP_JOBS = [
+    ("loop:tail", {"sizes": [44, 45, 1], "n": 100}),              # tail [4, 5, 1]
+    ("loop:tail2", {"sizes": [40, 30, 20], "n": 100}),            # tail [5, 3, 2]
+    ("loop:small_tail", {"sizes": [4, 1, 7], "n": 26, "epochs": 2}),   # tail of 2 < 3 ranks
+    ("loop:sizes", {"sizes": [4, 1, 7], "n": 26, "how": "sizes"}),
+    ("loop:planned", {"sizes": [40, 30, 20], "n": 100, "how": "planned"}),
+    ("wrong_world:sampler", {"plan_world": 4, "n": 100, "what": "sampler"}),
+    ("wrong_world:scale", {"plan_world": 4, "n": 100, "what": "scale_loss"}),
+    ("wrong_world:scale_batch", {"plan_world": 4, "n": 100, "what": "scale_loss:batch"}),
+    ("wrong_world:fewer", {"plan_world": 2, "n": 100, "what": "sampler"}),
+    ("small", {"sizes": [4, 1, 7], "n": 2}),
+    ("bn", {"sizes": [4, 2, 7], "n": 29}),                      # tail of 3 < 2 x 3 ranks
+]
+
+
+@pytest.fixture(scope="module")
+def loop_job():
+    return w.launch(3, LOOP_JOBS, timeout=240)
+
+
+def _steps_by_rank(out, label):
+    for r in range(3):
+        assert "error" not in out[r][label], out[r][label]
+    return [out[r][label]["steps"] for r in range(3)]
+
+
+def _check_every_step(out, label, n):
+    """Each step's DDP gradient, on every rank, is the single-process gradient of the mean
+    over the samples the ranks got at that step; returns the per-step sizes."""
+    steps = _steps_by_rank(out, label)
+    assert len({len(s) for s in steps}) == 1
+    sizes = []
+    for k in range(len(steps[0])):
+        batch = [i for r in range(3) for i in steps[r][k]["indices"]]
+        assert len(batch) == len(set(batch))
+        full = w.grads_of(batch, n)
+        for r in range(3):
+            assert steps[r][k]["indices"], (label, k, r)          # no rank is ever empty
+            for g, f in zip(steps[r][k]["grads"], full):
+                assert _close(g, f, 1e-5), (label, k, r, g[:3], f[:3])
+        sizes.append([len(steps[r][k]["indices"]) for r in range(3)])
+    return sizes
+
+
+@pytest.mark.slow
+def test_the_tail_step_has_the_gradient_of_its_global_batch(loop_job):
+    assert _check_every_step(loop_job, "loop:tail", 100) == [[44, 45, 1], [4, 5, 1]]
+    assert _check_every_step(loop_job, "loop:tail2", 100) == [[40, 30, 20], [5, 3, 2]]
+    # the planned scale (no batch size) is right on the full step only: the tail is off
+    steps = _steps_by_rank(loop_job, "loop:planned")
+    tail = [i for r in range(3) for i in steps[r][-1]["indices"]]
+    full = w.grads_of(tail, 100)
+    err = max(abs(g - f) / max(abs(f), 1e-3) for g, f in zip(steps[0][-1]["grads"][0], full[0]))
+    assert err > 0.05
+
+
+@pytest.mark.slow
+def test_a_tail_smaller_than_the_world_runs_on_every_rank(loop_job):
+    sizes = _check_every_step(loop_job, "loop:small_tail", 26)
+    # 26 = 2 x 12 + 2: the step before the tail lends one sample so each rank gets one
+    assert sizes == [[4, 1, 7], [4, 1, 6], [1, 1, 1]] * 2
+    steps = _steps_by_rank(loop_job, "loop:small_tail")
+    for epoch in range(2):
+        seen = [i for r in range(3) for s in steps[r] if s["epoch"] == epoch for i in s["indices"]]
+        assert sorted(seen) == list(range(26))                       # each sample once
+    assert _check_every_step(loop_job, "loop:sizes", 26) == [[4, 1, 7], [4, 1, 6], [1, 1, 1]]
+    for r in range(3):                                               # too few samples for 3 ranks
+        got = loop_job[r]["small"]
+        assert got.get("error") == "UsageError" and "each of the 3 ranks one" in got["message"], got
+
+
+@pytest.mark.slow
+def test_a_batchnorm_model_gets_two_samples_on_every_step(loop_job):
+    got = [loop_job[r]["bn"] for r in range(3)]
+    assert all("error" not in g for g in got), got
+    # 29 = 2 x 13 + 3: the step before the tail lends 3 samples so each rank gets 2
+    assert [g["sizes"] for g in got] == [[4, 4, 2], [2, 2, 2], [7, 4, 2]]
+
+
+@pytest.mark.slow
+def test_a_plan_for_another_world_size_fails_on_every_rank(loop_job):
+    for label in ("wrong_world:sampler", "wrong_world:scale", "wrong_world:scale_batch"):
+        for r in range(3):
+            got = loop_job[r][label]
+            assert got.get("error") == "UsageError", (label, r, got)
+            assert "the plan has 4 ranks but this torch.distributed job has 3" in got["message"]
+            assert "\n" not in got["message"] and got["seconds"] < 30
+    for r in range(3):
+        assert "the plan has 2 ranks" in loop_job[r]["wrong_world:fewer"]["message"]

@@ -13,7 +13,7 @@ import torch.nn as nn
 from dptune import ddp
 from dptune.backends.simulated import parse_cluster
 from dptune.backends.simulated_ddp import SimulatedDDPRank, card_of
-from dptune.ddp.sampler import tail_split
+from dptune.ddp.sampler import last_steps, tail_split
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.result import Fit
 from dptune.solver import solve_balance, solve_max_batch
@@ -131,7 +131,7 @@ def test_batchnorm_gives_every_rank_two_samples():
         return nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
 
     plan = ddp.plan(bn, lambda b: torch.randn(b, 8), global_batch=8, simulate="4x24GB", headroom=0)
-    assert plan.batch_sizes == [2, 2, 2, 2]
+    assert plan.batch_sizes == [2, 2, 2, 2] and plan.min_batch == 2
     assert any("BatchNorm" in n for n in plan.notes)
     assert min(p.batch_size for p in plan.probes) == 2
 
@@ -183,8 +183,8 @@ def test_bad_plan_files_are_usage_errors(tmp_path, content, match):
 
 # ---- the sampler ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sizes, n", [([3, 1], 16), ([5, 3], 19), ([4, 1, 7], 23), ([4, 1, 7], 2),
-                                      ([2, 2, 2], 7), ([10, 1], 0)])
+@pytest.mark.parametrize("sizes, n", [([3, 1], 16), ([5, 3], 19), ([4, 1, 7], 23), ([4, 1, 7], 14),
+                                      ([2, 2, 2], 7), ([10, 1], 0), ([3, 1], 2), ([1, 2, 2], 11)])
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_sampler_partitions_each_epoch(sizes, n, drop_last):
     plan = ddp.DDPPlan.from_batch_sizes(sizes)
@@ -202,7 +202,71 @@ def test_sampler_partitions_each_epoch(sizes, n, drop_last):
         for step in range(len(batches[0])):
             sizes_now = samplers[0].sizes_at(step)
             assert [len(b[step]) for b in batches] == sizes_now
-            assert all(a <= b for a, b in zip(sizes_now, sizes))
+            assert all(1 <= a <= b for a, b in zip(sizes_now, sizes))   # never empty, never over
+
+
+@pytest.mark.parametrize("least", [1, 2])
+def test_last_steps_lend_to_empty_ranks(least):
+    # brute force over small plans and tails: every rank gets >= least in both steps, no
+    # rank more than planned, the samples add up, and it refuses exactly when no split of
+    # the last two steps' samples can give every rank >= least in each
+    for sizes in itertools.product(range(least, 5), repeat=3):
+        B, W = sum(sizes), len(sizes)
+        for t in range(1, B):
+            got = last_steps(sizes, t, least)
+            possible = any(all(least <= x <= b for x, b in zip(tail, sizes)) and
+                           B + t - sum(tail) >= least * W
+                           for tail in itertools.product(*(range(b + 1) for b in sizes))
+                           if sum(tail) <= t + B - least * W and sum(tail) >= min(t, least * W)
+                           and sum(tail) in (t, least * W))
+            assert (got is not None) == possible, (sizes, t)
+            if got is None:
+                continue
+            before, tail = got
+            assert sum(before) + sum(tail) == B + t
+            assert all(least <= a <= b for a, b in zip(before, sizes))
+            assert all(least <= a <= b for a, b in zip(tail, sizes))
+            if t >= least * W:
+                assert list(before) == list(sizes)
+
+
+def test_a_batchnorm_plan_never_gives_a_rank_one_sample():
+    plan = ddp.DDPPlan.from_batch_sizes([4, 2, 7], min_batch=2)
+    for n in (13 + 1, 13 * 2 + 3, 13 * 2 + 5, 13 * 3 + 7):
+        samplers = [ddp.UnevenBatchSampler(n, plan, rank=r, seed=2) for r in range(3)]
+        batches = [list(s) for s in samplers]
+        seen = sorted(i for b in batches for step in b for i in step)
+        assert seen == list(range(n))
+        assert all(len(step) >= 2 for b in batches for step in b), (n, [[len(x) for x in b] for b in batches])
+    assert ddp.UnevenBatchSampler(14, plan, rank=0).sizes_at(1) == [2, 2, 2]
+    with pytest.raises(UsageError, match="each of the 3 ranks 2 \\(BatchNorm\\)"):
+        ddp.UnevenBatchSampler(5, plan, rank=0)
+    assert ddp.UnevenBatchSampler(5, plan, rank=0, min_batch=1).sizes_at(0) == [1, 1, 3]
+    with pytest.raises(UsageError, match="min_batch must be an int from 1 to the smallest batch"):
+        ddp.DDPPlan.from_batch_sizes([4, 1], min_batch=2)
+    assert ddp.DDPPlan.from_dict(plan.to_dict()).min_batch == 2
+
+
+def test_sampler_refuses_what_cannot_give_every_rank_a_sample():
+    with pytest.raises(UsageError, match="each of the 3 ranks one on every step"):
+        ddp.UnevenBatchSampler(2, [4, 1, 7], rank=0)
+    with pytest.raises(UsageError, match="pass drop_last=True"):
+        ddp.UnevenBatchSampler(4, [1, 1, 1], rank=0)      # nothing to lend: every batch is 1
+    assert len(ddp.UnevenBatchSampler(4, [1, 1, 1], rank=0, drop_last=True)) == 1
+
+
+def test_scale_loss_follows_the_step_sizes():
+    plan = ddp.DDPPlan.from_batch_sizes([40, 30, 20])
+    loss = torch.tensor(2.0)
+    # the tail [5, 3, 2]: rank 0's scale is 3*5/10, not the planned 3*40/90
+    assert plan.scale_loss(loss, rank=0, sizes=[5, 3, 2]).item() == pytest.approx(2.0 * 1.5)
+    assert plan.scale_loss(loss, rank=2, sizes=[5, 3, 2], batch_size=2).item() == pytest.approx(1.2)
+    with pytest.raises(UsageError, match="sizes gives this rank 3"):
+        plan.scale_loss(loss, rank=1, sizes=[5, 3, 2], batch_size=4)
+    with pytest.raises(UsageError, match="3 ranks"):
+        plan.scale_loss(loss, rank=1, sizes=[5, 3])
+    with pytest.raises(UsageError, match="not initialised"):
+        plan.scale_loss(loss, rank=0, batch_size=5)       # the sum needs the other ranks
 
 
 def test_tail_split_rules():
@@ -270,3 +334,23 @@ def test_step_options_reach_the_rank_step_and_the_plan(tmp_path, capsys):
                  "--batch-size", "64", "--amp", "bf16", "--accumulate", "2",
                  "--out", str(tmp_path / "p.json"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["settings"]["accumulate"] == 2
+
+
+def test_a_sampler_made_before_the_group_is_checked_when_iterated():
+    import socket
+
+    import torch.distributed as dist
+
+    sampler = ddp.UnevenBatchSampler(10, [3, 2], rank=0)     # no group yet: not checked
+    plan = ddp.DDPPlan.from_batch_sizes([3])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        with pytest.raises(UsageError, match="the plan has 2 ranks but this torch.distributed job has 1"):
+            list(sampler)
+        # one rank: the step's scale is 1 whatever its size
+        assert plan.scale_loss(torch.tensor(2.0), batch_size=2).item() == 2.0
+    finally:
+        dist.destroy_process_group()

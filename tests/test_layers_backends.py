@@ -54,8 +54,9 @@ def test_the_two_backends_do_not_import_each_other(path):
 
 
 def test_the_bottom_modules_stay_at_the_bottom():
-    assert dptune_imports(ROOT / "types.py") == {"dptune.errors"}
+    assert dptune_imports(ROOT / "types.py") == {"dptune.errors", "dptune.timing"}
+    assert dptune_imports(ROOT / "timing.py") == set()     # card speeds, StepTime: no dptune
     assert dptune_imports(ROOT / "backends" / "base.py") == {"dptune.types"}
     assert dptune_imports(ROOT / "backends" / "cluster.py") == {
-        "dptune.backends.base", "dptune.errors", "dptune.units"}
+        "dptune.backends.base", "dptune.errors", "dptune.units", "dptune.timing"}
     assert dptune_imports(ROOT / "backends" / "cuda" / "devices.py") == {"dptune._nvml", "dptune.units"}

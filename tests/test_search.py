@@ -430,3 +430,105 @@ def test_fill_respects_caps_and_the_batchnorm_rule():
     out = fill(7, [2, 10, 10], 2)
     assert out is not None and sum(out) == 7 and 1 not in out
     assert fill(31, [10, 10, 10], 1) is None
+
+
+# ---- the even baseline: what the probes prove, and its last question asked directly ---------
+
+def workspace_jump(jump: int = 256 * MiB) -> Shape:
+    """The issue's case in curves: a BatchNorm CNN with SGD (a tiny output, so card 0 pays
+    nothing per sample of the whole batch) on ``4x24GB,used=0:6GB``, whose card 0 steps up
+    once above a batch of 1000 (a workspace that comes with a kernel choice). The cost per
+    sample of the batch fitted between the first probes is then far too high, the fits put the
+    even split's cap too high, and the even split's largest batch is known first by
+    dominance (the best split loads card 0 as much, in a larger batch)."""
+    w, a = 1 * GiB, 10 * MiB
+    return Shape("workspace-jump", [24 * GiB] * 4, f=lambda i, c: w + a * c,
+                 g=lambda c0, b: w + 2 * GiB + a * c0 + (jump if b > 1000 else 0),
+                 used=[6 * GiB, 0, 0, 0], bn=True)
+
+
+def proven_even(shape: Shape, calls: list[list[int]]) -> int:
+    """The largest even batch the probes prove fits, by brute force: some probe measured
+    every card within budget with at least as many samples (card 0: also in at least as
+    large a batch). 0 when none."""
+    bud, n = budgets(shape), len(shape.totals)
+    peaks = [CurveBackend(shape).peaks(c) for c in calls]
+
+    def proven(s: list[int]) -> bool:
+        b = sum(s)
+        for i, c in enumerate(s):
+            if i > 0 and c == 0:
+                continue
+            if not any(call[i] >= c and p[i] <= bud[i] and (i > 0 or sum(call) >= b)
+                       for call, p in zip(calls, peaks)):
+                return False
+        return True
+
+    top = max(sum(c) for c in calls)
+    return max((b for b in range(2 * n, top + 1) if proven(even_split(b, n))), default=0)
+
+
+def test_even_cap_known_by_dominance_is_closed_by_one_direct_probe():
+    shape = workspace_jump()
+    e = best_even(shape)
+    out, be = run(shape, "max_batch", 256, max_probes=12)
+    assert out.best.batch_size == best_batch(shape) and out.certified
+    assert out.even is not None and out.even.batch_size == e and not out.even_open
+    assert out.even_implied_by                                  # E itself was never probed
+    # E + 1 was asked directly (card 0 as in even(E + 1), in that batch; the other cards'
+    # own tests may ride along)
+    assert any(c[0] == even_split(e + 1, 4)[0] and sum(c) == e + 1 for c in be.calls)
+    assert len(be.calls) <= 8, [sum(c) for c in be.calls]       # the old walk: open after 12
+
+
+@pytest.mark.parametrize("jump", [64 * MiB, 256 * MiB, 1 * GiB])
+@pytest.mark.parametrize("max_probes", [5, 6, 7])
+def test_an_open_even_bracket_reports_what_the_probes_prove(jump, max_probes):
+    shape = workspace_jump(jump)
+    e = best_even(shape)
+    out, be = run(shape, "max_batch", 256, max_probes=max_probes)
+    lo = out.even.batch_size if out.even is not None else 0
+    assert lo == proven_even(shape, be.calls)                   # never less than proven
+    assert lo <= e
+    if out.even_open:
+        assert out.even_at_most is None or out.even_at_most >= e
+        assert any("not bracketed" in n and f"at least {lo}" in n for n in out.notes)
+    else:
+        assert lo == e
+
+
+def test_the_headline_gives_an_open_even_bracket_as_a_range():
+    import torch.nn as nn
+
+    from dptune import Tuner
+
+    shape = workspace_jump()
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    r = Tuner(model, lambda b: None, batch_size=256, objective="max_batch", max_probes=6,
+              backend=CurveBackend(shape), headroom=HEAD, verbose=False).fit()
+    calls = [list(p.chunk_sizes) for p in r.probes]
+    lo = proven_even(shape, calls)
+    assert r.even.open_bracket and r.even.batch_size == lo > 256
+    hi = r.even.at_most
+    assert hi is not None and lo <= best_even(shape) <= hi
+    want = (f"max batch that fits: even {lo} to {hi} -> balanced {r.batch_size} "
+            f"(+{100 * (r.batch_size / hi - 1):.1f}% to +{100 * (r.batch_size / lo - 1):.1f}%)")
+    assert want in str(r), str(r)
+
+
+def test_no_even_split_known_to_fit_is_not_a_headline_figure():
+    import torch.nn as nn
+
+    from dptune import Tuner
+
+    shape = workspace_jump()
+    # the start (40000) is far over: after 3 probes no even split is known to fit
+    r = Tuner(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), lambda b: None,
+              batch_size=40000, objective="max_batch", max_probes=3, backend=CurveBackend(shape),
+              headroom=HEAD, verbose=False).fit()
+    assert proven_even(shape, [list(p.chunk_sizes) for p in r.probes]) == 0
+    assert r.even.open_bracket and not r.even.feasible
+    assert r.even.at_most is not None and r.even.at_most >= best_even(shape)
+    line = next(x for x in str(r).splitlines() if x.startswith("max batch that fits"))
+    assert line == (f"max batch that fits: even none known to fit (at most {r.even.at_most}) "
+                    f"-> balanced {r.batch_size}")

@@ -18,14 +18,15 @@ from dptune.types import BackendKind, Category, Objective, budget_share, card_in
 @pytest.mark.parametrize("given, want", [("balance", Objective.BALANCE),
                                          ("max_batch", Objective.MAX_BATCH),
                                          ("max-batch", Objective.MAX_BATCH),
-                                         (Objective.MAX_BATCH, Objective.MAX_BATCH)])
+                                         (Objective.MAX_BATCH, Objective.MAX_BATCH),
+                                         ("throughput", Objective.THROUGHPUT)])
 def test_objective_spellings(given, want):
     assert Objective.parse(given) is want
 
 
 @pytest.mark.parametrize("bad", ["Balance", "max batch", "maxbatch", "", None, 1])
 def test_objective_rejects_the_rest_naming_the_accepted(bad):
-    with pytest.raises(UsageError, match="objective must be 'balance' or 'max_batch'"):
+    with pytest.raises(UsageError, match="objective must be 'balance', 'max_batch' or 'throughput'"):
         Objective.parse(bad)
 
 

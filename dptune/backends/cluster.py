@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from dptune import timing
 from dptune.backends.base import Device
 from dptune.errors import SpecError
 from dptune.units import GiB, MiB, format_bytes, parse_bytes
@@ -29,16 +30,18 @@ CARD_TYPES: dict[str, int] = {
     "A100-40GB": int(39.39 * GiB), "A100-80GB": int(79.15 * GiB),
     "L4": int(22.03 * GiB), "L40S": int(44.39 * GiB),
     "RTX3090": int(23.68 * GiB), "RTX4090": int(23.99 * GiB), "A6000": int(47.53 * GiB),
-    "H100-80GB": int(79.10 * GiB), "H200": int(139.80 * GiB),
+    "H100-80GB": int(79.10 * GiB), "H200": int(139.80 * GiB), "RTX2080Ti": int(10.76 * GiB),
 }
 _ALIASES = {"V100": "V100-16GB", "A100": "A100-80GB", "H100": "H100-80GB", "H200-141GB": "H200",
-            "RTXA6000": "A6000", "3090": "RTX3090", "4090": "RTX4090"}
+            "RTXA6000": "A6000", "3090": "RTX3090", "4090": "RTX4090",
+            "2080Ti": "RTX2080Ti"}
 _HOPPER = ("H100", "H200")
 # Compute capability (major, minor) of each card: it decides the attention kernel CUDA runs.
 CARD_CAPABILITY: dict[str, tuple[int, int]] = {
     "V100-16GB": (7, 0), "V100-32GB": (7, 0), "T4": (7, 5), "A10": (8, 6), "A30": (8, 0),
     "A100-40GB": (8, 0), "A100-80GB": (8, 0), "L4": (8, 9), "L40S": (8, 9),
     "RTX3090": (8, 6), "RTX4090": (8, 9), "A6000": (8, 6), "H100-80GB": (9, 0), "H200": (9, 0),
+    "RTX2080Ti": (7, 5),
 }
 DEFAULT_CAPABILITY = (8, 0)           # for a card given by its size only ('24GB'), unless cc=
 
@@ -46,7 +49,9 @@ _SPEC_HELP = (
     "accepted forms: '4x24GB', '2x80GB,2x40GB', '8xA100-80GB', '4xV100-16GB', 'RTX4090', "
     "with optional items 'used=0:6GB' (memory taken on card 0 by other processes; repeatable) "
     "and 'context=384MiB' (CUDA context per card) and 'cc=8.6' (compute capability of the cards "
-    "given by size only; default 8.0). Known cards: " + ", ".join(CARD_TYPES))
+    "given by size only; default 8.0), and the speed options 'tflops=150' or 'tflops=1:150', "
+    "'bandwidth=900GB/s' or 'bandwidth=1:900GB/s', 'link=pcie4|pcie3|pcie5|nvlink|25GB/s' "
+    "(dptune.timing). Known cards: " + ", ".join(CARD_TYPES))
 
 
 def _norm_card(name: str) -> str:
@@ -149,6 +154,8 @@ def parse_cluster(spec: Union[str, Cluster]) -> Cluster:
                 elif key in ("cc", "sm"):
                     major, dot, minor = value.strip().partition(".")
                     cc = (int(major), int(minor or 0))
+                elif key in timing.SPEED_OPTIONS:
+                    timing.check_speed_option(key, value)
                 else:
                     raise ValueError(f"unknown option {key!r}")
             except ValueError as e:
@@ -186,6 +193,10 @@ def parse_cluster(spec: Union[str, Cluster]) -> Cluster:
         if b + context >= totals[idx]:
             raise SpecError(f"card {idx} has {format_bytes(totals[idx])} in all, "
                             f"{format_bytes(b)} used by others leaves nothing; " + _SPEC_HELP)
+    try:
+        timing.ClusterSpeed.of(names, spec)
+    except ValueError as e:
+        raise SpecError(f"cluster spec {spec!r}: {e}; " + _SPEC_HELP) from None
     known_caps = [CARD_CAPABILITY.get(n) for n in names]
     caps = tuple(c if c is not None else (cc or DEFAULT_CAPABILITY) for c in known_caps)
     return Cluster(names=tuple(names), total_bytes=tuple(totals),

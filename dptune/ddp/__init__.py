@@ -6,8 +6,9 @@ dptune plans, torchrun launches, DDP trains: nothing here runs the training.
   cluster or inside a ``torchrun`` job on the real cards;
   :meth:`DDPPlan.from_batch_sizes` makes one by hand.
 - :class:`UnevenBatchSampler` gives each rank its slice of every global batch.
-- :meth:`DDPPlan.scale_loss` scales each rank's loss by ``world_size·b_r/B`` so that DDP's
-  average of the gradients is the mean over the global batch.
+- :meth:`DDPPlan.scale_loss` scales each rank's loss by ``world_size·b_r/B`` (the sizes of
+  the step it runs, with ``batch_size=len(batch)``) so that DDP's average of the gradients is
+  the mean over the step's global batch.
 """
 
 from __future__ import annotations

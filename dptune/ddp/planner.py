@@ -46,7 +46,7 @@ from dptune.units import format_bytes, parse_bytes
 
 __all__ = ["plan", "OBJECTIVES"]
 
-OBJECTIVES = ("balance", "max_batch")
+OBJECTIVES = ("balance", "max_batch", "throughput")
 STRATEGIES = ("ddp", "fsdp")
 T = TypeVar("T")
 
@@ -459,12 +459,12 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
 
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
-        raise UsageError(f"objective must be 'balance' or 'max_batch', got {objective!r}")
+        raise UsageError(f"objective must be 'balance', 'max_batch' or 'throughput', got {objective!r}")
     if global_batch is not None and (isinstance(global_batch, bool) or not isinstance(global_batch, int)
                                      or global_batch < 1):
         raise UsageError(f"global_batch must be an int >= 1, got {global_batch!r}")
-    if objective == "balance" and global_batch is None:
-        raise UsageError("objective='balance' splits a global batch: pass global_batch=N "
+    if objective in ("balance", "throughput") and global_batch is None:
+        raise UsageError(f"objective={objective!r} splits a global batch: pass global_batch=N "
                          "(or objective='max_batch' for the largest that fits)")
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 3:
         raise UsageError(f"max_rounds must be an int >= 3, got {max_rounds!r}")
@@ -510,6 +510,18 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
         backend = "simulated"
     probers: dict[int, _Prober] = {}
     shared: dict = {}
+    timer = None
+    if objective == "throughput" and (in_job or cluster is None):
+        raise UsageError("objective='throughput' plans offline on the simulated cluster for now "
+                         "(simulate=... without a process group); inside a job use 'balance'")
+    if strategy == "fsdp" and objective == "throughput":
+        raise UsageError("objective='throughput' is not available with strategy='fsdp' (FSDP's "
+                         "all-gathers and reduce-scatters are not timed); use 'balance' or 'max_batch'")
+    if cluster is not None and not in_job and strategy == "ddp":   # offline: its estimated speed
+        from dptune.ddp.throughput import RankTimer
+
+        timer = RankTimer(probers, cluster)
+    why: tuple[str, ...] = ()
 
     def start(r: int) -> _RankInfo:
         # built inside the first round, so that a rank failing here fails every rank
@@ -528,11 +540,11 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
         state = _State(infos)
 
         def probe(r: int, b: int) -> Optional[int]:
-            return probers[r].probe(b)
+            return probers[r].probe(b) if timer is None else timer.probe(r, b)
 
         n = state.n
         certified = False
-        if objective == "balance":
+        if objective in ("balance", "throughput"):
             assert global_batch is not None
             if global_batch < state.m * n:
                 raise UsageError(f"global_batch {global_batch} is too small for {n} ranks: every rank "
@@ -540,7 +552,15 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
             total = sum(state.budgets)
             second = [max(state.m + 1, global_batch * b // total) for b in state.budgets]
             _first_rounds(state, group, probe, second)
-            sizes = _balance(state, group, probe, global_batch, max_rounds, second)
+            if objective == "balance":
+                sizes = _balance(state, group, probe, global_batch, max_rounds, second)
+            else:
+                from dptune.ddp.throughput import plan_throughput
+
+                assert timer is not None
+                fast = plan_throughput(state, lambda sz: state.run(group, sz, probe), timer,
+                                       global_batch, max_rounds, infos[0].ddp_bytes, _cap_of)
+                sizes, why = fast.sizes, fast.reasons + fast.notes
         else:
             _first_rounds(state, group, probe, [8 * state.m] * n)
             certified = _max_batch(state, group, probe, max_rounds, global_batch)
@@ -548,6 +568,10 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
             if global_batch is not None and sum(sizes) > global_batch:
                 sizes = _balance(state, group, probe, global_batch, max_rounds + 4, sizes)
                 certified = False
+        if timer is not None and objective != "throughput":
+            from dptune.ddp.throughput import speed_note
+
+            why = speed_note(state, timer, sizes, infos[0].ddp_bytes)
     finally:
         for p in probers.values():
             p.close()
@@ -562,8 +586,9 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
             budget_bytes=info.budget_bytes, predicted_peak_bytes=int(round(fit.predict(b, 0))),
             measured_peak_bytes=None if meas is None else meas.peak_bytes, ddp_bytes=info.ddp_bytes,
             fit=fit, max_batch_size=state.lo(r) if objective == "max_batch" else None))
-    notes = [f"strategy fsdp: {fsdp.describe()} (the DDP bucket settings do not apply)"] \
-        if strategy == "fsdp" else []
+    notes = list(why)
+    if strategy == "fsdp":
+        notes.insert(0, f"strategy fsdp: {fsdp.describe()} (the DDP bucket settings do not apply)")
     if backend == "cuda":
         notes.append("measured peaks are the single-card step's max_memory_allocated plus the "
                      "counted DDP buckets" + (" (an upper bound with gradient_as_bucket_view)"
@@ -579,7 +604,7 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
         model_name=infos[0].model_name, headroom_bytes=headroom_bytes, options=options,
         settings=infos[0].settings, probes=tuple(state.probes), rounds=state.rounds,
         certified=certified, even_batch_size=even, requested_global_batch=global_batch,
-        seconds=time.perf_counter() - t0, notes=tuple(notes))
+        seconds=time.perf_counter() - t0, notes=tuple(notes), min_batch=state.m)
 
 
 def _local_cuda_prober(workload: Any, device: Optional[int], options: DDPOptions,

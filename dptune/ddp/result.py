@@ -12,7 +12,9 @@ when saved into a folder), loaded back with :meth:`DDPPlan.load`, and printed by
 of a small rank more. :meth:`DDPPlan.scale_loss` multiplies rank r's loss by
 ``s_r = W·b_r/B`` (``B = Σ b_r``): then ``(1/W) Σ_r s_r g_r = (1/B) Σ_i ∇ℓ_i``, the mean
 over the whole global batch, exactly what one process would compute on all ``B`` samples.
-With equal batches every ``s_r`` is 1.
+With equal batches every ``s_r`` is 1. On a step whose batches are not the planned ones (the
+end of an epoch, see :mod:`dptune.ddp.sampler`) the same holds with that step's sizes
+``b'_r`` and ``B'``: ``scale_loss(loss, batch_size=len(batch))`` sums them over the ranks.
 """
 
 from __future__ import annotations
@@ -126,10 +128,11 @@ def loss_scales(batch_sizes: Sequence[int]) -> list[float]:
     return [world * b / total for b in batch_sizes]
 
 
-def _check_sizes(batch_sizes: Sequence[int]) -> list[int]:
-    sizes = list(batch_sizes)
-    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
-        raise UsageError(f"batch_sizes must be one int >= 1 per rank, got {list(batch_sizes)!r}")
+def _check_sizes(batch_sizes: Sequence[int], allow_zero: bool = False) -> list[int]:
+    sizes, least = list(batch_sizes), 0 if allow_zero else 1
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < least for b in sizes):
+        raise UsageError(f"batch_sizes must be one int >= {least} per rank, got "
+                         f"{list(batch_sizes)!r}")
     return sizes
 
 
@@ -156,13 +159,20 @@ class DDPPlan:
     requested_global_batch: Optional[int] = None
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the fewest samples a rank may get on any step (2 with BatchNorm, whose training mode
+    #: needs more than one value per channel); the sampler's last steps keep to it
+    min_batch: int = 1
 
     def __post_init__(self) -> None:
         if not self.ranks:
             raise UsageError("a DDPPlan needs at least one rank")
         if [r.rank for r in self.ranks] != list(range(len(self.ranks))):
             raise UsageError(f"a DDPPlan's ranks must be 0..{len(self.ranks) - 1} in order")
-        _check_sizes([r.batch_size for r in self.ranks])
+        sizes = _check_sizes([r.batch_size for r in self.ranks])
+        if isinstance(self.min_batch, bool) or not isinstance(self.min_batch, int) or \
+                not 1 <= self.min_batch <= min(sizes):
+            raise UsageError(f"min_batch must be an int from 1 to the smallest batch ({min(sizes)}); "
+                             f"got {self.min_batch!r}")
 
     # ---- the numbers a training script needs ----------------------------------------
     @property
@@ -188,11 +198,44 @@ class DDPPlan:
     def loss_scale(self, rank: Optional[int] = None) -> float:
         return self.ranks[self._rank(rank)].loss_scale
 
-    def scale_loss(self, loss: Any, rank: Optional[int] = None) -> Any:
-        """``loss × world_size·b_r/B``, so that DDP's average of the ranks' gradients is the
-        gradient of the mean over the global batch (``loss`` is the mean over this rank's
-        ``b_r`` samples). ``rank`` defaults to this process's rank in ``torch.distributed``."""
-        return loss * self.loss_scale(rank)
+    def scale_loss(self, loss: Any, rank: Optional[int] = None, *, batch_size: Optional[int] = None,
+                   sizes: Optional[Sequence[int]] = None) -> Any:
+        """``loss × world_size·b_r/B`` for the batches of *this step*, so that DDP's average
+        of the ranks' gradients is the gradient of the mean over the step's global batch
+        (``loss`` is the mean over this rank's samples).
+
+        - ``batch_size=len(batch)`` (the documented loop): this rank's actual batch; the
+          ranks' sizes are summed with one ``all_reduce`` of one number (on the loss's device,
+          no host sync), so the scale is right on every step, the tail included, whatever
+          sampler made the batches. Every rank must call it on every step, as DDP's backward.
+        - ``sizes=sampler.sizes_at(step)``: every rank's batch at the step, no collective
+          (``rank`` from ``torch.distributed`` unless given).
+        - neither: the planned ``b_r`` and ``B`` (right only on steps with the planned batches).
+
+        Whenever ``torch.distributed`` is initialised, a plan made for another world size is
+        refused on every rank, whatever ``rank`` says. ``rank`` defaults to this process's
+        rank in ``torch.distributed``."""
+        distributed = check_world_size(self.world_size, "plan.scale_loss")
+        if sizes is not None:
+            step = _check_sizes(sizes, allow_zero=True)
+            if len(step) != self.world_size:
+                raise UsageError(f"sizes has {len(step)} entries but the plan has {self.world_size} "
+                                 "ranks; pass sampler.sizes_at(step) of this plan's sampler")
+            mine = step[self._rank(rank)]
+            if batch_size is not None and batch_size != mine:
+                raise UsageError(f"batch_size={batch_size} but sizes gives this rank {mine}; pass "
+                                 "the sizes of the step this batch belongs to")
+            return loss * (self.world_size * mine / max(sum(step), 1))
+        if batch_size is None:
+            return loss * self.loss_scale(rank)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+            raise UsageError(f"batch_size must be this rank's batch size, an int >= 0; got "
+                             f"{batch_size!r}")
+        if not distributed:
+            raise UsageError("scale_loss(loss, batch_size=...) sums the ranks' batches over "
+                             "torch.distributed, which is not initialised; call "
+                             "init_process_group first, or pass sizes=sampler.sizes_at(step)")
+        return loss * _step_scale(loss, batch_size, self.world_size)
 
     def rank_of_uuid(self, uuid: str) -> Optional[int]:
         """The rank whose card has this UUID in the plan, or ``None``."""
@@ -230,7 +273,7 @@ class DDPPlan:
                     probes=[p.to_dict() for p in self.probes], rounds=self.rounds,
                     certified=self.certified, even_batch_size=self.even_batch_size,
                     requested_global_batch=self.requested_global_batch, seconds=self.seconds,
-                    notes=list(self.notes))
+                    notes=list(self.notes), min_batch=self.min_batch)
 
     @classmethod
     def from_dict(cls, d: Any) -> "DDPPlan":
@@ -251,7 +294,8 @@ class DDPPlan:
                 rounds=int(d.get("rounds", 0)), certified=bool(d.get("certified", False)),
                 even_batch_size=d.get("even_batch_size"),
                 requested_global_batch=d.get("requested_global_batch"),
-                seconds=float(d.get("seconds", 0.0)), notes=tuple(d.get("notes", [])))
+                seconds=float(d.get("seconds", 0.0)), notes=tuple(d.get("notes", [])),
+                min_batch=int(d.get("min_batch", 1)))
         except ReportError:
             raise
         except UsageError as e:   # e.g. batch sizes < 1
@@ -371,13 +415,48 @@ def _write(path: str, text: str) -> None:
                           "write to") from None
 
 
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def check_world_size(world_size: int, what: str) -> bool:
+    """Whether ``torch.distributed`` is initialised; raises a ``UsageError`` (the same on
+    every rank, before any collective) when it is and its world size is not the plan's."""
+    if not _distributed():
+        return False
+    import torch.distributed as dist
+
+    job = dist.get_world_size()
+    if job != world_size:
+        raise UsageError(f"{what}: the plan has {world_size} ranks but this torch.distributed job "
+                         f"has {job}; make the plan for {job} ranks (`dptune plan` on {job} cards, "
+                         f"or DDPPlan.from_batch_sizes with {job} sizes)")
+    return True
+
+
+def _step_scale(loss: Any, batch_size: int, world_size: int) -> Any:
+    """``world_size·b/B'`` as a tensor, ``B'`` the sum of the ranks' ``batch_size`` (one
+    ``all_reduce``; the scale stays on the loss's device)."""
+    import torch
+    import torch.distributed as dist
+
+    device = loss.device if isinstance(loss, torch.Tensor) else torch.device("cpu")
+    where = device
+    if device.type == "cpu" and dist.get_backend() == "nccl":
+        where = torch.device("cuda", torch.cuda.current_device())
+    total = torch.tensor(float(batch_size), dtype=torch.float64, device=where)
+    dist.all_reduce(total)
+    scale = (world_size * batch_size) / total.clamp_min(1)
+    dtype = torch.promote_types(loss.dtype, torch.float32) if isinstance(loss, torch.Tensor) else None
+    return scale.to(device=device, dtype=dtype or torch.float64)
+
+
 def _current_rank(world_size: int) -> int:
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
+    if not check_world_size(world_size, "the plan"):
         raise UsageError("no rank given and torch.distributed is not initialised; pass rank=... "
                          "or call init_process_group first (torchrun sets RANK and WORLD_SIZE)")
-    if dist.get_world_size() != world_size:
-        raise UsageError(f"the plan has {world_size} ranks but this job has "
-                         f"{dist.get_world_size()}; make the plan for this world size")
     return dist.get_rank()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from dptune.backends.base import CATEGORIES
 from dptune.errors import UsageError
-from dptune.report.text import PLOT_KINDS, _gain, _pct, _subject, device_label, plot_kinds
+from dptune.report.text import PLOT_KINDS, _even_batch, _gain, _pct, _subject, device_label, plot_kinds
 from dptune.units import GiB, format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -392,7 +392,7 @@ def _draw_max_batch(result: TuneResult, ax: "Axes") -> None:
     ax.set_ylabel("largest batch that fits (samples)")
     cards = "" if per_card else f" over {n} cards"
     ax.set_title(_wrap_title(f"{_subject(result)}: largest batch that fits{cards}\n"
-                             f"even {result.even.batch_size} -> dptune {result.batch_size}"
+                             f"even {_even_batch(result)} -> dptune {result.batch_size}"
                              f"{_gain(result)}", _axes_width(ax), 10), fontsize=10)
     if per_card:
         handles, labels = ax.get_legend_handles_labels()

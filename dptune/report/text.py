@@ -122,8 +122,28 @@ def _ratio(x: float) -> str:
 
 
 def _gain(result: TuneResult) -> str:
-    g = result.batch_gain
-    return "" if math.isinf(g) else f" ({g:+.0%})"
+    g, even = result.batch_gain, result.even
+    if math.isinf(g):
+        return ""
+    if not even.open_bracket:
+        return f" ({g:+.0%})"
+    if not even.feasible:        # no even split known to fit: no gain to give
+        return ""
+    if even.at_most is None:
+        return f" (at most {g:+.1%})"
+    return f" ({result.batch_size / even.at_most - 1:+.1%} to {g:+.1%})"
+
+
+def _even_batch(result: TuneResult) -> str:
+    """The even split's largest batch, as a range when its bracket is still open."""
+    even = result.even
+    if not even.open_bracket:
+        return str(even.batch_size)
+    if not even.feasible:
+        return "none known to fit" + ("" if even.at_most is None else f" (at most {even.at_most})")
+    if even.at_most is None:
+        return f"at least {even.batch_size}"
+    return f"{even.batch_size} to {even.at_most}"
 
 
 def _table_rows(result: TuneResult) -> tuple[list[str], list[list[str]]]:
@@ -161,7 +181,7 @@ def _footer(result: TuneResult) -> list[str]:
         lines.append("card 0 with no samples holds the largest share (a floor no split can "
                      "beat): the imbalance is among the cards that hold samples")
     if result.objective == "max_batch":
-        lines.append(f"max batch that fits: even {even.batch_size} -> balanced "
+        lines.append(f"max batch that fits: even {_even_batch(result)} -> balanced "
                      f"{result.batch_size}{_gain(result)}")
     if result.output_device != 0:
         lines.append(f"outputs gathered on card {result.output_device}: "

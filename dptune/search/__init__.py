@@ -14,7 +14,7 @@ measured within every budget are ever returned).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, cast
 
 from dptune.backends.base import ProbeResult
 from dptune.search.balance import Balance
@@ -40,8 +40,11 @@ class SearchOutcome:
     probed itself; it is known to fit because these probes (1-based) measured every card
     within budget at a chunk (card 0: a chunk and a batch) at least as large, and ``even``'s
     peaks are upper bounds from them (the surface is monotone, see
-    :mod:`dptune.search.observations`). ``certified``: every bracket closed (see the
-    objectives).
+    :mod:`dptune.search.observations`). ``even_open``: max_batch only, the even split's
+    largest batch ``E`` was not bracketed to one sample: ``even`` is at the lower end
+    (``E >= even.batch_size``, measured or implied, never less than the probes prove) and
+    ``even_at_most`` the upper end (``E <= even_at_most``; ``None`` when nothing bounds it
+    yet). ``certified``: every bracket closed (see the objectives).
     """
 
     best: ProbeResult
@@ -54,6 +57,8 @@ class SearchOutcome:
     certified: bool
     card0_floor: bool
     notes: tuple[str, ...]
+    even_open: bool = False
+    even_at_most: Optional[int] = None
 
 
 def _fits(obs: Observations, split: Sequence[int]) -> tuple[Fit, ...]:
@@ -112,6 +117,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     obs = Observations(budgets, exact_on_oom=exact_on_oom, min_chunk=min_chunk)
     n = obs.n
     even_implied_by: tuple[int, ...] = ()
+    even_open, even_at_most = False, cast(Optional[int], None)
     notes: list[str] = []
     if objective == "balance":
         bal = Balance(obs, batch_size, max_probes, tolerance, notes)
@@ -151,17 +157,13 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
             imp = _implied(obs, even_s)
             if imp is not None:
                 even, even_implied_by = imp
-        if not mb.even_certified():
-            evens = [r for r in obs.probes if tuple(r.chunk_sizes) == tuple(even_split(r.batch_size, n))
-                     and obs.within_budget(r)]
-            if evens:
-                even = max(evens, key=lambda r: r.batch_size)
-                even_s = tuple(even.chunk_sizes)
-                even_implied_by = ()
-            notes.append("the even split's largest batch was not bracketed within the probes; "
-                         + (f"the largest even batch measured within budget ({even.batch_size}) "
-                            "is shown" if even is not None else "no even split was measured "
-                            "within budget"))
+        even_open = not mb.even_certified()
+        if even_open:
+            even_at_most = None if hi is None else hi - 1
+            known = ", ".join([f"at least {lo}"] * (lo > 0) + [f"at most {even_at_most}"] *
+                              (even_at_most is not None)) or "not known"
+            notes.append(f"the even split's largest batch was not bracketed to one sample "
+                         f"within the probes: {known}")
         if even is not None and even.batch_size > best.batch_size:  # pragma: no cover - guard
             best = even
     if not certified:
@@ -172,4 +174,5 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     return SearchOutcome(best=best, even=even, even_split=even_s, even_implied_by=even_implied_by,
                          probes=tuple(obs.probes),
                          fits=_fits(obs, best.chunk_sizes), brackets=tuple(brackets),
-                         certified=certified, card0_floor=floor, notes=tuple(notes))
+                         certified=certified, card0_floor=floor, notes=tuple(notes),
+                         even_open=even_open, even_at_most=even_at_most)

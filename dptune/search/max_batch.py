@@ -27,7 +27,15 @@ fewer probes, none of which returns anything not measured:
   along (raised cards, the samples taken from cards known to fit lower) when card 0's
   questions left can carry them all;
 - when the fits put every open card's cap at its ``lo`` but card 0 can take more along that
-  line, that candidate answer is probed before the cards' one-more tests.
+  line, that candidate answer is probed before the cards' one-more tests;
+- when ``E >= lo`` is known only by dominance and the fits already guessed the even split too
+  high once (card 0 measured over above ``lo``), ``even(lo + 1)`` is asked directly: a
+  dominating probe usually puts ``lo`` at card 0's cap, so one probe closes the bracket
+  where the fits would walk down a few samples per probe.
+
+When the probes run out first, the even split is reported at the lower end of its bracket
+(what the probes prove: measured or by dominance), with the upper end beside it
+(:class:`dptune.search.SearchOutcome`'s ``even_open`` and ``even_at_most``).
 """
 
 from __future__ import annotations
@@ -314,27 +322,46 @@ class MaxBatch:
         top = max([r.batch_size for r in self.obs.probes] + [self.hint])
         return max(top, best.batch_size if best else 0) + 1
 
+    def _even_start(self) -> int:
+        return self.m * self.n if self.m > 1 else 1   # BatchNorm: no even split below
+
     def even_bracket(self) -> tuple[int, Optional[int]]:
-        up = self._upper()
-        start = self.m * self.n if self.m > 1 else 1   # BatchNorm: no even split below
+        up, start = self._upper(), self._even_start()
         lo = largest_true(self._even_fits, start, up)
         lo = lo if lo >= start else 0
-        hi = largest_true(lambda b: not self._even_over(b), lo + 1, up) + 1
+        hi = largest_true(lambda b: not self._even_over(b), max(lo + 1, start), up) + 1
         return lo, (hi if hi <= up and self._even_over(hi) else None)
+
+    def _guess_missed(self, lo: int) -> bool:
+        """The even split's lower end ``lo`` is known by dominance only (``even(lo)`` not
+        probed) and a probe that asked about the even split above ``lo`` found card 0 over
+        its budget (the fits guessed too high)."""
+        obs = self.obs
+        if lo <= 0 or tuple(even_split(lo, self.n)) in obs.by_split:
+            return False
+        return any(r.purpose.startswith("even-max") and r.batch_size > lo
+                   and any(p.probe == k and p.over for p in obs.points[0])
+                   for k, r in enumerate(obs.probes))
 
     def even_certified(self) -> bool:
         """``even(E)`` known to fit and ``even(E + 1)`` known over, from measured points (by
         dominance: ``even(E)`` need not be probed itself when a probe within budget put every
         card at least as high, see :meth:`Observations.fit_witness`)."""
         lo, hi = self.even_bracket()
-        return hi == lo + 1
+        return hi == max(lo + 1, self._even_start())
 
     def _even_step(self) -> Optional[Proposal]:
         obs = self.obs
         lo, hi = self.even_bracket()
-        if hi == lo + 1:
+        if self.even_certified():
             return None
-        lower, upper = lo + 1, (self._upper() if hi is None else hi - 1)
+        lower, upper = max(lo + 1, self._even_start()), (self._upper() if hi is None else hi - 1)
+        above = tuple(even_split(lower, self.n))
+        if self._guess_missed(lo) and valid_split(above, self.m) and above not in obs.by_split:
+            # E >= lo is known by dominance (a probe loaded every card at least as much) and
+            # the fits already guessed too high once: ask E + 1 directly, which closes the
+            # bracket when lo is the cap, rather than walk down a few samples per probe
+            return Proposal(above, "even-max")
         fits = CardFits(obs)
 
         def fits_at(b: int) -> bool:

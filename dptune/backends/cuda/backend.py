@@ -97,6 +97,7 @@ from dptune.oom import is_oom, oom_device, oom_summary, replica_where
 from dptune.spec import WorkloadSpec
 from dptune.split import validate_chunk_sizes
 from dptune.state import Snapshot, restore, snapshot
+from dptune.timing import StepTime, TimeSource
 from dptune.types import BackendKind
 from dptune.workload import Workload
 
@@ -126,6 +127,17 @@ class _Figures:
     reserved: list[int]
     nvml: list[Optional[int]]
     retries: list[int]
+
+
+def _measured(step_seconds: Sequence[float], ok: bool) -> Optional[StepTime]:
+    """The step's wall time (median of the measured steps, each between synchronizations of
+    every card, after the warm-up); per-card times are not measured here (``card_seconds``
+    empty)."""
+    if not ok or not step_seconds:
+        return None
+    ordered = sorted(step_seconds)
+    return StepTime(card_seconds=(), step_seconds=ordered[len(ordered) // 2],
+                    source=TimeSource.MEASURED)
 
 
 def _alloc_retries(rt: CudaRuntime, device: int, default: int) -> int:
@@ -448,6 +460,7 @@ class CudaBackend:
                                                output_device=ctx.device_ids[output_device], dim=0,
                                                chunk_sizes=list(sizes))
         runs: list[_Figures] = []
+        step_seconds: list[float] = []      # each measured step, synchronized on every card
         failure: Optional[_Failure] = None
         failed_figures: Optional[_Figures] = None
         failed_in = ""
@@ -455,7 +468,9 @@ class CudaBackend:
         try:
             for what in plan:
                 baseline, retries0 = self._reset_and_baseline(ctx)
+                started = time.perf_counter()
                 failure = self._run_step(ctx, sizes)
+                elapsed = time.perf_counter() - started
                 if failure is not None:
                     failed_figures = self._read(retries0, guarded=True)
                     failed_in = what
@@ -464,6 +479,7 @@ class CudaBackend:
                 self._warmed |= active
                 if what == "measure":
                     runs.append(figures)
+                    step_seconds.append(elapsed)
         finally:
             ctx.wrapper = None
             ctx.output_device = 0
@@ -508,7 +524,7 @@ class CudaBackend:
                            breakdown=None, reserved_bytes=tuple(reserved), nvml_used_bytes=nvml,
                            alloc_retries=tuple(retries), repeat_spread_bytes=spread,
                            seconds=time.perf_counter() - t0, note="; ".join(notes),
-                           unread_outputs=unread,
+                           unread_outputs=unread, time=_measured(step_seconds, failure is None),
                            memory_stats=tuple({"allocated_bytes.all.peak": a, "reserved_bytes.all.peak": r,
                                                "num_alloc_retries": k}
                                               for a, r, k in zip(peak, reserved, retries)))

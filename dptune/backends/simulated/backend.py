@@ -70,6 +70,8 @@ class SimulatedBackend:
     #: ``probe(chunk_sizes, output_device=k)`` gathers the outputs on card k
     capabilities = Capabilities.simulated(output_device=True)
     supports_output_device = True
+    #: called with every op of a step (func, args, kwargs, out, card): the time estimate's counter
+    op_observer: Optional[Callable[..., None]] = None
 
     def __init__(self, workload: Workload, cluster: Union[str, Cluster] = DEFAULT_CLUSTER, *,
                  batch_on_card0: bool = False, reserved: Optional[ReservedModel] = None):
@@ -206,6 +208,7 @@ class SimulatedBackend:
         ledger = self._ledger
         assert ledger is not None and self._module is not None
         self._kernels = {}
+        ledger.observer = self.op_observer
         if self._ledger is not None:
             self._ledger.bounded = {}
         with self._modes(ledger):

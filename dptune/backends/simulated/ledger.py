@@ -124,6 +124,7 @@ class _Ledger:
         # the allocator trace: (card, +/-bytes, seq, stream); stream 1: the scatter's copy stream
         self.on_event: Optional[Callable[[int, int, int, int], None]] = None
         self.stream = 0
+        self.observer: Optional[Callable[..., None]] = None  # sees every op (backends.timing)
 
     # -- storages ------------------------------------------------------------------------
     def record_of(self, t: torch.Tensor) -> Optional[_Record]:
@@ -418,6 +419,8 @@ def _make_accountant(ledger: _Ledger) -> Any:
                 card = ledger.running_card()
         for t in _tree.leaves(out):
             ledger.charge(t, card, ledger.category)
+        if ledger.observer is not None:
+            ledger.observer(func, args, kwargs, out, card)
 
     class _Accountant(base):  # type: ignore[misc, valid-type]
         """Charges every new storage an op makes to a virtual card."""

@@ -1,0 +1,252 @@
+"""The estimated time of a simulated step, from the step's own operations.
+
+Every op the simulator runs (:mod:`dptune.backends.simulated`, under ``FakeTensorMode``)
+is seen by an :class:`OpCounter` with the card it runs on:
+
+- FLOPs from ``torch.utils.flop_counter``'s formulas (the table ``FlopCounterMode`` uses:
+  matmuls, convolutions, attention kernels, forward and backward), against the card's peak
+  for the op's dtype (:class:`dptune.timing.CardSpeed`: float32 matmuls at the FP32 rate,
+  float32 convolutions at TF32, half precision on tensor cores);
+- bytes moved: the sum of the op's input and output tensor bytes (a simple roofline: an op
+  reads its inputs and writes its outputs once), against the card's memory bandwidth;
+- one :data:`dptune.timing.LAUNCH_SECONDS` per kernel; views and ``empty`` cost nothing.
+
+An op takes the longer of its compute and memory times (the roofline). DataParallel's
+copies (the moves the simulator makes between cards) are timed over the link
+(:class:`dptune.timing.Link`): the scatter of the batch from the host runs in parallel on
+every card's own PCIe link, the broadcast of the weights and the reduction of the gradients
+as NCCL's pipelined collectives (one copy's time, whatever the number of cards), the gather
+of the outputs and the scatter of their gradient one copy after another through the output
+card. A DDP rank's step adds a ring all-reduce of the gradients (:func:`ddp_allreduce_seconds`),
+not overlapped with the backward (an upper bound).
+
+What this is not: no kernel efficiency below peak (real matmuls reach 60-80% of it), no
+caches, no overlap of copies with compute. The figures are estimates (``TimeSource.ESTIMATED``)
+and compare splits and cards; ``benchmarks/validate_gpu.py`` measures the error on a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import torch
+
+from dptune import _tree
+from dptune.backends.simulated.device_rules import HOST
+from dptune.backends.base import ProbeResult
+from dptune.timing import LAUNCH_SECONDS, CardSpeed, ClusterSpeed, StepTime, TimeSource
+
+__all__ = ["OpCost", "op_cost", "OpCounter", "TimedBackend", "count_ops", "ddp_allreduce_seconds"]
+
+_HALF = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_CONV = {"convolution", "convolution_backward", "cudnn_convolution", "_convolution"}
+_FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_local_scalar_dense",
+         "_unsafe_view", "_reshape_alias", "alias",
+         "lift_fresh", "set_", "resize_"}
+_SERIAL = ("outputs", "optimizer", "other")   # categories of card 0's own phases (loss, step, clip)
+
+
+class OpCost(NamedTuple):
+    """What one op costs: FLOPs, bytes read and written, the dtype class of its FLOPs."""
+
+    flops: int
+    bytes: int
+    kind: str           # fp32, tf32, fp16, bf16
+    kernel: bool        # a kernel runs (not a view or an allocation)
+
+    def seconds(self, speed: CardSpeed) -> float:
+        if not self.kernel:
+            return 0.0
+        compute = self.flops / speed.peak(self.kind) if self.flops else 0.0
+        return max(compute, self.bytes / speed.bandwidth) + LAUNCH_SECONDS
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    try:
+        return int(t.numel()) * t.element_size()
+    except Exception:   # a symbolic size with no hint: not counted
+        return 0
+
+
+def _kind(name: str, args: Any) -> str:
+    for t in _tree.leaves(args):
+        if t.is_floating_point():
+            half = _HALF.get(t.dtype)
+            if half is not None:
+                return half
+            if t.dtype == torch.float32 and name in _CONV and torch.backends.cudnn.allow_tf32:
+                return "tf32"
+            if t.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+                return "tf32"
+            return "fp32"
+    return "fp32"
+
+
+def op_cost(func: Any, args: Any, kwargs: Any, out: Any) -> OpCost:
+    """The cost of one aten op: FLOPs by ``torch.utils.flop_counter``'s formula (0 when it has
+    none: element-wise ops are bound by memory), bytes = its tensor inputs plus outputs."""
+    from torch.utils.flop_counter import flop_registry
+
+    name = getattr(func, "__name__", "").split(".")[0]
+    if getattr(func, "namespace", "aten") != "aten" or getattr(func, "is_view", False) or name in _FREE:
+        return OpCost(0, 0, "fp32", False)
+    packet = getattr(func, "_overloadpacket", None)
+    formula = flop_registry.get(packet)
+    flops = 0
+    if formula is not None:
+        try:
+            flops = int(formula(*args, **(kwargs or {}), out_val=out))
+        except Exception:   # a formula that cannot read these shapes: memory-bound then
+            flops = 0
+    moved = sum(_nbytes(t) for t in _tree.leaves((args, kwargs or {})))
+    moved += sum(_nbytes(t) for t in _tree.leaves(out))
+    return OpCost(flops, moved, _kind(name, args) if flops else "fp32", True)
+
+
+class OpCounter:
+    """Per-card FLOPs, bytes and seconds of one simulated step (the simulator's op observer).
+
+    ``ledger`` is read at each op (``backend._ledger``): which card a copy goes to and from,
+    and the step's phase. A new ledger (the simulator starting over with symbolic sizes)
+    restarts the counts.
+    """
+
+    def __init__(self, ledger_of: Callable[[], Any], speed: ClusterSpeed, keep: bool = False):
+        self._ledger_of, self.speed, self.keep = ledger_of, speed, keep
+        self._ledger_id: Optional[int] = None
+        self._reset()
+
+    def _reset(self) -> None:
+        n = len(self.speed.cards)
+        self.flops, self.bytes, self.kernels = [0] * n, [0] * n, [0] * n
+        self.compute = [0.0] * n          # seconds of each card's own work
+        self.serial = 0.0                 # card 0's own phases (loss, clip, optimizer)
+        self.host_in = [0] * n            # bytes copied from the host to each card
+        self.bcast = [0] * n              # weights broadcast to card k
+        self.reduce = [0] * n             # gradients reduced from card k
+        self.serial_copy = 0              # bytes of the gather and its backward
+        self.costs: list[tuple[int, OpCost]] = []   # (card, cost) of every kernel, if kept
+
+    def __call__(self, func: Any, args: Any, kwargs: Any, out: Any, card: int) -> None:
+        ledger = self._ledger_of()
+        if id(ledger) != self._ledger_id:
+            self._ledger_id = id(ledger)
+            self._reset()
+        dst = ledger.forced_card
+        if dst is not None:
+            self._copy(ledger, func, args, kwargs, dst)
+            return
+        if card == HOST:
+            return
+        cost = op_cost(func, args, kwargs, out)
+        if not cost.kernel:
+            return
+        self.flops[card] += cost.flops
+        self.bytes[card] += cost.bytes
+        self.kernels[card] += 1
+        if self.keep:
+            self.costs.append((card, cost))
+        seconds = cost.seconds(self.speed.cards[card])
+        if ledger.category in _SERIAL:
+            self.serial += seconds
+        else:
+            self.compute[card] += seconds
+
+    def _copy(self, ledger: Any, func: Any, args: Any, kwargs: Any, dst: int) -> None:
+        """A DataParallel copy onto card ``dst``: bytes read from other places."""
+        if not op_cost(func, (), {}, ()).kernel:     # an allocation, a view: nothing copied
+            return
+        cat = ledger.category
+        for t in _tree.leaves((args, kwargs or {})):
+            src = ledger.card_of(t)
+            if src == dst or dst == HOST:
+                continue
+            b = _nbytes(t)
+            if src == HOST:
+                self.host_in[dst] += b
+            elif cat == "weights":
+                self.bcast[dst] += b
+            elif cat == "gradients":
+                self.reduce[src] += b
+            else:                          # the gather, its backward, the batch for the loss
+                self.serial_copy += b
+
+    def step_time(self, chunk_sizes: Sequence[int]) -> StepTime:
+        """DataParallel's step: the scatter and each replica in parallel, then card 0's serial
+        work and the copies between cards (see the module docstring)."""
+        link = self.speed.link
+        cards = tuple((self.compute[i] + self.host_in[i] / link.host_bandwidth) if c > 0 else 0.0
+                      for i, c in enumerate(chunk_sizes))
+        transfer = (max(self.bcast) + max(self.reduce)) / link.bandwidth
+        gather = self.serial_copy / link.bandwidth
+        serial = self.serial + gather
+        return StepTime(card_seconds=cards, step_seconds=max(cards) + serial + transfer,
+                        source=TimeSource.ESTIMATED, serial_seconds=serial,
+                        transfer_seconds=transfer, gather_seconds=gather, flops=tuple(self.flops),
+                        bytes_moved=tuple(self.bytes))
+
+
+def ddp_allreduce_seconds(grad_bytes: int, ranks: int, bandwidth: float) -> float:
+    """A ring all-reduce of ``grad_bytes`` over ``ranks``: ``2 (n-1)/n`` times the bytes."""
+    if ranks <= 1:
+        return 0.0
+    return 2.0 * (ranks - 1) / ranks * grad_bytes / bandwidth
+
+
+class TimedBackend:
+    """A simulated backend whose probes carry the step's estimated time (``ProbeResult.time``).
+
+    Everything else is the wrapped backend's (devices, ``describe``, ``close``...).
+    """
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        cluster = backend.cluster
+        self.speed = ClusterSpeed.of(cluster.names, cluster.spec)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    @property
+    def devices(self) -> Any:
+        return self.backend.devices
+
+    def describe(self) -> str:
+        return str(self.backend.describe())
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def counter(self) -> OpCounter:
+        return OpCounter(lambda: self.backend._ledger, self.speed)
+
+    def probe(self, chunk_sizes: Sequence[int], output_device: int = 0) -> ProbeResult:
+        counter = self.counter()
+        self.backend.op_observer = counter
+        try:
+            if output_device:
+                r = self.backend.probe(chunk_sizes, output_device=output_device)
+            else:
+                r = self.backend.probe(chunk_sizes)
+        finally:
+            self.backend.op_observer = None
+        return dataclasses.replace(r, time=counter.step_time(r.chunk_sizes))
+
+
+def count_ops(fn: Callable[[], Any]) -> list[tuple[str, OpCost]]:
+    """Run ``fn`` under fake tensors and return each aten op it dispatched with its cost
+    (for tests and for a quick look at a block)."""
+    from dptune._torch_private import dispatch_mode_base, fake_tensor_mode
+
+    seen: list[tuple[str, OpCost]] = []
+
+    class _Count(dispatch_mode_base()):  # type: ignore[misc]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            seen.append((str(func), op_cost(func, args, kwargs, out)))
+            return out
+
+    with fake_tensor_mode(allow_non_fake_inputs=True), _Count():
+        fn()
+    return seen

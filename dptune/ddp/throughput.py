@@ -1,0 +1,210 @@
+"""``plan(objective="throughput")``: per-rank batches with the shortest DDP step that fits.
+
+A DDP step ends when the slowest rank's backward has finished and the gradients are
+all-reduced, so the step time is ``max_r t_r(b_r) + all-reduce``. Each rank's time is fitted
+on its own probes (affine in its batch, :func:`dptune.throughput.fit_time`: the fixed cost
+that makes a small batch inefficient, plus a cost per sample); its batch is capped by its
+memory (its fit, below any batch measured over budget). :func:`dptune.throughput.fastest_split`
+with ``every_card=True`` gives the batches that equalise the ranks' step times within their
+memory caps; they are probed, and a rank over budget tightens its cap, until every rank is
+measured within budget.
+
+The ranks' times are the simulator's estimates (:mod:`dptune.backends.timing`: FLOPs and bytes
+against each card's datasheet peaks); the all-reduce is a ring over the link
+(:func:`dptune.backends.timing.ddp_allreduce_seconds`), not overlapped with the backward.
+The plan says, per rank, why it got its batch (its memory cap, or an equal step time), and
+when leaving a rank out of the job would be faster. Planning offline only (``simulate=``
+without a process group): a job's ranks would have to exchange their times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from dptune.errors import NoFeasibleSplitError
+from dptune.throughput import SplitTime, TimeFit, fastest_split, fit_time
+
+__all__ = ["RankTimer", "ThroughputPlan", "plan_throughput", "speed_note"]
+
+
+class RankTimer:
+    """Each rank's simulated step time at the batches probed (seconds, estimated).
+
+    ``probe(r, b)`` runs the rank's prober with the simulator's op counter installed. Ranks on
+    the same card type share one simulator (and its memo), so the step's ops are kept per
+    card type and batch, and timed against each rank's own speed (the spec may give two
+    cards of one type different speeds).
+    """
+
+    def __init__(self, probers: dict, cluster: Any):
+        from dptune.timing import ClusterSpeed
+
+        self.probers, self.cluster = probers, cluster
+        self.speed = ClusterSpeed.of(cluster.names, cluster.spec)
+        self.ops: dict[tuple[str, int], tuple[list, int]] = {}   # kernels, bytes from the host
+
+    def probe(self, r: int, b: int) -> Optional[int]:
+        from dptune.backends.timing import OpCounter
+        from dptune.timing import ClusterSpeed
+
+        prober = self.probers[r]
+        backend = prober.backend
+        one = ClusterSpeed((self.speed.cards[r],), self.speed.link)
+        counter = OpCounter(lambda: backend._ledger, one, keep=True)
+        backend.op_observer = counter
+        try:
+            peak = prober.probe(b)
+        finally:
+            backend.op_observer = None
+        key = (self.cluster.names[r], b)
+        if counter.kernels[0]:
+            self.ops[key] = ([c for _, c in counter.costs], counter.host_in[0])
+        return peak
+
+    def seconds(self, r: int, b: int) -> Optional[float]:
+        """Rank r's step at batch b (its ops against its card's peaks, the batch's copy from
+        the host over PCIe); ``None`` when not probed."""
+        ops = self.ops.get((self.cluster.names[r], b))
+        if ops is None:
+            return None
+        costs, host = ops
+        card = self.speed.cards[r]
+        return sum(c.seconds(card) for c in costs) + host / self.speed.link.host_bandwidth
+
+    def fit(self, r: int, batches: Sequence[int]) -> Optional[TimeFit]:
+        return fit_time([(b, t) for b in batches if (t := self.seconds(r, b)) is not None])
+
+    def allreduce(self, grad_bytes: int) -> Callable[[frozenset[int]], float]:
+        from dptune.backends.timing import ddp_allreduce_seconds
+
+        bw = self.speed.link.bandwidth
+        return lambda used: ddp_allreduce_seconds(grad_bytes, len(used), bw)
+
+
+@dataclass(frozen=True)
+class ThroughputPlan:
+    sizes: list[int]
+    step: SplitTime                   # predicted by the fits
+    reasons: tuple[str, ...]          # per rank, why it got its batch
+    notes: tuple[str, ...]
+
+
+def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None], timer: RankTimer,
+                    global_batch: int, max_rounds: int, grad_bytes: int,
+                    cap_of: Callable[[Any, int], int]) -> ThroughputPlan:
+    """Solve, probe, tighten caps until the batches are measured within every budget.
+
+    ``state``: the planner's ``_State`` after its first two rounds; ``run(sizes)`` probes one
+    round; ``cap_of(fit, budget)`` the planner's memory cap of a fit.
+    """
+    n, m = state.n, state.m
+    overhead = timer.allreduce(grad_bytes)
+    sol: Optional[SplitTime] = None
+    while True:
+        caps = _caps(state, cap_of, global_batch)
+        fits = [timer.fit(r, [p.batch_size for p in state.of(r)]) for r in range(n)]
+        if any(f is None for f in fits):
+            raise NoFeasibleSplitError("a rank's step time is unknown (no timed probe); "
+                                       "objective='throughput' needs the simulated cluster",
+                                       shortfall_bytes=None)
+        curves = [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)]  # type: ignore[union-attr]
+        sol = fastest_split(curves, global_batch, overhead=overhead, min_chunk=m, every_card=True)
+        if sol is None:
+            raise NoFeasibleSplitError(
+                f"no per-rank batches of the global batch {global_batch} fit every rank's memory "
+                f"(largest per rank: {caps}); try a smaller global_batch", shortfall_bytes=None)
+        done = [state.measured(r, b) for r, b in enumerate(sol.chunk_sizes)]
+        if all(p is not None and p.fits for p in done) or state.rounds >= max_rounds:
+            break
+        run([None if d is not None else b for d, b in zip(done, sol.chunk_sizes)])
+    sizes = list(sol.chunk_sizes)
+    if not all((p := state.measured(r, b)) is not None and p.fits for r, b in enumerate(sizes)):
+        raise NoFeasibleSplitError(
+            f"the fastest batches {sizes} were not all measured within budget in {state.rounds} "
+            "rounds; try a larger max_rounds or objective='balance'", shortfall_bytes=None)
+    caps = _caps(state, cap_of, global_batch)
+    fits = [timer.fit(r, [p.batch_size for p in state.of(r)]) for r in range(n)]
+    curves = [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)]  # type: ignore[union-attr]
+    return ThroughputPlan(sizes, sol, _reasons(sizes, caps, curves, sol),
+                          _notes(curves, sizes, global_batch, overhead, m, sol))
+
+
+def _caps(state: Any, cap_of: Callable[[Any, int], int], global_batch: int) -> list[int]:
+    """Each rank's largest batch: its memory fit's (through the probes nearest the edge, a
+    secant once a batch was measured over), inside the bracket of the batches measured within
+    budget and over; every second round of a rank over budget, the bracket's middle."""
+    caps = []
+    for r in range(state.n):
+        lo, hi = state.lo(r), state.hi(r)
+        cap = min(global_batch, cap_of(state.fit(r, lo if hi is None else hi), state.budgets[r]))
+        if hi is not None:
+            cap = min(cap, hi - 1)
+            if sum(not p.fits for p in state.of(r)) % 2 == 0:
+                cap = min(cap, (lo + hi) // 2)
+        caps.append(max(cap, lo if lo <= global_batch else 0))
+    return caps
+
+
+def _reasons(sizes: Sequence[int], caps: Sequence[int], curves: Sequence[Sequence[float]],
+             sol: SplitTime) -> tuple[str, ...]:
+    slowest = max(curves[r][b] for r, b in enumerate(sizes))
+    out = []
+    for r, b in enumerate(sizes):
+        t = curves[r][b] * 1e3
+        if b >= caps[r]:
+            why = f"its memory cap (the largest batch that fits, {caps[r]}); its step {t:.2f} ms"
+        elif curves[r][b] >= slowest * (1 - 1e-9):
+            why = f"it sets the step time ({t:.2f} ms)"
+        elif curves[r][b + 1] > slowest:
+            why = (f"one more sample would make it the slowest rank ({t:.2f} ms now, "
+                   f"{slowest * 1e3:.2f} ms the step's slowest)")
+        else:
+            why = (f"the rest of the global batch ({t:.2f} ms): the slowest rank "
+                   f"({slowest * 1e3:.2f} ms) is at its smallest batch")
+        out.append(f"rank {r}: batch {b}: {why}")
+    return tuple(out)
+
+
+def _notes(curves: Sequence[Sequence[float]], sizes: Sequence[int], batch: int,
+           overhead: Callable[[frozenset[int]], float], m: int, sol: SplitTime) -> tuple[str, ...]:
+    n = len(sizes)
+    lines = []
+    even = [batch // n + (1 if r < batch % n else 0) for r in range(n)]
+    if all(b <= len(c) - 1 for b, c in zip(even, curves)):
+        t_even = overhead(frozenset(range(n))) + max(curves[r][b] for r, b in enumerate(even))
+        lines.append(f"speed (estimated): equal batches {even}: {t_even * 1e3:.2f} ms, "
+                     f"{batch / t_even:,.0f} samples/s; this plan {sol.step_seconds * 1e3:.2f} ms, "
+                     f"{sol.samples_per_second:,.0f} samples/s")
+    else:
+        lines.append(f"speed (estimated): this plan {sol.step_seconds * 1e3:.2f} ms, "
+                     f"{sol.samples_per_second:,.0f} samples/s; equal batches {even} do not fit")
+    subset = fastest_split(curves, batch, overhead=overhead, min_chunk=m)
+    if subset is not None and subset.dropped and subset.step_seconds < sol.step_seconds * 0.98:
+        left = ", ".join(str(r) for r in subset.dropped)
+        kept = [b for b in subset.chunk_sizes if b > 0]
+        lines.append(f"faster without rank(s) {left}: a job of {n - len(subset.dropped)} ranks with "
+                     f"batches {kept} takes {subset.step_seconds * 1e3:.2f} ms per step "
+                     f"({subset.samples_per_second:,.0f} samples/s): leave that card out of the job")
+    return tuple(lines)
+
+
+def speed_note(state: Any, timer: RankTimer, sizes: Sequence[int], grad_bytes: int) -> tuple[str, ...]:
+    """A plan of another objective: its estimated speed against equal batches (each rank's
+    time fitted on its probes), and a warning when it is slower."""
+    n = len(sizes)
+    fits = [timer.fit(r, [p.batch_size for p in state.of(r)]) for r in range(n)]
+    if any(f is None for f in fits):
+        return ()
+    overhead = timer.allreduce(grad_bytes)(frozenset(range(n)))
+    batch = sum(sizes)
+    t_plan = overhead + max(f.predict(b) for f, b in zip(fits, sizes))  # type: ignore[union-attr]
+    even = [batch // n + (1 if r < batch % n else 0) for r in range(n)]
+    t_even = overhead + max(f.predict(b) for f, b in zip(fits, even))  # type: ignore[union-attr]
+    line = (f"speed (estimated): this plan {t_plan * 1e3:.2f} ms per step, {batch / t_plan:,.0f} "
+            f"samples/s; equal batches {even}: {t_even * 1e3:.2f} ms, {batch / t_even:,.0f} samples/s"
+            " (whether they fit was not checked)")
+    if t_plan > t_even * 1.01:
+        line += ("; this plan is slower per sample: its fullest rank sets the step time "
+                 "(objective='throughput' gives the fastest batches that fit)")
+    return (line,)

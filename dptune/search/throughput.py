@@ -1,0 +1,276 @@
+"""The fastest split that fits: time fits from the probes, the solver, certified probes.
+
+After the memory search at the batch (``balance``: its probes give each card's memory fit
+and, with timed probes, each card's time at several chunks), :func:`fastest` fits each
+card's step time (affine in its chunk, :func:`dptune.throughput.fit_time`), the output
+card's serial work (affine in the batch) and the copies between cards, caps each card's
+chunk by memory (its fit, and any chunk measured over budget), solves for the split with
+the shortest step (:func:`dptune.throughput.fastest_split`, dropping cards where that is
+faster), and probes it. A split over budget tightens that card's cap and the solver runs
+again. Only splits a probe measured within every budget are returned, as for the other
+objectives; among them the one with the shortest step time.
+
+:func:`figures` gives every report its time line: for the even split, the memory-balanced
+split and the fastest split, the batch, step time, samples per second and whether the time
+was measured or estimated (or predicted from the fits, for a split not probed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from dptune.backends.base import ProbeResult
+from dptune.solver import Fit
+from dptune.split import even_split
+from dptune.throughput import StepModel, TimeFit, fit_time
+
+__all__ = ["SpeedFigure", "ThroughputOutcome", "fastest", "step_model", "figures",
+           "speed_notes", "advice", "memory_caps"]
+
+
+@dataclass(frozen=True)
+class SpeedFigure:
+    """One split's speed: ``label`` (even, memory-balanced, fastest), its time and source."""
+
+    label: str
+    chunk_sizes: tuple[int, ...]
+    step_seconds: Optional[float]
+    source: str                 # "measured", "estimated", or "predicted from fits"
+    fits: bool                  # measured within every budget
+
+    @property
+    def batch_size(self) -> int:
+        return sum(self.chunk_sizes)
+
+    @property
+    def samples_per_second(self) -> Optional[float]:
+        if self.step_seconds is None or self.step_seconds <= 0:
+            return None
+        return self.batch_size / self.step_seconds
+
+    def describe(self) -> str:
+        split = "/".join(str(c) for c in self.chunk_sizes)
+        if self.step_seconds is None:
+            return f"{self.label}: batch {self.batch_size} [{split}], time unknown"
+        fit = "" if self.fits else ", over budget"
+        return (f"{self.label}: batch {self.batch_size} [{split}], step {self.step_seconds * 1e3:.2f} ms, "
+                f"{self.samples_per_second:,.0f} samples/s ({self.source}{fit})")
+
+    def to_dict(self) -> dict:
+        return dict(label=self.label, chunk_sizes=list(self.chunk_sizes),
+                    step_seconds=self.step_seconds, samples_per_second=self.samples_per_second,
+                    source=self.source, fits=self.fits)
+
+
+@dataclass(frozen=True)
+class ThroughputOutcome:
+    best: ProbeResult
+    figures: tuple[SpeedFigure, ...]
+    model: Optional[StepModel]
+    probes: tuple[ProbeResult, ...]       # every probe: the memory search's, then these
+    notes: tuple[str, ...]
+    advice: tuple[str, ...]
+
+
+def _within(r: ProbeResult, budgets: Sequence[int]) -> bool:
+    return r.feasible and all(p <= b for i, (p, b, c) in enumerate(
+        zip(r.peak_bytes, budgets, r.chunk_sizes)) if i == 0 or c > 0)
+
+
+def step_model(probes: Sequence[ProbeResult], n: int) -> Optional[StepModel]:
+    """The step-time model fitted on the timed probes (``None`` when none is timed)."""
+    timed = [(r, r.time) for r in probes if r.time is not None and len(r.time.card_seconds) == n]
+    if not timed:
+        return None
+    cards: list[Optional[TimeFit]] = []
+    for i in range(n):
+        cards.append(fit_time([(r.chunk_sizes[i], t.card_seconds[i]) for r, t in timed]))
+    known = [f for f in cards if f is not None]
+    if not known:
+        return None
+    # a card never given samples: the slowest known card's time (a guess, said in the notes)
+    slowest = max(known, key=lambda f: f.predict(64))
+    serial = fit_time([(r.batch_size, t.serial_seconds - t.gather_seconds) for r, t in timed]) \
+        or TimeFit(0.0, 0.0)
+    others = sum(sum(r.chunk_sizes[1:]) for r, _ in timed)
+    gather = sum(t.gather_seconds for _, t in timed) / others if others else 0.0
+    spread = [t.transfer_seconds for r, t in timed if any(c > 0 for c in r.chunk_sizes[1:])]
+    comm = sum(spread) / len(spread) if spread else 0.0
+    return StepModel(cards=tuple(f if f is not None else slowest for f in cards), serial=serial,
+                     overhead=lambda used: comm if used - {0} else 0.0, gather_per_sample=gather)
+
+
+def _solo(r: ProbeResult) -> Optional[int]:
+    """The card a probe gave samples to, when it gave them to one card only."""
+    busy = [i for i, c in enumerate(r.chunk_sizes) if c > 0]
+    return busy[0] if len(busy) == 1 else None
+
+
+def whole_step_model(probes: Sequence[ProbeResult], n: int) -> Optional[StepModel]:
+    """Fits from measured whole-step times (real cards, no per-card times): card i's time is
+    the step's with only card i given samples, which includes the copies and card 0's work;
+    a split's step is then modelled as its slowest card's. ``None`` without two chunks per card."""
+    cards = []
+    for i in range(n):
+        pts = [(r.chunk_sizes[i], r.time.step_seconds) for r in probes
+               if r.time is not None and r.feasible and _solo(r) == i]
+        f = fit_time(pts)
+        if f is None or len({c for c, _ in pts}) < 2:
+            return None
+        cards.append(f)
+    return StepModel(cards=tuple(cards))
+
+
+def _solo_pos(split: Sequence[int]) -> int:
+    return next(i for i, c in enumerate(split) if c > 0)
+
+
+def _solo_splits(batch: int, n: int, caps: Sequence[int], m: int) -> list[tuple[int, ...]]:
+    """Two chunks per card, each probed with that card alone: the timed probes the fits of
+    whole-step times need."""
+    out = []
+    for i in range(n):
+        hi = max(m, min(caps[i], -(-batch // n)))
+        for c in sorted({hi, max(m, hi // 2)}):
+            split = [0] * n
+            split[i] = c
+            out.append(tuple(split))
+    return out
+
+
+def memory_caps(fits: Sequence[Fit], budgets: Sequence[int], batch: int,
+                probes: Sequence[ProbeResult]) -> list[int]:
+    """Each card's largest chunk at ``batch``: its memory fit's, below any chunk measured over
+    budget there, and never below a chunk measured within budget."""
+    caps = []
+    for i, (fit, budget) in enumerate(zip(fits, budgets)):
+        slope = max(fit.slope_bytes, 1.0)
+        room = budget - fit.intercept_bytes - fit.batch_slope_bytes * batch
+        cap = max(0, min(batch, int(room // slope)))
+        for r in probes:
+            c = r.chunk_sizes[i]
+            same = i > 0 or r.batch_size == batch
+            if not same:
+                continue
+            over = r.oom_device == i or (r.peak_bytes[i] > budget and (r.feasible or r.oom_device == i))
+            if over and c > 0:
+                cap = min(cap, c - 1)
+            elif _within(r, budgets):
+                cap = max(cap, c)
+        caps.append(cap)
+    return caps
+
+
+def _time(r: ProbeResult) -> Optional[float]:
+    return None if r.time is None else r.time.step_seconds
+
+
+def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], batch: int,
+            probes: Sequence[ProbeResult], fits: Sequence[Fit], balanced: ProbeResult, *,
+            min_chunk: int = 1, max_probes: int = 6) -> ThroughputOutcome:
+    """The fastest split of ``batch`` measured within every budget (see the module docstring).
+
+    ``probes``: the memory search's; ``fits``: its memory fits; ``balanced``: its answer.
+    At most ``max_probes`` more probes are run.
+    """
+    n = len(budgets)
+    known = list(probes)
+    by_split = {tuple(r.chunk_sizes): r for r in known}
+    notes: list[str] = []
+    run = 0
+
+    def timed(split: Sequence[int], purpose: str) -> ProbeResult:
+        nonlocal run
+        run += 1
+        r = dataclasses.replace(probe(list(split)), purpose=purpose)
+        known.append(r)
+        by_split[tuple(r.chunk_sizes)] = r
+        return r
+
+    even = tuple(even_split(batch, n))
+    if even not in by_split and run < max_probes:
+        timed(even, "throughput: the even split's time")
+    model = step_model(known, n)
+    whole = model is None and any(r.time is not None for r in known)
+    if whole:            # real cards: each card timed alone, two chunks each (2n probes)
+        caps = memory_caps(fits, budgets, batch, known)
+        for split in _solo_splits(batch, n, caps, min_chunk):
+            if split not in by_split:
+                timed(split, f"throughput: card {_solo_pos(split)} timed alone")
+        model = whole_step_model(known, n)
+        max_probes += run
+    while model is not None and run < max_probes:
+        caps = memory_caps(fits, budgets, batch, known)
+        sol = model.fastest(caps, batch, min_chunk)
+        if sol is None or sol.chunk_sizes in by_split:
+            break
+        timed(sol.chunk_sizes, f"throughput: fastest predicted ({sol.step_seconds * 1e3:.2f} ms)")
+        model = whole_step_model(known, n) if whole else step_model(known, n)
+    ok = [r for r in known if r.batch_size == batch and _within(r, budgets) and r.time is not None]
+    best = min(ok, key=lambda r: (_time(r), tuple(r.chunk_sizes))) if ok else balanced
+    if model is None and not ok:
+        notes.append("no probe carries a step time (the backend does not time steps): the "
+                     "memory-balanced split is returned")
+    elif model is None:
+        notes.append("the probes measured the whole step's time, not each card's, and the "
+                     "cards timed alone gave no fits: the fastest split measured within every "
+                     "budget is returned")
+    elif whole:
+        notes.append("time fits from the measured steps of each card alone (two chunks per "
+                     "card; they include the copies and card 0's work): a split's step is "
+                     "modelled as its slowest card's")
+    figs = figures(known, budgets, batch, balanced, best, model)
+    return ThroughputOutcome(best=best, figures=figs, model=model, probes=tuple(known),
+                             notes=tuple(notes) + speed_notes(figs, best, fastest=True),
+                             advice=tuple(advice(figs)))
+
+
+def _figure(label: str, split: tuple[int, ...], by_split: dict, budgets: Sequence[int],
+            model: Optional[StepModel]) -> SpeedFigure:
+    r = by_split.get(split)
+    if r is not None and r.time is not None:
+        return SpeedFigure(label, split, r.time.step_seconds, r.time.source.value, _within(r, budgets))
+    t = model.seconds(split) if model is not None else None
+    return SpeedFigure(label, split, t, "predicted from fits" if t is not None else "unknown",
+                       r is not None and _within(r, budgets))
+
+
+def figures(probes: Sequence[ProbeResult], budgets: Sequence[int], batch: int,
+            balanced: ProbeResult, fastest_probe: Optional[ProbeResult] = None,
+            model: Optional[StepModel] = None) -> tuple[SpeedFigure, ...]:
+    """The even, memory-balanced and (when given) fastest splits' speed figures."""
+    by_split = {tuple(r.chunk_sizes): r for r in probes}
+    n = len(budgets)
+    if model is None:
+        model = step_model(probes, n)
+    out = [_figure("even", tuple(even_split(batch, n)), by_split, budgets, model),
+           _figure("memory-balanced", tuple(balanced.chunk_sizes), by_split, budgets, model)]
+    if fastest_probe is not None:
+        out.append(_figure("fastest", tuple(fastest_probe.chunk_sizes), by_split, budgets, model))
+    return tuple(out)
+
+
+def speed_notes(figs: Sequence[SpeedFigure], best: ProbeResult, fastest: bool = False
+                ) -> tuple[str, ...]:
+    """The speed line of a report; for the fastest split, why cards were left out."""
+    lines = ["speed: " + "; ".join(f.describe() for f in figs)]
+    dropped = [i for i, c in enumerate(best.chunk_sizes) if c == 0]
+    if fastest and dropped and len(best.chunk_sizes) > 1:
+        lines.append(f"card(s) {', '.join(map(str, dropped))} get no samples: the step is faster "
+                     "without them (their time, or the copies to them, cost more than they add)")
+    return tuple(lines)
+
+
+def advice(figs: Sequence[SpeedFigure]) -> list[str]:
+    """A warning when the split returned is slower per sample than the even split."""
+    chosen, even = figs[-1], figs[0]
+    if chosen.samples_per_second is None or even.samples_per_second is None or not even.fits:
+        return []
+    if chosen.samples_per_second < even.samples_per_second * 0.99:
+        return [f"the {chosen.label} split is slower per sample than the even split "
+                f"({chosen.samples_per_second:,.0f} against {even.samples_per_second:,.0f} "
+                f"samples/s, {chosen.source}): its fullest card sets the step time; "
+                "use --objective throughput for the fastest split that fits"]
+    return []

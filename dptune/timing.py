@@ -1,0 +1,296 @@
+"""How fast each card is: the speed table, the link between cards, and what a step's time is.
+
+This module imports nothing heavy (no torch): the cluster spec parser checks the speed
+options through it (``tflops=``, ``bandwidth=``, ``link=``) and the throughput solver reads
+its types. The time of a simulated step is estimated in :mod:`dptune.backends.timing` from
+the step's own operations against these figures; a real card's time is measured.
+
+Every figure says what it is: :class:`TimeSource` ``measured`` (CUDA events on a real card)
+or ``estimated`` (the simulator's roofline: FLOPs against the card's peak for the dtype,
+bytes against its memory bandwidth, plus a fixed cost per kernel).
+
+The card table gives dense peaks (no 2:4 sparsity) from the vendors' datasheets and
+architecture whitepapers, per card:
+
+- ``fp32``: CUDA-core FP32 (what a float32 matmul runs at: PyTorch leaves TF32 off for
+  matmuls by default, ``torch.backends.cuda.matmul.allow_tf32``);
+- ``tf32``: TF32 tensor cores (float32 convolutions: cuDNN's TF32 is on by default);
+- ``fp16``/``bf16``: half-precision tensor cores with FP32 accumulation (what PyTorch uses);
+  a card without BF16 tensor cores runs bfloat16 at its FP32 rate;
+- ``bandwidth``: memory bandwidth in bytes per second; ``pcie``: the PCIe generation of the
+  card's host link; ``nvlink``: NVLink bandwidth per direction (0: none).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+__all__ = ["TimeSource", "StepTime", "CardSpeed", "CARD_SPEEDS", "ASSUMED_SPEED", "LINKS",
+           "Link", "ClusterSpeed", "LAUNCH_SECONDS", "SPEED_OPTIONS", "check_speed_option", "cluster_speeds",
+           "cluster_link", "parse_rate"]
+
+TFLOPS = 1e12
+GBPS = 1e9
+#: Fixed cost of one kernel (launch and PyTorch's own dispatch), an estimate: the reason a
+#: small chunk is inefficient. Eager PyTorch spends a few microseconds per op on the host.
+LAUNCH_SECONDS = 5e-6
+
+
+class TimeSource(str, enum.Enum):
+    """Where a time comes from."""
+
+    MEASURED = "measured"       # CUDA events on a real card, median of timed steps
+    ESTIMATED = "estimated"     # the simulator's roofline model (unvalidated unless stated)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The time of one training step, per card and in all (seconds).
+
+    ``card_seconds[i]``: card i's own work for its chunk (its replica's forward and backward,
+    or a DDP rank's whole step), 0.0 for a card with no samples; ``serial_seconds``: what runs
+    on the output card alone, outside the replicas (loss, gradient clipping, the optimizer's
+    step, DataParallel's gather); ``transfer_seconds``: the copies between cards that the
+    step waits for (DataParallel's broadcast of the weights and reduction of the gradients,
+    DDP's all-reduce). ``step_seconds``: the whole step as it runs. ``gather_seconds`` (part
+    of ``serial_seconds``): DataParallel's copies of the other cards' outputs onto the output
+    card and of their gradients back, which grow with the samples on those cards.
+    """
+
+    card_seconds: tuple[float, ...]
+    step_seconds: float
+    source: TimeSource
+    serial_seconds: float = 0.0
+    transfer_seconds: float = 0.0
+    gather_seconds: float = 0.0
+    flops: tuple[int, ...] = ()          # per card (estimated steps only)
+    bytes_moved: tuple[int, ...] = ()    # per card, memory traffic (estimated steps only)
+
+    def samples_per_second(self, batch: int) -> float:
+        return batch / self.step_seconds if self.step_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"card_seconds": list(self.card_seconds), "step_seconds": self.step_seconds,
+                "source": self.source.value, "serial_seconds": self.serial_seconds,
+                "transfer_seconds": self.transfer_seconds, "gather_seconds": self.gather_seconds,
+                "flops": list(self.flops),
+                "bytes_moved": list(self.bytes_moved)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "StepTime":
+        return cls(card_seconds=tuple(float(x) for x in d["card_seconds"]),
+                   step_seconds=float(d["step_seconds"]), source=TimeSource(d["source"]),
+                   serial_seconds=float(d.get("serial_seconds", 0.0)),
+                   transfer_seconds=float(d.get("transfer_seconds", 0.0)),
+                   gather_seconds=float(d.get("gather_seconds", 0.0)),
+                   flops=tuple(int(x) for x in d.get("flops", ())),
+                   bytes_moved=tuple(int(x) for x in d.get("bytes_moved", ())))
+
+
+@dataclass(frozen=True)
+class CardSpeed:
+    """One card's peaks (FLOP/s per dtype class, bytes/s) and its links."""
+
+    fp32: float
+    tf32: float
+    fp16: float
+    bf16: float
+    bandwidth: float
+    pcie: int = 4
+    nvlink: float = 0.0
+    source: str = ""
+    assumed: bool = False        # not from the table: a card given by size only
+
+    def peak(self, kind: str) -> float:
+        """FLOP/s for ``kind`` (``fp32``, ``tf32``, ``fp16``, ``bf16``; else fp32)."""
+        return float(getattr(self, kind, self.fp32)) if kind in ("fp32", "tf32", "fp16", "bf16") \
+            else self.fp32
+
+
+def _card(fp32: float, tf32: float, fp16: float, bf16: Optional[float], bw_gbs: float, pcie: int,
+          nvlink_gbs: float, source: str) -> CardSpeed:
+    return CardSpeed(fp32=fp32 * TFLOPS, tf32=tf32 * TFLOPS, fp16=fp16 * TFLOPS,
+                     bf16=(bf16 if bf16 is not None else fp32) * TFLOPS, bandwidth=bw_gbs * GBPS,
+                     pcie=pcie, nvlink=nvlink_gbs * GBPS, source=source)
+
+
+# Dense peaks (TFLOPS: fp32, tf32, fp16, bf16), memory GB/s, PCIe generation, NVLink GB/s per
+# direction. Names as in dptune.backends.cluster.CARD_TYPES.
+CARD_SPEEDS: dict[str, CardSpeed] = {
+    # NVIDIA Tesla V100 datasheet (SXM2): 15.7 FP32, 125 tensor (FP16); 900 GB/s; NVLink 300 GB/s
+    # total (150 per direction); no TF32/BF16 tensor cores.
+    "V100-16GB": _card(15.7, 15.7, 125, None, 900, 3, 150, "V100 SXM2 datasheet"),
+    "V100-32GB": _card(15.7, 15.7, 125, None, 900, 3, 150, "V100 SXM2 datasheet"),
+    # NVIDIA T4 datasheet: 8.1 FP32, 65 FP16 mixed precision; 320 GB/s.
+    "T4": _card(8.1, 8.1, 65, None, 320, 3, 0, "T4 datasheet"),
+    # NVIDIA A10 datasheet: 31.2 FP32, 62.5 TF32, 125 BF16/FP16 (dense); 600 GB/s.
+    "A10": _card(31.2, 62.5, 125, 125, 600, 4, 0, "A10 datasheet"),
+    # NVIDIA A30 datasheet: 10.3 FP32, 82 TF32, 165 BF16/FP16 (dense); 933 GB/s; NVLink 200 GB/s.
+    "A30": _card(10.3, 82, 165, 165, 933, 4, 100, "A30 datasheet"),
+    # NVIDIA A100 datasheet (SXM): 19.5 FP32, 156 TF32, 312 BF16/FP16 (dense); 1,555 GB/s (40GB),
+    # 2,039 GB/s (80GB); NVLink 600 GB/s total (300 per direction).
+    "A100-40GB": _card(19.5, 156, 312, 312, 1555, 4, 300, "A100 SXM datasheet"),
+    "A100-80GB": _card(19.5, 156, 312, 312, 2039, 4, 300, "A100 SXM datasheet"),
+    # NVIDIA L4 datasheet: 30.3 FP32, 60 TF32, 121 BF16/FP16 (dense; 120/242 with sparsity); 300 GB/s.
+    "L4": _card(30.3, 60, 121, 121, 300, 4, 0, "L4 datasheet"),
+    # NVIDIA L40S datasheet: 91.6 FP32, 183 TF32, 362 BF16/FP16 (dense); 864 GB/s.
+    "L40S": _card(91.6, 183, 362, 362, 864, 4, 0, "L40S datasheet"),
+    # NVIDIA Ampere GA102 whitepaper, RTX 3090: 35.6 FP32, 35.6 TF32, 71 FP16/BF16 with FP32
+    # accumulate (dense); 936 GB/s.
+    "RTX3090": _card(35.6, 35.6, 71, 71, 936, 4, 0, "GA102 whitepaper"),
+    # NVIDIA Ada Lovelace whitepaper, RTX 4090: 82.6 FP32, 82.6 TF32, 165.2 FP16/BF16 with
+    # FP32 accumulate (dense); 1,008 GB/s.
+    "RTX4090": _card(82.6, 82.6, 165.2, 165.2, 1008, 4, 0, "Ada whitepaper"),
+    # NVIDIA RTX A6000 datasheet: 38.7 FP32, 309.7 tensor TFLOPS with sparsity (154.8 dense
+    # FP16/BF16, 77.4 dense TF32); 768 GB/s; NVLink bridge 112.5 GB/s total.
+    "A6000": _card(38.7, 77.4, 154.8, 154.8, 768, 4, 56, "RTX A6000 datasheet"),
+    # NVIDIA Turing whitepaper, RTX 2080 Ti (reference): 13.4 FP32, 53.8 FP16 tensor with
+    # FP32 accumulate; 616 GB/s; no TF32/BF16 tensor cores.
+    "RTX2080Ti": _card(13.4, 13.4, 53.8, None, 616, 3, 0, "Turing whitepaper"),
+    # NVIDIA H100 datasheet (SXM): 67 FP32, 494.7 TF32, 989.4 BF16/FP16 (dense); 3.35 TB/s;
+    # NVLink 900 GB/s total (450 per direction).
+    "H100-80GB": _card(67, 494.7, 989.4, 989.4, 3350, 5, 450, "H100 SXM datasheet"),
+    # NVIDIA H200 datasheet (SXM): compute as H100 SXM; 4.8 TB/s; NVLink 900 GB/s total.
+    "H200": _card(67, 494.7, 989.4, 989.4, 4800, 5, 450, "H200 SXM datasheet"),
+}
+#: A card given by its size only ('24GB'): assumed, the same for every such card (so the
+#: estimate compares splits but not cards); set the real figures with tflops= and bandwidth=.
+ASSUMED_SPEED = CardSpeed(fp32=20 * TFLOPS, tf32=80 * TFLOPS, fp16=160 * TFLOPS, bf16=160 * TFLOPS,
+                          bandwidth=1000 * GBPS, pcie=4, source="assumed (card given by size)",
+                          assumed=True)
+
+
+@dataclass(frozen=True)
+class Link:
+    """The link DataParallel's copies and DDP's all-reduce use (bytes/s, effective)."""
+
+    name: str
+    bandwidth: float
+    host_bandwidth: float         # host -> card (the batch's scatter): PCIe
+    source: str = ""
+
+
+# Effective PCIe x16 throughput, one direction: about 80% of the 15.75 / 31.5 / 63 GB/s raw
+# rate of gen 3 / 4 / 5 (PCI-SIG base specifications; the rest is protocol overhead).
+LINKS: dict[str, float] = {"pcie3": 12 * GBPS, "pcie4": 25 * GBPS, "pcie5": 50 * GBPS}
+NVLINK_EFFICIENCY = 0.8          # of the per-direction NVLink peak, as NCCL's bus bandwidth reaches
+
+SPEED_OPTIONS = ("tflops", "bandwidth", "link")
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)[bB]?(?:/s|ps)?\s*$")
+_RATE_UNITS = {"": GBPS, "k": 1e3, "m": 1e6, "g": GBPS, "t": 1e12}
+
+
+def parse_rate(text: str) -> float:
+    """``'900GB/s'``, ``'2TB/s'`` or ``'900'`` (GB/s) -> bytes per second (decimal units)."""
+    m = _RATE.match(text)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"not a bandwidth: {text!r}; use e.g. 900GB/s or 2TB/s")
+    return float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
+
+
+def _per_card(value: str) -> tuple[Optional[int], str]:
+    card, colon, rest = value.partition(":")
+    if not colon:
+        return None, value
+    return int(card), rest
+
+
+def check_speed_option(key: str, value: str) -> None:
+    """Check one speed option of a cluster spec (raises ``ValueError`` with what is wrong).
+
+    ``tflops=150`` or ``tflops=1:150``: the peak of every card (or card 1) for every dtype;
+    ``bandwidth=900GB/s`` or ``bandwidth=0:2TB/s``: memory bandwidth; ``link=pcie3|pcie4|pcie5|
+    nvlink|25GB/s``: the link between cards (default: the slowest card's PCIe).
+    """
+    if key == "link":
+        if value.strip().lower() not in (*LINKS, "nvlink"):
+            parse_rate(value)
+        return
+    card, rest = _per_card(value)
+    if card is not None and card < 0:
+        raise ValueError(f"card index must be >= 0, got {card}")
+    if key == "tflops":
+        try:
+            x = float(rest)
+        except ValueError:
+            raise ValueError(f"not a number of TFLOPS: {rest!r}") from None
+        if x <= 0:
+            raise ValueError("tflops must be > 0")
+    elif key == "bandwidth":
+        parse_rate(rest)
+    else:
+        raise ValueError(f"unknown speed option {key!r}")
+
+
+def _options(spec: str) -> list[tuple[str, str]]:
+    out = []
+    for item in spec.split(","):
+        key, eq, value = item.partition("=")
+        if eq and key.strip().lower() in SPEED_OPTIONS:
+            out.append((key.strip().lower(), value.strip()))
+    return out
+
+
+def cluster_speeds(names: Sequence[str], spec: str = "") -> list[CardSpeed]:
+    """Each card's speed: the table's (or :data:`ASSUMED_SPEED`), with the spec's
+    ``tflops=``/``bandwidth=`` overrides (raises ``ValueError`` for a card out of range)."""
+    speeds = [CARD_SPEEDS.get(n, ASSUMED_SPEED) for n in names]
+    for key, value in _options(spec):
+        if key == "link":
+            continue
+        card, rest = _per_card(value)
+        if card is not None and card >= len(names):
+            raise ValueError(f"{key}={value} names card {card}, but the cluster has cards "
+                             f"0..{len(names) - 1}")
+        for i in range(len(names)) if card is None else [card]:
+            s = speeds[i]
+            if key == "tflops":
+                f = float(rest) * TFLOPS
+                s = CardSpeed(f, f, f, f, s.bandwidth, s.pcie, s.nvlink,
+                              source=f"tflops={rest} (spec)", assumed=False)
+            else:
+                s = CardSpeed(s.fp32, s.tf32, s.fp16, s.bf16, parse_rate(rest), s.pcie, s.nvlink,
+                              source=(s.source + "; " if not s.assumed else "") + f"bandwidth={rest} (spec)",
+                              assumed=s.assumed)
+            speeds[i] = s
+    return speeds
+
+
+def cluster_link(speeds: Sequence[CardSpeed], spec: str = "") -> Link:
+    """The link between the cards: the spec's ``link=``, else the slowest card's PCIe."""
+    host = min(LINKS[f"pcie{min(max(s.pcie, 3), 5)}"] for s in speeds)
+    given = [v for k, v in _options(spec) if k == "link"]
+    if not given:
+        gen = min(min(max(s.pcie, 3), 5) for s in speeds)
+        return Link(f"pcie{gen}", LINKS[f"pcie{gen}"], host, "default: the slowest card's PCIe")
+    value = given[-1].lower()
+    if value in LINKS:
+        return Link(value, LINKS[value], host, "link= (spec)")
+    if value == "nvlink":
+        nv = min(s.nvlink for s in speeds)
+        if nv <= 0:
+            raise ValueError("link=nvlink, but some card has no NVLink in the table; give its "
+                             "rate instead, e.g. link=100GB/s")
+        return Link("nvlink", nv * NVLINK_EFFICIENCY, host, "NVLink per direction x 0.8")
+    return Link(value, parse_rate(value), host, "link= (spec)")
+
+
+@dataclass(frozen=True)
+class ClusterSpeed:
+    """The speeds of a cluster's cards and their link, as the time estimate uses them."""
+
+    cards: tuple[CardSpeed, ...]
+    link: Link
+    notes: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def of(cls, names: Sequence[str], spec: str = "") -> "ClusterSpeed":
+        cards = cluster_speeds(names, spec)
+        notes = []
+        if any(c.assumed for c in cards):
+            notes.append("card speed assumed for cards given by size (set tflops= and bandwidth= "
+                         "in the spec): the estimate compares splits, not cards")
+        return cls(tuple(cards), cluster_link(cards, spec), tuple(notes))
