@@ -123,6 +123,8 @@ def test_fsdp_arguments_are_checked():
     with pytest.raises(UsageError, match="inside it"):
         ddp.plan(mlp, seqs, global_batch=8, simulate=SPEC, strategy="fsdp",
                  shard=lambda m, mesh: m, reshard_after_forward=False)
+    with pytest.raises(UsageError, match="not available with strategy='fsdp'"):
+        ddp.plan(mlp, seqs, global_batch=8, simulate=SPEC, strategy="fsdp", objective="throughput")
     with pytest.raises(UsageError, match="MixedPrecisionPolicy"):
         ddp.plan(mlp, seqs, global_batch=8, simulate=SPEC, strategy="fsdp", mp_policy="bf16")
 
