@@ -41,7 +41,8 @@ __all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "fu
            "function_mode_stack", "new_shape_env", "no_dispatch_modes", "sparse_parts", "upper_bound",
            "replica_module", "safe_softmax", "scatter_chunks", "sdp_priority_order", "sdpa_cudnn",
            "sdpa_efficient", "sdpa_flash", "include_dispatch_key", "exclude_dispatch_key",
-           "PythonKernels", "amp_as_if_cuda"]
+           "PythonKernels", "amp_as_if_cuda", "fake_process_group_store", "register_fake_backend",
+           "storage_resize_hook"]
 
 
 def scatter_chunks(tensor: Any, device_ids: list, chunk_sizes: list, dim: int) -> tuple:
@@ -318,3 +319,57 @@ def sparse_parts(t: Any) -> list:
         return [t._indices(), t._values()]
     except (RuntimeError, NotImplementedError):
         return []
+
+
+# ---- FSDP2 on the simulated cluster (dptune.backends.simulated.fsdp) ----------------------
+# - ``torch.testing._internal.distributed.fake_pg``: importing it registers torch's "fake"
+#   process-group backend (collectives that do nothing), and ``FakeStore`` initialises a
+#   default group of any world size in one process; torch's own FSDP memory tools and
+#   torchtitan's estimator use the same. There is no public fake backend.
+# - ``torch.distributed._tools.fake_collectives``: fake (meta) kernels for the c10d
+#   collectives, so FSDP2's all-gathers and reduce-scatters run on fake tensors.
+# - ``torch.UntypedStorage.resize_`` is wrapped while a simulation runs: FSDP2 frees and
+#   re-allocates its unsharded parameters by resizing their storages, which no dispatch mode
+#   sees (torch's ``MemTracker`` wraps it the same way).
+
+def fake_process_group_store() -> Any:
+    """A ``FakeStore`` for ``init_process_group("fake", store=...)`` (registers the backend)."""
+    import torch.distributed._tools.fake_collectives  # noqa: F401  (fake kernels of c10d ops)
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    return FakeStore()
+
+
+def register_fake_backend() -> None:
+    """Register the "fake" process-group backend and the collectives' fake kernels."""
+    import torch.distributed._tools.fake_collectives  # noqa: F401
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401
+
+
+class storage_resize_hook:
+    """While entered, ``callback(storage, old_nbytes)`` runs after every
+    ``UntypedStorage.resize_`` (FSDP2's ``alloc_storage`` / ``free_storage``)."""
+
+    def __init__(self, callback: Any):
+        self.callback = callback
+        self._orig: Any = None
+
+    def __enter__(self) -> "storage_resize_hook":
+        import torch
+
+        orig = self._orig = torch.UntypedStorage.resize_
+        callback = self.callback
+
+        def resize_(st: Any, size: int) -> Any:
+            old = st.nbytes()
+            out = orig(st, size)
+            callback(st, old)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        torch.UntypedStorage.resize_ = self._orig  # type: ignore[method-assign]

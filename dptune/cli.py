@@ -351,19 +351,35 @@ def _search_command(args: argparse.Namespace) -> int:
 
 def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
              simulate: str = "4x24GB", objective: str = "balance", headroom_bytes: int = 2**30,
-             bucket_cap_mb: Optional[float] = None, gradient_as_bucket_view: bool = False) -> Any:
+             bucket_cap_mb: Optional[float] = None, gradient_as_bucket_view: bool = False,
+             strategy: str = "ddp", reshard_after_forward: bool = True,
+             mp_param_dtype: Optional[str] = None) -> Any:
     """``dptune plan`` without the printing: per-rank DDP batch sizes on a simulated cluster
-    (one rank per card) for the step ``spec`` describes; returns the :class:`dptune.ddp.DDPPlan`."""
+    (one rank per card) for the step ``spec`` describes; returns the :class:`dptune.ddp.DDPPlan`.
+    ``strategy="fsdp"``: FSDP2 with the default sharding, ``mp_param_dtype`` ("bf16",
+    "fp16") the ``MixedPrecisionPolicy``'s parameter dtype (gradients reduced in fp32)."""
     from dptune.backends.cluster import parse_cluster
     from dptune.ddp import plan
 
     cluster = parse_cluster(simulate)   # a bad spec is a usage error before the user's code runs
+    fsdp: dict[str, Any] = {}
+    if strategy == "fsdp":
+        from dptune.ddp.fsdp import mixed_precision
+
+        if bucket_cap_mb is not None or gradient_as_bucket_view:
+            raise UsageError("--bucket-cap-mb and --gradient-as-bucket-view are DDP's; leave them "
+                             "out with --strategy fsdp")
+        fsdp = dict(strategy="fsdp", reshard_after_forward=reshard_after_forward,
+                    mp_policy=mixed_precision(mp_param_dtype))
+    elif not reshard_after_forward or mp_param_dtype is not None:
+        raise UsageError("--no-reshard-after-forward and --mp-param-dtype are FSDP's: add "
+                         "--strategy fsdp")
     wl = spec.build()
     return plan(wl.model, wl.sample, wl.loss_fn, wl.optimizer, global_batch=global_batch,
                 objective=objective, simulate=cluster, headroom=headroom_bytes,
                 bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
                 amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
-                step=wl.step)
+                step=wl.step, **fsdp)
 
 
 def plan_parser(subparsers: Any) -> None:
@@ -387,6 +403,14 @@ def plan_parser(subparsers: Any) -> None:
                    help="DDP's bucket_cap_mb (default: torch's, 25)")
     c.add_argument("--gradient-as-bucket-view", action="store_true",
                    help="DDP's gradient_as_bucket_view=True (no second copy of the gradients)")
+    f = p.add_argument_group("FSDP2 (--strategy fsdp)")
+    f.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp",
+                   help="ddp (default), or fsdp: the model sharded with FSDP2's fully_shard, "
+                        "each ModuleList block then the root")
+    f.add_argument("--no-reshard-after-forward", action="store_true",
+                   help="fully_shard(..., reshard_after_forward=False)")
+    f.add_argument("--mp-param-dtype", choices=("bf16", "fp16"), default=None,
+                   help="MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32)")
     t = p.add_argument_group("plan and output")
     _objective_argument(t, "balance: the same share of memory on every card at --batch-size "
                            "(default); max-batch: the largest global batch; throughput: per-rank "
@@ -421,13 +445,15 @@ def _plan_command(args: argparse.Namespace) -> int:
         result = ddp_plan(
             workload_spec(args), global_batch=args.batch_size, simulate=simulate,
             objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
-            bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view)
+            bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
+            strategy=args.strategy, reshard_after_forward=not args.no_reshard_after_forward,
+            mp_param_dtype=args.mp_param_dtype)
         if args.out:
             target = args.out
         else:
             slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", result.cluster).strip("_") or "cluster"
             name = re.sub(r"[^A-Za-z0-9.+-]+", "_", result.model_name).strip("_") or "model"
-            target = str(pathlib.Path("reports") / f"ddp-{name}-{slug}")
+            target = str(pathlib.Path("reports") / f"{args.strategy}-{name}-{slug}")
             check_plan_out(target, "the default folder")   # a plan or nothing there too
         written = result.save(target)
     if args.json:

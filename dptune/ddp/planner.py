@@ -47,6 +47,7 @@ from dptune.units import format_bytes, parse_bytes
 __all__ = ["plan", "OBJECTIVES"]
 
 OBJECTIVES = ("balance", "max_batch", "throughput")
+STRATEGIES = ("ddp", "fsdp")
 T = TypeVar("T")
 
 
@@ -321,8 +322,9 @@ def _first_rounds(state: _State, group: _Group, probe: Callable[[int, int], Opti
                              f"{format_bytes(p.peak_bytes)}, {format_bytes(over)} over")
         raise NoFeasibleSplitError(
             f"no plan fits: with {m} sample{'s' if m > 1 else ''} per rank, " + "; ".join(parts)
-            + ". Every DDP rank runs every step; free memory on that card, lower the headroom, "
-            "use gradient_as_bucket_view=True, or leave that card out of the job.",
+            + ". Every rank runs every step; free memory on that card, lower the headroom, "
+            + ("use gradient_as_bucket_view=True, " if any(i.ddp_bytes for i in state.infos) else "")
+            + "or leave that card out of the job.",
             shortfall_bytes=short or None)
     state.run(group, [max(m + 1, b) for b in second], probe)
 
@@ -427,7 +429,8 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
          objective: str = "balance", simulate: Optional[Union[str, Any]] = None,
          headroom: Union[int, str] = "1GiB", bucket_cap_mb: Optional[float] = None,
          gradient_as_bucket_view: bool = False, max_rounds: int = 16,
-         device: Optional[int] = None, **step_options: Any) -> DDPPlan:
+         device: Optional[int] = None, strategy: str = "ddp", shard: Optional[Callable] = None,
+         reshard_after_forward: bool = True, mp_policy: Any = None, **step_options: Any) -> DDPPlan:
     """Per-rank batch sizes for ``DistributedDataParallel`` on unequal cards.
 
     ``model``, ``sample``, ``loss_fn``, ``optimizer`` and ``step_options`` (``amp``,
@@ -443,6 +446,10 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
       card (``device``, default ``torch.cuda.current_device()``): call ``plan`` on every rank.
     - ``headroom``: kept free on every card; ``bucket_cap_mb``, ``gradient_as_bucket_view``:
       the DDP arguments you will use.
+    - ``strategy="fsdp"``: the model is sharded with FSDP2 (``fully_shard``) instead, by
+      ``shard(model, mesh)`` or by default each ``ModuleList`` block then the root with
+      ``reshard_after_forward`` and ``mp_policy``; simulated cards only (see
+      :mod:`dptune.ddp.fsdp`).
 
     Every rank returns the same :class:`DDPPlan`. Raises :class:`NoFeasibleSplitError` (on
     every rank) when some rank cannot fit its share.
@@ -466,6 +473,18 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     except ValueError as e:
         raise UsageError(f"headroom: {e}") from None
     options = DDPOptions(bucket_cap_mb, gradient_as_bucket_view)
+    if strategy not in STRATEGIES:
+        raise UsageError(f"strategy must be 'ddp' or 'fsdp', got {strategy!r}")
+    fsdp: Any = None
+    if strategy == "fsdp":
+        from dptune.ddp.fsdp import FSDPOptions
+
+        fsdp = FSDPOptions(shard, reshard_after_forward, mp_policy)
+        if simulate is None:
+            raise UsageError("strategy='fsdp' plans on simulated cards only: pass simulate='...' "
+                             "(one card per rank; inside a torchrun job too)")
+    elif shard is not None or mp_policy is not None or reshard_after_forward is not True:
+        raise UsageError("shard, reshard_after_forward and mp_policy are FSDP's: pass strategy='fsdp'")
     workload = make_workload(model, sample, loss_fn, optimizer, step_options)
     cluster = parse_cluster(simulate) if simulate is not None else None
 
@@ -495,7 +514,10 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     if objective == "throughput" and (in_job or cluster is None):
         raise UsageError("objective='throughput' plans offline on the simulated cluster for now "
                          "(simulate=... without a process group); inside a job use 'balance'")
-    if cluster is not None and not in_job:   # offline: every plan gets its estimated speed
+    if strategy == "fsdp" and objective == "throughput":
+        raise UsageError("objective='throughput' is not available with strategy='fsdp' (FSDP's "
+                         "all-gathers and reduce-scatters are not timed); use 'balance' or 'max_batch'")
+    if cluster is not None and not in_job and strategy == "ddp":   # offline: its estimated speed
         from dptune.ddp.throughput import RankTimer
 
         timer = RankTimer(probers, cluster)
@@ -503,7 +525,11 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
 
     def start(r: int) -> _RankInfo:
         # built inside the first round, so that a rank failing here fails every rank
-        if cluster is not None:
+        if strategy == "fsdp":
+            from dptune.ddp.fsdp import SimulatedFSDPProber
+
+            probers[r] = SimulatedFSDPProber(workload, cluster, r, fsdp, headroom_bytes, host, shared)
+        elif cluster is not None:
             probers[r] = _SimulatedProber(workload, cluster, r, options, headroom_bytes, host, shared)
         else:
             probers[r] = _local_cuda_prober(workload, device, options, headroom_bytes, host)
@@ -561,6 +587,8 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
             measured_peak_bytes=None if meas is None else meas.peak_bytes, ddp_bytes=info.ddp_bytes,
             fit=fit, max_batch_size=state.lo(r) if objective == "max_batch" else None))
     notes = list(why)
+    if strategy == "fsdp":
+        notes.insert(0, f"strategy fsdp: {fsdp.describe()} (the DDP bucket settings do not apply)")
     if backend == "cuda":
         notes.append("measured peaks are the single-card step's max_memory_allocated plus the "
                      "counted DDP buckets" + (" (an upper bound with gradient_as_bucket_view)"

@@ -13,7 +13,8 @@ to the virtual card that makes it; what is modelled and what is not is said in
 - :mod:`~dptune.backends.simulated.fake_model`: the fake copy of the user's model;
 - :mod:`~dptune.backends.simulated.backend`: :class:`SimulatedBackend` and
   :func:`estimate_memory`;
-- :mod:`~dptune.backends.simulated.ddp`: one DDP rank per card (``SimulatedDDPRank``).
+- :mod:`~dptune.backends.simulated.ddp`: one DDP rank per card (``SimulatedDDPRank``);
+- :mod:`~dptune.backends.simulated.fsdp`: one FSDP2 rank per card (``SimulatedFSDPRank``).
 
 The cluster spec and the card table are in :mod:`dptune.backends.cluster` (no torch); they
 are re-exported here.

@@ -1,0 +1,259 @@
+"""The simulated cluster in "fsdp" mode: one FSDP2 (``fully_shard``) rank on one virtual card.
+
+A rank is simulated as torch runs it, not from a formula: the user's model is built with
+fake tensors (as for the single-card simulator, :mod:`dptune.backends.simulated`), sharded
+by the user's ``shard(model, mesh)`` function with torch's own ``fully_shard`` on a 1-D
+device mesh over a *fake* process group of the job's real world size (torch's "fake"
+backend: collectives that move nothing), then the workload's step runs: forward, loss,
+backward per micro-batch, clipping, ``optimizer.step()`` (or the user's own step), amp,
+activation checkpointing, all as on one card. So everything FSDP2 itself allocates is
+seen where it allocates it:
+
+- the rank's shards of the parameters (equal, padded shards on every rank, as FSDP2 makes
+  them), of the gradients and of the optimizer state (the optimizer runs on the ``DTensor``
+  shards);
+- the all-gather buffers and the unsharded parameters of every unit while it is unsharded
+  (FSDP2 frees and re-allocates them by resizing their storages:
+  ``UntypedStorage.resize_`` is followed while the step runs), with ``reshard_after_forward``
+  as the sharding function chose it, and the units it prefetches (FSDP2's implicit
+  prefetching in the backward, and any explicit prefetching the user set);
+- the reduce-scatter buffers and the unsharded gradients until they are reduced;
+- ``MixedPrecisionPolicy``: the low-precision all-gather and unsharded parameters, the
+  reduce dtype's gradient copies.
+
+The rank's memory is charged to its card by the simulator's ledger (storages rounded to 512
+bytes as the CUDA caching allocator rounds them, the cuBLAS workspace, the local batch on
+the card), so the peak compares with ``torch.cuda.max_memory_allocated`` over a step of a
+real rank. FSDP2 shards each parameter's rows with ``torch.chunk``: the all-gather buffers
+are padded to equal shards on every rank, but a rank's own shard (and the optimizer state and
+gradient shard made like it) has ``ceil(rows / world_size)`` rows on the first ranks and
+fewer, or none, on the last. So rank 0 holds the most and its peak bounds every rank's (by a
+few rows per parameter): offline, one simulation of rank 0 per (card, local batch) serves
+every rank; inside a job each rank simulates its own shards.
+
+Not modelled: the communication library's own buffers (NCCL's are outside torch's
+allocator), the separate CUDA streams FSDP2 uses for all-gathers and reduce-scatters (the
+caching allocator keeps a block used on another stream until that stream is done with it,
+which can hold memory a little longer than the simulation does), CPU offloading
+(``OffloadPolicy``), and everything the single-card simulator does not model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Optional, Union
+
+import torch
+import torch.nn as nn
+
+from dptune._torch_private import (dispatch_mode_base, fake_process_group_store,
+                                   register_fake_backend, storage_resize_hook)
+from dptune.backends.cluster import Cluster, parse_cluster
+from dptune.backends.simulated import SimulatedBackend
+from dptune.backends.simulated.device_rules import HOST
+from dptune.backends.simulated.fake_model import _accepts_foreach, _eager, _fake_module
+from dptune.backends.simulated.ledger import _Ledger, _rounded
+from dptune.errors import UsageError, UserCodeError
+from dptune.workload import Workload, gradient_checkpointing, has_batchnorm
+
+__all__ = ["SimulatedFSDPRank", "FakeGroup", "ShardFn"]
+
+#: ``shard(model, mesh)``: calls ``fully_shard`` on the model's parts and its root; may
+#: return the model (or ``None``)
+ShardFn = Callable[[nn.Module, Any], Any]
+
+
+class FakeGroup:
+    """A fake process group of ``world_size`` ranks (this process is ``rank``) and its 1-D
+    CPU device mesh.
+
+    Without a default process group one is initialised with torch's fake backend (and
+    destroyed by :meth:`close`); inside a job (``gloo``/``nccl`` already initialised) a fake
+    group over the job's ranks is made with ``new_group(backend="fake")``, which every rank
+    must call in the same order, as for any ``new_group``.
+    """
+
+    def __init__(self, world_size: int, rank: int = 0):
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise UsageError(f"world_size must be an int >= 1, got {world_size!r}")
+        register_fake_backend()
+        self.owns_default = False
+        if dist.is_initialized():
+            if dist.get_world_size() != world_size:
+                raise UsageError(f"this job has {dist.get_world_size()} ranks but the FSDP "
+                                 f"simulation is for {world_size}; give one card per rank")
+            self.group: Any = dist.new_group(backend="fake")
+        else:
+            dist.init_process_group("fake", store=fake_process_group_store(), rank=rank,
+                                    world_size=world_size)
+            self.group = dist.group.WORLD
+            self.owns_default = True
+        self.world_size = world_size
+        self.mesh = DeviceMesh.from_group(self.group, "cpu")
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.group is None or not dist.is_initialized():
+            self.group = None
+            return
+        if self.owns_default:
+            dist.destroy_process_group()
+        else:
+            with contextlib.suppress(ValueError, RuntimeError):
+                dist.destroy_process_group(self.group)
+        self.group = None
+
+
+class _FSDPLedger(_Ledger):
+    """The simulator's ledger, also following storages resized in place."""
+
+    def resized(self, st: Any, old_nbytes: int) -> None:
+        rec = self._records.get(id(st))
+        if rec is None or rec.ref() is not st:
+            return
+        new = _rounded(int(st.nbytes()))
+        old, delta = rec.nbytes, new - rec.nbytes
+        card = rec.card
+        if card == HOST or not delta:
+            rec.nbytes = new
+            return
+        # for the allocator trace a resize is a free and a new allocation
+        if self.on_event is not None and old:
+            self.on_event(card, -old, rec.seq, 0)
+        self._seq += 1
+        rec.nbytes, rec.seq = new, self._seq
+        if self.on_event is not None and new:
+            self.on_event(card, new, rec.seq, self.stream)
+        self.live[card] += delta
+        self.by_cat[card][rec.category] += delta
+        if self.live[card] > self.peak[card]:
+            self.peak[card] = self.live[card]
+            self.peak_breakdown[card] = dict(self.by_cat[card])
+            self._peak_seq[card] = self._seq
+
+
+def _dtensor_local_mode() -> Any:
+    """A dispatch mode that lets ``DTensor`` unwrap an op to its local shards before the
+    simulator's ledger sees it (the ledger charges storages, which only local tensors have)."""
+    from torch.distributed.tensor import DTensor
+
+    class _Local(dispatch_mode_base()):  # type: ignore[misc]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if any(issubclass(t, DTensor) for t in types):
+                return NotImplemented
+            return func(*args, **(kwargs or {}))
+
+    return _Local()
+
+
+class SimulatedFSDPRank(SimulatedBackend):
+    """One FSDP2 rank of ``world_size`` on one virtual card (see the module docstring).
+
+    ``shard(model, mesh)`` applies ``fully_shard`` (:func:`dptune.ddp.fsdp.default_shard`
+    shards each block of a ``ModuleList`` then the root). ``estimate([b])`` and
+    ``probe([b])`` work as for a one-card :class:`SimulatedBackend`, ``b`` being this
+    rank's local batch. ``group`` is a :class:`FakeGroup` to use (default: one made on
+    first use and closed by :meth:`close`).
+    """
+
+    supports_output_device = False
+
+    def __init__(self, workload: Workload, card: Union[str, Cluster], world_size: int,
+                 shard: ShardFn, *, rank: int = 0, group: Optional[FakeGroup] = None):
+        cluster = parse_cluster(card)
+        if len(cluster) != 1:
+            raise UsageError(f"an FSDP rank runs on one card; {cluster.describe()!r} has {len(cluster)}")
+        if not callable(shard):
+            raise UsageError(f"shard must be a function shard(model, mesh), got {type(shard).__name__}")
+        super().__init__(workload, cluster)
+        self.world_size, self.rank, self.shard = world_size, rank, shard
+        self._group, self._owns_group = group, group is None
+
+    def describe(self) -> str:
+        return f"{self.cluster.describe()} (simulated FSDP2 rank of {self.world_size})"
+
+    @contextlib.contextmanager
+    def _modes(self, ledger: _Ledger) -> Iterator[None]:
+        assert isinstance(ledger, _FSDPLedger)
+        with super()._modes(ledger), storage_resize_hook(ledger.resized), _dtensor_local_mode():
+            yield
+
+    def _setup(self) -> None:
+        if self._ledger is not None:
+            return
+        if self._group is None:
+            self._group = FakeGroup(self.world_size, self.rank)
+        ledger = _FSDPLedger(1)
+        if self.reserved is not None:    # the allocator model, wired as the base class does
+            from dptune.backends.reserved import TraceRecorder
+
+            ledger.on_event = self._recorder = TraceRecorder(1)
+        with self._modes(ledger):
+            with ledger.on(0, "weights"):
+                module, self._compiled = _eager(_fake_module(self.workload.model))
+                module.train(self.workload.model.training
+                             if isinstance(self.workload.model, nn.Module) else True)
+                self.has_batchnorm = has_batchnorm(module)
+                self.gradient_checkpointing = gradient_checkpointing(module)
+                for t in list(module.parameters()) + list(module.buffers()):
+                    ledger.charge(t, 0, "weights")
+                module = self._apply_shard(module)
+            optimizer = self._make_optimizer(ledger, [p for p in module.parameters() if p.requires_grad])
+        self._ledger, self._module, self._optimizer = ledger, module, optimizer
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        self._setup_bytes = list(ledger.live)
+
+    def _apply_shard(self, module: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import FSDPModule
+
+        assert self._group is not None
+        try:
+            out = self.shard(module, self._group.mesh)
+        except Exception as e:
+            raise UserCodeError(f"the shard function raised: {type(e).__name__}: {e}") from e
+        if isinstance(out, nn.Module):
+            module = out
+        if not isinstance(module, FSDPModule):
+            raise UsageError("after shard(model, mesh) the model is not an FSDP module: the shard "
+                             "function must call fully_shard(model, mesh=mesh) on the root last")
+        return module
+
+    def _make_optimizer(self, ledger: _Ledger, params: list) -> Any:
+        """The optimizer over the sharded parameters, its state created as by a warm-up step."""
+        if self.workload.optimizer is None:
+            return None
+        try:
+            optimizer = self.workload.optimizer(params)
+        except Exception as e:
+            raise UserCodeError(f"the optimizer factory raised: {type(e).__name__}: {e}") from e
+        for group in getattr(optimizer, "param_groups", []):
+            if _accepts_foreach(group):
+                group["foreach"] = True
+        with ledger.on(0, "optimizer"):
+            for p in params:
+                with ledger.forced(0, "gradients"):
+                    p.grad = torch.zeros_like(p)
+            try:
+                optimizer.step()
+            except Exception as e:
+                raise UserCodeError(
+                    f"optimizer.step() raised in the simulated warm-up: {type(e).__name__}: {e}") from e
+            optimizer.zero_grad(set_to_none=True)
+            for group in optimizer.param_groups:
+                if group.get("capturable") or group.get("fused"):
+                    continue
+                for p in group["params"]:
+                    step = optimizer.state.get(p, {}).get("step")
+                    if isinstance(step, torch.Tensor) and step.dim() == 0:
+                        ledger.to_host(step)
+        return optimizer
+
+    def close(self) -> None:
+        super().close()
+        if self._owns_group and self._group is not None:
+            self._group.close()
+            self._group = None

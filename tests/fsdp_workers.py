@@ -1,0 +1,213 @@
+"""Real multi-process FSDP2 jobs for the tests: gloo on the CPU, 2 or 3 ranks (spawned as
+:mod:`ddp_workers` spawns them, env rendezvous on 127.0.0.1).
+
+:func:`launch` starts ``world_size`` ranks that run every scenario named, in order, and
+returns each rank's results by label; a scenario that raises is recorded as ``{"error":
+class name, "message": ...}`` and the rank goes on with the next one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+from ddp_workers import free_port
+
+IN, HID, OUT = 6, 7, 3         # 7 and 3 rows: shards of unequal length, padded by FSDP2
+
+
+class TinyStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(IN, HID), nn.Tanh()),
+                                     nn.Sequential(nn.Linear(HID, HID), nn.Tanh())])
+        self.head = nn.Linear(HID, OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def tiny_model() -> nn.Module:
+    torch.manual_seed(0)
+    return TinyStack()
+
+
+def data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, IN, generator=g), torch.randn(n, OUT, generator=g)
+
+
+def full_batch_grads(n: int) -> dict[str, list[float]]:
+    """The single-process gradient of the mean loss over all n samples, by parameter name."""
+    model = tiny_model()
+    x, y = data(n)
+    nn.functional.mse_loss(model(x), y).backward()
+    return {name: p.grad.flatten().tolist() for name, p in model.named_parameters()}
+
+
+def _sharded(world: int) -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dptune.ddp.fsdp import default_shard
+
+    model = tiny_model()
+    default_shard(model, init_device_mesh("cpu", (world,)))
+    return model
+
+
+# ---- scenarios (run on every rank) -----------------------------------------------------------
+
+def grad_step(rank: int, world: int, sizes: list[int], scale: bool = True, accumulate: int = 1) -> dict:
+    """One FSDP2 step on this rank's slice of the global batch (the whole dataset), in
+    ``accumulate`` micro-batches (the same count on every rank); every parameter's full
+    gradient gathered from its shards."""
+    from dptune.ddp import DDPPlan, UnevenBatchSampler
+
+    plan = DDPPlan.from_batch_sizes(sizes)
+    x, y = data(plan.global_batch)
+    (idx,) = list(UnevenBatchSampler(plan.global_batch, plan, shuffle=True, seed=3))
+    model = _sharded(world)
+    for part in torch.tensor_split(torch.tensor(idx), accumulate):
+        # each micro-batch's mean, weighted by its share of this rank's batch
+        loss = nn.functional.mse_loss(model(x[part]), y[part]) * (len(part) / len(idx))
+        (plan.scale_loss(loss) if scale else loss).backward()
+    grads = {name: p.grad.full_tensor().flatten().tolist() for name, p in model.named_parameters()}
+    return {"n": len(idx), "grads": grads}
+
+
+def epoch(rank: int, world: int, sizes: list[int], n: int) -> dict:
+    """One epoch of FSDP2 steps with the uneven sampler (its tail step included)."""
+    from dptune.ddp import DDPPlan, UnevenBatchSampler
+
+    plan = DDPPlan.from_batch_sizes(sizes)
+    sampler = UnevenBatchSampler(n, plan, seed=5)
+    x, y = data(n)
+    model = _sharded(world)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen = []
+    for idx in sampler:
+        loss = nn.functional.mse_loss(model(x[idx]), y[idx])
+        plan.scale_loss(loss).backward()
+        opt.step()
+        opt.zero_grad()
+        seen.append(list(idx))
+    return {"batches": seen}
+
+
+def _plan_stack() -> nn.Module:
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(3))
+            self.head = nn.Linear(64, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = torch.relu(layer(x))
+            return self.head(x)
+
+    return Stack()
+
+
+def _plan_sample(b: int) -> torch.Tensor:
+    return torch.randn(b, 64)
+
+
+def _adamw(p: Any) -> Any:
+    return torch.optim.AdamW(p)
+
+
+def make_plan(rank: int, world: int, spec: str, **kw: Any) -> dict:
+    from dptune import ddp
+
+    t0 = time.perf_counter()
+    p = ddp.plan(_plan_stack, _plan_sample, optimizer=_adamw, simulate=spec, headroom=0,
+                 strategy="fsdp", **kw)
+    d = p.to_dict()
+    d.pop("seconds")
+    return {"plan": d, "seconds": time.perf_counter() - t0}
+
+
+def _failing_shard(model: nn.Module, mesh: Any) -> None:
+    if dist.get_rank() == 1:
+        raise RuntimeError("broken sharding on this rank")
+    from dptune.ddp.fsdp import default_shard
+
+    default_shard(model, mesh)
+
+
+def user_error(rank: int, world: int, spec: str) -> dict:
+    from dptune import ddp
+
+    ddp.plan(_plan_stack, _plan_sample, optimizer=_adamw, simulate=spec, headroom=0,
+             global_batch=64, strategy="fsdp", shard=_failing_shard)
+    return {}
+
+
+SCENARIOS: dict[str, Callable[..., dict]] = {
+    "grad": grad_step, "epoch": epoch, "plan": make_plan, "user_error": user_error,
+}
+
+
+# ---- the launcher ---------------------------------------------------------------------------
+
+def _entry(rank: int, world: int, port: int, jobs: list, results: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        for name, kwargs in jobs:
+            t0 = time.perf_counter()
+            try:
+                out = SCENARIOS[name.split(":")[0]](rank, world, **kwargs)
+            except Exception as e:  # recorded, the test decides
+                out = {"error": type(e).__name__, "message": str(e),
+                       "traceback": traceback.format_exc()}
+            out["seconds"] = time.perf_counter() - t0
+            results.put((rank, name, out))
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(world: int, jobs: list[tuple[str, dict]], timeout: float = 300.0) -> list[dict[str, dict]]:
+    """Run ``jobs`` (label, keyword arguments) on ``world`` ranks; per rank, the results by
+    label. Fails (never hangs) when a rank does not answer within ``timeout``."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world, port, jobs, results), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    out: list[dict[str, dict]] = [{} for _ in range(world)]
+    deadline = time.monotonic() + timeout
+    try:
+        for _ in range(world * len(jobs)):
+            left = deadline - time.monotonic()
+            try:
+                rank, name, value = results.get(timeout=max(left, 0.1))
+            except queue.Empty:
+                raise TimeoutError(f"the {world}-rank job did not finish within {timeout:.0f} s; "
+                                   f"got {[sorted(o) for o in out]}") from None
+            out[rank][name] = value
+        for p in procs:
+            p.join(timeout=max(deadline - time.monotonic(), 1.0))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return out
