@@ -28,9 +28,11 @@ Needs ``transformers`` (``pip install 'dptune[hf]'``); ``import dptune`` never i
 
 Known limitations:
 
-- A Trainer whose loss is not the model's own (``compute_loss_func``, label smoothing, an
-  overridden ``compute_loss``) is tuned with the model's loss on the same batch; the note in
-  the result says so.
+- The probes run the Trainer's own ``compute_loss`` (:class:`TrainerLoss`) on the wrapped
+  model, as ``training_step`` does: with ``label_smoothing_factor``, a ``compute_loss_func`` or
+  an overridden ``compute_loss`` the labels are popped and the loss is computed on the outputs
+  gathered onto card 0, and that is what the split is tuned for. A ``loss_fn=`` or ``step=``
+  given to :func:`tune_trainer` replaces it (the result's note says so).
 - Optimizers that ``args.optim`` builds from the whole model (GaLore, LOMO, Muon-style
   factories, bitsandbytes 8-bit) cannot be built for a probe; pass ``optimizer=`` (a factory
   ``params -> Optimizer``) to :func:`tune_trainer`.
@@ -39,6 +41,7 @@ Known limitations:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Union
@@ -59,7 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from dptune.workload import StepSettings
 
 __all__ = ["tune_trainer", "BalancedTrainer", "BalancedTrainerMixin", "TrainerSample",
-           "TrainerOptimizer", "trainer_step_settings"]
+           "TrainerOptimizer", "TrainerLoss", "trainer_step_settings"]
 
 
 # ---- the workload, read from a Trainer ---------------------------------------------------
@@ -160,6 +163,63 @@ def trainer_optimizer(trainer: Any) -> TrainerOptimizer:
                          "to tune_trainer (e.g. lambda p: torch.optim.AdamW(p)), one with the same "
                          "state per parameter")
     return TrainerOptimizer(cls, kwargs, name)
+
+
+@dataclass(frozen=True)
+class TrainerLoss:
+    """``compute_loss(model, batch)`` for probes: the Trainer's step up to its loss.
+
+    As ``Trainer.training_step``: the batch is moved to the card the model's weights are on
+    (``_prepare_inputs``: ``args.device``, card 0 of DataParallel), ``trainer.compute_loss``
+    runs on the wrapped model under ``compute_loss_context_manager()``, and a vector of
+    per-replica losses is averaged (``loss.mean()`` with several GPUs). ``num_items_in_batch``
+    is the number of label entries, a bound of the Trainer's count (the count does not change
+    memory, and counting would read the labels' values).
+    """
+
+    trainer: Any
+
+    def __call__(self, model: Any, batch: Any) -> Any:
+        import torch
+
+        from dptune import _tree
+
+        if not isinstance(batch, Mapping):
+            raise UsageError("the Trainer's data collator must build a dict of the model's "
+                             f"inputs; got {type(batch).__name__}")
+        device = next(iter(model.parameters())).device
+        inputs = _tree.map_tensors(lambda t: t.to(device), dict(batch))
+        labels = inputs.get("labels")
+        count = int(labels.numel()) if isinstance(labels, torch.Tensor) else None
+        trainer = self.trainer
+        with trainer.compute_loss_context_manager():
+            loss = trainer.compute_loss(_as_data_parallel(model), inputs, num_items_in_batch=count)
+        del inputs
+        if isinstance(loss, tuple):     # a compute_loss that returns (loss, outputs) anyway
+            loss = loss[0]
+        return loss.mean() if isinstance(loss, torch.Tensor) and loss.dim() > 0 else loss
+
+
+def _as_data_parallel(model: Any) -> Any:
+    """The probe's wrapped model as the ``nn.DataParallel`` the Trainer builds: accelerate's
+    ``unwrap_model`` finds the model through ``.module`` only in a DataParallel (label
+    smoothing reads the model's class from it to shift causal-LM labels)."""
+    import torch
+
+    if isinstance(model, torch.nn.DataParallel) or not isinstance(
+            getattr(model, "module", None), torch.nn.Module):
+        return model
+
+    class _DataParallelView(torch.nn.DataParallel):
+        def __init__(self, wrapped: Any) -> None:
+            torch.nn.Module.__init__(self)
+            self.module = wrapped.module
+            self.wrapped = wrapped
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.wrapped(*args, **kwargs)
+
+    return _DataParallelView(model)
 
 
 def trainer_step_settings(args: Any) -> "StepSettings":
@@ -283,6 +343,9 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
       ``objective="max_batch"`` it is where the search starts.
     - ``simulate``: a cluster spec such as ``"4x24GB"``; without it the visible GPUs are probed
       (``device_ids=`` picks some), or the simulated ``4x24GB`` when there is none.
+    - The loss is the Trainer's own: its ``compute_loss`` on the wrapped model
+      (:class:`TrainerLoss`), with label smoothing, ``compute_loss_func`` or a subclass's
+      ``compute_loss``; ``loss_fn=`` or ``step=`` replaces it.
     - ``tuner_options`` go to :class:`dptune.Tuner` (``device_ids``, ``max_probes``,
       ``verbose``, ``loss_fn``, ``optimizer``, ...).
 
@@ -312,12 +375,10 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
         optimizer = built
         notes.append(f"optimizer: {built.name} ({built.cls.__name__}), as the Trainer builds it")
     loss_fn = tuner_options.pop("loss_fn", None)
-    if loss_fn is None and (getattr(trainer, "compute_loss_func", None) is not None
-                            or getattr(trainer, "label_smoother", None) is not None
-                            or type(trainer).compute_loss is not transformers.Trainer.compute_loss):
-        notes.append("the Trainer computes its own loss (compute_loss_func, label smoothing or "
-                     "an overridden compute_loss); the probes used the model's loss on the same "
-                     "batch")
+    own_loss = loss_fn is None and tuner_options.get("step") is None
+    if not own_loss:
+        notes.append("loss: the loss_fn/step given to tune_trainer, not the Trainer's "
+                     "compute_loss")
     device_ids = tuner_options.pop("device_ids", None)
     verbose = tuner_options.pop("verbose", True)
     # the cards, decided once here: they decide the default batch, and the tuner uses them
@@ -339,6 +400,8 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
                       headroom=headroom, verbose=verbose, amp=settings.amp,
                       accumulate=settings.accumulate, clip_grad_norm=settings.clip_grad_norm,
                       **tuner_options)
+        if own_loss:   # the Trainer's compute_loss in place of model(**batch) and a loss_fn
+            tuner.workload = dataclasses.replace(tuner.workload, compute_loss=TrainerLoss(trainer))
         result = tuner.fit()
     from dptune.tuner import _notice
 
