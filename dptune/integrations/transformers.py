@@ -438,9 +438,29 @@ class BalancedTrainerMixin:
         super().__init__(*args, **kwargs)
         self.tuned_chunk_sizes: Optional[list[int]] = (
             None if tuned is None else chunk_sizes_of(tuned))
+        self._check_settings(tuned)
         self.balanced: bool = self._uses_split()
         if self.balanced:
             self._train_batch_size = self._balanced_batch_size()
+
+    def _check_settings(self, tuned: Optional[Tuned]) -> None:
+        """A :class:`~dptune.DptuneWarning` when ``tuned`` (a result or a report folder) was
+        tuned for another step than these arguments describe, as ``TuneResult.wrap`` warns."""
+        import os
+
+        from dptune.result import TuneResult, _warn_settings
+
+        if isinstance(tuned, (str, os.PathLike)):
+            tuned = TuneResult.load(os.fspath(tuned))
+        if not isinstance(tuned, TuneResult):
+            return   # a list of chunk sizes says nothing of the step
+        args = self.args  # type: ignore[attr-defined]
+        mine = trainer_step_settings(args)
+        where = f"the report at {tuned.source!r}" if tuned.source else "the result"
+        _warn_settings(tuned.settings, self.model, where,  # type: ignore[attr-defined]
+                       amp=mine.amp, accumulate=mine.accumulate,
+                       clip_grad_norm=mine.clip_grad_norm,
+                       gradient_checkpointing=mine.gradient_checkpointing)
 
     # ---- when the split applies ------------------------------------------------------------
     def _uses_split(self) -> bool:
