@@ -209,6 +209,10 @@ def gather(outputs: Sequence[Any], cat: Callable[[list, str], Any], path: str = 
                 f"rebuilds as {type(out).__name__}(gathered parts) from every replica's, and that "
                 f"raised {type(e).__name__}: {e}. torch.nn.DataParallel fails the same way on "
                 f"GPUs; do not return it from forward in training{hint}") from e
+    if isinstance(out, str):
+        # torch's gather_map returns type(out)(map(...)), for a string the text "<map object
+        # ...>" (sentence-transformers' output['modality']); it holds no tensor memory
+        return type(out)(map(tuple, zip(*outputs)))
     where = f"output{path}" if path else "output"
     raise UsageError(
         f"the model's {where} is a {type(out).__name__}, which DataParallel cannot gather "

@@ -118,11 +118,23 @@ def trainer_sample(trainer: Any) -> TrainerSample:
         import datasets
     except ImportError:
         datasets = None
+    if _is_sentence_transformers(trainer):
+        # its dataloader keeps every column (its collator tokenizes the text columns) and
+        # draws each batch from one dataset of a DatasetDict: the first one stands for all
+        if datasets is not None and isinstance(dataset, datasets.DatasetDict):
+            dataset = next(iter(dataset.values()))
+        return TrainerSample(dataset, collator)
     if datasets is not None and isinstance(dataset, datasets.Dataset):
         dataset = trainer._remove_unused_columns(dataset, description="training")
     else:
         collator = trainer._get_collator_with_removed_columns(collator, description="training")
     return TrainerSample(dataset, collator)
+
+
+def _is_sentence_transformers(trainer: Any) -> bool:
+    """Whether ``trainer`` is a sentence-transformers trainer (its loss takes the features of
+    each text column and the labels; its model's forward takes one features dict)."""
+    return any(c.__module__.startswith("sentence_transformers.") for c in type(trainer).__mro__)
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,11 @@ def trainer_optimizer(trainer: Any) -> TrainerOptimizer:
     if getattr(trainer, "optimizer_cls_and_kwargs", None) is not None:
         cls, kwargs = trainer.optimizer_cls_and_kwargs
         name = getattr(cls, "__name__", str(cls))
+    elif _is_sentence_transformers(trainer):
+        # its override only groups the loss's parameters for weight decay (optimizer_dict);
+        # the optimizer itself is the one transformers' rule names
+        cls, kwargs = transformers.Trainer.get_optimizer_cls_and_kwargs(trainer.args, trainer.model)
+        name = str(getattr(trainer.args.optim, "value", trainer.args.optim))
     else:
         cls, kwargs = trainer.get_optimizer_cls_and_kwargs(trainer.args, trainer.model)
         name = str(getattr(trainer.args.optim, "value", trainer.args.optim))
@@ -192,12 +209,36 @@ class TrainerLoss:
         labels = inputs.get("labels")
         count = int(labels.numel()) if isinstance(labels, torch.Tensor) else None
         trainer = self.trainer
-        with trainer.compute_loss_context_manager():
-            loss = trainer.compute_loss(_as_data_parallel(model), inputs, num_items_in_batch=count)
+        view = _as_data_parallel(model)
+        with trainer.compute_loss_context_manager(), _model_in_loss(trainer, view):
+            loss = trainer.compute_loss(view, inputs, num_items_in_batch=count)
         del inputs
         if isinstance(loss, tuple):     # a compute_loss that returns (loss, outputs) anyway
             loss = loss[0]
         return loss.mean() if isinstance(loss, torch.Tensor) and loss.dim() > 0 else loss
+
+
+@contextlib.contextmanager
+def _model_in_loss(trainer: Any, view: Any) -> Iterator[None]:
+    """sentence-transformers' losses hold the model they call; its ``compute_loss`` puts the
+    wrapped model in them when it is given ``trainer.model_wrapped``. For the block, the probe's
+    wrapped model is that; afterwards the losses hold their own model again."""
+    if not _is_sentence_transformers(trainer):
+        yield
+        return
+    import torch
+
+    losses = trainer.loss.values() if isinstance(trainer.loss, Mapping) else [trainer.loss]
+    held = [(m, m._modules["model"]) for loss in losses if isinstance(loss, torch.nn.Module)
+            for m in loss.modules() if "model" in m._modules]
+    wrapped = trainer.model_wrapped
+    trainer.model_wrapped = view
+    try:
+        yield
+    finally:
+        trainer.model_wrapped = wrapped
+        for m, model in held:
+            m.model = model  # type: ignore[assignment]
 
 
 def _as_data_parallel(model: Any) -> Any:
