@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterator, Sequence
 
-from dptune.errors import UsageError, UserCodeError
+from dptune.errors import DptuneError, UsageError, UserCodeError
 
 __all__ = ["is_namedtuple", "tensors", "leaves", "map_tensors", "scatter", "gather"]
 
@@ -197,9 +197,14 @@ def gather(outputs: Sequence[Any], cat: Callable[[list, str], Any], path: str = 
         if not all(len(o) == len(out) for o in outputs):
             raise UsageError(f"the replicas' outputs{path} have different lengths, which "
                              "DataParallel cannot gather; return the same structure from every replica")
-        parts = [gather(list(x), cat, f"{path}[{i}]") for i, x in enumerate(zip(*outputs))]
+        # lazily, as torch's map(gather_map, ...): a cache's constructor copies each layer's
+        # gathered keys and values (torch.cat onto an empty tensor), so each layer's gathered
+        # parts are freed before the next layer is gathered
+        parts = (gather(list(x), cat, f"{path}[{i}]") for i, x in enumerate(zip(*outputs)))
         try:
             return type(out)(parts)
+        except DptuneError:
+            raise
         except Exception as e:
             where = f"output{path}" if path else "output"
             hint = (" (a cache: pass use_cache=False, or set model.config.use_cache = False, "
