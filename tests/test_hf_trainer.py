@@ -299,7 +299,8 @@ def test_report_folder_as_tuned(tmp_path, fake_gpus):
     from test_result_wrap import write_report
 
     folder = write_report(tmp_path / "rep", [1, 3, 3, 3])
-    t = make_trainer(BalancedTrainer, MeanLossNet(), four_gpu_args(tmp_path), tuned=folder)
+    t = make_trainer(BalancedTrainer, MeanLossNet(), four_gpu_args(tmp_path, max_grad_norm=0.0),
+                     tuned=folder)
     assert t.tuned_chunk_sizes == [1, 3, 3, 3] and t._train_batch_size == 10
 
 

@@ -97,3 +97,14 @@ def test_a_subclass_compute_loss_is_the_one_probed(tmp_path):
     real = real_step_peaks(trainer, result.chunk_sizes, "2x24GB")
     for tuned, truth in zip(result.peak_bytes, real):
         assert tuned == pytest.approx(truth, rel=0.005), (result.peak_bytes, real)
+
+
+def test_compute_loss_excludes_loss_fn_and_step():
+    from dptune.errors import UsageError
+    from dptune.workload import Workload
+
+    model = torch.nn.Linear(2, 2)
+    for extra in ({"loss_fn": lambda o, b: o.sum()}, {"step": lambda m, b, o: None}):
+        with pytest.raises(UsageError, match="compute_loss= runs the forward and the loss"):
+            Workload(model, lambda n: torch.ones(n, 2), compute_loss=lambda m, b: m(b).sum(),
+                     **extra)
