@@ -486,17 +486,21 @@ def run_step(wl: Workload, rt: StepRuntime) -> StepOutcome:
 
 class _PhasedModel:
     """The wrapped model as ``compute_loss`` gets it: its forward runs in the "forward" phase,
-    and the entries of its output the loss never reads are watched."""
+    and the entries of its outputs the loss never reads are watched (every call's: a
+    sentence-transformers loss calls the model once per text column)."""
 
     def __init__(self, model: Any, rt: StepRuntime) -> None:
         self._model, self._rt = model, rt
-        self.unread: Callable[[], tuple[tuple[str, int], ...]] = tuple
+        self._watches: list[Callable[[], tuple[tuple[str, int], ...]]] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with self._rt.phase("forward"):
             output = self._model(*args, **kwargs)
-        self.unread = _watch_reads(output)
+        self._watches.append(_watch_reads(output))
         return output
+
+    def unread(self) -> tuple[tuple[str, int], ...]:
+        return tuple(entry for watch in self._watches for entry in watch())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
