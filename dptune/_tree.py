@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterator, Sequence
 
-from dptune.errors import UsageError, UserCodeError
+from dptune.errors import DptuneError, UsageError, UserCodeError
 
 __all__ = ["is_namedtuple", "tensors", "leaves", "map_tensors", "scatter", "gather"]
 
@@ -197,9 +197,14 @@ def gather(outputs: Sequence[Any], cat: Callable[[list, str], Any], path: str = 
         if not all(len(o) == len(out) for o in outputs):
             raise UsageError(f"the replicas' outputs{path} have different lengths, which "
                              "DataParallel cannot gather; return the same structure from every replica")
-        parts = [gather(list(x), cat, f"{path}[{i}]") for i, x in enumerate(zip(*outputs))]
+        # lazily, as torch's map(gather_map, ...): a cache's constructor copies each layer's
+        # gathered keys and values (torch.cat onto an empty tensor), so each layer's gathered
+        # parts are freed before the next layer is gathered
+        parts = (gather(list(x), cat, f"{path}[{i}]") for i, x in enumerate(zip(*outputs)))
         try:
             return type(out)(parts)
+        except DptuneError:
+            raise
         except Exception as e:
             where = f"output{path}" if path else "output"
             hint = (" (a cache: pass use_cache=False, or set model.config.use_cache = False, "
@@ -209,6 +214,10 @@ def gather(outputs: Sequence[Any], cat: Callable[[list, str], Any], path: str = 
                 f"rebuilds as {type(out).__name__}(gathered parts) from every replica's, and that "
                 f"raised {type(e).__name__}: {e}. torch.nn.DataParallel fails the same way on "
                 f"GPUs; do not return it from forward in training{hint}") from e
+    if isinstance(out, str):
+        # torch's gather_map returns type(out)(map(...)), for a string the text "<map object
+        # ...>" (sentence-transformers' output['modality']); it holds no tensor memory
+        return type(out)(map(tuple, zip(*outputs)))
     where = f"output{path}" if path else "output"
     raise UsageError(
         f"the model's {where} is a {type(out).__name__}, which DataParallel cannot gather "

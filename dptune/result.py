@@ -370,7 +370,7 @@ def _warn_settings(tuned: StepSettings, model: "torch.nn.Module", where: str, **
     if given.get("clip_grad_norm") not in (NOT_GIVEN, None):
         given["clip_grad_norm"] = float(given["clip_grad_norm"])
     given = {k: v for k, v in given.items() if v is not NOT_GIVEN}
-    given["gradient_checkpointing"] = gradient_checkpointing(model)
+    given.setdefault("gradient_checkpointing", gradient_checkpointing(model))
     mine = StepSettings.from_dict({**tuned.to_dict(), **given})
     diffs = [f"{k}={getattr(tuned, k)!r} in the report, {getattr(mine, k)!r} here"
              for k in given if getattr(tuned, k) != getattr(mine, k)]

@@ -177,6 +177,9 @@ class Workload:
     - ``step``: the user's own step, ``step(model, batch, optimizer) -> None``, which replaces
       the built-in one (see :func:`run_step`): ``model`` is already wrapped for DataParallel,
       ``batch`` is ``sample(batch_size)``, ``optimizer`` is built from the factory (or None).
+    - ``compute_loss``: ``compute_loss(model, batch) -> loss``, the forward and the loss in one
+      call (a Hugging Face Trainer's ``compute_loss``) in place of ``model(**batch)`` and
+      ``loss_fn``; the output lives only inside it. Amp, accumulation and clipping still apply.
     """
 
     model: ModelLike
@@ -187,9 +190,14 @@ class Workload:
     accumulate: int = 1
     clip_grad_norm: Optional[float] = None
     step: Optional[StepFn] = None
+    compute_loss: Optional[Callable[[Any, Any], Any]] = None
 
     def __post_init__(self) -> None:
         import torch
+
+        if self.compute_loss is not None and (self.loss_fn is not None or self.step is not None):
+            raise UsageError("compute_loss= runs the forward and the loss itself; drop loss_fn= "
+                             "and step=")
 
         StepSettings(amp=self.amp, accumulate=self.accumulate, clip_grad_norm=self.clip_grad_norm)
         if self.step is not None:
@@ -433,6 +441,14 @@ def run_step(wl: Workload, rt: StepRuntime) -> StepOutcome:
     unread: Callable[[], tuple[tuple[str, int], ...]] = tuple
     for _ in range(n):
         batch = rt.next_batch()
+        if wl.compute_loss is not None:
+            loss, unread = _computed_loss(wl.compute_loss, rt, batch, dtype)
+            del batch
+            if n > 1:
+                loss = loss / n
+            with rt.phase("backward"):
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            continue
         args, kwargs = batch_to_args(batch)
         with rt.phase("forward"):
             with _autocast(rt.device_type, dtype), _watch_no_grad_checkpoint() as no_grad_ckpt:
@@ -527,6 +543,41 @@ def _watch_no_grad_checkpoint() -> Iterator[list[bool]]:
 
         warnings.showwarning = record
         yield seen
+class _PhasedModel:
+    """The wrapped model as ``compute_loss`` gets it: its forward runs in the "forward" phase,
+    and the entries of its outputs the loss never reads are watched (every call's: a
+    sentence-transformers loss calls the model once per text column)."""
+
+    def __init__(self, model: Any, rt: StepRuntime) -> None:
+        self._model, self._rt = model, rt
+        self._watches: list[Callable[[], tuple[tuple[str, int], ...]]] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self._rt.phase("forward"):
+            output = self._model(*args, **kwargs)
+        self._watches.append(_watch_reads(output))
+        return output
+
+    def unread(self) -> tuple[tuple[str, int], ...]:
+        return tuple(entry for watch in self._watches for entry in watch())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+def _computed_loss(compute_loss: Callable[[Any, Any], Any], rt: StepRuntime, batch: Any,
+                   dtype: Any) -> tuple[Any, Callable[[], tuple[tuple[str, int], ...]]]:
+    """``compute_loss(model, batch)`` in the "loss" phase, its forward in the "forward" one."""
+    import torch
+
+    model = _PhasedModel(rt.model, rt)
+    with rt.phase("loss"):
+        with _autocast(rt.device_type, dtype):
+            loss = compute_loss(model, batch)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise UsageError("compute_loss must return a scalar tensor; got "
+                             f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}")
+    return loss, model.unread
 
 
 def _autocast(device_type: str, dtype: Any) -> ContextManager[Any]:

@@ -299,7 +299,8 @@ def test_report_folder_as_tuned(tmp_path, fake_gpus):
     from test_result_wrap import write_report
 
     folder = write_report(tmp_path / "rep", [1, 3, 3, 3])
-    t = make_trainer(BalancedTrainer, MeanLossNet(), four_gpu_args(tmp_path), tuned=folder)
+    t = make_trainer(BalancedTrainer, MeanLossNet(), four_gpu_args(tmp_path, max_grad_norm=0.0),
+                     tuned=folder)
     assert t.tuned_chunk_sizes == [1, 3, 3, 3] and t._train_batch_size == 10
 
 
@@ -462,3 +463,56 @@ def test_real_gpus_balanced_trainer_matches_one_device(tmp_path):
     assert logged_losses(bal) == pytest.approx(logged_losses(ref), rel=1e-4)
     for (name, p), q in zip(ref.model.named_parameters(), bal.model.parameters()):
         torch.testing.assert_close(q.cpu(), p, rtol=1e-4, atol=1e-5, msg=name)
+
+
+# ---- a split tuned for another step --------------------------------------------------------
+
+def _report_with(tmp_path, name, settings):
+    import dataclasses
+
+    from test_result_wrap import write_report
+
+    from dptune.result import TuneResult
+
+    folder = write_report(tmp_path / name, [1, 3, 3, 3])
+    result = dataclasses.replace(TuneResult.load(str(folder)), settings=settings)
+    (folder / "report.json").write_text(json.dumps(result.to_dict()))
+    return folder
+
+
+def test_a_report_for_other_settings_warns_as_wrap_does(tmp_path):
+    """A bf16 report given to a BalancedTrainer with fp32 arguments warns with the same
+    message as load_result(...).wrap(...) with amp=None; matching arguments say nothing."""
+    import warnings
+
+    from dptune import load_result
+    from dptune.errors import DptuneWarning
+    from dptune.result import TuneResult
+
+    # TrainingArguments clip at max_grad_norm=1.0 by default
+    bf16 = _report_with(tmp_path, "bf16", StepSettings(amp="bf16", clip_grad_norm=1.0))
+    with pytest.warns(DptuneWarning) as got:
+        t = make_trainer(BalancedTrainer, MeanLossNet(), four_gpu_args(tmp_path), tuned=bf16)
+    assert t.tuned_chunk_sizes == [1, 3, 3, 3]
+    mine = [str(w.message) for w in got if issubclass(w.category, DptuneWarning)]
+    assert len(mine) == 1 and "amp='bf16' in the report, None here" in mine[0], mine
+    with pytest.warns(DptuneWarning) as by_wrap:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*CUDA")
+            load_result(bf16).wrap(MeanLossNet(), device_ids=[0, 1, 2, 3], amp=None,
+                                         clip_grad_norm=1.0)
+    assert [str(w.message) for w in by_wrap if issubclass(w.category, DptuneWarning)] == mine
+    # a TuneResult object, and the args' accumulation and clipping, are compared too
+    other = load_result(_report_with(tmp_path, "acc", StepSettings(amp="bf16", accumulate=4)))
+    assert isinstance(other, TuneResult)
+    with pytest.warns(DptuneWarning, match=r"accumulate=4 in the report, 2 here.*clip_grad_norm"
+                                           r"=None in the report, 0.5 here"):
+        make_trainer(BalancedTrainer, MeanLossNet(),
+                     four_gpu_args(tmp_path, bf16=True, gradient_accumulation_steps=2,
+                                   max_grad_norm=0.5), tuned=other)
+    # the same settings: nothing said
+    same = _report_with(tmp_path, "same", StepSettings(amp="bf16", clip_grad_norm=1.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DptuneWarning)
+        make_trainer(BalancedTrainer, MeanLossNet(), four_gpu_args(tmp_path, bf16=True),
+                     tuned=same)

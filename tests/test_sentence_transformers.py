@@ -96,3 +96,51 @@ def test_its_own_batch_rule_is_said(tmp_path, bert_dir, fake_gpus):  # noqa: F81
     with pytest.warns(UserWarning, match=r"draws 12 samples .* not the tuned total 10.*"
                                          r"\[1, 4, 4, 3\]"):
         bal.get_train_dataloader()
+
+
+class AsDataParallel(torch.nn.DataParallel):
+    """The simulator's wrapper as the nn.DataParallel the Trainer builds."""
+
+    def __init__(self, wrapped):
+        torch.nn.Module.__init__(self)
+        self.module = wrapped.module
+        self.wrapped = wrapped
+
+    def forward(self, *args, **kwargs):
+        return self.wrapped(*args, **kwargs)
+
+
+@pytest.mark.slow
+def test_sentence_transformers_trainer_is_tunable(tmp_path, bert_dir):
+    """tune_trainer on a SentenceTransformerTrainer: its collator tokenizes the text columns
+    (no column is dropped), its loss takes the features of each column and the labels on the
+    wrapped model; the tuned split's peaks are those of its own training_step there."""
+    from dptune.backends.simulated import estimate_memory
+    from dptune.integrations.transformers import trainer_sample, tune_trainer
+
+    trainer = make(SentenceTransformerTrainer, bert_dir, tmp_path, per_device=4)
+    model, loss = trainer.model, trainer.loss
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = tune_trainer(trainer, simulate="2x24GB", verbose=False, max_probes=3)
+    assert result.batch_size == 8 and len(result.chunk_sizes) == 2
+    assert any("sgd (SGD)" in n for n in result.notes)
+    # the Trainer, its loss and its model are as they were
+    assert trainer.loss is loss and loss.model is model and trainer.model_wrapped is model
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+    trainer.current_gradient_accumulation_steps = 1
+
+    def real_step(wrapped, batch, optimizer):
+        view = AsDataParallel(wrapped)
+        trainer.model_wrapped = view      # as Trainer.train sets it to the DataParallel
+        try:
+            trainer.training_step(view, dict(batch))
+        finally:
+            trainer.model_wrapped = model
+            loss.model = model
+        optimizer.step()
+
+    real = estimate_memory(model, trainer_sample(trainer), result.chunk_sizes, "2x24GB",
+                           optimizer=lambda p: torch.optim.SGD(p, lr=0.5), step=real_step)
+    for tuned, truth in zip(result.peak_bytes, real.peak_bytes):
+        assert tuned == pytest.approx(truth, rel=0.005), (result.peak_bytes, real.peak_bytes)

@@ -28,9 +28,11 @@ Needs ``transformers`` (``pip install 'dptune[hf]'``); ``import dptune`` never i
 
 Known limitations:
 
-- A Trainer whose loss is not the model's own (``compute_loss_func``, label smoothing, an
-  overridden ``compute_loss``) is tuned with the model's loss on the same batch; the note in
-  the result says so.
+- The probes run the Trainer's own ``compute_loss`` (:class:`TrainerLoss`) on the wrapped
+  model, as ``training_step`` does: with ``label_smoothing_factor``, a ``compute_loss_func`` or
+  an overridden ``compute_loss`` the labels are popped and the loss is computed on the outputs
+  gathered onto card 0, and that is what the split is tuned for. A ``loss_fn=`` or ``step=``
+  given to :func:`tune_trainer` replaces it (the result's note says so).
 - Optimizers that ``args.optim`` builds from the whole model (GaLore, LOMO, Muon-style
   factories, bitsandbytes 8-bit) cannot be built for a probe; pass ``optimizer=`` (a factory
   ``params -> Optimizer``) to :func:`tune_trainer`.
@@ -39,6 +41,7 @@ Known limitations:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Union
@@ -59,7 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from dptune.workload import StepSettings
 
 __all__ = ["tune_trainer", "BalancedTrainer", "BalancedTrainerMixin", "TrainerSample",
-           "TrainerOptimizer", "trainer_step_settings"]
+           "TrainerOptimizer", "TrainerLoss", "trainer_step_settings"]
 
 
 # ---- the workload, read from a Trainer ---------------------------------------------------
@@ -115,11 +118,23 @@ def trainer_sample(trainer: Any) -> TrainerSample:
         import datasets
     except ImportError:
         datasets = None
+    if _is_sentence_transformers(trainer):
+        # its dataloader keeps every column (its collator tokenizes the text columns) and
+        # draws each batch from one dataset of a DatasetDict: the first one stands for all
+        if datasets is not None and isinstance(dataset, datasets.DatasetDict):
+            dataset = next(iter(dataset.values()))
+        return TrainerSample(dataset, collator)
     if datasets is not None and isinstance(dataset, datasets.Dataset):
         dataset = trainer._remove_unused_columns(dataset, description="training")
     else:
         collator = trainer._get_collator_with_removed_columns(collator, description="training")
     return TrainerSample(dataset, collator)
+
+
+def _is_sentence_transformers(trainer: Any) -> bool:
+    """Whether ``trainer`` is a sentence-transformers trainer (its loss takes the features of
+    each text column and the labels; its model's forward takes one features dict)."""
+    return any(c.__module__.startswith("sentence_transformers.") for c in type(trainer).__mro__)
 
 
 @dataclass(frozen=True)
@@ -149,6 +164,11 @@ def trainer_optimizer(trainer: Any) -> TrainerOptimizer:
     if getattr(trainer, "optimizer_cls_and_kwargs", None) is not None:
         cls, kwargs = trainer.optimizer_cls_and_kwargs
         name = getattr(cls, "__name__", str(cls))
+    elif _is_sentence_transformers(trainer):
+        # its override only groups the loss's parameters for weight decay (optimizer_dict);
+        # the optimizer itself is the one transformers' rule names
+        cls, kwargs = transformers.Trainer.get_optimizer_cls_and_kwargs(trainer.args, trainer.model)
+        name = str(getattr(trainer.args.optim, "value", trainer.args.optim))
     else:
         cls, kwargs = trainer.get_optimizer_cls_and_kwargs(trainer.args, trainer.model)
         name = str(getattr(trainer.args.optim, "value", trainer.args.optim))
@@ -160,6 +180,87 @@ def trainer_optimizer(trainer: Any) -> TrainerOptimizer:
                          "to tune_trainer (e.g. lambda p: torch.optim.AdamW(p)), one with the same "
                          "state per parameter")
     return TrainerOptimizer(cls, kwargs, name)
+
+
+@dataclass(frozen=True)
+class TrainerLoss:
+    """``compute_loss(model, batch)`` for probes: the Trainer's step up to its loss.
+
+    As ``Trainer.training_step``: the batch is moved to the card the model's weights are on
+    (``_prepare_inputs``: ``args.device``, card 0 of DataParallel), ``trainer.compute_loss``
+    runs on the wrapped model under ``compute_loss_context_manager()``, and a vector of
+    per-replica losses is averaged (``loss.mean()`` with several GPUs). ``num_items_in_batch``
+    is the number of label entries, a bound of the Trainer's count (the count does not change
+    memory, and counting would read the labels' values).
+    """
+
+    trainer: Any
+
+    def __call__(self, model: Any, batch: Any) -> Any:
+        import torch
+
+        from dptune import _tree
+
+        if not isinstance(batch, Mapping):
+            raise UsageError("the Trainer's data collator must build a dict of the model's "
+                             f"inputs; got {type(batch).__name__}")
+        device = next(iter(model.parameters())).device
+        inputs = _tree.map_tensors(lambda t: t.to(device), dict(batch))
+        labels = inputs.get("labels")
+        count = int(labels.numel()) if isinstance(labels, torch.Tensor) else None
+        trainer = self.trainer
+        view = _as_data_parallel(model)
+        with trainer.compute_loss_context_manager(), _model_in_loss(trainer, view):
+            loss = trainer.compute_loss(view, inputs, num_items_in_batch=count)
+        del inputs
+        if isinstance(loss, tuple):     # a compute_loss that returns (loss, outputs) anyway
+            loss = loss[0]
+        return loss.mean() if isinstance(loss, torch.Tensor) and loss.dim() > 0 else loss
+
+
+@contextlib.contextmanager
+def _model_in_loss(trainer: Any, view: Any) -> Iterator[None]:
+    """sentence-transformers' losses hold the model they call; its ``compute_loss`` puts the
+    wrapped model in them when it is given ``trainer.model_wrapped``. For the block, the probe's
+    wrapped model is that; afterwards the losses hold their own model again."""
+    if not _is_sentence_transformers(trainer):
+        yield
+        return
+    import torch
+
+    losses = trainer.loss.values() if isinstance(trainer.loss, Mapping) else [trainer.loss]
+    held = [(m, m._modules["model"]) for loss in losses if isinstance(loss, torch.nn.Module)
+            for m in loss.modules() if "model" in m._modules]
+    wrapped = trainer.model_wrapped
+    trainer.model_wrapped = view
+    try:
+        yield
+    finally:
+        trainer.model_wrapped = wrapped
+        for m, model in held:
+            m.model = model  # type: ignore[assignment]
+
+
+def _as_data_parallel(model: Any) -> Any:
+    """The probe's wrapped model as the ``nn.DataParallel`` the Trainer builds: accelerate's
+    ``unwrap_model`` finds the model through ``.module`` only in a DataParallel (label
+    smoothing reads the model's class from it to shift causal-LM labels)."""
+    import torch
+
+    if isinstance(model, torch.nn.DataParallel) or not isinstance(
+            getattr(model, "module", None), torch.nn.Module):
+        return model
+
+    class _DataParallelView(torch.nn.DataParallel):
+        def __init__(self, wrapped: Any) -> None:
+            torch.nn.Module.__init__(self)
+            self.module = wrapped.module
+            self.wrapped = wrapped
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.wrapped(*args, **kwargs)
+
+    return _DataParallelView(model)
 
 
 def trainer_step_settings(args: Any) -> "StepSettings":
@@ -283,6 +384,9 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
       ``objective="max_batch"`` it is where the search starts.
     - ``simulate``: a cluster spec such as ``"4x24GB"``; without it the visible GPUs are probed
       (``device_ids=`` picks some), or the simulated ``4x24GB`` when there is none.
+    - The loss is the Trainer's own: its ``compute_loss`` on the wrapped model
+      (:class:`TrainerLoss`), with label smoothing, ``compute_loss_func`` or a subclass's
+      ``compute_loss``; ``loss_fn=`` or ``step=`` replaces it.
     - ``tuner_options`` go to :class:`dptune.Tuner` (``device_ids``, ``max_probes``,
       ``verbose``, ``loss_fn``, ``optimizer``, ...).
 
@@ -312,12 +416,10 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
         optimizer = built
         notes.append(f"optimizer: {built.name} ({built.cls.__name__}), as the Trainer builds it")
     loss_fn = tuner_options.pop("loss_fn", None)
-    if loss_fn is None and (getattr(trainer, "compute_loss_func", None) is not None
-                            or getattr(trainer, "label_smoother", None) is not None
-                            or type(trainer).compute_loss is not transformers.Trainer.compute_loss):
-        notes.append("the Trainer computes its own loss (compute_loss_func, label smoothing or "
-                     "an overridden compute_loss); the probes used the model's loss on the same "
-                     "batch")
+    own_loss = loss_fn is None and tuner_options.get("step") is None
+    if not own_loss:
+        notes.append("loss: the loss_fn/step given to tune_trainer, not the Trainer's "
+                     "compute_loss")
     device_ids = tuner_options.pop("device_ids", None)
     verbose = tuner_options.pop("verbose", True)
     # the cards, decided once here: they decide the default batch, and the tuner uses them
@@ -339,6 +441,8 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
                       headroom=headroom, verbose=verbose, amp=settings.amp,
                       accumulate=settings.accumulate, clip_grad_norm=settings.clip_grad_norm,
                       **tuner_options)
+        if own_loss:   # the Trainer's compute_loss in place of model(**batch) and a loss_fn
+            tuner.workload = dataclasses.replace(tuner.workload, compute_loss=TrainerLoss(trainer))
         result = tuner.fit()
     from dptune.tuner import _notice
 
@@ -375,9 +479,29 @@ class BalancedTrainerMixin:
         super().__init__(*args, **kwargs)
         self.tuned_chunk_sizes: Optional[list[int]] = (
             None if tuned is None else chunk_sizes_of(tuned))
+        self._check_settings(tuned)
         self.balanced: bool = self._uses_split()
         if self.balanced:
             self._train_batch_size = self._balanced_batch_size()
+
+    def _check_settings(self, tuned: Optional[Tuned]) -> None:
+        """A :class:`~dptune.DptuneWarning` when ``tuned`` (a result or a report folder) was
+        tuned for another step than these arguments describe, as ``TuneResult.wrap`` warns."""
+        import os
+
+        from dptune.result import TuneResult, _warn_settings
+
+        if isinstance(tuned, (str, os.PathLike)):
+            tuned = TuneResult.load(os.fspath(tuned))
+        if not isinstance(tuned, TuneResult):
+            return   # a list of chunk sizes says nothing of the step
+        args = self.args  # type: ignore[attr-defined]
+        mine = trainer_step_settings(args)
+        where = f"the report at {tuned.source!r}" if tuned.source else "the result"
+        _warn_settings(tuned.settings, self.model, where,  # type: ignore[attr-defined]
+                       amp=mine.amp, accumulate=mine.accumulate,
+                       clip_grad_norm=mine.clip_grad_norm,
+                       gradient_checkpointing=mine.gradient_checkpointing)
 
     # ---- when the split applies ------------------------------------------------------------
     def _uses_split(self) -> bool:
