@@ -38,15 +38,15 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, Any, Iterator, NoReturn, Optional, Sequence, Union
 
-from dptune.cli_checks import (REPORT_TEMP_ROOM, accumulate_arg, batch_size_arg, card_or_auto,
-                               check_cards, check_out, check_plan_out, device_ids_arg,
-                               headroom_arg, out_path, positive_float, positive_int)
+from dptune.cli_checks import (REPORT_TEMP_ROOM, accumulate_arg, allocator_arg, batch_size_arg,
+                               budget_level_arg, card_or_auto, check_cards, check_out,
+                               check_plan_out, device_ids_arg, headroom_arg, nccl_bytes_arg,
+                               out_path, positive_float, positive_int)
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            DptuneError, UsageError, UserCodeError)
 from dptune.presets import (LOSSES, OPTIMIZERS, adam, adamw, cross_entropy_loss, mean_loss, mse_loss,
                             sgd, sum_loss)
 from dptune.spec import DTYPES, WorkloadSpec, import_users, users_code
-from dptune.units import parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
 
@@ -120,30 +120,35 @@ def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
 
 def search(spec: WorkloadSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
            devices: Optional[Sequence[int]] = None, simulate: Optional[str] = None,
-           objective: str = "balance", headroom_bytes: int = 2**30, max_probes: int = 12,
+           objective: str = "balance", headroom_bytes: Optional[int] = None, max_probes: int = 12,
            verbose: bool = True, isolate: bool = False,
-           output_device: Union[int, str] = 0) -> "TuneResult":
+           output_device: Union[int, str] = 0, budget_level: str = "allocated",
+           allocator: Optional[str] = None, nccl_bytes: Optional[int] = None) -> "TuneResult":
     """``dptune search`` without the printing: :meth:`dptune.Tuner.from_spec`, then ``fit``.
     With neither ``devices`` nor ``simulate``, all visible GPUs are used, or the default
-    simulated cluster when none is visible (the tuner says so once)."""
+    simulated cluster when none is visible (the tuner says so once). ``headroom_bytes``
+    ``None``: the budget level's default; ``budget_level``, ``allocator``, ``nccl_bytes``: as
+    :class:`dptune.Tuner`'s."""
     from dptune.tuner import Tuner
 
     tuner = Tuner.from_spec(spec, batch_size, device_ids=list(devices) if devices else None,
                             simulate=simulate, isolate=isolate, objective=objective,
                             headroom=headroom_bytes, verbose=verbose, max_probes=max_probes,
-                            output_device=output_device)
+                            output_device=output_device, budget_level=budget_level,
+                            allocator=allocator, nccl_bytes=nccl_bytes)
     return tuner.fit()
 
 
 def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
                    batch_size: Optional[int] = None, devices: Optional[Sequence[int]] = None,
                    simulate: Optional[str] = None, objective: str = "balance",
-                   headroom_bytes: int = 2**30, max_probes: int = 12,
-                   verbose: bool = True) -> "TuneResult":
+                   headroom_bytes: Optional[int] = None, max_probes: int = 12,
+                   verbose: bool = True, **levels: Any) -> "TuneResult":
     """``dptune search --hf-trainer mymod:make_trainer``: call ``make_trainer()`` and tune the
     Trainer it returns with :func:`dptune.integrations.transformers.tune_trainer`.
 
-    ``ignored`` names flags given that describe a model, which the Trainer already defines.
+    ``ignored`` names flags given that describe a model, which the Trainer already defines;
+    ``levels``: ``budget_level``, ``allocator``, ``nccl_bytes`` for the :class:`dptune.Tuner`.
     """
     from dptune.backends.cluster import parse_cluster
 
@@ -170,7 +175,7 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
 
     return tune_trainer(trainer, objective=objective, simulate=cluster, headroom=headroom_bytes,
                         batch_size=batch_size, device_ids=list(devices) if devices else None,
-                        max_probes=max_probes, verbose=verbose)
+                        max_probes=max_probes, verbose=verbose, **levels)
 
 
 def _model_only_flags(args: argparse.Namespace) -> list[str]:
@@ -243,8 +248,44 @@ def workload_arguments(p: argparse.ArgumentParser, *, batch_default: Optional[in
 
 
 def _headroom_argument(group: Any) -> None:
-    group.add_argument("--headroom", type=headroom_arg, default=parse_bytes("1GiB"), metavar="SIZE",
-                       help="memory kept free on every card, e.g. 1GiB (default), 512MiB")
+    group.add_argument("--headroom", type=headroom_arg, default=None, metavar="SIZE",
+                       help="memory kept free on every card, e.g. 512MiB (default 1GiB at "
+                            "--budget-level allocated, 256MiB at reserved)")
+
+
+def _level_arguments(p: argparse.ArgumentParser) -> None:
+    """``--budget-level``, ``--allocator`` and ``--nccl-bytes`` (``search`` and ``plan``)."""
+    g = p.add_argument_group("budget level (what is checked against each card's budget)")
+    g.add_argument("--budget-level", type=budget_level_arg, default="allocated",
+                   metavar="allocated|reserved",
+                   help="allocated: the allocator's allocated peak (max_memory_allocated, the "
+                        "default); reserved: the caching allocator's reserved peak plus NCCL's "
+                        "buffers, what runs out on a card (on simulated cards predicted by a "
+                        "model of the allocator)")
+    g.add_argument("--allocator", type=allocator_arg, default=None, metavar="CONF",
+                   help="the caching allocator's options for the reserved level, in "
+                        "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. "
+                        "'expandable_segments:True,max_split_size_mb:128' (default: "
+                        "PYTORCH_CUDA_ALLOC_CONF, read only at --budget-level reserved)")
+    g.add_argument("--nccl-bytes", type=nccl_bytes_arg, default=None, metavar="SIZE",
+                   help="NCCL's buffers per card at the reserved level, e.g. 1600MB (default: "
+                        "1.6 GB per card on runs of more than one card, 0 on one card)")
+
+
+def _check_level_flags(args: argparse.Namespace) -> None:
+    """``--allocator`` and ``--nccl-bytes`` only mean something at the reserved level."""
+    if args.budget_level != "reserved":
+        given = [f for f, v in (("--allocator", args.allocator), ("--nccl-bytes", args.nccl_bytes))
+                 if v is not None]
+        if given:
+            verb = "apply" if len(given) > 1 else "applies"
+            raise UsageError(f"{' and '.join(given)} {verb} only at --budget-level reserved; add "
+                             "--budget-level reserved or drop it")
+
+
+def _level_options(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(budget_level=args.budget_level, allocator=args.allocator,
+                nccl_bytes=args.nccl_bytes)
 
 
 def _objective_argument(group: Any, help: str) -> None:
@@ -290,6 +331,7 @@ def search_parser(subparsers: Any) -> None:
                        help="virtual cards, e.g. 4x24GB, 2xA100-80GB,2xA100-40GB or "
                             "4x24GB,used=0:6GB (default when no GPU is visible: 4x24GB)")
     _headroom_argument(c)
+    _level_arguments(p)
     t = p.add_argument_group("search and output")
     _objective_argument(t, "balance: even out memory at --batch-size (default); max-batch: the "
                            "largest batch that fits")
@@ -319,6 +361,7 @@ def _search_command(args: argparse.Namespace) -> int:
     if args.out:  # before minutes of probing
         check_out(args.out, "--out", room=REPORT_TEMP_ROOM, report=True)
     check_cards(args.simulate, args.devices, 0 if args.hf_trainer else args.output_device)
+    _check_level_flags(args)
 
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -328,14 +371,14 @@ def _search_command(args: argparse.Namespace) -> int:
                 args.hf_trainer, ignored=_model_only_flags(args), batch_size=args.batch_size,
                 devices=args.devices, simulate=args.simulate,
                 objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
-                max_probes=args.max_probes, verbose=not args.quiet)
+                max_probes=args.max_probes, verbose=not args.quiet, **_level_options(args))
         else:
             result = search(
                 workload_spec(args), batch_size=args.batch_size or DEFAULT_BATCH_SIZE,
                 devices=args.devices, simulate=args.simulate,
                 objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
                 max_probes=args.max_probes, verbose=not args.quiet, isolate=args.isolate,
-                output_device=args.output_device)
+                output_device=args.output_device, **_level_options(args))
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
     if args.json:
@@ -349,10 +392,13 @@ def _search_command(args: argparse.Namespace) -> int:
 
 
 def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
-             simulate: str = "4x24GB", objective: str = "balance", headroom_bytes: int = 2**30,
-             bucket_cap_mb: Optional[float] = None, gradient_as_bucket_view: bool = False) -> Any:
+             simulate: str = "4x24GB", objective: str = "balance",
+             headroom_bytes: Optional[int] = None, bucket_cap_mb: Optional[float] = None,
+             gradient_as_bucket_view: bool = False, budget_level: str = "allocated",
+             allocator: Optional[str] = None, nccl_bytes: Optional[int] = None) -> Any:
     """``dptune plan`` without the printing: per-rank DDP batch sizes on a simulated cluster
-    (one rank per card) for the step ``spec`` describes; returns the :class:`dptune.ddp.DDPPlan`."""
+    (one rank per card) for the step ``spec`` describes; returns the :class:`dptune.ddp.DDPPlan`.
+    ``headroom_bytes`` ``None``: the budget level's default."""
     from dptune.backends.cluster import parse_cluster
     from dptune.ddp import plan
 
@@ -362,7 +408,8 @@ def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
                 objective=objective, simulate=cluster, headroom=headroom_bytes,
                 bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
                 amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
-                step=wl.step)
+                step=wl.step, budget_level=budget_level, allocator=allocator,
+                nccl_bytes=nccl_bytes)
 
 
 def plan_parser(subparsers: Any) -> None:
@@ -386,6 +433,7 @@ def plan_parser(subparsers: Any) -> None:
                    help="DDP's bucket_cap_mb (default: torch's, 25)")
     c.add_argument("--gradient-as-bucket-view", action="store_true",
                    help="DDP's gradient_as_bucket_view=True (no second copy of the gradients)")
+    _level_arguments(p)
     t = p.add_argument_group("plan and output")
     _objective_argument(t, "balance: the same share of memory on every card at --batch-size "
                            "(default); max-batch: the largest global batch")
@@ -412,6 +460,7 @@ def _plan_command(args: argparse.Namespace) -> int:
         raise UsageError("--objective balance splits a global batch: give --batch-size N "
                          "(or --objective max-batch for the largest that fits)")
     check_cards(simulate)
+    _check_level_flags(args)
     if args.out:  # checked before minutes of planning
         check_plan_out(args.out)
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -419,7 +468,8 @@ def _plan_command(args: argparse.Namespace) -> int:
         result = ddp_plan(
             workload_spec(args), global_batch=args.batch_size, simulate=simulate,
             objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
-            bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view)
+            bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
+            **_level_options(args))
         if args.out:
             target = args.out
         else:

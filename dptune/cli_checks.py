@@ -29,7 +29,8 @@ __all__ = ["MAX_SIMULATED_CARDS", "MAX_HEADROOM_BYTES", "REPORT_TEMP_ROOM", "che
            "check_plan_out", "check_cards", "shorten",
            # argparse types
            "card_or_auto", "positive_int", "positive_float", "batch_size_arg", "byte_size",
-           "headroom_arg", "accumulate_arg", "out_path", "device_ids_arg"]
+           "headroom_arg", "accumulate_arg", "out_path", "device_ids_arg", "budget_level_arg",
+           "allocator_arg", "nccl_bytes_arg"]
 
 #: The most cards ``--simulate`` takes (``search`` and ``plan``); see the module docstring.
 MAX_SIMULATED_CARDS = 1024
@@ -107,6 +108,37 @@ def headroom_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text} is more than any card holds (at most {format_bytes(MAX_HEADROOM_BYTES)}); "
             "give the memory to keep free on each card, e.g. 1GiB or 512MiB")
+    return value
+
+
+def budget_level_arg(text: str) -> str:
+    """``--budget-level``: ``allocated`` or ``reserved`` (:class:`dptune.backends.reserved.BudgetLevel`)."""
+    if text not in ("allocated", "reserved"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a budget level: give 'allocated' (the allocator's allocated peak, "
+            "the default) or 'reserved' (the caching allocator's reserved peak plus NCCL)")
+    return text
+
+
+def allocator_arg(text: str) -> str:
+    """``--allocator``: caching-allocator options in ``PYTORCH_CUDA_ALLOC_CONF`` syntax,
+    checked here (the text is kept: the tuner parses it again)."""
+    from dptune.backends.allocator_config import AllocatorConfig
+
+    try:
+        AllocatorConfig.parse(text)
+    except (UsageError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def nccl_bytes_arg(text: str) -> int:
+    """``--nccl-bytes``: NCCL's buffers per card, a byte size up to :data:`MAX_HEADROOM_BYTES`."""
+    value = byte_size(text)
+    if value > MAX_HEADROOM_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"{text} is more than any card holds (at most {format_bytes(MAX_HEADROOM_BYTES)}); "
+            "give NCCL's buffers per card, e.g. 1600MB (what NCCL_DEBUG=INFO or NVML shows)")
     return value
 
 
