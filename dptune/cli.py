@@ -355,7 +355,7 @@ def search_parser(subparsers: Any) -> None:
 
 
 def _search_command(args: argparse.Namespace) -> int:
-    from dptune.report import render_table, write_report
+    from dptune.report import render_table, report_dict, write_report
 
     out = sys.stderr if args.json else sys.stdout
     if args.out:  # before minutes of probing
@@ -382,7 +382,7 @@ def _search_command(args: argparse.Namespace) -> int:
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(report_dict(result), indent=2))
     elif not args.quiet:
         print(render_table(result))
         for line in result.advice:
@@ -503,7 +503,7 @@ def _report_folder(path: str) -> pathlib.Path:
 
 def _show_command(args: argparse.Namespace) -> int:
     from dptune.ddp.result import DDPPlan, is_plan_path
-    from dptune.report import PLOT_KINDS, read_report, render_summary
+    from dptune.report import PLOT_KINDS, read_report, render_summary, report_dict
 
     if is_plan_path(args.report):   # a DDP plan written by `dptune plan`
         plan = DDPPlan.load(args.report)
@@ -512,7 +512,7 @@ def _show_command(args: argparse.Namespace) -> int:
 
     result = read_report(args.report)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(report_dict(result), indent=2))
         return EXIT_OK
     folder = _report_folder(args.report)
     plots = [k for k in PLOT_KINDS if (folder / f"{k}.png").exists()]

@@ -279,7 +279,11 @@ class _State:
         for p in self.of(r):
             if p.peak_bytes is None and p.batch_size not in pts:
                 pts[p.batch_size] = float(self.budgets[r])
-        chosen = sorted(pts, key=lambda b: (abs(b - near), -b))[:2]
+        order = sorted(pts, key=lambda b: (abs(b - near), -b))
+        # the nearest point and the nearest with another peak: at the reserved level peaks are
+        # a staircase (segments, 2 MiB rounding), whose flat steps would make a flat line
+        other = [b for b in order[1:] if pts[b] != pts[order[0]]]
+        chosen = order[:1] + other[:1] if other else order[:2]
         if len(chosen) < 2:
             b = chosen[0]
             return Fit(intercept_bytes=pts[b] - MIN_SLOPE_BYTES * b, slope_bytes=MIN_SLOPE_BYTES, points=1)
@@ -403,8 +407,12 @@ def _beyond_the_ranks(state: _State, group: _Group, probe: Callable[[int, int], 
 
 
 def _max_batch(state: _State, group: _Group, probe: Callable[[int, int], Optional[int]],
-               max_rounds: int, limit: Optional[int]) -> bool:
-    """Bracket each rank's largest batch; returns whether every bracket closed."""
+               max_rounds: int, limit: Optional[int], staircase: bool = False) -> bool:
+    """Bracket each rank's largest batch; returns whether every bracket closed.
+
+    ``staircase``: peaks rise in steps (the reserved level: whole segments), so a rank whose
+    line says it is at its limit with no batch yet measured over may still sit on a flat
+    step: it probes ``lo + lo/256`` (not ``lo + 1``) to find one, and bisection closes it."""
     n = state.n
     bisect_next = [False] * n
     while state.rounds < max_rounds:
@@ -424,6 +432,8 @@ def _max_batch(state: _State, group: _Group, probe: Callable[[int, int], Optiona
                 if hi is not None:
                     x = min(x, hi - 1)
                 else:
+                    if staircase and x == lo + 1:
+                        x = lo + max(1, lo // 256)
                     x = min(x, max(64 * lo, lo + 1))    # at most 64x past what is known to fit
                     if limit is not None:
                         x = min(x, max(limit, lo + 1))
@@ -536,7 +546,8 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
             sizes = _balance(state, group, probe, global_batch, max_rounds, second)
         else:
             _first_rounds(state, group, probe, [8 * state.m] * n)
-            certified = _max_batch(state, group, probe, max_rounds, global_batch)
+            certified = _max_batch(state, group, probe, max_rounds, global_batch,
+                                   staircase=level is BudgetLevel.RESERVED)
             sizes = [state.lo(r) for r in range(n)]
             if global_batch is not None and sum(sizes) > global_batch:
                 sizes = _balance(state, group, probe, global_batch, max_rounds + 4, sizes)
