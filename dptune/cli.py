@@ -171,8 +171,11 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
     if not isinstance(trainer, transformers.Trainer):
         raise UsageError(f"--hf-trainer {make_trainer}() returned a {type(trainer).__name__}, "
                          "not a transformers.Trainer")
+    from dptune.backends.reserved import DEFAULT_HEADROOM, parse_level
     from dptune.integrations.transformers import tune_trainer
 
+    if headroom_bytes is None:   # the level's default (tune_trainer's own is the allocated one)
+        headroom_bytes = DEFAULT_HEADROOM[parse_level(levels.get("budget_level", "allocated"))]
     return tune_trainer(trainer, objective=objective, simulate=cluster, headroom=headroom_bytes,
                         batch_size=batch_size, device_ids=list(devices) if devices else None,
                         max_probes=max_probes, verbose=verbose, **levels)
