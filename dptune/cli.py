@@ -38,9 +38,9 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, Any, Iterator, NoReturn, Optional, Sequence, Union
 
-from dptune.cli_checks import (REPORT_TEMP_ROOM, accumulate_arg, allocator_arg, batch_size_arg,
-                               budget_level_arg, card_or_auto, check_cards, check_out,
-                               check_plan_out, device_ids_arg, headroom_arg, nccl_bytes_arg,
+from dptune.cli_checks import (REPORT_TEMP_ROOM, accumulate_arg, batch_size_arg, card_or_auto,
+                               check_cards, check_level_flags, check_out, check_plan_out,
+                               device_ids_arg, headroom_arg, level_arguments, level_options,
                                out_path, positive_float, positive_int)
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            DptuneError, UsageError, UserCodeError)
@@ -256,41 +256,6 @@ def _headroom_argument(group: Any) -> None:
                             "--budget-level allocated, 256MiB at reserved)")
 
 
-def _level_arguments(p: argparse.ArgumentParser) -> None:
-    """``--budget-level``, ``--allocator`` and ``--nccl-bytes`` (``search`` and ``plan``)."""
-    g = p.add_argument_group("budget level (what is checked against each card's budget)")
-    g.add_argument("--budget-level", type=budget_level_arg, default="allocated",
-                   metavar="allocated|reserved",
-                   help="allocated: the allocator's allocated peak (max_memory_allocated, the "
-                        "default); reserved: the caching allocator's reserved peak plus NCCL's "
-                        "buffers, what runs out on a card (on simulated cards predicted by a "
-                        "model of the allocator)")
-    g.add_argument("--allocator", type=allocator_arg, default=None, metavar="CONF",
-                   help="the caching allocator's options for the reserved level, in "
-                        "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. "
-                        "'expandable_segments:True,max_split_size_mb:128' (default: "
-                        "PYTORCH_CUDA_ALLOC_CONF, read only at --budget-level reserved)")
-    g.add_argument("--nccl-bytes", type=nccl_bytes_arg, default=None, metavar="SIZE",
-                   help="NCCL's buffers per card at the reserved level, e.g. 1600MB (default: "
-                        "1.6 GB per card on runs of more than one card, 0 on one card)")
-
-
-def _check_level_flags(args: argparse.Namespace) -> None:
-    """``--allocator`` and ``--nccl-bytes`` only mean something at the reserved level."""
-    if args.budget_level != "reserved":
-        given = [f for f, v in (("--allocator", args.allocator), ("--nccl-bytes", args.nccl_bytes))
-                 if v is not None]
-        if given:
-            verb = "apply" if len(given) > 1 else "applies"
-            raise UsageError(f"{' and '.join(given)} {verb} only at --budget-level reserved; add "
-                             "--budget-level reserved or drop it")
-
-
-def _level_options(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(budget_level=args.budget_level, allocator=args.allocator,
-                nccl_bytes=args.nccl_bytes)
-
-
 def _objective_argument(group: Any, help: str) -> None:
     group.add_argument("--objective", choices=("balance", "max-batch"), default="balance",
                        type=lambda s: s.replace("_", "-"), help=help)
@@ -334,7 +299,7 @@ def search_parser(subparsers: Any) -> None:
                        help="virtual cards, e.g. 4x24GB, 2xA100-80GB,2xA100-40GB or "
                             "4x24GB,used=0:6GB (default when no GPU is visible: 4x24GB)")
     _headroom_argument(c)
-    _level_arguments(p)
+    level_arguments(p)
     t = p.add_argument_group("search and output")
     _objective_argument(t, "balance: even out memory at --batch-size (default); max-batch: the "
                            "largest batch that fits")
@@ -364,7 +329,7 @@ def _search_command(args: argparse.Namespace) -> int:
     if args.out:  # before minutes of probing
         check_out(args.out, "--out", room=REPORT_TEMP_ROOM, report=True)
     check_cards(args.simulate, args.devices, 0 if args.hf_trainer else args.output_device)
-    _check_level_flags(args)
+    check_level_flags(args)
 
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -374,14 +339,14 @@ def _search_command(args: argparse.Namespace) -> int:
                 args.hf_trainer, ignored=_model_only_flags(args), batch_size=args.batch_size,
                 devices=args.devices, simulate=args.simulate,
                 objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
-                max_probes=args.max_probes, verbose=not args.quiet, **_level_options(args))
+                max_probes=args.max_probes, verbose=not args.quiet, **level_options(args))
         else:
             result = search(
                 workload_spec(args), batch_size=args.batch_size or DEFAULT_BATCH_SIZE,
                 devices=args.devices, simulate=args.simulate,
                 objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
                 max_probes=args.max_probes, verbose=not args.quiet, isolate=args.isolate,
-                output_device=args.output_device, **_level_options(args))
+                output_device=args.output_device, **level_options(args))
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
     if args.json:
@@ -436,7 +401,7 @@ def plan_parser(subparsers: Any) -> None:
                    help="DDP's bucket_cap_mb (default: torch's, 25)")
     c.add_argument("--gradient-as-bucket-view", action="store_true",
                    help="DDP's gradient_as_bucket_view=True (no second copy of the gradients)")
-    _level_arguments(p)
+    level_arguments(p)
     t = p.add_argument_group("plan and output")
     _objective_argument(t, "balance: the same share of memory on every card at --batch-size "
                            "(default); max-batch: the largest global batch")
@@ -463,7 +428,7 @@ def _plan_command(args: argparse.Namespace) -> int:
         raise UsageError("--objective balance splits a global batch: give --batch-size N "
                          "(or --objective max-batch for the largest that fits)")
     check_cards(simulate)
-    _check_level_flags(args)
+    check_level_flags(args)
     if args.out:  # checked before minutes of planning
         check_plan_out(args.out)
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -472,7 +437,7 @@ def _plan_command(args: argparse.Namespace) -> int:
             workload_spec(args), global_batch=args.batch_size, simulate=simulate,
             objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
             bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
-            **_level_options(args))
+            **level_options(args))
         if args.out:
             target = args.out
         else:

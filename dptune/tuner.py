@@ -24,7 +24,7 @@ from dptune.advice import unread_outputs_advice
 from dptune.backends.allocator import AllocatorConfig
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
 from dptune.backends.reserved import (BudgetLevel, ReservedModel, advice_lines, at_level,
-                                      level_settings)
+                                      level_settings, real_cards_measured)
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
 from dptune.split import MAX_BATCH_SIZE
@@ -195,6 +195,8 @@ class Tuner:
         # the allocator model only at the reserved level (the environment is read only then)
         self.budget_level, self.headroom_bytes, self.reserved_model = level_settings(
             budget_level, headroom, allocator, nccl_bytes)
+        self._model_options = [n for n, v in (("allocator", allocator), ("nccl_bytes", nccl_bytes))
+                               if v is not None]
         if isinstance(max_probes, bool) or not isinstance(max_probes, int) or max_probes < 3:
             raise UsageError(f"max_probes must be an int >= 3, got {max_probes!r}")
         if not (isinstance(tolerance, (int, float)) and 0 < tolerance < 1):
@@ -261,6 +263,8 @@ class Tuner:
         backend = self.backend
         if backend is None:
             choice = self.choice or choose_backend(self.device_ids, self.simulate)
+            if not choice.simulated and self._model_options:
+                raise UsageError(real_cards_measured(self._model_options))
             if choice.notice is not None:
                 _notice(choice.notice, self.verbose)
                 notes.append(choice.notice)

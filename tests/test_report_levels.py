@@ -262,6 +262,22 @@ def test_search_at_the_reserved_level_writes_the_three_figures(model, capsys):
     assert d["headroom_bytes"] == GiB
 
 
+def test_allocator_model_options_on_real_cards_are_refused_not_ignored():
+    from dptune.errors import UsageError
+    from dptune.tuner import BackendChoice, Tuner
+
+    real = BackendChoice(device_ids=[0])        # refused before any card is touched
+    for opts in ({"allocator": "expandable_segments:True"}, {"nccl_bytes": "1GB"}):
+        t = Tuner(nn.Linear(4, 4), lambda b: torch.randn(b, 4), 8, choice=real,
+                  budget_level="reserved", verbose=False, **opts)
+        with pytest.raises(UsageError, match="PYTORCH_CUDA_ALLOC_CONF in the environment"):
+            t.fit()
+    from dptune import ddp
+    with pytest.raises(UsageError, match=r"allocator set the allocator model of simulated"):
+        ddp.plan(nn.Linear(4, 4), lambda b: torch.randn(b, 4), global_batch=8,
+                 budget_level="reserved", allocator="expandable_segments:True")
+
+
 # ---- the DDP planner ------------------------------------------------------------------------
 
 def net() -> nn.Module:

@@ -37,7 +37,7 @@ from dptune.errors import BackendUnavailableError, UsageError
 from dptune.units import format_bytes
 
 __all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "BudgetLevel",
-           "DEFAULT_HEADROOM", "parse_level", "level_settings", "at_level", "advice_lines", "merge_rank_probes",
+           "DEFAULT_HEADROOM", "parse_level", "level_settings", "real_cards_measured", "at_level", "advice_lines", "merge_rank_probes",
            "predict_steps"]
 
 #: reserved over allocated by this share (and by at least 256 MiB) calls for the advice
@@ -199,6 +199,13 @@ def level_settings(budget_level: "str | BudgetLevel", headroom: "int | str | Non
     config = (AllocatorConfig.from_env() if allocator is None else allocator
               if isinstance(allocator, AllocatorConfig) else AllocatorConfig.parse(allocator))
     return level, room, ReservedModel(config, FixedCosts(nccl))
+
+
+def real_cards_measured(options: Sequence[str]) -> str:
+    """The one line for allocator-model options given where real cards are probed."""
+    return (f"{' and '.join(options)} set the allocator model of simulated cards; real GPUs are "
+            "measured: set PYTORCH_CUDA_ALLOC_CONF in the environment before dptune starts "
+            "(NCCL's buffers are in NVML's figures there), or simulate the cards")
 
 
 def at_level(r: ProbeResult, devices: Sequence[Device], level: BudgetLevel) -> ProbeResult:

@@ -41,7 +41,8 @@ from dptune.backends.allocator_config import AllocatorConfig
 from dptune.backends.base import Device
 from dptune.backends.ddp_memory import DDPOptions, bucket_bytes, params_of
 from dptune.backends.fixed_costs import FixedCosts
-from dptune.backends.reserved import BudgetLevel, ReservedModel, at_level, level_settings
+from dptune.backends.reserved import (BudgetLevel, ReservedModel, at_level, level_settings,
+                                      real_cards_measured)
 from dptune.ddp.result import DDPPlan, RankPlan, RankProbe, loss_scales
 from dptune.errors import (BackendUnavailableError, DptuneError, NoFeasibleSplitError, UsageError,
                            UserCodeError)
@@ -493,6 +494,9 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     options = DDPOptions(bucket_cap_mb, gradient_as_bucket_view)
     workload = make_workload(model, sample, loss_fn, optimizer, step_options)
     cluster = parse_cluster(simulate) if simulate is not None else None
+    given = [n for n, v in (("allocator", allocator), ("nccl_bytes", nccl_bytes)) if v is not None]
+    if cluster is None and given:
+        raise UsageError(real_cards_measured(given))
 
     import torch.distributed as dist
 
