@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from dptune.backends.base import CATEGORIES
 from dptune.errors import UsageError
-from dptune.report.levels import CardMemory, split_memory
+from dptune.report.levels import CardMemory, budget_level, split_memory
 from dptune.report.text import PLOT_KINDS, _gain, _pct, _subject, device_label, plot_kinds
 from dptune.units import GiB, format_bytes
 
@@ -216,7 +216,9 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
                else f"even at batch {even.batch_size}, dptune at batch {result.batch_size}")
     bound = (f"; not probed, upper bounds from probe {', '.join(f'#{k}' for k in even.implied_by)}"
              if even.implied_by else "")
-    ax.set_title(_wrap_title(f"{_subject(result)}: peak memory per card\n"
+    level = ("; shares of budget at the reserved level (reserved + NCCL)"
+             if budget_level(result) == "reserved" else "")
+    ax.set_title(_wrap_title(f"{_subject(result)}: peak memory per card{level}\n"
                              f"even split (hatched, left{bound}) vs dptune (right), {batches}",
                              _axes_width(ax, legend_right=True), 10), fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
