@@ -411,9 +411,10 @@ def _max_batch(state: _State, group: _Group, probe: Callable[[int, int], Optiona
                max_rounds: int, limit: Optional[int], staircase: bool = False) -> bool:
     """Bracket each rank's largest batch; returns whether every bracket closed.
 
-    ``staircase``: peaks rise in steps (the reserved level: whole segments), so a rank whose
-    line says it is at its limit with no batch yet measured over may still sit on a flat
-    step: it probes ``lo + lo/256`` (not ``lo + 1``) to find one, and bisection closes it."""
+    ``staircase``: peaks rise in steps (the reserved level: whole segments), where a line
+    through two probes says little near the edge of a step: a rank whose line says it is at
+    its limit with no batch yet measured over probes ``lo + lo/256`` (not ``lo + 1``) to find
+    one, and a bracket is closed by bisection alone."""
     n = state.n
     bisect_next = [False] * n
     while state.rounds < max_rounds:
@@ -425,7 +426,7 @@ def _max_batch(state: _State, group: _Group, probe: Callable[[int, int], Optiona
             if hi is not None and hi <= lo + 1:
                 sizes.append(None)
                 continue
-            if hi is not None and bisect_next[r]:
+            if hi is not None and (bisect_next[r] or staircase):
                 x = (lo + hi) // 2
             else:
                 x = _cap_of(state.fit(r, lo), state.budgets[r])
