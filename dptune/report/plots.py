@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from dptune.backends.base import CATEGORIES
 from dptune.errors import UsageError
-from dptune.report.levels import CardMemory, budget_level, split_memory
 from dptune.report.text import PLOT_KINDS, _gain, _pct, _subject, device_label, plot_kinds
 from dptune.units import GiB, format_bytes
+from dptune.report.levels import CardMemory, budget_level, split_memory
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
