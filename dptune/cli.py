@@ -39,14 +39,14 @@ import traceback
 from typing import TYPE_CHECKING, Any, Iterator, NoReturn, Optional, Sequence, Union
 
 from dptune.cli_checks import (REPORT_TEMP_ROOM, accumulate_arg, batch_size_arg, card_or_auto,
-                               check_cards, check_out, check_plan_out, device_ids_arg,
-                               headroom_arg, out_path, positive_float, positive_int)
+                               check_cards, check_level_flags, check_out, check_plan_out,
+                               device_ids_arg, headroom_arg, level_arguments, level_options,
+                               out_path, positive_float, positive_int)
 from dptune.errors import (EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            DptuneError, UsageError, UserCodeError)
 from dptune.presets import (LOSSES, OPTIMIZERS, adam, adamw, cross_entropy_loss, mean_loss, mse_loss,
                             sgd, sum_loss)
 from dptune.spec import DTYPES, WorkloadSpec, import_users, users_code
-from dptune.units import parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
 
@@ -120,30 +120,35 @@ def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
 
 def search(spec: WorkloadSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
            devices: Optional[Sequence[int]] = None, simulate: Optional[str] = None,
-           objective: str = "balance", headroom_bytes: int = 2**30, max_probes: int = 12,
+           objective: str = "balance", headroom_bytes: Optional[int] = None, max_probes: int = 12,
            verbose: bool = True, isolate: bool = False,
-           output_device: Union[int, str] = 0) -> "TuneResult":
+           output_device: Union[int, str] = 0, budget_level: str = "allocated",
+           allocator: Optional[str] = None, nccl_bytes: Optional[int] = None) -> "TuneResult":
     """``dptune search`` without the printing: :meth:`dptune.Tuner.from_spec`, then ``fit``.
     With neither ``devices`` nor ``simulate``, all visible GPUs are used, or the default
-    simulated cluster when none is visible (the tuner says so once)."""
+    simulated cluster when none is visible (the tuner says so once). ``headroom_bytes``
+    ``None``: the budget level's default; ``budget_level``, ``allocator``, ``nccl_bytes``: as
+    :class:`dptune.Tuner`'s."""
     from dptune.tuner import Tuner
 
     tuner = Tuner.from_spec(spec, batch_size, device_ids=list(devices) if devices else None,
                             simulate=simulate, isolate=isolate, objective=objective,
                             headroom=headroom_bytes, verbose=verbose, max_probes=max_probes,
-                            output_device=output_device)
+                            output_device=output_device, budget_level=budget_level,
+                            allocator=allocator, nccl_bytes=nccl_bytes)
     return tuner.fit()
 
 
 def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
                    batch_size: Optional[int] = None, devices: Optional[Sequence[int]] = None,
                    simulate: Optional[str] = None, objective: str = "balance",
-                   headroom_bytes: int = 2**30, max_probes: int = 12,
-                   verbose: bool = True) -> "TuneResult":
+                   headroom_bytes: Optional[int] = None, max_probes: int = 12,
+                   verbose: bool = True, **levels: Any) -> "TuneResult":
     """``dptune search --hf-trainer mymod:make_trainer``: call ``make_trainer()`` and tune the
     Trainer it returns with :func:`dptune.integrations.transformers.tune_trainer`.
 
-    ``ignored`` names flags given that describe a model, which the Trainer already defines.
+    ``ignored`` names flags given that describe a model, which the Trainer already defines;
+    ``levels``: ``budget_level``, ``allocator``, ``nccl_bytes`` for the :class:`dptune.Tuner`.
     """
     from dptune.backends.cluster import parse_cluster
 
@@ -166,11 +171,14 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
     if not isinstance(trainer, transformers.Trainer):
         raise UsageError(f"--hf-trainer {make_trainer}() returned a {type(trainer).__name__}, "
                          "not a transformers.Trainer")
+    from dptune.backends.reserved import DEFAULT_HEADROOM, parse_level
     from dptune.integrations.transformers import tune_trainer
 
+    if headroom_bytes is None:   # the level's default (tune_trainer's own is the allocated one)
+        headroom_bytes = DEFAULT_HEADROOM[parse_level(levels.get("budget_level", "allocated"))]
     return tune_trainer(trainer, objective=objective, simulate=cluster, headroom=headroom_bytes,
                         batch_size=batch_size, device_ids=list(devices) if devices else None,
-                        max_probes=max_probes, verbose=verbose)
+                        max_probes=max_probes, verbose=verbose, **levels)
 
 
 def _model_only_flags(args: argparse.Namespace) -> list[str]:
@@ -243,8 +251,9 @@ def workload_arguments(p: argparse.ArgumentParser, *, batch_default: Optional[in
 
 
 def _headroom_argument(group: Any) -> None:
-    group.add_argument("--headroom", type=headroom_arg, default=parse_bytes("1GiB"), metavar="SIZE",
-                       help="memory kept free on every card, e.g. 1GiB (default), 512MiB")
+    group.add_argument("--headroom", type=headroom_arg, default=None, metavar="SIZE",
+                       help="memory kept free on every card, e.g. 512MiB (default 1GiB at "
+                            "--budget-level allocated, 256MiB at reserved)")
 
 
 def _objective_argument(group: Any, help: str) -> None:
@@ -290,6 +299,7 @@ def search_parser(subparsers: Any) -> None:
                        help="virtual cards, e.g. 4x24GB, 2xA100-80GB,2xA100-40GB or "
                             "4x24GB,used=0:6GB (default when no GPU is visible: 4x24GB)")
     _headroom_argument(c)
+    level_arguments(p)
     t = p.add_argument_group("search and output")
     _objective_argument(t, "balance: even out memory at --batch-size (default); max-batch: the "
                            "largest batch that fits; throughput: the fastest split of --batch-size "
@@ -314,12 +324,13 @@ def search_parser(subparsers: Any) -> None:
 
 
 def _search_command(args: argparse.Namespace) -> int:
-    from dptune.report import render_table, write_report
+    from dptune.report import render_table, report_dict, write_report
 
     out = sys.stderr if args.json else sys.stdout
     if args.out:  # before minutes of probing
         check_out(args.out, "--out", room=REPORT_TEMP_ROOM, report=True)
     check_cards(args.simulate, args.devices, 0 if args.hf_trainer else args.output_device)
+    check_level_flags(args)
 
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -329,18 +340,18 @@ def _search_command(args: argparse.Namespace) -> int:
                 args.hf_trainer, ignored=_model_only_flags(args), batch_size=args.batch_size,
                 devices=args.devices, simulate=args.simulate,
                 objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
-                max_probes=args.max_probes, verbose=not args.quiet)
+                max_probes=args.max_probes, verbose=not args.quiet, **level_options(args))
         else:
             result = search(
                 workload_spec(args), batch_size=args.batch_size or DEFAULT_BATCH_SIZE,
                 devices=args.devices, simulate=args.simulate,
                 objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
                 max_probes=args.max_probes, verbose=not args.quiet, isolate=args.isolate,
-                output_device=args.output_device)
+                output_device=args.output_device, **level_options(args))
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(report_dict(result), indent=2))
     elif not args.quiet:
         print(render_table(result))
         for line in result.advice:
@@ -350,14 +361,17 @@ def _search_command(args: argparse.Namespace) -> int:
 
 
 def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
-             simulate: str = "4x24GB", objective: str = "balance", headroom_bytes: int = 2**30,
-             bucket_cap_mb: Optional[float] = None, gradient_as_bucket_view: bool = False,
+             simulate: str = "4x24GB", objective: str = "balance",
+             headroom_bytes: Optional[int] = None, bucket_cap_mb: Optional[float] = None,
+             gradient_as_bucket_view: bool = False, budget_level: str = "allocated",
+             allocator: Optional[str] = None, nccl_bytes: Optional[int] = None,
              strategy: str = "ddp", reshard_after_forward: bool = True,
              mp_param_dtype: Optional[str] = None) -> Any:
     """``dptune plan`` without the printing: per-rank DDP batch sizes on a simulated cluster
     (one rank per card) for the step ``spec`` describes; returns the :class:`dptune.ddp.DDPPlan`.
-    ``strategy="fsdp"``: FSDP2 with the default sharding, ``mp_param_dtype`` ("bf16",
-    "fp16") the ``MixedPrecisionPolicy``'s parameter dtype (gradients reduced in fp32)."""
+    ``headroom_bytes`` ``None``: the budget level's default. ``strategy="fsdp"``: FSDP2 with
+    the default sharding, ``mp_param_dtype`` ("bf16", "fp16") the ``MixedPrecisionPolicy``'s
+    parameter dtype (gradients reduced in fp32)."""
     from dptune.backends.cluster import parse_cluster
     from dptune.ddp import plan
 
@@ -379,7 +393,8 @@ def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
                 objective=objective, simulate=cluster, headroom=headroom_bytes,
                 bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
                 amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
-                step=wl.step, **fsdp)
+                step=wl.step, budget_level=budget_level, allocator=allocator,
+                nccl_bytes=nccl_bytes, **fsdp)
 
 
 def plan_parser(subparsers: Any) -> None:
@@ -403,6 +418,7 @@ def plan_parser(subparsers: Any) -> None:
                    help="DDP's bucket_cap_mb (default: torch's, 25)")
     c.add_argument("--gradient-as-bucket-view", action="store_true",
                    help="DDP's gradient_as_bucket_view=True (no second copy of the gradients)")
+    level_arguments(p)
     f = p.add_argument_group("FSDP2 (--strategy fsdp)")
     f.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp",
                    help="ddp (default), or fsdp: the model sharded with FSDP2's fully_shard, "
@@ -438,6 +454,7 @@ def _plan_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--objective {args.objective} splits a global batch: give --batch-size N "
                          "(or --objective max-batch for the largest that fits)")
     check_cards(simulate)
+    check_level_flags(args)
     if args.out:  # checked before minutes of planning
         check_plan_out(args.out)
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -447,7 +464,7 @@ def _plan_command(args: argparse.Namespace) -> int:
             objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
             bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
             strategy=args.strategy, reshard_after_forward=not args.no_reshard_after_forward,
-            mp_param_dtype=args.mp_param_dtype)
+            mp_param_dtype=args.mp_param_dtype, **level_options(args))
         if args.out:
             target = args.out
         else:
@@ -481,7 +498,7 @@ def _report_folder(path: str) -> pathlib.Path:
 
 def _show_command(args: argparse.Namespace) -> int:
     from dptune.ddp.result import DDPPlan, is_plan_path
-    from dptune.report import PLOT_KINDS, read_report, render_summary
+    from dptune.report import PLOT_KINDS, read_report, render_summary, report_dict
 
     if is_plan_path(args.report):   # a DDP plan written by `dptune plan`
         plan = DDPPlan.load(args.report)
@@ -490,7 +507,7 @@ def _show_command(args: argparse.Namespace) -> int:
 
     result = read_report(args.report)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(report_dict(result), indent=2))
         return EXIT_OK
     folder = _report_folder(args.report)
     plots = [k for k in PLOT_KINDS if (folder / f"{k}.png").exists()]

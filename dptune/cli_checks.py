@@ -1,7 +1,9 @@
 """The command line's inputs: argparse's types for the flags (each bad value one line,
 naming the flag), and the checks argparse cannot make alone, made before any probing: output
 paths (too long for the file system, a folder holding something else), the size of a
-simulated cluster, the card the outputs are gathered on.
+simulated cluster, the card the outputs are gathered on; and the budget level's flags
+(``--budget-level``, ``--allocator``, ``--nccl-bytes``: :func:`level_arguments`, shared by
+``search`` and ``plan``, checked by :func:`check_level_flags`).
 
 The bounds, and why:
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from dptune.errors import OutputError, UsageError
 from dptune.split import MAX_BATCH_SIZE
@@ -29,7 +31,9 @@ __all__ = ["MAX_SIMULATED_CARDS", "MAX_HEADROOM_BYTES", "REPORT_TEMP_ROOM", "che
            "check_plan_out", "check_cards", "shorten",
            # argparse types
            "card_or_auto", "positive_int", "positive_float", "batch_size_arg", "byte_size",
-           "headroom_arg", "accumulate_arg", "out_path", "device_ids_arg"]
+           "headroom_arg", "accumulate_arg", "out_path", "device_ids_arg", "budget_level_arg",
+           "allocator_arg", "nccl_bytes_arg", "level_arguments", "check_level_flags",
+           "level_options"]
 
 #: The most cards ``--simulate`` takes (``search`` and ``plan``); see the module docstring.
 MAX_SIMULATED_CARDS = 1024
@@ -108,6 +112,72 @@ def headroom_arg(text: str) -> int:
             f"{text} is more than any card holds (at most {format_bytes(MAX_HEADROOM_BYTES)}); "
             "give the memory to keep free on each card, e.g. 1GiB or 512MiB")
     return value
+
+
+def budget_level_arg(text: str) -> str:
+    """``--budget-level``: ``allocated`` or ``reserved`` (:class:`dptune.backends.reserved.BudgetLevel`)."""
+    if text not in ("allocated", "reserved"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a budget level: give 'allocated' (the allocator's allocated peak, "
+            "the default) or 'reserved' (the caching allocator's reserved peak plus NCCL)")
+    return text
+
+
+def allocator_arg(text: str) -> str:
+    """``--allocator``: caching-allocator options in ``PYTORCH_CUDA_ALLOC_CONF`` syntax,
+    checked here (the text is kept: the tuner parses it again)."""
+    from dptune.backends.allocator_config import AllocatorConfig
+
+    try:
+        AllocatorConfig.parse(text)
+    except (UsageError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def nccl_bytes_arg(text: str) -> int:
+    """``--nccl-bytes``: NCCL's buffers per card, a byte size up to :data:`MAX_HEADROOM_BYTES`."""
+    value = byte_size(text)
+    if value > MAX_HEADROOM_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"{text} is more than any card holds (at most {format_bytes(MAX_HEADROOM_BYTES)}); "
+            "give NCCL's buffers per card, e.g. 1600MB (what NCCL_DEBUG=INFO or NVML shows)")
+    return value
+
+
+def level_arguments(p: argparse.ArgumentParser) -> None:
+    """``--budget-level``, ``--allocator`` and ``--nccl-bytes`` (``search`` and ``plan``)."""
+    g = p.add_argument_group("budget level (what is checked against each card's budget)")
+    g.add_argument("--budget-level", type=budget_level_arg, default="allocated",
+                   metavar="allocated|reserved",
+                   help="allocated: the allocator's allocated peak (max_memory_allocated, the "
+                        "default); reserved: the caching allocator's reserved peak plus NCCL's "
+                        "buffers, what runs out on a card (on simulated cards predicted by a "
+                        "model of the allocator)")
+    g.add_argument("--allocator", type=allocator_arg, default=None, metavar="CONF",
+                   help="the caching allocator's options for the reserved level, in "
+                        "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. "
+                        "'expandable_segments:True,max_split_size_mb:128' (default: "
+                        "PYTORCH_CUDA_ALLOC_CONF, read only at --budget-level reserved)")
+    g.add_argument("--nccl-bytes", type=nccl_bytes_arg, default=None, metavar="SIZE",
+                   help="NCCL's buffers per card at the reserved level, e.g. 1600MB (default: "
+                        "1.6 GB per card on runs of more than one card, 0 on one card)")
+
+
+def check_level_flags(args: argparse.Namespace) -> None:
+    """``--allocator`` and ``--nccl-bytes`` only mean something at the reserved level."""
+    if args.budget_level != "reserved":
+        given = [f for f, v in (("--allocator", args.allocator), ("--nccl-bytes", args.nccl_bytes))
+                 if v is not None]
+        if given:
+            verb = "apply" if len(given) > 1 else "applies"
+            raise UsageError(f"{' and '.join(given)} {verb} only at --budget-level reserved; add "
+                             "--budget-level reserved or drop it")
+
+
+def level_options(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(budget_level=args.budget_level, allocator=args.allocator,
+                nccl_bytes=args.nccl_bytes)
 
 
 def accumulate_arg(text: str) -> int:

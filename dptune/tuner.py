@@ -23,16 +23,15 @@ from dptune import search
 from dptune.advice import unread_outputs_advice
 from dptune.backends.allocator import AllocatorConfig
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
-from dptune.backends.fixed_costs import FixedCosts
-from dptune.backends.reserved import (DEFAULT_HEADROOM, BudgetLevel, ReservedModel, advice_lines,
-                                      at_level, parse_level)
+from dptune.backends.reserved import (BudgetLevel, ReservedModel, advice_lines, at_level,
+                                      level_settings, real_cards_measured)
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
 from dptune.split import MAX_BATCH_SIZE
 from dptune.search.messages import card0_holdings
 from dptune.spec import WorkloadSpec
 from dptune.types import BackendKind, Objective, card_in_use
-from dptune.units import format_bytes, parse_bytes
+from dptune.units import format_bytes
 from dptune.workload import Workload, has_batchnorm, model_name
 
 __all__ = ["Tuner", "BackendChoice", "choose_backend"]
@@ -197,18 +196,11 @@ class Tuner:
         if choice is not None and (device_ids is not None or simulate is not None):
             raise UsageError("give the cards once: choice= (already chosen) or device_ids= / "
                              "simulate=, not both")
-        self.budget_level = parse_level(budget_level)
-        try:
-            self.headroom_bytes = (DEFAULT_HEADROOM[self.budget_level] if headroom is None
-                                   else parse_bytes(headroom))
-            nccl = None if nccl_bytes is None else parse_bytes(nccl_bytes)
-        except ValueError as e:
-            raise UsageError(f"headroom/nccl_bytes: {e}") from None
-        self.reserved_model: Optional[ReservedModel] = None
-        if self.budget_level is BudgetLevel.RESERVED:    # the environment is read only then
-            config = (AllocatorConfig.from_env() if allocator is None else allocator
-                      if isinstance(allocator, AllocatorConfig) else AllocatorConfig.parse(allocator))
-            self.reserved_model = ReservedModel(config, FixedCosts(nccl))
+        # the allocator model only at the reserved level (the environment is read only then)
+        self.budget_level, self.headroom_bytes, self.reserved_model = level_settings(
+            budget_level, headroom, allocator, nccl_bytes)
+        self._model_options = [n for n, v in (("allocator", allocator), ("nccl_bytes", nccl_bytes))
+                               if v is not None]
         if isinstance(max_probes, bool) or not isinstance(max_probes, int) or max_probes < 3:
             raise UsageError(f"max_probes must be an int >= 3, got {max_probes!r}")
         if not (isinstance(tolerance, (int, float)) and 0 < tolerance < 1):
@@ -280,6 +272,8 @@ class Tuner:
         backend = self.backend
         if backend is None:
             choice = self.choice or choose_backend(self.device_ids, self.simulate)
+            if not choice.simulated and self._model_options:
+                raise UsageError(real_cards_measured(self._model_options))
             if choice.notice is not None:
                 _notice(choice.notice, self.verbose)
                 notes.append(choice.notice)

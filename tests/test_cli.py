@@ -19,7 +19,7 @@ from dptune import cli
 from dptune.cli import main
 from dptune.spec import RandomBatch, WorkloadSpec
 from dptune.errors import UsageError
-from dptune.report import write_report
+from dptune.report import report_dict, write_report
 from dptune.result import TuneResult
 
 from test_report import make_result
@@ -166,6 +166,8 @@ def test_json_output_round_trips(tiny, capsys):
                               "--json", "--no-plots", *FAST)
     assert code == 0, err
     data = json.loads(out)  # stdout holds the JSON and nothing else
+    # report.json's content: the result's dict plus the derived budget level and memory_stats
+    assert data.pop("budget_level") == "allocated" and data.pop("memory_stats") is None
     assert TuneResult.from_dict(data).to_dict() == data
     assert data["model_name"] == "Net" and data["batch_size"] == 8
     assert "report written to" in err
@@ -362,7 +364,12 @@ def test_show_prints_summary(saved, capsys):
     assert "max batch that fits: even 132 -> balanced 208" in out
     assert result.advice[0] in out
     code, out, _ = run_main(capsys, "show", str(folder / "report.json"), "--json")
-    assert code == 0 and json.loads(out) == result.to_dict()
+    data = json.loads(out)
+    assert code == 0 and data == report_dict(result)
+    verify = result.probes[-1]        # the probe that measured the split (make_result)
+    assert list(verify.chunk_sizes) == result.chunk_sizes
+    assert [ms["reserved_bytes.all.peak"] for ms in data["memory_stats"]] == \
+        list(verify.reserved_bytes)
 
 
 def test_plot_redraws_from_saved_report(saved, capsys):

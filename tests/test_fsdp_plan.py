@@ -125,6 +125,8 @@ def test_fsdp_arguments_are_checked():
                  shard=lambda m, mesh: m, reshard_after_forward=False)
     with pytest.raises(UsageError, match="not available with strategy='fsdp'"):
         ddp.plan(mlp, seqs, global_batch=8, simulate=SPEC, strategy="fsdp", objective="throughput")
+    with pytest.raises(UsageError, match="budget_level='reserved' is not available with strategy='fsdp'"):
+        ddp.plan(mlp, seqs, global_batch=8, simulate=SPEC, strategy="fsdp", budget_level="reserved")
     with pytest.raises(UsageError, match="MixedPrecisionPolicy"):
         ddp.plan(mlp, seqs, global_batch=8, simulate=SPEC, strategy="fsdp", mp_policy="bf16")
 

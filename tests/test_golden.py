@@ -1,6 +1,7 @@
 """The text renderers' whole output for fixed hand-made results (test_report.make_result):
 the terminal table and summary.md, for both objectives, with an even split implied by a
-probe and one that ran out of memory. Rewrite with DPTUNE_UPDATE_GOLDEN=1 (tests/golden_check.py)."""
+probe and one that ran out of memory, and a balance at the reserved budget level (the
+three figures per card). Rewrite with DPTUNE_UPDATE_GOLDEN=1 (tests/golden_check.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dptune.report import render_summary, render_table
 from dptune.search.observations import Bracket
 from golden_check import assert_golden
 from test_report import make_result
+from test_report_levels import reserved_result
 
 
 def certified(r):
@@ -29,6 +31,7 @@ CASES = {
     "balance_even_oom": lambda: dataclasses.replace(
         make_result("balance"), even=dataclasses.replace(make_result("balance").even,
                                                          feasible=False, oom_device=0)),
+    "balance_reserved": lambda: reserved_result("balance"),
 }
 
 

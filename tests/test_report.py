@@ -124,9 +124,11 @@ def test_render_table_balance():
     lines = text.splitlines()
     assert "device" in lines[1] and "even split" in lines[1] and "dptune split" in lines[1]
     assert lines[2].startswith("0: NVIDIA GeForce RTX 4090")
-    assert len(lines) == 2 + 4 + 2
-    assert f"even {r.even.imbalance:.2f} -> dptune {r.imbalance:.2f}" in lines[-2]
-    assert lines[-1].startswith("certified: ")
+    assert len(lines) == 2 + 4 + 3
+    assert f"even {r.even.imbalance:.2f} -> dptune {r.imbalance:.2f}" in lines[-3]
+    assert lines[-2].startswith("certified: ")
+    # the probes carry reserved peaks: a line says what the reserved column is
+    assert lines[-1].startswith("allocated / reserved: ") and "reserved" in lines[1]
     assert "max batch" not in text
     # str(result) is one line (the result does not import its renderer): it names the split
     # and where the table comes from
@@ -196,7 +198,11 @@ def test_report_json_round_trips(tmp_path, result):
     assert data["version"] == 1 and data["chunk_sizes"] == result.chunk_sizes
     back = read_report(out)
     assert back == result
-    assert back.to_dict() == result.to_dict() == data
+    # report.json: the result's dict plus the derived budget level and per-card memory_stats
+    derived = {"budget_level", "memory_stats"}
+    assert data["budget_level"] == "allocated" and len(data["memory_stats"]) == 4
+    assert back.to_dict() == result.to_dict() == {k: v for k, v in data.items()
+                                                  if k not in derived}
     assert read_report(out / "report.json") == result
     assert not (out / "peaks.png").exists()
     assert "![" not in (out / "summary.md").read_text()

@@ -37,7 +37,7 @@ from dptune.errors import BackendUnavailableError, UsageError
 from dptune.units import format_bytes
 
 __all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "BudgetLevel",
-           "DEFAULT_HEADROOM", "parse_level", "at_level", "advice_lines", "merge_rank_probes",
+           "DEFAULT_HEADROOM", "parse_level", "level_settings", "real_cards_measured", "at_level", "advice_lines", "merge_rank_probes",
            "predict_steps"]
 
 #: reserved over allocated by this share (and by at least 256 MiB) calls for the advice
@@ -176,6 +176,36 @@ def parse_level(level: "str | BudgetLevel") -> BudgetLevel:
         return BudgetLevel(level)
     except ValueError:
         raise UsageError(f"budget level must be 'allocated' or 'reserved', got {level!r}") from None
+
+
+def level_settings(budget_level: "str | BudgetLevel", headroom: "int | str | None",
+                   allocator: "str | AllocatorConfig | None" = None,
+                   nccl_bytes: "int | str | None" = None
+                   ) -> tuple[BudgetLevel, int, Optional[ReservedModel]]:
+    """The level, the headroom in bytes (``None``: the level's default) and, at the reserved
+    level, the allocator model (``allocator`` ``None``: ``PYTORCH_CUDA_ALLOC_CONF``, read only
+    then); what :class:`dptune.Tuner` and :func:`dptune.ddp.plan` take. Bad values raise
+    :class:`UsageError` (a bad allocator option its :class:`~dptune.errors.SpecError`)."""
+    from dptune.units import parse_bytes
+
+    level = parse_level(budget_level)
+    try:
+        room = DEFAULT_HEADROOM[level] if headroom is None else parse_bytes(headroom)
+        nccl = None if nccl_bytes is None else parse_bytes(nccl_bytes)
+    except ValueError as e:
+        raise UsageError(f"headroom/nccl_bytes: {e}") from None
+    if level is BudgetLevel.ALLOCATED:
+        return level, room, None
+    config = (AllocatorConfig.from_env() if allocator is None else allocator
+              if isinstance(allocator, AllocatorConfig) else AllocatorConfig.parse(allocator))
+    return level, room, ReservedModel(config, FixedCosts(nccl))
+
+
+def real_cards_measured(options: Sequence[str]) -> str:
+    """The one line for allocator-model options given where real cards are probed."""
+    return (f"{' and '.join(options)} set the allocator model of simulated cards; real GPUs are "
+            "measured: set PYTORCH_CUDA_ALLOC_CONF in the environment before dptune starts "
+            "(NCCL's buffers are in NVML's figures there), or simulate the cards")
 
 
 def at_level(r: ProbeResult, devices: Sequence[Device], level: BudgetLevel) -> ProbeResult:

@@ -30,19 +30,24 @@ not depend on each other). The plan uses :mod:`dptune.solver`'s fits and splits 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar, Union
 
+from dptune.backends.allocator_config import AllocatorConfig
 from dptune.backends.base import Device
 from dptune.backends.ddp_memory import DDPOptions, bucket_bytes, params_of
+from dptune.backends.fixed_costs import FixedCosts
+from dptune.backends.reserved import (BudgetLevel, ReservedModel, at_level, level_settings,
+                                      real_cards_measured)
 from dptune.ddp.result import DDPPlan, RankPlan, RankProbe, loss_scales
 from dptune.errors import (BackendUnavailableError, DptuneError, NoFeasibleSplitError, UsageError,
                            UserCodeError)
 from dptune.solver import MIN_SLOPE_BYTES, Fit, fit_affine, solve_balance
-from dptune.units import format_bytes, parse_bytes
+from dptune.units import format_bytes
 
 __all__ = ["plan", "OBJECTIVES"]
 
@@ -97,7 +102,8 @@ class _SimulatedProber:
     """Rank ``rank`` on card ``rank`` of a simulated cluster."""
 
     def __init__(self, workload: Any, cluster: Any, rank: int, options: DDPOptions,
-                 headroom_bytes: int, host: Optional[str], shared: Optional[dict] = None):
+                 headroom_bytes: int, host: Optional[str], shared: Optional[dict] = None,
+                 reserved: Optional[ReservedModel] = None):
         from dptune.backends.simulated_ddp import SimulatedDDPRank, card_of
         from dptune.workload import model_name
 
@@ -107,7 +113,11 @@ class _SimulatedProber:
         shared = {} if shared is None else shared
         card = cluster.names[rank]
         if card not in shared:
-            shared[card] = (SimulatedDDPRank(workload, card_of(cluster, rank), options), {})
+            # at the reserved level each rank's trace is replayed through the allocator model,
+            # NCCL's buffers as for a world of all the ranks (as SimulatedDDP(reserved=...))
+            model = None if reserved is None else dataclasses.replace(
+                reserved, fixed=FixedCosts(reserved.fixed.nccl_for(len(cluster))))
+            shared[card] = (SimulatedDDPRank(workload, card_of(cluster, rank), options, model), {})
         self.backend, self._memo = shared[card]
         self.workload, self.headroom, self.host = workload, headroom_bytes, host
         self.name = model_name(workload.model)
@@ -121,7 +131,10 @@ class _SimulatedProber:
 
     def probe(self, batch_size: int) -> Optional[int]:
         if batch_size not in self._memo:
-            self._memo[batch_size] = self.backend.estimate([batch_size]).peak_bytes[0]
+            self._memo[batch_size] = (
+                self.backend.estimate([batch_size]).peak_bytes[0] if self.backend.reserved is None
+                else at_level(self.backend.probe([batch_size]), [self.device],
+                              BudgetLevel.RESERVED).peak_bytes[0])
         return self._memo[batch_size]
 
     def close(self) -> None:
@@ -132,7 +145,7 @@ class _CudaProber:
     """This process's CUDA card: the single-card step measured, DDP's buckets counted."""
 
     def __init__(self, workload: Any, device_index: int, options: DDPOptions, headroom_bytes: int,
-                 host: Optional[str]):
+                 host: Optional[str], level: BudgetLevel = BudgetLevel.ALLOCATED):
         from dptune.backends.cuda import CudaBackend
         from dptune.workload import model_name
 
@@ -140,6 +153,7 @@ class _CudaProber:
         self.workload, self.options, self.headroom, self.host = workload, options, headroom_bytes, host
         self.name = model_name(workload.model)
         self._ddp: Optional[int] = None
+        self.level = level
 
     def _ddp_bytes(self) -> int:
         if self._ddp is None:
@@ -159,7 +173,7 @@ class _CudaProber:
                          model_name=self.name, settings=_settings(self.workload))
 
     def probe(self, batch_size: int) -> Optional[int]:
-        res = self.backend.probe([batch_size])
+        res = at_level(self.backend.probe([batch_size]), self.backend.devices, self.level)
         if not res.feasible:
             return None
         return res.peak_bytes[0] + self._ddp_bytes()
@@ -267,7 +281,11 @@ class _State:
         for p in self.of(r):
             if p.peak_bytes is None and p.batch_size not in pts:
                 pts[p.batch_size] = float(self.budgets[r])
-        chosen = sorted(pts, key=lambda b: (abs(b - near), -b))[:2]
+        order = sorted(pts, key=lambda b: (abs(b - near), -b))
+        # the nearest point and the nearest with another peak: at the reserved level peaks are
+        # a staircase (segments, 2 MiB rounding), whose flat steps would make a flat line
+        other = [b for b in order[1:] if pts[b] != pts[order[0]]]
+        chosen = order[:1] + other[:1] if other else order[:2]
         if len(chosen) < 2:
             b = chosen[0]
             return Fit(intercept_bytes=pts[b] - MIN_SLOPE_BYTES * b, slope_bytes=MIN_SLOPE_BYTES, points=1)
@@ -392,8 +410,13 @@ def _beyond_the_ranks(state: _State, group: _Group, probe: Callable[[int, int], 
 
 
 def _max_batch(state: _State, group: _Group, probe: Callable[[int, int], Optional[int]],
-               max_rounds: int, limit: Optional[int]) -> bool:
-    """Bracket each rank's largest batch; returns whether every bracket closed."""
+               max_rounds: int, limit: Optional[int], staircase: bool = False) -> bool:
+    """Bracket each rank's largest batch; returns whether every bracket closed.
+
+    ``staircase``: peaks rise in steps (the reserved level: whole segments), where a line
+    through two probes says little near the edge of a step: a rank whose line says it is at
+    its limit with no batch yet measured over probes ``lo + lo/256`` (not ``lo + 1``) to find
+    one, and a bracket is closed by bisection alone."""
     n = state.n
     bisect_next = [False] * n
     while state.rounds < max_rounds:
@@ -405,7 +428,7 @@ def _max_batch(state: _State, group: _Group, probe: Callable[[int, int], Optiona
             if hi is not None and hi <= lo + 1:
                 sizes.append(None)
                 continue
-            if hi is not None and bisect_next[r]:
+            if hi is not None and (bisect_next[r] or staircase):
                 x = (lo + hi) // 2
             else:
                 x = _cap_of(state.fit(r, lo), state.budgets[r])
@@ -413,6 +436,8 @@ def _max_batch(state: _State, group: _Group, probe: Callable[[int, int], Optiona
                 if hi is not None:
                     x = min(x, hi - 1)
                 else:
+                    if staircase and x == lo + 1:
+                        x = lo + max(1, lo // 256)
                     x = min(x, max(64 * lo, lo + 1))    # at most 64x past what is known to fit
                     if limit is not None:
                         x = min(x, max(limit, lo + 1))
@@ -427,10 +452,12 @@ def _max_batch(state: _State, group: _Group, probe: Callable[[int, int], Optiona
 def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..., Any]] = None,
          optimizer: Optional[Callable[..., Any]] = None, *, global_batch: Optional[int] = None,
          objective: str = "balance", simulate: Optional[Union[str, Any]] = None,
-         headroom: Union[int, str] = "1GiB", bucket_cap_mb: Optional[float] = None,
+         headroom: Union[int, str, None] = None, bucket_cap_mb: Optional[float] = None,
          gradient_as_bucket_view: bool = False, max_rounds: int = 16,
          device: Optional[int] = None, strategy: str = "ddp", shard: Optional[Callable] = None,
-         reshard_after_forward: bool = True, mp_policy: Any = None, **step_options: Any) -> DDPPlan:
+         reshard_after_forward: bool = True, mp_policy: Any = None,
+         budget_level: str = "allocated", allocator: Union[str, AllocatorConfig, None] = None,
+         nccl_bytes: Union[int, str, None] = None, **step_options: Any) -> DDPPlan:
     """Per-rank batch sizes for ``DistributedDataParallel`` on unequal cards.
 
     ``model``, ``sample``, ``loss_fn``, ``optimizer`` and ``step_options`` (``amp``,
@@ -444,12 +471,15 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
       process group the whole plan is made in this process; inside a ``torchrun`` job rank
       r simulates card r. Inside a job without ``simulate``, each rank probes its own CUDA
       card (``device``, default ``torch.cuda.current_device()``): call ``plan`` on every rank.
-    - ``headroom``: kept free on every card; ``bucket_cap_mb``, ``gradient_as_bucket_view``:
-      the DDP arguments you will use.
+    - ``headroom``: kept free on every card (default 1 GiB, 256 MiB at the reserved level);
+      ``bucket_cap_mb``, ``gradient_as_bucket_view``: the DDP arguments you will use.
+    - ``budget_level``, ``allocator``, ``nccl_bytes``: as :class:`dptune.Tuner`'s; at
+      ``"reserved"`` each rank's peak is the caching allocator's reserved peak plus NCCL's
+      buffers (simulated ranks: the allocator model; real cards: ``max_memory_reserved``).
     - ``strategy="fsdp"``: the model is sharded with FSDP2 (``fully_shard``) instead, by
       ``shard(model, mesh)`` or by default each ``ModuleList`` block then the root with
       ``reshard_after_forward`` and ``mp_policy``; simulated cards only (see
-      :mod:`dptune.ddp.fsdp`).
+      :mod:`dptune.ddp.fsdp`); the allocated level only.
 
     Every rank returns the same :class:`DDPPlan`. Raises :class:`NoFeasibleSplitError` (on
     every rank) when some rank cannot fit its share.
@@ -468,10 +498,7 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
                          "(or objective='max_batch' for the largest that fits)")
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 3:
         raise UsageError(f"max_rounds must be an int >= 3, got {max_rounds!r}")
-    try:
-        headroom_bytes = parse_bytes(headroom)
-    except ValueError as e:
-        raise UsageError(f"headroom: {e}") from None
+    level, headroom_bytes, reserved = level_settings(budget_level, headroom, allocator, nccl_bytes)
     options = DDPOptions(bucket_cap_mb, gradient_as_bucket_view)
     if strategy not in STRATEGIES:
         raise UsageError(f"strategy must be 'ddp' or 'fsdp', got {strategy!r}")
@@ -487,6 +514,9 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
         raise UsageError("shard, reshard_after_forward and mp_policy are FSDP's: pass strategy='fsdp'")
     workload = make_workload(model, sample, loss_fn, optimizer, step_options)
     cluster = parse_cluster(simulate) if simulate is not None else None
+    given = [n for n, v in (("allocator", allocator), ("nccl_bytes", nccl_bytes)) if v is not None]
+    if cluster is None and given:
+        raise UsageError(real_cards_measured(given))
 
     import torch.distributed as dist
 
@@ -514,6 +544,10 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     if objective == "throughput" and (in_job or cluster is None):
         raise UsageError("objective='throughput' plans offline on the simulated cluster for now "
                          "(simulate=... without a process group); inside a job use 'balance'")
+    if strategy == "fsdp" and reserved is not None:
+        raise UsageError("budget_level='reserved' is not available with strategy='fsdp' yet (the "
+                         "allocator model is not checked on FSDP2's resized storages): plan at the "
+                         "allocated level, with headroom for the allocator's cache")
     if strategy == "fsdp" and objective == "throughput":
         raise UsageError("objective='throughput' is not available with strategy='fsdp' (FSDP's "
                          "all-gathers and reduce-scatters are not timed); use 'balance' or 'max_batch'")
@@ -530,9 +564,10 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
 
             probers[r] = SimulatedFSDPProber(workload, cluster, r, fsdp, headroom_bytes, host, shared)
         elif cluster is not None:
-            probers[r] = _SimulatedProber(workload, cluster, r, options, headroom_bytes, host, shared)
+            probers[r] = _SimulatedProber(workload, cluster, r, options, headroom_bytes, host, shared,
+                                          reserved)
         else:
-            probers[r] = _local_cuda_prober(workload, device, options, headroom_bytes, host)
+            probers[r] = _local_cuda_prober(workload, device, options, headroom_bytes, host, level)
         return probers[r].info()
 
     try:
@@ -563,7 +598,8 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
                 sizes, why = fast.sizes, fast.reasons + fast.notes
         else:
             _first_rounds(state, group, probe, [8 * state.m] * n)
-            certified = _max_batch(state, group, probe, max_rounds, global_batch)
+            certified = _max_batch(state, group, probe, max_rounds, global_batch,
+                                   staircase=level is BudgetLevel.RESERVED)
             sizes = [state.lo(r) for r in range(n)]
             if global_batch is not None and sum(sizes) > global_batch:
                 sizes = _balance(state, group, probe, global_batch, max_rounds + 4, sizes)
@@ -593,6 +629,13 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
         notes.append("measured peaks are the single-card step's max_memory_allocated plus the "
                      "counted DDP buckets" + (" (an upper bound with gradient_as_bucket_view)"
                                               if options.gradient_as_bucket_view else ""))
+    if level is BudgetLevel.RESERVED:
+        notes.append("budgets checked against the reserved level: each rank's peak is the caching "
+                     "allocator's reserved peak plus NCCL's buffers" + (
+                         f" ({format_bytes(reserved.fixed.nccl_for(n))} per rank); a model of the "
+                         "allocator, not yet checked on hardware" if reserved is not None else
+                         "; DDP's buckets counted on top of the single-card step's "
+                         "max_memory_reserved"))
     if state.m > 1:
         notes.append("the model has BatchNorm: every rank gets at least 2 samples (or use "
                      "SyncBatchNorm, whose statistics span the global batch)")
@@ -608,7 +651,8 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
 
 
 def _local_cuda_prober(workload: Any, device: Optional[int], options: DDPOptions,
-                       headroom_bytes: int, host: Optional[str]) -> _Prober:
+                       headroom_bytes: int, host: Optional[str],
+                       level: BudgetLevel = BudgetLevel.ALLOCATED) -> _Prober:
     import os
 
     import torch
@@ -621,4 +665,4 @@ def _local_cuda_prober(workload: Any, device: Optional[int], options: DDPOptions
         local = os.environ.get("LOCAL_RANK")
         device = int(local) if local is not None and torch.cuda.device_count() > int(local) \
             else torch.cuda.current_device()
-    return _CudaProber(workload, device, options, headroom_bytes, host)
+    return _CudaProber(workload, device, options, headroom_bytes, host, level)

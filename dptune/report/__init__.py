@@ -10,7 +10,9 @@ matplotlib are imported inside the functions that need them, so importing this i
   (summary.md), :func:`result_table` and :func:`probes_table` (DataFrames; probes.csv)
 - :mod:`dptune.report.plots`: :func:`plot_result` (``peaks``, ``fits``, ``max_batch``)
 - :mod:`dptune.report.files`: :func:`write_report`, :func:`write_plots`, :func:`read_report`,
-  :func:`check_output_folder`
+  :func:`check_output_folder`, :func:`report_dict` (report.json)
+- :mod:`dptune.report.levels`: the budget level and the three figures per card (allocated,
+  reserved, total use)
 
 What ``TuneResult.table/plot/save/summary`` did::
 
@@ -22,7 +24,8 @@ What ``TuneResult.table/plot/save/summary`` did::
 """
 
 from dptune.report.files import (REPORT_FILES, check_output_folder, figure_dpi, read_report,
-                                 write_plots, write_report)
+                                 report_dict, write_plots, write_report)
+from dptune.report.levels import CardMemory, budget_level, level_lines, memory_stats
 from dptune.report.plots import DETAIL_CARDS, FIT_PANELS, fit_cards, highest_peak, plot_result
 from dptune.report.text import (PLOT_KINDS, budget_text, device_label, plot_kinds, probes_table,
                                 render_summary, render_table, result_table)
@@ -31,5 +34,6 @@ __all__ = [
     "PLOT_KINDS", "plot_kinds", "device_label", "result_table", "probes_table", "render_table",
     "render_summary", "plot_result", "write_report", "write_plots", "read_report",
     "check_output_folder", "REPORT_FILES", "DETAIL_CARDS", "FIT_PANELS", "fit_cards",
-    "highest_peak", "budget_text", "figure_dpi",
+    "highest_peak", "budget_text", "figure_dpi", "report_dict", "CardMemory", "budget_level",
+    "level_lines", "memory_stats",
 ]

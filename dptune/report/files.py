@@ -2,7 +2,9 @@
 
 A report folder holds::
 
-    report.json    result.to_dict(), versioned (read back with read_report / load_result)
+    report.json    report_dict(result): result.to_dict(), versioned (read back with
+                   read_report / load_result), plus budget_level and, where known, per card
+                   of dptune's split memory_stats under torch's key names
     probes.csv     one row per probe (numbered from 1): split, within budget and by how much,
                    per-card peaks in bytes, OOM card, seconds
     summary.md     the Markdown summary (render_summary)
@@ -18,9 +20,10 @@ import os
 import pathlib
 import shutil
 import tempfile
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dptune.errors import OutputError
+from dptune.report.levels import budget_level, memory_stats
 from dptune.report.plots import plot_result
 from dptune.report.text import PLOT_KINDS, plot_kinds, probes_table, render_summary
 
@@ -30,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from dptune.result import TuneResult
 
 __all__ = ["REPORT_FILES", "check_output_folder", "write_report", "write_plots", "read_report",
-           "figure_dpi"]
+           "figure_dpi", "report_dict"]
 
 #: What a report folder holds; an existing folder with only these (or nothing) is replaced.
 REPORT_FILES = ("report.json", "probes.csv", "summary.md") + tuple(f"{k}.png" for k in PLOT_KINDS)
@@ -70,6 +73,19 @@ def check_output_folder(directory: str | pathlib.Path, flag: str = "--out", *,
     return out
 
 
+def report_dict(result: TuneResult) -> dict[str, Any]:
+    """What report.json holds (and ``--json`` prints): ``result.to_dict()`` plus two derived
+    keys the reader does not need: ``budget_level`` (``"allocated"`` or ``"reserved"``) and
+    ``memory_stats``, per card of dptune's split, ``allocated_bytes.all.peak``,
+    ``reserved_bytes.all.peak``, ``num_alloc_retries`` (torch's key names) and
+    ``total_bytes`` (the card's total use), or ``None`` where only the allocated peak is known
+    (:mod:`dptune.report.levels`)."""
+    d = result.to_dict()
+    d["budget_level"] = budget_level(result)
+    d["memory_stats"] = memory_stats(result)
+    return d
+
+
 def _output_error(e: OSError, out: pathlib.Path, flag: str) -> OutputError:
     reason = e.strerror or type(e).__name__
     return OutputError(f"cannot write to {flag} {str(out)!r}: {reason}"
@@ -96,7 +112,7 @@ def write_report(result: TuneResult, directory: str | pathlib.Path, *,
         raise _output_error(e, out, flag) from None
     old: Optional[pathlib.Path] = None
     try:
-        (tmp / "report.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n",
+        (tmp / "report.json").write_text(json.dumps(report_dict(result), indent=2) + "\n",
                                          encoding="utf-8")
         probes_table(result).to_csv(tmp / "probes.csv", index=False)
         kinds = write_plots(result, tmp) if plots else []

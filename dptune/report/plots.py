@@ -16,6 +16,7 @@ from dptune.backends.base import CATEGORIES
 from dptune.errors import UsageError
 from dptune.report.text import PLOT_KINDS, _even_batch, _gain, _pct, _subject, device_label, plot_kinds
 from dptune.units import GiB, format_bytes
+from dptune.report.levels import CardMemory, budget_level, split_memory
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
@@ -31,6 +32,7 @@ _CATEGORY_COLORS = dict(zip(CATEGORIES, (
 _EVEN_COLOR = "#9e9e9e"
 _DPTUNE_COLOR = "#1f77b4"
 _BUDGET_COLOR = "#d62728"
+_RESERVED_COLOR = "#222222"
 #: Budgets are drawn when the highest peak is at least this share of the smallest budget.
 _BUDGET_SCALE_SHARE = 0.3
 
@@ -148,15 +150,22 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
             ("dptune", result.chunk_sizes, result.peak_bytes, result.breakdown, width / 2))
     used_categories: set[str] = set()
     ticks: list[tuple[float, str]] = []  # under each bar: which split, its chunk, share used
-    data_top = max(max(even.peak_bytes), max(result.peak_bytes))   # the bars' top
+    memory = {label: split_memory(result, chunks, peaks) for label, chunks, peaks, _, _ in bars}
+    data_top = max(max(even.peak_bytes), max(result.peak_bytes),   # the bars' top
+                   *(c.total_bytes or c.reserved_bytes or 0
+                     for cards in memory.values() if cards for c in cards))
     highest = highest_peak(result)
     budgets_shown = _budgets_on_scale(result, highest)
     for label, chunks, peaks, breakdown, dx in bars:
         is_even = label == "even"
         bar_shares = [p / b if b > 0 else math.inf for p, b in zip(peaks, result.budget_bytes)]
+        cards = memory[label]
         for i in range(n):
             x = i + dx
-            stack = _stack(breakdown[i] if breakdown else None, peaks[i])
+            # with the allocator's figures the bar is the allocated peak (its breakdown), the
+            # reserved peak an outline above it and the total use a black tick
+            height = peaks[i] if cards is None else cards[i].allocated_bytes
+            stack = _stack(breakdown[i] if breakdown else None, height)
             if stack:
                 bottom = 0.0
                 for cat, b in stack:
@@ -166,7 +175,9 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
                     bottom += b / GiB
                     used_categories.add(cat)
             else:
-                ax.bar(x, peaks[i] / GiB, width, color=_EVEN_COLOR if is_even else _DPTUNE_COLOR)
+                ax.bar(x, height / GiB, width, color=_EVEN_COLOR if is_even else _DPTUNE_COLOR)
+            if cards is not None:
+                _draw_reserved(ax, x, width, cards[i], first=(i == 0 and not is_even))
             oom = is_even and even.oom_device == i
             if oom:
                 ax.bar(x, peaks[i] / GiB, width, fill=False, edgecolor=_BUDGET_COLOR, linewidth=2)
@@ -205,7 +216,9 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
                else f"even at batch {even.batch_size}, dptune at batch {result.batch_size}")
     bound = (f"; not probed, upper bounds from probe {', '.join(f'#{k}' for k in even.implied_by)}"
              if even.implied_by else "")
-    ax.set_title(_wrap_title(f"{_subject(result)}: peak memory per card\n"
+    level = ("; shares of budget at the reserved level (reserved + NCCL)"
+             if budget_level(result) == "reserved" else "")
+    ax.set_title(_wrap_title(f"{_subject(result)}: peak memory per card{level}\n"
                              f"even split (hatched, left{bound}) vs dptune (right), {batches}",
                              _axes_width(ax, legend_right=True), 10), fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
@@ -218,6 +231,17 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
+
+
+def _draw_reserved(ax: "Axes", x: float, width: float, card: CardMemory, first: bool) -> None:
+    """The reserved peak as a dashed outline from the floor (above the allocated bar), the
+    card's total use as a short black line."""
+    if card.reserved_bytes is not None:
+        ax.bar(x, card.reserved_bytes / GiB, width, fill=False, edgecolor=_RESERVED_COLOR,
+               linestyle="--", linewidth=1.0, label="reserved peak" if first else "_")
+    if card.total_bytes is not None:
+        ax.hlines(card.total_bytes / GiB, x - width / 2, x + width / 2, colors=_RESERVED_COLOR,
+                  linewidth=2.5, label="total use (nvidia-smi)" if first else "_")
 
 
 def _draw_peak_shares(result: TuneResult, ax: "Axes") -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from dptune.report.levels import budget_level, has_total, level_lines, split_memory
 from dptune.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,25 +39,35 @@ def result_table(result: TuneResult) -> "pandas.DataFrame":
     """One row per card: even split and its peak, dptune's split and its peak, budget, shares.
 
     Memory columns are ``int`` bytes; shares are fractions of the budget (1.0 = full).
+    ``peak_bytes`` is at the budget level; where the allocator's figures are known, dptune's
+    split also has ``allocated_peak_bytes``, ``reserved_peak_bytes`` and ``total_use_bytes``
+    (:mod:`dptune.report.levels`).
     """
     import pandas as pd
 
     even = result.even
     even_shares = even.shares(result.budget_bytes)
+    cards = split_memory(result, result.chunk_sizes, result.peak_bytes)
     rows = []
     for i, d in enumerate(result.devices):
-        rows.append(dict(
+        row = dict(
             device=d.index, name=d.name,
             even_chunk=even.chunk_sizes[i], even_peak_bytes=even.peak_bytes[i],
             even_oom=even.oom_device == i,
             chunk=result.chunk_sizes[i], peak_bytes=result.peak_bytes[i],
             budget_bytes=result.budget_bytes[i], total_bytes=d.total_bytes,
             even_share=even_shares[i], share=result.shares[i],
-        ))
+        )
+        if cards is not None:
+            row.update(allocated_peak_bytes=cards[i].allocated_bytes,
+                       reserved_peak_bytes=cards[i].reserved_bytes,
+                       total_use_bytes=cards[i].total_bytes)
+        rows.append(row)
     return pd.DataFrame(rows).set_index("device")
 
 
-_PROBE_ARRAYS = ("reserved_bytes", "nvml_used_bytes", "alloc_retries", "repeat_spread_bytes")
+_PROBE_ARRAYS = ("allocated_peak_bytes", "reserved_bytes", "total_bytes", "nvml_used_bytes",
+                 "alloc_retries", "expandable_reserved_bytes", "repeat_spread_bytes")
 
 
 def probes_table(result: TuneResult) -> "pandas.DataFrame":
@@ -66,8 +77,12 @@ def probes_table(result: TuneResult) -> "pandas.DataFrame":
     ``within_budget`` is what the search used: every card in use measured within its budget
     without running out of memory. ``margin_bytes`` is the smallest ``budget - peak`` over
     those cards (negative: over by that much; empty for an OOM probe, whose peaks are lower
-    bounds), on card ``margin_card``. Per-card columns are ``chunk_<i>`` and ``peak_bytes_<i>``,
-    plus the optional per-card figures (``reserved_bytes_<i>``, ...) the backend measured.
+    bounds), on card ``margin_card``. Per-card columns are ``chunk_<i>`` and ``peak_bytes_<i>``
+    (at the budget level), plus the optional per-card figures the backend gave: at the
+    reserved level ``allocated_peak_bytes_<i>``; the reserved peak ``reserved_bytes_<i>``, the
+    predicted total use ``total_bytes_<i>``, NVML's ``nvml_used_bytes_<i>``,
+    ``alloc_retries_<i>`` (``num_alloc_retries``), ``expandable_reserved_bytes_<i>`` (the
+    reserved peak predicted with ``expandable_segments:True``), ...
     """
     import pandas as pd
 
@@ -147,7 +162,16 @@ def _even_batch(result: TuneResult) -> str:
 
 
 def _table_rows(result: TuneResult) -> tuple[list[str], list[list[str]]]:
-    header = ["device", "even split", "peak", "dptune split", "peak", "budget", "share used"]
+    """The per-card rows; where the allocator's figures are known, dptune's split also gets
+    its allocated peak (at the reserved level, where the peak is another figure), reserved
+    peak and total use."""
+    cards = split_memory(result, result.chunk_sizes, result.peak_bytes)
+    with_allocated = cards is not None and budget_level(result) == "reserved"
+    total = cards is not None and has_total(cards)
+    extra = ([] if cards is None else (["allocated"] if with_allocated else []) + ["reserved"]
+             + (["total use"] if total else []))
+    header = ["device", "even split", "peak", "dptune split", "peak", *extra, "budget",
+              "share used"]
     even = result.even
     even_shares = even.shares(result.budget_bytes)
     rows = []
@@ -155,11 +179,21 @@ def _table_rows(result: TuneResult) -> tuple[list[str], list[list[str]]]:
         even_peak = "OOM" if even.oom_device == i else format_bytes(even.peak_bytes[i])
         if even.implied_by and even.peak_bytes[i] > 0:
             even_peak = f"<= {even_peak}"
+        figures = []
+        if cards is not None:
+            c = cards[i]
+            figures = (([format_bytes(c.allocated_bytes)] if with_allocated else [])
+                       + [_bytes_or_dash(c.reserved_bytes)]
+                       + ([_bytes_or_dash(c.total_bytes)] if total else []))
         rows.append([device_label(result, i), str(even.chunk_sizes[i]), even_peak,
-                     str(result.chunk_sizes[i]), format_bytes(result.peak_bytes[i]),
+                     str(result.chunk_sizes[i]), format_bytes(result.peak_bytes[i]), *figures,
                      format_bytes(result.budget_bytes[i]),
                      f"{_pct(even_shares[i])} -> {_pct(result.shares[i])}"])
     return header, rows
+
+
+def _bytes_or_dash(b: Optional[int]) -> str:
+    return "-" if b is None else format_bytes(b)
 
 
 def _footer(result: TuneResult) -> list[str]:
@@ -190,6 +224,13 @@ def _footer(result: TuneResult) -> list[str]:
     return lines
 
 
+def _level_footer(result: TuneResult) -> list[str]:
+    """The terminal's lines on the budget level: at the reserved level, or where the
+    allocator's figures are shown (the title names the level in every case)."""
+    lines = level_lines(result)
+    return lines if budget_level(result) == "reserved" else lines[1:]
+
+
 def _certificate(result: TuneResult) -> str:
     """One line: certified or not, and the brackets ``[lo, hi)`` that say why."""
     if not result.brackets:
@@ -209,7 +250,8 @@ def _subject(result: TuneResult) -> str:
 
 def _title(result: TuneResult) -> str:
     return (f"{_subject(result)}: batch {result.batch_size}, "
-            f"objective {result.objective}, headroom {format_bytes(result.headroom_bytes)}")
+            f"objective {result.objective}, headroom {format_bytes(result.headroom_bytes)}, "
+            f"budget level {budget_level(result)}")
 
 
 def render_table(result: TuneResult) -> str:
@@ -217,14 +259,15 @@ def render_table(result: TuneResult) -> str:
     peak, the budget and the share of it used (even -> dptune); then the imbalance before
     and after and, for ``max_batch``, the largest batch each split fits."""
     header, rows = _table_rows(result)
-    numeric = [False, True, True, True, True, True, True]
+    numeric = [False] + [True] * (len(header) - 1)
     widths = [max(len(r[c]) for r in [header] + rows) for c in range(len(header))]
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(c.rjust(w) if num else c.ljust(w)
                          for c, w, num in zip(cells, widths, numeric)).rstrip()
 
-    out = [_title(result), line(header)] + [line(r) for r in rows] + _footer(result)
+    out = ([_title(result), line(header)] + [line(r) for r in rows] + _footer(result)
+           + _level_footer(result))
     return "\n".join(out)
 
 
@@ -253,6 +296,7 @@ def render_summary(result: TuneResult, plots: Optional[Sequence[str]] = None) ->
         f"- split: `{list(result.chunk_sizes)}` (`gpu0_bsz={result.gpu0_bsz}`); "
         f"even split: `{list(result.even.chunk_sizes)}`",
         f"- headroom: {format_bytes(result.headroom_bytes)} per card",
+        *(f"- {line}" for line in level_lines(result)),
         f"- probes: {result.num_probes} in {result.seconds:.1f} s",
         f"- {_certificate(result)}",
         "",
@@ -260,7 +304,7 @@ def render_summary(result: TuneResult, plots: Optional[Sequence[str]] = None) ->
         "",
     ]
     header, rows = _table_rows(result)
-    md += _md_table(header, rows, [False] + [True] * 6)
+    md += _md_table(header, rows, [False] + [True] * (len(header) - 1))
     md += [""] + [f"- {line}" for line in _footer(result)] + [""]
 
     md += ["## Fits", "",
