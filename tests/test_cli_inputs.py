@@ -330,8 +330,11 @@ def test_hf_trainer_notes_on_the_terminal(tmp_path, capsys, monkeypatch):
     summary = (tmp_path / "rep" / "summary.md").read_text()
     # 4 per card (per_device_train_batch_size) x 2 simulated cards, by hand
     batch = "batch: 8 samples per forward pass (per_device_train_batch_size 4 x 2 cards)"
-    loss = "the Trainer computes its own loss"
-    for note in (batch, loss):
+    # the probes run the Trainer's own compute_loss now: no note about the loss; the optimizer's
+    # note (built as the Trainer builds it) is the other one shown
+    optimizer = "optimizer: "
+    assert "as the Trainer builds it" in summary
+    for note in (batch, optimizer):
         assert note in summary
         assert [line for line in err.splitlines() if line.startswith(f"dptune: {note}")], err
     assert json.loads((tmp_path / "rep" / "report.json").read_text())["batch_size"] == 8
