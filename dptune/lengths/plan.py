@@ -129,6 +129,22 @@ class LengthPlan:
                              "with dptune.lengths.BucketBatchSampler(lengths, plan)")
         return scale_split(list(b.chunk_sizes), batch_size)
 
+    def batch_length(self, args: Any, kwargs: Any = None) -> int:
+        """A batch's padded length: the longest size along :attr:`length_axis` of its
+        tensors (:class:`UsageError` when none has that axis)."""
+        from dptune import _tree
+
+        sizes = [t.shape[self.length_axis] for t in _tree.leaves((args, kwargs or {}))
+                 if t.dim() > self.length_axis]
+        if not sizes:
+            raise UsageError(f"the batch has no tensor with a length axis {self.length_axis}: "
+                             "the plan cannot tell its length (set length_axis when planning)")
+        return int(max(sizes))
+
+    def split_for_batch(self, args: Any, kwargs: Any, batch_size: int) -> list[int]:
+        """Each card's chunk of this batch, from its padded length (:meth:`chunk_sizes_for`)."""
+        return self.chunk_sizes_for(self.batch_length(args, kwargs), batch_size)
+
     def lines(self) -> list[str]:
         return [b.describe() for b in self.buckets]
 
