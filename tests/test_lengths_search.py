@@ -187,3 +187,20 @@ def test_neighbour_and_scratch_agree_on_the_simulator():
                      from_neighbour=False)
     assert [x.batch_size for x in a.buckets] == [x.batch_size for x in b.buckets]
     assert all(x.certified for x in itertools.chain(a.buckets, b.buckets))
+
+
+@pytest.mark.slow
+def test_ddp_buckets_each_rank_at_its_own_largest_batch():
+    from dptune.backends.simulated_ddp import SimulatedDDP
+
+    spec = "1x394MB,1x395MB,context=384MiB"
+    plan = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate=spec, headroom=0, ddp=True)
+    assert plan.ddp and plan.certified
+    for bucket in plan.buckets:
+        sim = SimulatedDDP(Workload(gpt, lambda n, L=bucket.length: gpt_sample(n, L)), spec)
+        for r, b in enumerate(bucket.chunk_sizes):
+            budget = sim.devices[r].budget_bytes(0)
+            assert b >= 1
+            assert sim.rank(r).estimate([b]).peak_bytes[0] <= budget
+            assert sim.rank(r).estimate([b + 1]).peak_bytes[0] > budget
+        sim.close()

@@ -79,7 +79,9 @@ class LengthPlan:
 
     ``devices``: the cards' names; ``budget_bytes``: each card's budget; ``length_axis``:
     the batch's length dimension (1 for token ids ``(batch, length)``);
-    ``pad_to_multiple_of``: how lengths are padded before they are bucketed.
+    ``pad_to_multiple_of``: how lengths are padded before they are bucketed; ``ddp``: the
+    per-card figures are DDP ranks' own batches (each rank one card, nothing gathered), else
+    a DataParallel split of one batch.
     """
 
     buckets: tuple[BucketPlan, ...]
@@ -92,6 +94,7 @@ class LengthPlan:
     headroom_bytes: int = 0
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default=())
+    ddp: bool = False      # True: chunk_sizes are DDP ranks' own batches (no card gathers)
 
     def __post_init__(self) -> None:
         if not self.buckets:
@@ -154,7 +157,8 @@ class LengthPlan:
                     pad_to_multiple_of=self.pad_to_multiple_of, cluster=self.cluster,
                     model_name=self.model_name, headroom_bytes=self.headroom_bytes,
                     seconds=self.seconds, notes=list(self.notes), probes=self.probes,
-                    certified=self.certified, buckets=[b.to_dict() for b in self.buckets])
+                    certified=self.certified, ddp=self.ddp,
+                    buckets=[b.to_dict() for b in self.buckets])
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LengthPlan":
@@ -167,7 +171,8 @@ class LengthPlan:
                        cluster=str(d.get("cluster", "")), model_name=str(d.get("model_name", "")),
                        headroom_bytes=int(d.get("headroom_bytes", 0)),
                        seconds=float(d.get("seconds", 0.0)),
-                       notes=tuple(str(x) for x in d.get("notes", ())))
+                       notes=tuple(str(x) for x in d.get("notes", ())),
+                       ddp=bool(d.get("ddp", False)))
         except (KeyError, TypeError, ValueError) as e:
             raise ReportError(f"not a dptune length plan ({type(e).__name__}: {e}); write one "
                               "with `dptune search ... --lengths FILE`") from None

@@ -170,6 +170,35 @@ def binding_card(r: ProbeResult, budgets: Sequence[int]) -> int:
     return max(cards, key=lambda i: (r.peak_bytes[i] / max(budgets[i], 1), -i))
 
 
+class _DDPRanks:
+    """The probe interface over DDP ranks on the simulated cluster, for
+    :func:`dptune.search.run`: rank ``r`` runs its own step at ``split[r]`` (nothing gathered,
+    so no rank depends on the batch); a rank given no samples costs nothing here (DDP needs
+    every rank: an answer with an empty rank is refused by the caller)."""
+
+    kind = "simulated"
+
+    def __init__(self, workload: Any, cluster: Any):
+        from dptune.backends.simulated_ddp import SimulatedDDP
+
+        self.sim = SimulatedDDP(workload, cluster)
+        self.devices = self.sim.devices
+
+    def describe(self) -> str:
+        return self.sim.describe()
+
+    def probe(self, split: Sequence[int]) -> ProbeResult:
+        peaks = [self.sim.rank(r).estimate([b]).peak_bytes[0] if b > 0 else 0
+                 for r, b in enumerate(split)]
+        over = [(p - d.available_bytes) / d.available_bytes for p, d in zip(peaks, self.devices)]
+        worst = max(range(len(over)), key=lambda i: over[i])
+        return ProbeResult(tuple(split), tuple(peaks), oom_device=worst if over[worst] > 0 else None,
+                           note="simulated DDP")
+
+    def close(self) -> None:
+        self.sim.close()
+
+
 def _min_chunk(workload: Any) -> int:
     import torch
 
@@ -194,7 +223,8 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
                  tolerance: float = 0.02, amp: Optional[str] = None, accumulate: int = 1,
                  clip_grad_norm: Optional[float] = None,
                  step: Optional[Callable[[Any, Any, Any], None]] = None,
-                 from_neighbour: bool = True, verbose: bool = False) -> LengthPlan:
+                 from_neighbour: bool = True, ddp: bool = False,
+                 verbose: bool = False) -> LengthPlan:
     """For every bucket of ``lengths``, the largest DataParallel batch that fits each card at
     the bucket's longest (padded) length, and its per-card split (a :class:`LengthPlan`).
 
@@ -204,7 +234,8 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     :func:`dptune.lengths.bucket_edges`). The training step (``loss_fn``, ``optimizer``,
     ``amp``, ...), the cards (``simulate``, ``device_ids``), ``headroom``, ``max_probes`` (per
     bucket) and ``tolerance`` are as for :class:`dptune.Tuner`; ``batch_size`` is where the
-    shortest bucket's search starts.
+    shortest bucket's search starts. ``ddp=True`` (simulated cards only): each card is a
+    DDP rank with its own batch (nothing gathered); every rank must fit at least one sequence.
     """
     from dptune.tuner import _build_backend, choose_backend
     from dptune.workload import Workload, model_name
@@ -223,7 +254,10 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     wl = Workload(model=model, sample=ls, loss_fn=loss_fn, optimizer=optimizer, amp=amp,
                   accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step)
     choice = choose_backend(device_ids, simulate)
-    backend: Backend = _build_backend(wl, choice)
+    if ddp and not choice.simulated:
+        raise UsageError("ddp=True plans on simulated cards (simulate=...); planning inside a "
+                         "torchrun job per bucket is not supported yet")
+    backend: Backend = _DDPRanks(wl, choice.cluster) if ddp else _build_backend(wl, choice)
     budgets = [d.budget_bytes(headroom_bytes) for d in backend.devices]
     notes = [choice.notice] if choice.notice else []
 
@@ -250,6 +284,11 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     lo = 0
     for s, n in zip(found, counts):
         r = s.best
+        if ddp and 0 in r.chunk_sizes:
+            raise NoFeasibleSplitError(
+                f"at length {s.length}, rank {r.chunk_sizes.index(0)} cannot fit one sequence "
+                "and DDP needs every rank in every step: truncate the longest samples or plan "
+                "without that card")
         plans.append(BucketPlan(lo=lo, length=s.length, samples=n, chunk_sizes=tuple(r.chunk_sizes),
                                 peak_bytes=tuple(int(p) for p in r.peak_bytes),
                                 binding_card=binding_card(r, budgets),
@@ -260,5 +299,5 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
                       budget_bytes=tuple(budgets), length_axis=length_axis,
                       pad_to_multiple_of=pad_to_multiple_of, cluster=backend.describe(),
                       model_name=model_name(wl.model), headroom_bytes=headroom_bytes,
-                      seconds=time.perf_counter() - t0, notes=tuple(notes))
+                      seconds=time.perf_counter() - t0, notes=tuple(notes), ddp=ddp)
 
