@@ -185,3 +185,44 @@ def test_balanced_data_parallel_uses_the_planned_chunks_for_each_length():
         w(torch.randint(0, 50, (29, 64)))
     with pytest.raises(UsageError, match="not both"):
         make_cpu(Tok(), 3, plan=plan, chunk_sizes=[1, 1, 1])
+
+
+# ---- the single token budget --------------------------------------------------------------
+def _safe(plan, total, count, per=None):
+    """Every batch the budget allows (count x longest <= total, count <= cap) is at most the
+    planned batch of its bucket (by enumeration over every padded length)."""
+    m = plan.pad_to_multiple_of or 1
+    for L in range(m, plan.edges[-1] + 1, m):
+        k = plan.edges.index(plan.bucket_for(L).length)
+        allowed = min(count, total // L)
+        planned = plan.buckets[k].batch_size if per is None else plan.buckets[k].chunk_sizes[per]
+        if allowed > planned:
+            return False
+    return True
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), n=st.integers(1, 6), pad=st.sampled_from([None, 4]))
+def test_the_token_budget_is_the_largest_safe_one(data, n, pad):
+    from dptune.lengths.budget import token_budgets
+
+    m = pad or 1
+    edges = sorted(set(m * x for x in data.draw(st.lists(st.integers(1, 40), min_size=n,
+                                                         max_size=n))))
+    batches = sorted(data.draw(st.lists(st.integers(1, 300), min_size=len(edges),
+                                        max_size=len(edges))), reverse=True)
+    buckets, lo = [], 0
+    for e, b in zip(edges, batches):
+        buckets.append(BucketPlan(lo, e, 1, (b - b // 3, b // 3), (0, 0), 0, True))
+        lo = e
+    plan = LengthPlan(tuple(buckets), ("a", "b"), (1, 1), pad_to_multiple_of=pad)
+    tb = token_budgets(plan)
+    assert tb.max_count == batches[0]
+    assert _safe(plan, tb.max_tokens, tb.max_count)
+    # the largest such budget: one more token either allows no new batch or an unsafe one
+    more = tb.max_tokens + 1
+    changes = any(min(tb.max_count, more // L) != min(tb.max_count, tb.max_tokens // L)
+                  for L in range(1, edges[-1] + 1))
+    assert not changes or not _safe(plan, more, tb.max_count)
+    for i in range(2):
+        assert _safe(plan, tb.per_card_tokens[i], tb.per_card_count[i], per=i)

@@ -8,8 +8,9 @@ longest length falls in bucket ``j`` (padded lengths ``lo_j < l <= L_j``) may ho
 ``lo_j + m`` (``m``: ``pad_to_multiple_of``, else 1), and that must not exceed the bucket's
 planned batch ``B_j``. So::
 
-    max_tokens = min over buckets j >= 1 of (B_j + 1) * (lo_j + m) - 1
     max_count  = B_0      (the shortest bucket's batch: a cap on the count as well)
+    max_tokens = min over buckets j with B_j < B_0 of (B_j + 1) * (lo_j + m) - 1
+                 (no such bucket: B_0 x the longest length)
 
 Per card the same with each card's own chunk. A single number gives up what the buckets
 gain (the table beside it shows both); the per-bucket plan with
@@ -49,9 +50,11 @@ class TokenBudget:
 
 
 def _budget(batches: Sequence[int], los: Sequence[int], lengths: Sequence[int], m: int) -> int:
-    if len(batches) == 1:
-        return batches[0] * lengths[0]
-    return min((b + 1) * (lo + m) - 1 for b, lo in zip(batches[1:], los[1:]))
+    """The largest budget with the count capped at ``batches[0]``: only a bucket whose batch
+    is below the cap limits it (at its shortest padded length); none: the cap at the longest."""
+    cap = batches[0]
+    limits = [(b + 1) * (lo + m) - 1 for b, lo in zip(batches, los) if b < cap]
+    return min(limits) if limits else cap * lengths[-1]
 
 
 def token_budgets(plan: LengthPlan) -> TokenBudget:

@@ -35,6 +35,9 @@ def length_arguments(p: argparse.ArgumentParser) -> None:
                    help="the batch's length dimension (default 1: token ids (batch, length))")
     g.add_argument("--pad-to-multiple-of", type=int, default=None, metavar="M",
                    help="lengths are padded to a multiple of M, as the collator pads them")
+    g.add_argument("--ddp", action="store_true",
+                   help="with --lengths and --simulate: each card a DDP rank with its own batch "
+                        "per bucket (nothing gathered)")
 
 
 def length_sample(sample: Any, axis: int) -> tuple[Callable[[int, int], Any], Optional[int]]:
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
                         length_axis=args.length_axis, max_length=longest,
                         batch_size=args.batch_size or 256, max_probes=max(args.max_probes, 16),
                         amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
-                        step=wl.step, verbose=not args.quiet)
+                        step=wl.step, ddp=args.ddp, verbose=not args.quiet)
     folder = pathlib.Path(args.out) if args.out else _default_dir(plan.model_name, plan.cluster)
     write_plan_report(plan, str(folder), lengths, plots=not args.no_plots)
     if args.json:
