@@ -41,7 +41,7 @@ from dptune.units import parse_bytes
 from dptune.workload import Workload
 
 HEADROOM = "1GiB"
-N_SAMPLES = 800
+N_SAMPLES = 1500
 BUCKETS = 6
 CLUSTERS = ("4x24GB", "40GB,24GB,2x16GB")
 
