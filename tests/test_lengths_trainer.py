@@ -45,6 +45,7 @@ def test_lengths_are_read_from_the_dataset(tmp_path):
     assert min(lengths) == 2 and max(lengths) == 11
 
 
+@pytest.mark.slow
 def test_dynamic_padding_warns_and_notes_the_length(tmp_path):
     from dptune.integrations.transformers import tune_trainer
 
@@ -66,3 +67,20 @@ def test_fixed_padding_says_nothing(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", DptuneWarning)
         tune_trainer(t, simulate="2x24GB", verbose=False)
+
+
+@pytest.mark.slow
+def test_plan_per_bucket_from_the_trainer(tmp_path):
+    from dptune.lengths.trainer import TrainerLengthSample, plan_trainer_lengths
+
+    t = trainer(tmp_path, pad_collator())
+    sample = TrainerLengthSample(t, "input_ids")
+    batch = sample(3, 7)
+    assert tuple(batch["input_ids"].shape) == (3, 7) and batch["attention_mask"].all()
+    # cards of 12 MiB each: batches of tens (the probes collate real examples)
+    plan = plan_trainer_lengths(t, [4, 8], simulate="2x396MB,context=384MiB", headroom=0)
+    assert plan.edges == [4, 8, 11]
+    assert [b.samples for b in plan.buckets] == [12, 16, 12]
+    assert plan.certified
+    sizes = [b.batch_size for b in plan.buckets]
+    assert sizes == sorted(sizes, reverse=True)
