@@ -203,11 +203,33 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def gpt_1b() -> torch.nn.Module:
+    """A 0.98B-parameter decoder: d 2048, 18 layers, vocabulary 32000, 4096 positions."""
+    return M.TinyGPT(vocab_size=32000, d_model=2048, n_layers=18, n_heads=16, seq_len=4096)
+
+
+def scale() -> dict[str, Any]:
+    """8 buckets of log-normal lengths (20,000 samples up to 4096) for the 1B decoder on 4
+    simulated 80 GB cards, AdamW and bf16: wall and CPU seconds, probes."""
+    rng = random.Random(0)
+    lengths = [min(4096, max(16, int(rng.lognormvariate(6, 0.9)))) for _ in range(20000)]
+    t0, c0 = time.perf_counter(), time.process_time()
+    plan = plan_lengths(gpt_1b, gpt_sample, lengths, 8, simulate="4x80GB", optimizer=_adamw,
+                        amp="bf16", headroom=HEADROOM)
+    return {"wall_seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+            "probes": plan.probes, "lines": plan.lines()}
+
+
 def main(argv: Any = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="one model, one distribution, one cluster")
+    p.add_argument("--scale", action="store_true",
+                   help="only the 1B-parameter decoder over 8 buckets: the time it takes")
     p.add_argument("--out", default="benchmarks/lengths.json")
     args = p.parse_args(argv)
+    if args.scale:
+        print(json.dumps(scale(), indent=2))
+        return 0
     combos = [(m, d, c) for m in MODELS for d in ("lognormal", "bimodal") for c in CLUSTERS]
     if args.quick:
         combos = combos[:1]
