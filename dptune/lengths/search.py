@@ -199,6 +199,25 @@ class _DDPRanks:
         self.sim.close()
 
 
+def _bucket_plans(found: Sequence[BucketSearch], counts: Sequence[int], budgets: Sequence[int],
+                  ddp: bool) -> list[BucketPlan]:
+    plans = []
+    lo = 0
+    for s, n in zip(found, counts):
+        r = s.best
+        if ddp and 0 in r.chunk_sizes:
+            raise NoFeasibleSplitError(
+                f"at length {s.length}, rank {r.chunk_sizes.index(0)} cannot fit one sequence "
+                "and DDP needs every rank in every step: truncate the longest samples or plan "
+                "without that card")
+        plans.append(BucketPlan(lo=lo, length=s.length, samples=n, chunk_sizes=tuple(r.chunk_sizes),
+                                peak_bytes=tuple(int(p) for p in r.peak_bytes),
+                                binding_card=binding_card(r, budgets),
+                                certified=s.outcome.certified, probes=len(s.outcome.probes)))
+        lo = s.length
+    return plans
+
+
 def _min_chunk(workload: Any) -> int:
     import torch
 
@@ -280,21 +299,8 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
                                from_neighbour=from_neighbour, on_bucket=said)
     finally:
         backend.close()
-    plans = []
-    lo = 0
-    for s, n in zip(found, counts):
-        r = s.best
-        if ddp and 0 in r.chunk_sizes:
-            raise NoFeasibleSplitError(
-                f"at length {s.length}, rank {r.chunk_sizes.index(0)} cannot fit one sequence "
-                "and DDP needs every rank in every step: truncate the longest samples or plan "
-                "without that card")
-        plans.append(BucketPlan(lo=lo, length=s.length, samples=n, chunk_sizes=tuple(r.chunk_sizes),
-                                peak_bytes=tuple(int(p) for p in r.peak_bytes),
-                                binding_card=binding_card(r, budgets),
-                                certified=s.outcome.certified, probes=len(s.outcome.probes)))
-        notes.extend(f"length <= {s.length}: {n_}" for n_ in s.outcome.notes)
-        lo = s.length
+    plans = _bucket_plans(found, counts, budgets, ddp)
+    notes.extend(f"length <= {s.length}: {n}" for s in found for n in s.outcome.notes)
     return LengthPlan(buckets=tuple(plans), devices=tuple(d.name for d in backend.devices),
                       budget_bytes=tuple(budgets), length_axis=length_axis,
                       pad_to_multiple_of=pad_to_multiple_of, cluster=backend.describe(),
