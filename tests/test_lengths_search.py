@@ -50,7 +50,7 @@ def fits(surface, budgets, length, split):
                if i == 0 or c > 0)
 
 
-def exhaustive_max(surface, budgets, length, n, top=400):
+def exhaustive_max(surface, budgets, length, n, top=5000):
     """The largest batch some split of which fits, by enumerating every split."""
     best = 0
     for b in range(1, top):
@@ -73,10 +73,10 @@ def splits(total, n):
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(2, 3), budget=st.integers(3000, 9000), extra=st.integers(0, 3000),
        g=st.sampled_from([0, 1, 4]), q=st.sampled_from([0, 1]),
-       lengths=st.lists(st.integers(4, 40), min_size=1, max_size=4, unique=True),
+       lengths=st.lists(st.integers(8, 40), min_size=1, max_size=4, unique=True),
        neighbour=st.booleans())
 def test_synthetic_buckets_equal_exhaustive(n, budget, extra, g, q, lengths, neighbour):
-    surface = Surface(base=[500] * n, a=10, q=q, g=g)
+    surface = Surface(base=[500] * n, a=20, q=q, g=g)     # answers of at most ~220
     budgets = [budget + extra] + [budget] * (n - 2) + [budget + extra // 2]
     budgets = budgets[:n]
     edges = sorted(lengths)
