@@ -88,9 +88,11 @@ def run(args: argparse.Namespace) -> int:
     if args.hf_trainer:
         raise UsageError("--lengths with --hf-trainer is not supported yet: use --model with "
                          "--input-shape or --sample, or dptune.integrations.tune_trainer")
-    if args.objective != "balance" or args.output_device not in (0, "0"):
-        raise UsageError("--lengths plans the largest batch of every bucket (gathering on card "
-                         "0); drop --objective and --output-device")
+    if args.objective not in ("balance", "max-batch"):
+        raise UsageError(f"--lengths plans the largest batch of every bucket; --objective "
+                         f"{args.objective} does not apply to it")
+    if args.output_device not in (0, "0"):
+        raise UsageError("--lengths gathers the outputs on card 0; drop --output-device")
     if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
         raise UsageError(f"--pad-to-multiple-of must be >= 1, got {args.pad_to_multiple_of}")
     lengths = _read(args.lengths)
