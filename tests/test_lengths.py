@@ -226,3 +226,18 @@ def test_the_token_budget_is_the_largest_safe_one(data, n, pad):
     assert not changes or not _safe(plan, more, tb.max_count)
     for i in range(2):
         assert _safe(plan, tb.per_card_tokens[i], tb.per_card_count[i], per=i)
+
+
+def test_snippets_give_fairseq_lines_only_for_a_ddp_plan():
+    import dataclasses
+
+    from dptune.lengths.budget import snippets, token_budgets
+
+    plan = make_plan()
+    assert not any("--max-tokens" in line and "rank" in line for line in snippets(plan))
+    ddp = dataclasses.replace(plan, ddp=True)
+    tb = token_budgets(ddp)
+    lines = snippets(ddp)
+    for r in range(3):
+        assert (f"#   rank {r}: --max-tokens {tb.per_card_tokens[r]} "
+                f"--batch-size {tb.per_card_count[r]}") in lines

@@ -94,7 +94,21 @@ def snippets(plan: LengthPlan, plan_path: str = "lengths.json") -> list[str]:
         "",
         "# one number only (count x longest padded length <= max_tokens, count <= max_count):",
         f"max_tokens, max_count = {tb.max_tokens}, {tb.max_count}",
-        "# fairseq --max-tokens / verl ppo_max_token_len_per_gpu are per GPU, each GPU its own "
-        "batch (DDP): a DataParallel plan's card 0 also gathers the whole batch, so its per-card "
-        "figures do not map onto them exactly",
-    ]
+    ] + (_ddp_lines(tb) if plan.ddp else [
+        "# fairseq --max-tokens is per GPU, each GPU its own batch (DDP): a DataParallel plan's "
+        "card 0 also gathers the whole batch, so its per-card figures do not map onto it; plan "
+        "with ddp=True for that"]) + [
+        "# verl's ppo_max_token_len_per_gpu bounds the sum of unpadded lengths (packed), not "
+        "count x longest: these padded-batch budgets do not map onto it exactly"]
+
+
+def _ddp_lines(tb: TokenBudget) -> list[str]:
+    """fairseq's per-GPU budget is count x longest padded length, as here: exact per rank."""
+    out = ["# fairseq (DDP, one GPU per rank): --max-tokens / --batch-size per rank"]
+    for r, (t, c) in enumerate(zip(tb.per_card_tokens, tb.per_card_count)):
+        out.append(f"#   rank {r}: --max-tokens {t} --batch-size {c}")
+    if len(set(tb.per_card_tokens)) > 1:
+        out.append("#   (fairseq takes one value for every rank: the smallest, "
+                   f"--max-tokens {min(tb.per_card_tokens)} --batch-size {min(tb.per_card_count)}, "
+                   "unless each rank is launched with its own)")
+    return out
