@@ -320,6 +320,9 @@ def search_parser(subparsers: Any) -> None:
                    help="print the result as JSON on stdout, and nothing else there")
     t.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar and no table; only where the report went")
+    from dptune.lengths.cli import length_arguments   # --lengths, --buckets, --length-axis
+
+    length_arguments(p)
     p.set_defaults(func=_search_command)
 
 
@@ -331,6 +334,10 @@ def _search_command(args: argparse.Namespace) -> int:
         check_out(args.out, "--out", room=REPORT_TEMP_ROOM, report=True)
     check_cards(args.simulate, args.devices, 0 if args.hf_trainer else args.output_device)
     check_level_flags(args)
+    if args.lengths is not None:   # a plan per length bucket
+        from dptune.lengths import cli as lengths_cli
+
+        return lengths_cli.run(args)
 
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()

@@ -294,6 +294,21 @@ def join_replicas(module: nn.Module, replicas: Sequence[nn.Module], destination:
     return list(replicas)
 
 
+def _check_plan(plan: Any, chunk_sizes: Any, gpu0_bsz: Any, device_ids: Sequence[Any]) -> Any:
+    """``plan=``: a length plan for as many cards as ``device_ids``, alone."""
+    if plan is None:
+        return None
+    if chunk_sizes is not None or gpu0_bsz is not None:
+        raise UsageError("give plan= or chunk_sizes=/gpu0_bsz=, not both: the plan sets each "
+                         "batch's chunks from its length")
+    if not hasattr(plan, "split_for_batch"):
+        raise UsageError(f"plan must be a dptune.lengths.LengthPlan, got {type(plan).__name__}")
+    if device_ids and len(plan.devices) != len(device_ids):
+        raise UsageError(f"the plan is for {len(plan.devices)} cards but there are "
+                         f"{len(device_ids)} devices (device_ids={list(device_ids)})")
+    return plan
+
+
 # ---- the wrapper ------------------------------------------------------------------------
 
 class BalancedDataParallel(nn.DataParallel):
@@ -308,6 +323,8 @@ class BalancedDataParallel(nn.DataParallel):
             another size get it scaled in proportion.
         gpu0_bsz: for users of the old class: card 0 gets ``min(gpu0_bsz, B)`` samples of a
             batch of ``B``, the other cards share the rest evenly. Not with ``chunk_sizes``.
+        plan: a :class:`dptune.lengths.LengthPlan`: each batch's chunks are the plan's for
+            its padded length (its bucket's split, scaled down for a smaller batch). Alone.
 
     With neither, batches are split evenly, as DataParallel does.
 
@@ -318,8 +335,8 @@ class BalancedDataParallel(nn.DataParallel):
 
     def __init__(self, module: nn.Module, device_ids: Optional[Sequence[Any]] = None,
                  output_device: Any = None, dim: int = 0, *,
-                 chunk_sizes: Optional[Sequence[int]] = None, gpu0_bsz: Optional[int] = None
-                 ) -> None:
+                 chunk_sizes: Optional[Sequence[int]] = None, gpu0_bsz: Optional[int] = None,
+                 plan: Any = None) -> None:
         if chunk_sizes is not None and gpu0_bsz is not None:
             raise UsageError(
                 "give chunk_sizes or gpu0_bsz, not both: chunk_sizes=[...] sets every card's "
@@ -339,6 +356,8 @@ class BalancedDataParallel(nn.DataParallel):
             super().__init__(module, device_ids, output_device, dim)
         self.dim = dim  # DataParallel leaves it unset without CUDA
         self.gpu0_bsz = gpu0_bsz
+        # a dptune.lengths.LengthPlan: each batch's chunks from its padded length
+        self.plan = _check_plan(plan, chunk_sizes, gpu0_bsz, self.device_ids)
         self._chunk_sizes: Optional[list[int]] = None
         self.last_chunk_sizes: Optional[list[int]] = None
         self._last_used_sizes: Optional[list[int]] = None
@@ -461,7 +480,8 @@ class BalancedDataParallel(nn.DataParallel):
                 batch_size, path = found
                 if batch_size == 0:
                     raise UsageError(f"empty batch: {path} has size 0 along dim {self.dim}")
-                sizes = self.split_for(batch_size)
+                sizes = (self.split_for(batch_size) if self.plan is None
+                         else self.plan.split_for_batch(inputs, kwargs, batch_size))
                 parts = split_inputs(inputs, kwargs, sizes, self.dim, self.device_ids,
                                      self._scatter_tensor)
             self.last_chunk_sizes = sizes

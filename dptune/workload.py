@@ -165,7 +165,10 @@ class Workload:
       backend calls it on the ``meta`` device, so it may describe a model far larger than
       this machine's memory).
     - ``sample(batch_size)``: builds one batch. A tensor is passed as ``model(x)``, a tuple
-      or list as ``model(*batch)``, a dict as ``model(**batch)``.
+      or list as ``model(*batch)``, a dict as ``model(**batch)``. With variable lengths the
+      user's ``sample(batch_size, length)`` is given as a
+      :class:`dptune.lengths.LengthSample` (``sample(n)`` at its current ``length``, checked
+      along the length axis): fixed-shape workloads are unchanged.
     - ``loss_fn(output, batch)``: the scalar loss; ``None`` means :func:`default_loss`.
     - ``optimizer``: a factory ``params -> torch.optim.Optimizer``; ``None`` means no
       optimizer (no optimizer state, no step).

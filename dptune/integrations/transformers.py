@@ -449,7 +449,19 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
     for note in notes:   # on the terminal too, as the tuner's own notices
         _notice(note, verbose)
     result.notes.extend(n for n in notes if n not in result.notes)
+    _warn_lengths(trainer, sum(result.chunk_sizes), result)
     return result
+
+
+def _warn_lengths(trainer: Any, batch_size: int, result: Any) -> None:
+    """Never tune silently at one length when the collator pads to each batch's longest."""
+    from dptune.errors import DptuneWarning
+    from dptune.lengths.trainer import length_check
+
+    check = length_check(trainer, batch_size)
+    if check is not None and check.varies:
+        result.notes.append(check.message())
+        warnings.warn(check.message(), DptuneWarning, stacklevel=3)
 
 
 # ---- training with the result --------------------------------------------------------------

@@ -105,16 +105,25 @@ IMPLIED = "implied by probe"
 
 def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], objective: str,
         batch_size: int, *, min_chunk: int = 1, max_probes: int = 12, tolerance: float = 0.02,
-        exact_on_oom: bool = True, on_probe: Callable[[], None] = lambda: None) -> SearchOutcome:
+        exact_on_oom: bool = True, on_probe: Callable[[], None] = lambda: None,
+        known_over: Sequence[ProbeResult] = (), compare_even: bool = True,
+        first_split: Optional[Sequence[int]] = None) -> SearchOutcome:
     """Search for the balanced split of ``batch_size`` (``objective="balance"``) or the
     largest batch (``"max_batch"``, from ``batch_size`` as a first guess).
 
     ``probe(split)`` runs one training step; ``budgets`` are bytes per card; ``min_chunk=2``
     under BatchNorm (no card gets a single sample); ``exact_on_oom``: an out-of-memory probe
     still measures every card (the simulator) rather than only the failing one (real cards).
+    ``known_over``: probes of a surface at most as high as this one (the same splits at a
+    shorter length) whose over-budget cards bound the brackets from above here
+    (:meth:`Observations.add_bound`). ``compare_even=False`` (``max_batch``): the even
+    split's largest batch is not searched for; ``first_split``: the first split probed
+    (``max_batch``; default the even split of ``batch_size``).
     Raises :class:`dptune.errors.NoFeasibleSplitError` when nothing fits.
     """
     obs = Observations(budgets, exact_on_oom=exact_on_oom, min_chunk=min_chunk)
+    for r in known_over:
+        obs.add_bound(r)
     n = obs.n
     even_implied_by: tuple[int, ...] = ()
     even_open, even_at_most = False, cast(Optional[int], None)
@@ -136,7 +145,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
                          "split can do better; the imbalance is given among the cards that "
                          "hold samples")
     else:
-        mb = MaxBatch(obs, batch_size, max_probes)
+        mb = MaxBatch(obs, batch_size, max_probes, compare_even, first_split)
         refine(probe, mb, obs, max_probes, on_probe)
         best = obs.best_within()
         if best is None:
@@ -157,7 +166,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
             imp = _implied(obs, even_s)
             if imp is not None:
                 even, even_implied_by = imp
-        even_open = not mb.even_certified()
+        even_open = compare_even and not mb.even_certified()
         if even_open:
             even_at_most = None if hi is None else hi - 1
             known = ", ".join([f"at least {lo}"] * (lo > 0) + [f"at most {even_at_most}"] *

@@ -118,8 +118,11 @@ class _Line:
 class MaxBatch:
     """The largest-batch strategy (see the module docstring)."""
 
-    def __init__(self, obs: Observations, hint: int, max_probes: int):
+    def __init__(self, obs: Observations, hint: int, max_probes: int, compare_even: bool = True,
+                 first: Optional[Sequence[int]] = None):
         self.obs = obs
+        self.first = None if first is None else tuple(first)   # the first split to probe
+        self.compare_even = compare_even   # False: stop once the largest batch is certified
         self.n = obs.n
         self.m = obs.min_chunk
         self.hint = max(hint, self.m)
@@ -390,12 +393,15 @@ class MaxBatch:
     def propose(self) -> Optional[Proposal]:
         obs = self.obs
         if not obs.probes:
+            if self.first is not None and len(self.first) == self.n \
+                    and valid_split(self.first, self.m):
+                return Proposal(self.first, "start")
             s = even_split(self.hint, self.n)
             if not valid_split(s, self.m):
                 s = fill(self.hint, [self.hint] * self.n, self.m) or s
             return Proposal(tuple(s), "even")
         self._record_widths()
-        even = None if self.even_certified() else self._even_step()
+        even = None if not self.compare_even or self.even_certified() else self._even_step()
         if not self.max_certified():
             packed = self._packed(even)
             if packed is not None:

@@ -114,6 +114,16 @@ class Observations:
             elif p > self.budgets[i]:   # a lower bound already over budget
                 self.points[i].append(Point(c, b, p, True, False, k))
 
+    def add_bound(self, r: ProbeResult) -> None:
+        """Record only what ``r`` shows over budget, as lower bounds, not as a probe of this
+        search: ``r`` was measured elsewhere on a surface at most as high as this one (the same
+        split at a shorter length: memory only grows with the length), so a card over budget
+        there is over here too. Never a fit, never an answer."""
+        b = r.batch_size
+        for i, (c, p) in enumerate(zip(r.chunk_sizes, r.peak_bytes)):
+            if (i == 0 or c > 0) and (int(p) > self.budgets[i] or r.oom_device == i):
+                self.points[i].append(Point(c, b, max(int(p), self.budgets[i] + 1), True, False))
+
     def within_budget(self, r: ProbeResult) -> bool:
         """Measured to fit every card in use within its budget."""
         return r.feasible and all(p <= bud for i, (p, bud, c) in enumerate(

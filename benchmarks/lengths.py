@@ -1,0 +1,248 @@
+"""Variable lengths: tokens per step over one epoch, three ways, and the probes it costs.
+
+``python -m benchmarks.lengths [--quick]`` (a few minutes on 2 cores; ``--quick``: one model,
+one distribution, one cluster). For a GPT-style decoder and a BERT-style encoder, a
+long-tailed (log-normal, like SFT data) and a bimodal length distribution, on 4x24GB and on
+mixed cards, with the training step of the other benchmarks (AdamW, bf16 autocast):
+
+- (a) **longest**: the largest batch that fits the longest length (dptune's plan for the last
+  bucket, split as planned), drawn at random: what users do today;
+- (b) **token budget, even split**: one global budget ``count x longest <= T``, with ``T`` the
+  largest even-split batch at the longest length times that length (found by bisection on
+  the simulator), batches packed greedily from length-sorted chunks, split evenly;
+- (c) **per-bucket plan**: :func:`dptune.lengths.plan_lengths` with
+  :class:`~dptune.lengths.BucketBatchSampler` and each batch's planned split.
+
+Reported: optimizer steps per epoch and real (unpadded) tokens per step; the probes of the
+per-bucket search, seeded from each neighbour, against searching every bucket on its own from
+the same start; and a replay of every distinct batch shape of the epoch (count, padded length)
+through the simulator at the split its wrapper uses: the number of batches over a card's
+budget (0 is safe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+from dptune.backends.simulated import SimulatedBackend
+from dptune.examples import models as M
+from dptune.lengths import BucketBatchSampler, plan_lengths
+from dptune.lengths.plan import LengthPlan
+from dptune.split import even_split
+from dptune.units import parse_bytes
+from dptune.workload import Workload
+
+HEADROOM = "1GiB"
+N_SAMPLES = 1500
+BUCKETS = 6
+CLUSTERS = ("4x24GB", "40GB,24GB,2x16GB")
+
+
+def _adamw(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-4)
+
+
+def gpt() -> torch.nn.Module:
+    return M.TinyGPT(vocab_size=32000, d_model=512, n_layers=4, n_heads=8, seq_len=2048)
+
+
+def gpt_sample(n: int, length: int) -> Any:
+    return torch.randint(0, 32000, (n, length))
+
+
+def bert() -> torch.nn.Module:
+    return M.BertClassifier(vocab_size=30522, d_model=512, n_layers=4, n_heads=8, seq_len=512)
+
+
+def bert_sample(n: int, length: int) -> Any:
+    return {"input_ids": torch.randint(0, 30522, (n, length)),
+            "attention_mask": torch.ones(n, length, dtype=torch.long),
+            "labels": torch.randint(0, 2, (n,))}
+
+
+MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int, int], Any], int]] = {
+    "GPT": (gpt, gpt_sample, 2048), "BERT": (bert, bert_sample, 512)}
+
+
+def lengths_of(dist: str, n: int, longest: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    if dist == "lognormal":     # median ~ longest/8, a long tail up to the longest
+        xs = [rng.lognormvariate(math.log(longest / 8), 0.8) for _ in range(n)]
+    else:                       # bimodal: short prompts and long documents
+        xs = [rng.gauss(longest / 10, longest / 40) if rng.random() < 0.7
+              else rng.gauss(longest * 0.7, longest / 8) for _ in range(n)]
+    return [max(8, min(longest, int(x))) for x in xs]
+
+
+# ---- the three ways to batch an epoch ------------------------------------------------------
+def epoch_longest(lengths: list[int], batch: int, seed: int = 0) -> list[list[int]]:
+    idx = list(range(len(lengths)))
+    random.Random(seed).shuffle(idx)
+    return [idx[i:i + batch] for i in range(0, len(idx), batch)]
+
+
+def epoch_token_budget(lengths: list[int], budget: int, seed: int = 0,
+                       chunk: int = 200) -> list[list[int]]:
+    """fairseq-style: shuffle, sort chunks by length, pack while count x longest <= budget."""
+    idx = list(range(len(lengths)))
+    random.Random(seed).shuffle(idx)
+    out: list[list[int]] = []
+    for start in range(0, len(idx), chunk):
+        part = sorted(idx[start:start + chunk], key=lambda i: lengths[i])
+        cur: list[int] = []
+        for i in part:
+            if cur and (len(cur) + 1) * max(lengths[i], max(lengths[j] for j in cur)) > budget:
+                out.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            out.append(cur)
+    return out
+
+
+def epoch_plan(lengths: list[int], plan: LengthPlan, seed: int = 0) -> list[list[int]]:
+    return list(BucketBatchSampler(lengths, plan, seed=seed))
+
+
+def figures(lengths: list[int], batches: list[list[int]]) -> dict[str, float]:
+    tokens = sum(lengths)
+    return {"steps": len(batches), "tokens_per_step": tokens / max(1, len(batches)),
+            "padded_share": sum(len(b) * max(lengths[i] for i in b) for b in batches) / tokens - 1}
+
+
+# ---- the simulator: even-split bisection and the replay ------------------------------------
+class Sim:
+    def __init__(self, model: Callable[[], torch.nn.Module], sample: Callable[[int, int], Any],
+                 cluster: str):
+        self.length = 1
+        self.backend = SimulatedBackend(
+            Workload(model, lambda n: sample(n, self.length), None, _adamw, amp="bf16"), cluster)
+        self.budgets = [d.budget_bytes(parse_bytes(HEADROOM)) for d in self.backend.devices]
+        self.probes = 0
+
+    def fits(self, length: int, split: list[int]) -> bool:
+        self.length = length
+        self.probes += 1
+        r = self.backend.probe(split)
+        return r.feasible and all(p <= b for i, (p, b, c) in enumerate(
+            zip(r.peak_bytes, self.budgets, split)) if i == 0 or c > 0)
+
+    def largest_even(self, length: int, hi: int) -> int:
+        n = len(self.budgets)
+        lo, hi = 0, max(hi, 1)
+        while self.fits(length, even_split(hi, n)):
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.fits(length, even_split(mid, n)) else (lo, mid)
+        return lo
+
+    def replay(self, lengths: list[int], batches: list[list[int]],
+               split: Callable[[int, int], list[int]]) -> tuple[int, int]:
+        """(distinct shapes replayed, those over a budget)."""
+        shapes = {(len(b), max(lengths[i] for i in b)) for b in batches}
+        over = sum(not self.fits(L, split(L, c)) for c, L in sorted(shapes))
+        return len(shapes), over
+
+
+def run_one(name: str, dist: str, cluster: str) -> dict[str, Any]:
+    model, sample, longest = MODELS[name]
+    lengths = lengths_of(dist, N_SAMPLES, longest)
+    common = dict(simulate=cluster, headroom=HEADROOM, optimizer=_adamw, amp="bf16",
+                  max_length=longest, batch_size=256)
+    t0 = time.perf_counter()
+    plan = plan_lengths(model, sample, lengths, BUCKETS, **common)
+    t_plan = time.perf_counter() - t0
+    scratch = plan_lengths(model, sample, lengths, BUCKETS, from_neighbour=False, **common)
+    same = [b.batch_size for b in plan.buckets] == [b.batch_size for b in scratch.buckets]
+    sim = Sim(model, sample, cluster)
+    n = len(plan.devices)
+    last = plan.buckets[-1]
+    a = epoch_longest(lengths, last.batch_size)
+    even = sim.largest_even(last.length, last.batch_size)
+    budget = even * last.length
+    b = epoch_token_budget(lengths, budget)
+    c = epoch_plan(lengths, plan)
+    row: dict[str, Any] = {
+        "model": name, "lengths": dist, "cluster": cluster, "buckets": len(plan.buckets),
+        "plan": [bk.to_dict() for bk in plan.buckets], "plan_seconds": t_plan,
+        "probes_neighbour": plan.probes, "probes_scratch": scratch.probes, "same_answers": same,
+        "certified": plan.certified, "token_budget_even": budget,
+        "a": figures(lengths, a), "b": figures(lengths, b), "c": figures(lengths, c)}
+    row["a"]["replay"] = sim.replay(lengths, a, lambda L, k: plan.chunk_sizes_for(
+        last.length, k))
+    row["b"]["replay"] = sim.replay(lengths, b, lambda L, k: even_split(k, n))
+    row["c"]["replay"] = sim.replay(lengths, c, lambda L, k: plan.chunk_sizes_for(L, k))
+    sim.backend.close()
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| model | lengths | cards | (a) longest: steps, tok/step | (b) token budget even: "
+            "steps, tok/step | (c) per-bucket plan: steps, tok/step | (c)/(a) | probes: neighbour "
+            "/ scratch | replay over budget (a/b/c) |")
+    out = [head, "|" + "---|" * 9]
+    for r in rows:
+        a, b, c = r["a"], r["b"], r["c"]
+        out.append(
+            f"| {r['model']} | {r['lengths']} | {r['cluster']} | {a['steps']}, "
+            f"{a['tokens_per_step']:,.0f} | {b['steps']}, {b['tokens_per_step']:,.0f} | "
+            f"{c['steps']}, {c['tokens_per_step']:,.0f} | "
+            f"{c['tokens_per_step'] / a['tokens_per_step']:.1f}x | "
+            f"{r['probes_neighbour']} / {r['probes_scratch']} | "
+            f"{a['replay'][1]}/{a['replay'][0]}, {b['replay'][1]}/{b['replay'][0]}, "
+            f"{c['replay'][1]}/{c['replay'][0]} |")
+    return "\n".join(out)
+
+
+def gpt_1b() -> torch.nn.Module:
+    """A 0.98B-parameter decoder: d 2048, 18 layers, vocabulary 32000, 4096 positions."""
+    return M.TinyGPT(vocab_size=32000, d_model=2048, n_layers=18, n_heads=16, seq_len=4096)
+
+
+def scale() -> dict[str, Any]:
+    """8 buckets of log-normal lengths (20,000 samples up to 4096) for the 1B decoder on 4
+    simulated 80 GB cards, AdamW and bf16: wall and CPU seconds, probes."""
+    rng = random.Random(0)
+    lengths = [min(4096, max(16, int(rng.lognormvariate(6, 0.9)))) for _ in range(20000)]
+    t0, c0 = time.perf_counter(), time.process_time()
+    plan = plan_lengths(gpt_1b, gpt_sample, lengths, 8, simulate="4x80GB", optimizer=_adamw,
+                        amp="bf16", headroom=HEADROOM)
+    return {"wall_seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+            "probes": plan.probes, "lines": plan.lines()}
+
+
+def main(argv: Any = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="one model, one distribution, one cluster")
+    p.add_argument("--scale", action="store_true",
+                   help="only the 1B-parameter decoder over 8 buckets: the time it takes")
+    p.add_argument("--out", default="benchmarks/lengths.json")
+    args = p.parse_args(argv)
+    if args.scale:
+        print(json.dumps(scale(), indent=2))
+        return 0
+    combos = [(m, d, c) for m in MODELS for d in ("lognormal", "bimodal") for c in CLUSTERS]
+    if args.quick:
+        combos = combos[:1]
+    rows = []
+    for m, d, c in combos:
+        t = time.perf_counter()
+        rows.append(run_one(m, d, c))
+        print(f"{m} {d} {c}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(rows, f, indent=2)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""``dptune search ... --lengths FILE --buckets 8|128,256,...``: a plan per length bucket.
+
+The flags are added to ``search`` by :func:`length_arguments`; :func:`run` does the work
+when ``--lengths`` is given. The batch is the one ``search`` would build, at each bucket's
+length: ``--input-shape`` with the entry at ``--length-axis`` replaced by the length (that
+entry is the longest length the model takes), or ``--sample MODULE:FUNC`` called as
+``fn(batch_size, length=L)`` (a model's ``.method`` the same way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import pathlib
+import re
+import sys
+from typing import Any, Callable, Optional
+
+from dptune.errors import EXIT_OK, UsageError
+
+__all__ = ["length_arguments", "run", "length_sample"]
+
+
+def length_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("variable lengths (a batch per length bucket)")
+    g.add_argument("--lengths", metavar="FILE[:COLUMN]", default=None,
+                   help="the training samples' lengths: one integer per line, or a column of a "
+                        "CSV/Parquet file; plans the largest batch of every length bucket")
+    g.add_argument("--buckets", default="8", metavar="K|E1,E2,...",
+                   help="with --lengths: K quantile buckets (default 8) or the edges, e.g. "
+                        "128,256,512,1024 (the last edge is always the longest length)")
+    g.add_argument("--length-axis", type=int, default=1, metavar="D",
+                   help="the batch's length dimension (default 1: token ids (batch, length))")
+    g.add_argument("--pad-to-multiple-of", type=int, default=None, metavar="M",
+                   help="lengths are padded to a multiple of M, as the collator pads them")
+    g.add_argument("--ddp", action="store_true",
+                   help="with --lengths and --simulate: each card a DDP rank with its own batch "
+                        "per bucket (nothing gathered)")
+
+
+def length_sample(sample: Any, axis: int) -> tuple[Callable[[int, int], Any], Optional[int]]:
+    """``sample(batch_size, length)`` from the workload's batch builder, and the longest
+    length the model takes when the batch is given by its shape."""
+    from dptune.spec import RandomBatch
+
+    if isinstance(sample, RandomBatch):
+        shape = list(sample.shape)
+        if not 1 <= axis <= len(shape):
+            raise UsageError(f"--length-axis {axis}: --input-shape {sample.shape} has axes "
+                             f"1..{len(shape)} after the batch")
+
+        def from_shape(n: int, length: int) -> Any:
+            s = list(shape)
+            s[axis - 1] = length
+            return dataclasses.replace(sample, shape=tuple(s))(n)
+        return from_shape, shape[axis - 1]
+    kwargs = getattr(sample, "kwargs", None)
+    if not isinstance(kwargs, dict):
+        raise UsageError("--lengths needs a batch that takes the length: --input-shape, or "
+                         "--sample MODULE:FUNC taking (batch_size, length=...)")
+
+    def with_length(n: int, length: int) -> Any:
+        s = copy.copy(sample)
+        s.kwargs = {**kwargs, "length": length}
+        return s(n)
+    return with_length, None
+
+
+def _read(spec: str) -> list[int]:
+    from dptune.lengths.buckets import read_lengths
+
+    path, column = spec, None
+    m = re.match(r"^(.*\.(?:csv|parquet|pq)):([^:/\\]+)$", spec, re.IGNORECASE)
+    if m:
+        path, column = m.group(1), m.group(2)
+    return read_lengths(path, column)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``dptune search --lengths``: plan, print one line per bucket, write the report."""
+    from dptune.cli import workload_spec
+    from dptune.lengths.budget import token_budgets
+    from dptune.lengths.render import render_text, write_plan_report
+    from dptune.lengths.search import plan_lengths
+
+    if args.hf_trainer:
+        raise UsageError("--lengths with --hf-trainer is not supported yet: use --model with "
+                         "--input-shape or --sample, or dptune.integrations.tune_trainer")
+    if args.objective not in ("balance", "max-batch"):
+        raise UsageError(f"--lengths plans the largest batch of every bucket; --objective "
+                         f"{args.objective} does not apply to it")
+    if args.output_device not in (0, "0"):
+        raise UsageError("--lengths gathers the outputs on card 0; drop --output-device")
+    if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
+        raise UsageError(f"--pad-to-multiple-of must be >= 1, got {args.pad_to_multiple_of}")
+    lengths = _read(args.lengths)
+    wl = workload_spec(args).build()
+    sample, longest = length_sample(wl.sample, args.length_axis)
+    out = sys.stderr if args.json else sys.stdout
+    plan = plan_lengths(wl.model, sample, lengths, args.buckets, loss_fn=wl.loss_fn,
+                        optimizer=wl.optimizer, simulate=args.simulate, device_ids=args.devices,
+                        headroom=args.headroom, pad_to_multiple_of=args.pad_to_multiple_of,
+                        length_axis=args.length_axis, max_length=longest,
+                        batch_size=args.batch_size or 256, max_probes=max(args.max_probes, 16),
+                        amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
+                        step=wl.step, ddp=args.ddp, verbose=not args.quiet)
+    folder = pathlib.Path(args.out) if args.out else _default_dir(plan.model_name, plan.cluster)
+    write_plan_report(plan, str(folder), lengths, plots=not args.no_plots)
+    if args.json:
+        print(json.dumps({**plan.to_dict(), "token_budget": token_budgets(plan).to_dict()},
+                         indent=2))
+    elif not args.quiet:
+        print(render_text(plan))
+    print(f"report written to {folder}/", file=out)
+    return EXIT_OK
+
+
+def _default_dir(model: str, cluster: str) -> pathlib.Path:
+    cluster = re.sub(r"\s*\(.*\)\s*$", "", cluster)
+    slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", cluster).strip("_") or "cluster"
+    name = re.sub(r"[^A-Za-z0-9.+-]+", "_", model).strip("_") or "model"
+    return pathlib.Path("reports") / f"{name}-{slug}-lengths"

@@ -1,0 +1,110 @@
+"""A length plan as text, markdown, CSV and the ``lengths.png`` staircase (rendering only)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from typing import Optional, Sequence
+
+from dptune.lengths.budget import snippets, token_budgets
+from dptune.lengths.plan import PLAN_FILE, LengthPlan
+from dptune.units import format_bytes
+
+__all__ = ["render_text", "render_markdown", "render_csv", "plot_lengths", "write_plan_report"]
+
+COLUMNS = ("bucket", "lengths", "samples", "batch", "per_card", "tokens_per_step",
+           "binding_card", "certified", "probes")
+
+
+def _rows(plan: LengthPlan) -> list[list[str]]:
+    return [[str(k), f"({b.lo}, {b.length}]", str(b.samples), str(b.batch_size),
+             " ".join(str(c) for c in b.chunk_sizes), str(b.tokens_per_step),
+             str(b.binding_card), "yes" if b.certified else "no", str(b.probes)]
+            for k, b in enumerate(plan.buckets)]
+
+
+def render_text(plan: LengthPlan) -> str:
+    """One line per bucket, then the single token budget beside it."""
+    head = (f"{plan.model_name} on {plan.cluster}: {len(plan.buckets)} buckets, "
+            f"{plan.probes} probes, {plan.seconds:.1f} s")
+    return "\n".join([head, *plan.lines(), token_budgets(plan).describe()])
+
+
+def render_markdown(plan: LengthPlan) -> str:
+    budgets = ", ".join(f"card {i} ({n}) {format_bytes(b)}" for i, (n, b) in
+                        enumerate(zip(plan.devices, plan.budget_bytes)))
+    out = [f"# {plan.model_name}: a batch per length bucket on {plan.cluster}", "",
+           f"Budgets: {budgets}. Headroom {format_bytes(plan.headroom_bytes)}. "
+           f"{plan.probes} probes in {plan.seconds:.1f} s; "
+           f"{'every bucket certified' if plan.certified else 'NOT every bucket certified'} "
+           "(one more sample measured not to fit).", "",
+           "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    out += ["| " + " | ".join(r) + " |" for r in _rows(plan)]
+    out += ["", token_budgets(plan).describe(), "", "```python", *snippets(plan), "```"]
+    if plan.notes:
+        out += ["", "Notes:", *[f"- {n}" for n in plan.notes]]
+    return "\n".join(out) + "\n"
+
+
+def render_csv(plan: LengthPlan) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(COLUMNS)
+    w.writerows(_rows(plan))
+    return buf.getvalue()
+
+
+def plot_lengths(plan: LengthPlan, lengths: Optional[Sequence[int]], path: str) -> None:
+    """Per card the largest chunk against the length (a staircase: each bucket's chunk over
+    its range of lengths), over the data's length histogram; tokens per step in the labels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    if lengths:
+        hist = ax.twinx()
+        hist.hist(list(lengths), bins=min(60, max(10, len(set(lengths)))), color="0.85")
+        hist.set_ylabel("samples")
+        ax.set_zorder(hist.get_zorder() + 1)
+        ax.patch.set_visible(False)
+    xs = [0] + [b.length for b in plan.buckets]
+    for i, name in enumerate(plan.devices):
+        ys = [b.chunk_sizes[i] for b in plan.buckets]
+        ax.stairs(ys, xs, label=f"card {i} ({name})", linewidth=2, baseline=None)
+    for b in plan.buckets:
+        ax.annotate(f"{b.tokens_per_step:,} tok", (b.length, max(b.chunk_sizes)),
+                    textcoords="offset points", xytext=(-4, 4), ha="right", fontsize=7)
+    ax.set_xlabel("padded length (bucket edges)")
+    ax.set_ylabel("largest chunk per card")
+    ax.set_title(f"{plan.model_name} on {plan.cluster}: batch per length")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _write(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_plan_report(plan: LengthPlan, folder: str, lengths: Optional[Sequence[int]] = None,
+                      plots: bool = True) -> list[str]:
+    """``lengths.json``, ``lengths.csv``, ``summary.md`` and ``lengths.png`` in ``folder``."""
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for name, text in ((PLAN_FILE, plan.to_json()), ("lengths.csv", render_csv(plan)),
+                       ("summary.md", render_markdown(plan))):
+        _write(os.path.join(folder, name), text)
+        written.append(name)
+    if plots:
+        plot_lengths(plan, lengths, os.path.join(folder, "lengths.png"))
+        written.append("lengths.png")
+    return written

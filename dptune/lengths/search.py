@@ -1,0 +1,309 @@
+"""The per-bucket search: the largest batch at every bucket's longest length, certified.
+
+Each bucket runs dptune's own certified search (:func:`dptune.search.run`, objective
+``max_batch``) on a backend whose batches are built at that bucket's length. Memory only
+grows with the length, so the buckets are searched shortest first and each one starts from
+its neighbour's answer:
+
+- every card its neighbour's search measured over budget is over at the longer length too,
+  so those probes close the brackets from above before any probe is run here
+  (``known_over``, lower bounds never taken as answers);
+- the first batch probed is the neighbour's fits carried to the new length (per-sample
+  cost in proportion to the length): a guess that only chooses where to probe.
+
+The answer of every bucket is a split measured within every budget at that length; it is
+certified when one more sample was measured not to fit (here, or at a shorter length).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
+
+from dptune import search
+from dptune.backends.base import Backend, ProbeResult
+from dptune.errors import NoFeasibleSplitError, UsageError
+from dptune.lengths.buckets import Buckets, assign, bucket_edges
+from dptune.lengths.plan import BucketPlan, LengthPlan
+from dptune.split import scale_split
+from dptune.units import parse_bytes
+
+__all__ = ["LengthSample", "BucketSearch", "search_buckets", "plan_lengths", "next_split"]
+
+
+class LengthSample:
+    """``sample(n)`` for the backends: the user's ``sample(n, length)`` at :attr:`length`.
+
+    Every batch is checked along ``axis``: some tensor in it must have exactly ``length``
+    there, else the sample function ignores the length (a :class:`UsageError`).
+    """
+
+    def __init__(self, fn: Callable[[int, int], Any], axis: int = 1, length: int = 1):
+        if not callable(fn):
+            raise UsageError("sample must be a function sample(batch_size, length) -> batch")
+        if isinstance(axis, bool) or not isinstance(axis, int) or axis < 1:
+            raise UsageError(f"length_axis must be an int >= 1 (dim 0 is the batch), got {axis!r}")
+        self.fn, self.axis, self.length = fn, axis, length
+        self.__name__ = getattr(fn, "__name__", "sample")
+
+    def __call__(self, batch_size: int) -> Any:
+        from dptune import _tree
+
+        batch = self.fn(batch_size, self.length)
+        sizes = {tuple(t.shape)[self.axis] for t in _tree.leaves(batch) if t.dim() > self.axis}
+        if self.length not in sizes:
+            raise UsageError(
+                f"sample({batch_size}, {self.length}) returned no tensor of length {self.length} "
+                f"along axis {self.axis} (found {sorted(sizes) or 'none'}): the sample function "
+                "must build its batch at the length it is given (or set length_axis / "
+                "--length-axis to the batch's length dimension)")
+        return batch
+
+
+@dataclass(frozen=True)
+class BucketSearch:
+    """One bucket's search: its length and the outcome of :func:`dptune.search.run`."""
+
+    length: int
+    outcome: search.SearchOutcome
+
+    @property
+    def best(self) -> ProbeResult:
+        return self.outcome.best
+
+
+def growth(done: Sequence[BucketSearch]) -> float:
+    """How a sample's cost grows with the length, ``cost ~ length ** a``: from the cards'
+    fitted slopes at the last two lengths searched (1 with fewer; kept within [1, 2]:
+    linear layers to attention's square)."""
+    if len(done) < 2:
+        return 1.0
+    a, b = done[-2], done[-1]
+    ratios = [fb.slope_bytes / fa.slope_bytes for fa, fb in zip(a.outcome.fits[1:], b.outcome.fits[1:])
+              if fa.slope_bytes > 0 and fb.slope_bytes > 0]
+    if not ratios or b.length <= a.length:
+        return 1.0
+    r = sorted(ratios)[len(ratios) // 2]
+    return min(2.0, max(1.0, math.log(r) / math.log(b.length / a.length)))
+
+
+def next_split(done: Sequence[BucketSearch], length: int, budgets: Sequence[int]) -> list[int]:
+    """Where to start at ``length`` from the neighbour's answer at a shorter length (a guess:
+    it only picks the first probe). Each card keeps the part of its peak that does not grow
+    with the samples; its fitted cost per sample grows with the length as between the last
+    two lengths (:func:`growth`), card 0's cost per sample of the whole batch (the gathered
+    outputs, from the last bucket that measured it) in proportion to the length. Never above
+    the neighbour's chunks."""
+    prev = done[-1]
+    scale = (length / prev.length) ** growth(done)
+    fits, best = prev.outcome.fits, prev.best
+    sizes, peaks, b = best.chunk_sizes, best.peak_bytes, best.batch_size
+    ref = next((d for d in reversed(done) if d.outcome.fits[0].batch_slope_bytes > 0), None)
+    g_prev = 0.0 if ref is None else ref.outcome.fits[0].batch_slope_bytes * prev.length / ref.length
+    g = g_prev * length / prev.length
+    rest = []
+    for i in range(1, len(sizes)):
+        s = max(fits[i].slope_bytes, 0.0)
+        cap = (budgets[i] - peaks[i]) / (s * scale) + sizes[i] / scale if s > 0 else sizes[i] / scale
+        rest.append(max(0, min(int(cap), sizes[i])) if sizes[i] > 0 else 0)
+    s0 = max(fits[0].slope_bytes, 0.0)
+    fixed0 = peaks[0] - s0 * sizes[0] - g_prev * b
+    room0 = budgets[0] - fixed0
+    if g * sum(rest) > room0:   # card 0 binds through the whole batch: fewer samples in all
+        whole = int(room0 / g) if g > 0 else int(b / scale)
+        rest = scale_split(rest, max(1, min(sum(rest), whole))) if sum(rest) else rest
+        c0 = 0
+    else:
+        per = s0 * scale + g
+        c0 = int((room0 - g * sum(rest)) / per) if per > 0 else int(sizes[0] / scale)
+    split = [max(0, min(c0, sizes[0])), *rest]
+    return split if sum(split) > 0 else [1] + [0] * (len(sizes) - 1)
+
+
+def search_buckets(probe_at: Callable[[int, Sequence[int]], ProbeResult], budgets: Sequence[int],
+                   edges: Sequence[int], *, start: int = 256, min_chunk: int = 1,
+                   max_probes: int = 16, tolerance: float = 0.02, exact_on_oom: bool = True,
+                   from_neighbour: bool = True,
+                   on_bucket: Callable[[BucketSearch], None] = lambda s: None) -> list[BucketSearch]:
+    """The largest batch at every edge, shortest first (``probe_at(length, split)`` runs one
+    step). ``from_neighbour=False`` searches every bucket on its own from ``start`` (what a
+    per-bucket search such as NeMo's OOMptimizer does; the benchmark compares the two).
+    Raises :class:`NoFeasibleSplitError` naming the length at which nothing fits."""
+    out: list[BucketSearch] = []
+    known: list[ProbeResult] = []
+    for length in sorted(edges):
+        first = None
+        if from_neighbour and out:
+            first = next_split(out, length, budgets)
+
+        def probe(split: Sequence[int], length: int = length) -> ProbeResult:
+            return probe_at(length, split)
+        try:
+            outcome = search.run(probe, budgets, "max_batch", sum(first) if first else start,
+                                 min_chunk=min_chunk, first_split=first,
+                                 max_probes=max_probes, tolerance=tolerance,
+                                 exact_on_oom=exact_on_oom, compare_even=False,
+                                 known_over=known if from_neighbour else ())
+        except NoFeasibleSplitError as e:
+            prev = f"; the lengths up to {out[-1].length} fit" if out else ""
+            raise NoFeasibleSplitError(
+                f"at length {length}, not even the smallest batch fits every card ({e}){prev}. "
+                "Truncate the longest samples, or plan with more memory per card (a smaller "
+                "headroom, larger cards, gradient checkpointing)", e.shortfall_bytes) from None
+        done = BucketSearch(length, outcome)
+        out.append(done)
+        on_bucket(done)
+        known = [r for r in outcome.probes if not _within(r, budgets)] + known
+    return out
+
+
+def _within(r: ProbeResult, budgets: Sequence[int]) -> bool:
+    return r.feasible and all(p <= b for i, (p, b, c) in enumerate(
+        zip(r.peak_bytes, budgets, r.chunk_sizes)) if i == 0 or c > 0)
+
+
+def binding_card(r: ProbeResult, budgets: Sequence[int]) -> int:
+    """The card with the largest share of its budget (card 0, or one holding samples)."""
+    cards = [i for i, c in enumerate(r.chunk_sizes) if i == 0 or c > 0]
+    return max(cards, key=lambda i: (r.peak_bytes[i] / max(budgets[i], 1), -i))
+
+
+class _DDPRanks:
+    """The probe interface over DDP ranks on the simulated cluster, for
+    :func:`dptune.search.run`: rank ``r`` runs its own step at ``split[r]`` (nothing gathered,
+    so no rank depends on the batch); a rank given no samples costs nothing here (DDP needs
+    every rank: an answer with an empty rank is refused by the caller)."""
+
+    kind = "simulated"
+
+    def __init__(self, workload: Any, cluster: Any):
+        from dptune.backends.simulated_ddp import SimulatedDDP
+
+        self.sim = SimulatedDDP(workload, cluster)
+        self.devices = self.sim.devices
+
+    def describe(self) -> str:
+        return self.sim.describe()
+
+    def probe(self, split: Sequence[int]) -> ProbeResult:
+        peaks = [self.sim.rank(r).estimate([b]).peak_bytes[0] if b > 0 else 0
+                 for r, b in enumerate(split)]
+        over = [(p - d.available_bytes) / d.available_bytes for p, d in zip(peaks, self.devices)]
+        worst = max(range(len(over)), key=lambda i: over[i])
+        return ProbeResult(tuple(split), tuple(peaks), oom_device=worst if over[worst] > 0 else None,
+                           note="simulated DDP")
+
+    def close(self) -> None:
+        self.sim.close()
+
+
+def _bucket_plans(found: Sequence[BucketSearch], counts: Sequence[int], budgets: Sequence[int],
+                  ddp: bool) -> list[BucketPlan]:
+    plans = []
+    lo = 0
+    for s, n in zip(found, counts):
+        r = s.best
+        if ddp and 0 in r.chunk_sizes:
+            raise NoFeasibleSplitError(
+                f"at length {s.length}, rank {r.chunk_sizes.index(0)} cannot fit one sequence "
+                "and DDP needs every rank in every step: truncate the longest samples or plan "
+                "without that card")
+        plans.append(BucketPlan(lo=lo, length=s.length, samples=n, chunk_sizes=tuple(r.chunk_sizes),
+                                peak_bytes=tuple(int(p) for p in r.peak_bytes),
+                                binding_card=binding_card(r, budgets),
+                                certified=s.outcome.certified, probes=len(s.outcome.probes)))
+        lo = s.length
+    return plans
+
+
+def _min_chunk(workload: Any) -> int:
+    import torch
+
+    from dptune.workload import has_batchnorm
+
+    model = workload.model
+    try:
+        if not isinstance(model, torch.nn.Module):
+            with torch.device("meta"):
+                model = model()
+        return 2 if has_batchnorm(model) else 1
+    except Exception:   # the backend runs the factory and reports its errors
+        return 1
+
+
+def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterable[int],
+                 buckets: Buckets = 8, *, loss_fn: Optional[Callable[[Any, Any], Any]] = None,
+                 optimizer: Optional[Callable[..., Any]] = None, simulate: Any = None,
+                 device_ids: Optional[Sequence[int]] = None, headroom: Union[int, str] = "1GiB",
+                 pad_to_multiple_of: Optional[int] = None, length_axis: int = 1,
+                 max_length: Optional[int] = None, batch_size: int = 256, max_probes: int = 16,
+                 tolerance: float = 0.02, amp: Optional[str] = None, accumulate: int = 1,
+                 clip_grad_norm: Optional[float] = None,
+                 step: Optional[Callable[[Any, Any, Any], None]] = None,
+                 from_neighbour: bool = True, ddp: bool = False,
+                 verbose: bool = False) -> LengthPlan:
+    """For every bucket of ``lengths``, the largest DataParallel batch that fits each card at
+    the bucket's longest (padded) length, and its per-card split (a :class:`LengthPlan`).
+
+    ``sample(batch_size, length)`` builds a batch padded to ``length`` along
+    ``length_axis``; ``lengths`` are the training samples' lengths (any iterable of ints, a
+    ``datasets`` column); ``buckets``: a count (quantile edges) or the edges (see
+    :func:`dptune.lengths.bucket_edges`). The training step (``loss_fn``, ``optimizer``,
+    ``amp``, ...), the cards (``simulate``, ``device_ids``), ``headroom``, ``max_probes`` (per
+    bucket) and ``tolerance`` are as for :class:`dptune.Tuner`; ``batch_size`` is where the
+    shortest bucket's search starts. ``ddp=True`` (simulated cards only): each card is a
+    DDP rank with its own batch (nothing gathered); every rank must fit at least one sequence.
+    """
+    from dptune.tuner import _build_backend, choose_backend
+    from dptune.workload import Workload, model_name
+
+    t0 = time.perf_counter()
+    data = list(lengths)
+    edges = bucket_edges(data, buckets, pad_to_multiple_of=pad_to_multiple_of, max_length=max_length)
+    counts = [0] * len(edges)
+    for k in assign(data, edges, pad_to_multiple_of):
+        counts[k] += 1
+    try:
+        headroom_bytes = parse_bytes(headroom)
+    except ValueError as e:
+        raise UsageError(f"headroom: {e}") from None
+    ls = LengthSample(sample, length_axis, edges[0])
+    wl = Workload(model=model, sample=ls, loss_fn=loss_fn, optimizer=optimizer, amp=amp,
+                  accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step)
+    choice = choose_backend(device_ids, simulate)
+    if ddp and not choice.simulated:
+        raise UsageError("ddp=True plans on simulated cards (simulate=...); planning inside a "
+                         "torchrun job per bucket is not supported yet")
+    backend: Backend = _DDPRanks(wl, choice.cluster) if ddp else _build_backend(wl, choice)
+    budgets = [d.budget_bytes(headroom_bytes) for d in backend.devices]
+    notes = [choice.notice] if choice.notice else []
+
+    def probe_at(length: int, split: Sequence[int]) -> ProbeResult:
+        ls.length = length
+        return backend.probe(split)
+
+    def said(s: BucketSearch) -> None:
+        if verbose:
+            import sys
+
+            r = s.best
+            print(f"dptune: length <= {s.length}: batch {r.batch_size} = {list(r.chunk_sizes)} "
+                  f"({len(s.outcome.probes)} probes)", file=sys.stderr)
+    try:
+        found = search_buckets(probe_at, budgets, edges, start=batch_size,
+                               min_chunk=_min_chunk(wl), max_probes=max_probes,
+                               tolerance=tolerance,
+                               exact_on_oom=getattr(backend, "kind", "") == "simulated",
+                               from_neighbour=from_neighbour, on_bucket=said)
+    finally:
+        backend.close()
+    plans = _bucket_plans(found, counts, budgets, ddp)
+    notes.extend(f"length <= {s.length}: {n}" for s in found for n in s.outcome.notes)
+    return LengthPlan(buckets=tuple(plans), devices=tuple(d.name for d in backend.devices),
+                      budget_bytes=tuple(budgets), length_axis=length_axis,
+                      pad_to_multiple_of=pad_to_multiple_of, cluster=backend.describe(),
+                      model_name=model_name(wl.model), headroom_bytes=headroom_bytes,
+                      seconds=time.perf_counter() - t0, notes=tuple(notes), ddp=ddp)
+
