@@ -26,6 +26,7 @@ simulator's own DataParallel copies do that on purpose).
 from __future__ import annotations
 
 import functools
+from itertools import chain
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Optional, Protocol, Sequence
 
@@ -74,18 +75,37 @@ _INDEXING = frozenset({"index", "_unsafe_index", "index_put", "index_put_", "_in
                        "_unsafe_index_put"})
 
 
-def check_devices(func: Any, args: Sequence[Any], kwargs: Optional[dict], where: Placement) -> None:
-    """Raise :class:`DeviceMismatchError` where CUDA would: ``func`` given a host tensor of
-    one or more dimensions and a card tensor."""
+@functools.lru_cache(maxsize=None)
+def _check_kind(func: Any) -> tuple[str, int]:
+    """``(name, kind)`` of an op for :func:`check_devices`: kind 0 not checked (any device),
+    1 indexing (argument 1 may be on the host), 2 checked."""
     op = getattr(func, "__name__", str(func))
     packet = op.split(".")[0]
-    if packet in _ANY_DEVICE:
+    return op, 0 if packet in _ANY_DEVICE else 1 if packet in _INDEXING else 2
+
+
+def _tensors(args: Any) -> Any:
+    """The tensors of an aten op's arguments: tensors and lists (tuples) of them."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from _tensors(a)
+
+
+def check_devices(func: Any, args: Sequence[Any], kwargs: Optional[dict], where: Placement) -> None:
+    """Raise :class:`DeviceMismatchError` where CUDA would: ``func`` given a host tensor of
+    one or more dimensions and a card tensor (``args`` and ``kwargs`` as an aten op gets
+    them: tensors and lists of tensors)."""
+    op, kind = _check_kind(func)
+    if kind == 0:
         return
-    if packet in _INDEXING:
+    if kind == 1:
         args = [a for i, a in enumerate(args) if i != 1]
     first: Optional[int] = None
-    for t in _tree.leaves((args, kwargs or {})):
-        card = where.card_of(t)
+    card_of = where.card_of
+    for t in chain(_tensors(args), _tensors(kwargs.values()) if kwargs else ()):
+        card = card_of(t)
         if card == HOST and t.dim() == 0:
             continue                    # a CPU scalar: CUDA kernels take it as a number
         if first is None:
@@ -181,6 +201,7 @@ def device_mode(where: Placement) -> Any:
     base = _torch_private.function_mode_base()
     factories = {getattr(torch, n) for n in _FACTORIES if hasattr(torch, n)}
     to, cuda, cpu = torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu
+    changed = factories | {to, cuda, cpu}     # the functions place() may change
 
     @_guarded
     def place(func: Any, args: list, kwargs: dict) -> Optional[_Placed]:
@@ -222,7 +243,9 @@ def device_mode(where: Placement) -> Any:
         def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
                                kwargs: Optional[dict] = None) -> Any:
             kwargs = kwargs or {}
-            placed = place(func, list(args), dict(kwargs)) if where.as_cuda else None
+            if func not in changed or not where.as_cuda:   # the common case: not ours
+                return func(*args, **kwargs)
+            placed = place(func, list(args), dict(kwargs))
             if placed is None:
                 return func(*args, **kwargs)
             with where.forced(placed.card):

@@ -67,7 +67,7 @@ import contextlib
 import functools
 import weakref
 from itertools import chain
-from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, TypeVar
 
 import torch
 import torch.nn as nn
@@ -85,6 +85,7 @@ __all__ = ["ROUND_BYTES", "FOLLOW"]
 
 ROUND_BYTES = 512                     # the caching allocator's minimum block size
 FOLLOW = -2                           # current card in the backward: the card last computed on
+_STRIDED = torch.strided
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,7 +128,7 @@ class _Ledger:
 
     # -- storages ------------------------------------------------------------------------
     def record_of(self, t: torch.Tensor) -> Optional[_Record]:
-        if t.layout != torch.strided:
+        if t.layout is not _STRIDED:
             parts = sparse_parts(t)
             return self.record_of(parts[0]) if parts else None
         st = t.untyped_storage()
@@ -137,8 +138,12 @@ class _Ledger:
         return None
 
     def card_of(self, t: torch.Tensor) -> int:
-        rec = self.record_of(t)
-        return HOST if rec is None else rec.card
+        if t.layout is not _STRIDED:
+            rec = self.record_of(t)
+            return HOST if rec is None else rec.card
+        st = t.untyped_storage()
+        rec = self._records.get(id(st))
+        return rec.card if rec is not None and rec.ref() is st else HOST
 
     def charge(self, t: torch.Tensor, card: int, category: str) -> None:
         """Charge ``t``'s storage to ``card`` if it is not known yet (a sparse tensor: the
@@ -392,23 +397,57 @@ def _call_as_cuda(func: Any, args: Any, kwargs: dict) -> Any:
 _GROUPED_MM_FALLBACK = (torch.float32, torch.float16)
 
 
+class _OpFacts(NamedTuple):
+    """What the dispatch needs to know of an aten op, worked out once per op."""
+
+    name: str                       # e.g. "add.Tensor"
+    lift: bool                      # a factory of torch.tensor's data: lands where code runs
+    data_dependent: bool            # its output size depends on values (_DATA_DEPENDENT)
+    reads_value: bool               # _local_scalar_dense: .item()
+    same_dtype: Optional[tuple[int, int]]   # operands CUDA requires in one dtype
+
+
+@functools.lru_cache(maxsize=None)
+def _op_facts(func: Any) -> _OpFacts:
+    name = getattr(func, "__name__", str(func))
+    packet = name.split(".")[0]
+    return _OpFacts(name, packet in _LIFTS, packet in _DATA_DEPENDENT,
+                    name.startswith("_local_scalar_dense"), _SAME_DTYPE.get(packet))
+
+
+def _arg_tensors(args: Any) -> Iterator[torch.Tensor]:
+    """The tensors of an aten op's arguments or outputs: tensors and lists (tuples) of
+    tensors, which is all an aten schema holds (no walk of dicts or dataclasses)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    yield x
+                elif isinstance(x, (list, tuple)):
+                    yield from _arg_tensors(x)
+
+
 def _make_accountant(ledger: _Ledger) -> Any:
     base = dispatch_mode_base()
     check = _internal("the device check (host and card tensors in one op)",
                       DeviceMismatchError)(check_devices)
 
     @_internal("the ledger (charging an op's outputs to a card)")
-    def account(func: Any, args: Any, kwargs: Any, out: Any) -> None:
-        _note_data_dependent(ledger, func, args, out)
+    def account(func: Any, facts: _OpFacts, args: Any, kwargs: Any, out: Any) -> None:
+        if facts.data_dependent or facts.reads_value:
+            _note_data_dependent(ledger, func, args, out)
         card = ledger.forced_card
         if card is None:
             # on the card of its first input on a card; on the host if all its inputs are
             # there; a factory op (lift_fresh: the data of torch.tensor) where code runs
             card, inputs = HOST, False
-            if getattr(func, "__name__", "").split(".")[0] not in _LIFTS:
-                for t in chain(_tree.leaves(args), _tree.leaves(kwargs or {})):
+            if not facts.lift:
+                card_of = ledger.card_of
+                for t in chain(_arg_tensors(args), _arg_tensors(kwargs.values()) if kwargs else ()):
                     inputs = True
-                    c = ledger.card_of(t)
+                    c = card_of(t)
                     if c != HOST:
                         card = c
                         break
@@ -416,18 +455,24 @@ def _make_accountant(ledger: _Ledger) -> Any:
                 ledger.last_card = card
             elif not inputs:
                 card = ledger.running_card()
-        for t in _tree.leaves(out):
-            ledger.charge(t, card, ledger.category)
+        category = ledger.category
+        if isinstance(out, torch.Tensor):
+            ledger.charge(out, card, category)
+        elif isinstance(out, (list, tuple)):
+            for t in _arg_tensors(out):
+                ledger.charge(t, card, category)
 
     class _Accountant(base):  # type: ignore[misc, valid-type]
         """Charges every new storage an op makes to a virtual card."""
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            _check_dtypes_as_cuda(func, args)
+            facts = _op_facts(func)
+            if facts.same_dtype is not None:
+                _check_dtypes_as_cuda(func, args)
             if ledger.as_cuda and ledger.forced_card is None:
                 check(func, args, kwargs, ledger)
             out = _call_as_cuda(func, args, kwargs or {})
-            account(func, args, kwargs, out)
+            account(func, facts, args, kwargs, out)
             return out
 
     return _Accountant()
