@@ -78,6 +78,7 @@ from dptune._torch_private import (bound_size, dispatch_mode_base, function_mode
 from dptune.backends.base import CATEGORIES
 from dptune.backends.simulated.device_rules import HOST, DeviceMismatchError, check_devices
 from dptune.backends.simulated.errors import _user_error
+from dptune.backends.simulated.sharing import ReplicaPlan
 from dptune.errors import BackendUnavailableError, DptuneError, InternalError, UsageError
 from dptune.split import scale_split
 
@@ -125,6 +126,8 @@ class _Ledger:
         # the allocator trace: (card, +/-bytes, seq, stream); stream 1: the scatter's copy stream
         self.on_event: Optional[Callable[[int, int, int, int], None]] = None
         self.stream = 0
+        # the step simulates one card per class of like cards (simulated.sharing), or all
+        self.sharing: Optional[ReplicaPlan] = None
 
     # -- storages ------------------------------------------------------------------------
     def record_of(self, t: torch.Tensor) -> Optional[_Record]:
@@ -514,6 +517,7 @@ class _Broadcast(torch.autograd.Function):
     def forward(ctx: Any, ledger: _Ledger, cards: tuple, *params: torch.Tensor) -> tuple:
         ctx.ledger, ctx.n_params, ctx.n_cards, ctx.cards = ledger, len(params), len(cards), cards
         ctx.meta = [(p.shape, p.dtype) for p in params]
+        ctx.plan, ctx.reductions = ledger.sharing, 0
         ctx.set_materialize_grads(False)
         outs: list[torch.Tensor] = []
         for card in cards:
@@ -531,6 +535,9 @@ class _Broadcast(torch.autograd.Function):
         if all(g is None for g in given):
             return (None, None) + (None,) * n
         grads = list(given)
+        ctx.reductions += 1
+        if ctx.plan is not None and ctx.reductions > 1:
+            ctx.plan.diverge("the gradients were reduced more than once (a reentrant checkpoint)")
         for i, g in enumerate(grads):
             if g is None:
                 shape, dtype = ctx.meta[i % n]
@@ -554,8 +561,15 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     @_internal("the gather of the replicas' outputs onto the output card")
     def forward(ctx: Any, ledger: _Ledger, cards: tuple, dim: int, out_card: int,
-                *outs: torch.Tensor) -> torch.Tensor:
-        ctx.ledger, ctx.cards, ctx.out_card = ledger, cards, out_card
+                owners: Optional[tuple], *outs: torch.Tensor) -> torch.Tensor:
+        # owners: the card of each of outs where one output stands for a class of cards
+        # (simulated.sharing): every card's entry is its representative's
+        ctx.ledger, ctx.cards, ctx.out_card, ctx.owners = ledger, cards, out_card, owners
+        if owners is not None:
+            plan = ledger.sharing
+            assert plan is not None
+            by_card = dict(zip(owners, outs))
+            outs = tuple(by_card[plan.rep[c]] for c in cards)
         scalar = outs[0].dim() == 0
         ctx.scalar = scalar
         ctx.sizes = [1 if scalar else o.shape[dim] for o in outs]
@@ -569,7 +583,11 @@ class _Gather(torch.autograd.Function):
     @_internal("the backward of the gather (the output's gradient scattered back)")
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         ledger, grads, start = ctx.ledger, [], 0
+        owners = None if ctx.owners is None else set(ctx.owners)
         for card, size in zip(ctx.cards, ctx.sizes):
+            if owners is not None and card not in owners:
+                start += size             # a card that the class's representative stands for
+                continue
             piece = g.narrow(ctx.dim, start, size)
             if ctx.scalar:
                 piece = piece.squeeze(0)
@@ -579,36 +597,53 @@ class _Gather(torch.autograd.Function):
             else:
                 with ledger.forced(card, "activations"):
                     grads.append(piece.clone())
-        return (None, None, None, None, *grads)
+        return (None, None, None, None, None, *grads)
 
 
-def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0, out: int = 0) -> Any:
-    """DataParallel's ``gather`` onto card ``out`` (:func:`dptune._tree.gather`: torch's rules)."""
-    return _tree.gather(outputs, lambda ts, path: _Gather.apply(ledger, cards, dim, out, *ts))
+def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0, out: int = 0,
+            run: Optional[tuple] = None) -> Any:
+    """DataParallel's ``gather`` onto card ``out`` (:func:`dptune._tree.gather`: torch's rules).
+
+    ``outputs`` has one entry per card of ``run`` (default ``cards``); a card of ``cards``
+    that was not run takes its representative's (``ledger.sharing``)."""
+    if run is None or run == cards:
+        return _tree.gather(outputs, lambda ts, path: _Gather.apply(ledger, cards, dim, out, None, *ts))
+    plan = ledger.sharing
+    assert plan is not None
+    by_card = dict(zip(run, outputs))
+    full = [by_card[plan.rep[c]] for c in cards]
+    where = [cards.index(c) for c in run]
+    return _tree.gather(full, lambda ts, path: _Gather.apply(
+        ledger, cards, dim, out, run, *[ts[i] for i in where]))
 
 
 def _scatter(ledger: _Ledger, obj: Any, cards: Sequence[int], sizes: Sequence[int], source: int,
-             path: str) -> list:
+             path: str, run: Optional[Sequence[int]] = None) -> list:
     """DataParallel's ``scatter`` from ``source`` (:func:`dptune._tree.scatter`: torch's rules):
-    one structure per busy card, each tensor's chunk moved to its card."""
+    one structure per busy card (per card of ``run`` only, if given), each tensor's chunk
+    moved to its card."""
     batch = sum(sizes)
+    keep = set(cards if run is None else run)
 
     def split(t: torch.Tensor, where: str) -> list:
         if t.dim() == 0 or t.shape[0] != batch:
             got = "a 0-dim tensor" if t.dim() == 0 else f"size {t.shape[0]} along dim 0"
             raise UsageError(f"batch tensor {where} has {got}, but the batch has {batch} samples; "
                              "every tensor of a batch must have the batch along dim 0")
+        if ledger.sharing is not None and source != HOST and t.requires_grad:
+            ledger.sharing.diverge("a batch tensor that requires grad is scattered from card 0")
         out, start = [], 0
         for card, c in zip(cards, sizes):
-            piece = t.narrow(0, start, c)
+            if card in keep:
+                piece = t.narrow(0, start, c)
+                out.append(piece if card == source else _Move.apply(piece, ledger, source, card, "inputs"))
             start += c
-            out.append(piece if card == source else _Move.apply(piece, ledger, source, card, "inputs"))
         return out
 
     # from the host, DataParallel's Scatter copies on a background stream per card
     prev, ledger.stream = ledger.stream, 1 if source == HOST else 0
     try:
-        return _tree.scatter(obj, len(cards), split, path)
+        return _tree.scatter(obj, len(keep), split, path)
     finally:
         ledger.stream = prev
 
@@ -730,6 +765,9 @@ def _backward_hooks(outputs: Any, mode: Any, ledger: _Ledger) -> list:
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
+        if ledger.sharing is not None and "Checkpoint" in type(node).__name__:
+            # a reentrant checkpoint runs its own backward: one reduction per segment per replica
+            ledger.sharing.diverge("a reentrant activation checkpoint")
         handles += [node.register_prehook(pre), node.register_hook(post)]
         todo.extend(nxt for nxt, _ in node.next_functions)
     return handles
@@ -770,19 +808,31 @@ class _SimulatedDataParallel(nn.Module):
             sizes = scale_split(sizes, found)
         cards = tuple(i for i, c in enumerate(sizes) if c > 0)
         used = [sizes[c] for c in cards]
+        run = self._cards_to_run(sizes, cards)
         # the chunks stay referenced until the gather is done, as in DataParallel.forward
-        inputs = _scatter(ledger, tuple(args), cards, used, self._source, "args")
-        module_kwargs = _scatter(ledger, dict(kwargs), cards, used, self._source, "kwargs")
-        replicas, hooks = _replicate(ledger, self.module, cards, self._single)
+        inputs = _scatter(ledger, tuple(args), cards, used, self._source, "args", run)
+        module_kwargs = _scatter(ledger, dict(kwargs), cards, used, self._source, "kwargs", run)
+        replicas, hooks = _replicate(ledger, self.module, run, self._single)
         self._hooks += hooks
         outputs = []
-        for k, card in enumerate(cards):
+        for k, card in enumerate(run):
             outputs.append(_run_replica(ledger, self.module, replicas.pop(card), card,
                                         inputs[k], module_kwargs[k], sizes))
         del replicas
         self._hooks += _backward_hooks(outputs, self._fn_mode, ledger)
         with ledger.on(self._out, "outputs"):
-            return outputs[0] if self._single else _gather(ledger, cards, outputs, out=self._out)
+            return outputs[0] if self._single else _gather(ledger, cards, outputs, out=self._out, run=run)
+
+    def _cards_to_run(self, sizes: Sequence[int], cards: tuple) -> tuple:
+        """The busy cards whose replicas run: one per class of like cards where the ledger
+        has a plan for this split (:mod:`dptune.backends.simulated.sharing`), else all."""
+        plan = self._ledger.sharing
+        if plan is None:
+            return cards
+        if plan.sizes != tuple(sizes):
+            plan.diverge("the model ran on a batch of another size than the probe's")
+            return cards
+        return tuple(c for c in cards if plan.weight[c])
 
     def close(self) -> None:
         for h in self._hooks:
