@@ -26,16 +26,16 @@ simulator's own DataParallel copies do that on purpose).
 from __future__ import annotations
 
 import functools
-from itertools import chain
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Optional, Protocol, Sequence
+from typing import Any, Callable, ContextManager, NamedTuple, Optional, Protocol, Sequence
 
 import torch
 
 from dptune import _torch_private, _tree
 from dptune.errors import DptuneError, InternalError
 
-__all__ = ["HOST", "DeviceMismatchError", "Placement", "check_devices", "device_mode"]
+__all__ = ["HOST", "DeviceMismatchError", "InputCard", "Placement", "check_devices", "device_mode",
+           "input_cards"]
 
 HOST = -1                              # "card" of tensors on the host: not charged
 
@@ -93,19 +93,36 @@ def _tensors(args: Any) -> Any:
             yield from _tensors(a)
 
 
-def check_devices(func: Any, args: Sequence[Any], kwargs: Optional[dict], where: Placement) -> None:
+class InputCard(NamedTuple):
+    """One tensor argument of an aten op, where it was given and where it is."""
+
+    position: int                   # its argument's position (-1: a keyword argument)
+    tensor: torch.Tensor
+    card: int
+
+
+def input_cards(args: Sequence[Any], kwargs: Optional[dict], where: Placement) -> list[InputCard]:
+    """Every tensor of an aten op's arguments (tensors and lists of them), in order, with its
+    card: looked up once per op, for the check and for the charge of its outputs."""
+    card_of = where.card_of
+    found = [InputCard(i, t, card_of(t)) for i, a in enumerate(args) for t in _tensors((a,))]
+    if kwargs:
+        found += [InputCard(-1, t, card_of(t)) for t in _tensors(kwargs.values())]
+    return found
+
+
+def check_devices(func: Any, args: Sequence[Any], kwargs: Optional[dict], where: Placement,
+                  cards: Optional[list[InputCard]] = None) -> None:
     """Raise :class:`DeviceMismatchError` where CUDA would: ``func`` given a host tensor of
     one or more dimensions and a card tensor (``args`` and ``kwargs`` as an aten op gets
-    them: tensors and lists of tensors)."""
+    them: tensors and lists of tensors; ``cards``: :func:`input_cards` of them, if known)."""
     op, kind = _check_kind(func)
     if kind == 0:
         return
-    if kind == 1:
-        args = [a for i, a in enumerate(args) if i != 1]
     first: Optional[int] = None
-    card_of = where.card_of
-    for t in chain(_tensors(args), _tensors(kwargs.values()) if kwargs else ()):
-        card = card_of(t)
+    for pos, t, card in input_cards(args, kwargs, where) if cards is None else cards:
+        if kind == 1 and pos == 1:
+            continue                    # indices: host tensors allowed
         if card == HOST and t.dim() == 0:
             continue                    # a CPU scalar: CUDA kernels take it as a number
         if first is None:

@@ -76,7 +76,8 @@ from dptune import _tree
 from dptune._torch_private import (bound_size, dispatch_mode_base, function_mode_active,
                                    no_dispatch_modes, replica_module, sparse_parts, upper_bound)
 from dptune.backends.base import CATEGORIES
-from dptune.backends.simulated.device_rules import HOST, DeviceMismatchError, check_devices
+from dptune.backends.simulated.device_rules import (HOST, DeviceMismatchError, InputCard, check_devices,
+                                                    input_cards)
 from dptune.backends.simulated.errors import _user_error
 from dptune.backends.simulated.sharing import ReplicaPlan
 from dptune.errors import BackendUnavailableError, DptuneError, InternalError, UsageError
@@ -408,6 +409,7 @@ class _OpFacts(NamedTuple):
     data_dependent: bool            # its output size depends on values (_DATA_DEPENDENT)
     reads_value: bool               # _local_scalar_dense: .item()
     same_dtype: Optional[tuple[int, int]]   # operands CUDA requires in one dtype
+    sets_storage: bool              # set_: an input gets another storage
 
 
 @functools.lru_cache(maxsize=None)
@@ -415,7 +417,8 @@ def _op_facts(func: Any) -> _OpFacts:
     name = getattr(func, "__name__", str(func))
     packet = name.split(".")[0]
     return _OpFacts(name, packet in _LIFTS, packet in _DATA_DEPENDENT,
-                    name.startswith("_local_scalar_dense"), _SAME_DTYPE.get(packet))
+                    name.startswith("_local_scalar_dense"), _SAME_DTYPE.get(packet),
+                    packet in ("set_", "set", "swap_"))
 
 
 def _arg_tensors(args: Any) -> Iterator[torch.Tensor]:
@@ -436,9 +439,11 @@ def _make_accountant(ledger: _Ledger) -> Any:
     base = dispatch_mode_base()
     check = _internal("the device check (host and card tensors in one op)",
                       DeviceMismatchError)(check_devices)
+    find_cards = _internal("the device check (host and card tensors in one op)")(input_cards)
 
     @_internal("the ledger (charging an op's outputs to a card)")
-    def account(func: Any, facts: _OpFacts, args: Any, kwargs: Any, out: Any) -> None:
+    def account(func: Any, facts: _OpFacts, args: Any, kwargs: Any, out: Any,
+                cards: Optional[list[InputCard]]) -> None:
         if facts.data_dependent or facts.reads_value:
             _note_data_dependent(ledger, func, args, out)
         card = ledger.forced_card
@@ -446,7 +451,12 @@ def _make_accountant(ledger: _Ledger) -> Any:
             # on the card of its first input on a card; on the host if all its inputs are
             # there; a factory op (lift_fresh: the data of torch.tensor) where code runs
             card, inputs = HOST, False
-            if not facts.lift:
+            if facts.lift:
+                pass
+            elif cards is not None:        # looked up before the op, for the device check
+                inputs = bool(cards)
+                card = next((c.card for c in cards if c.card != HOST), HOST)
+            else:
                 card_of = ledger.card_of
                 for t in chain(_arg_tensors(args), _arg_tensors(kwargs.values()) if kwargs else ()):
                     inputs = True
@@ -472,10 +482,13 @@ def _make_accountant(ledger: _Ledger) -> Any:
             facts = _op_facts(func)
             if facts.same_dtype is not None:
                 _check_dtypes_as_cuda(func, args)
+            cards = None
             if ledger.as_cuda and ledger.forced_card is None:
-                check(func, args, kwargs, ledger)
+                cards = find_cards(args, kwargs, ledger)
+                check(func, args, kwargs, ledger, cards)
             out = _call_as_cuda(func, args, kwargs or {})
-            account(func, facts, args, kwargs, out)
+            # set_ gives its input another storage: where it is is looked up again
+            account(func, facts, args, kwargs, out, None if facts.sets_storage else cards)
             return out
 
     return _Accountant()
