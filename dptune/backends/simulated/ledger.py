@@ -74,7 +74,7 @@ import torch.nn as nn
 
 from dptune import _tree
 from dptune._torch_private import (bound_size, dispatch_mode_base, function_mode_active,
-                                   no_dispatch_modes, replica_module, sparse_parts, upper_bound)
+                                   no_dispatch_modes, no_function_modes, replica_module, sparse_parts, upper_bound)
 from dptune.backends.base import CATEGORIES
 from dptune.backends.simulated.device_rules import (HOST, DeviceMismatchError, InputCard, check_devices,
                                                     input_cards)
@@ -479,6 +479,12 @@ def _make_accountant(ledger: _Ledger) -> Any:
         """Charges every new storage an op makes to a virtual card."""
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            # below the torch-function modes (device rules, attention): every tensor method
+            # that dptune's ledger or the fake mode calls here would pass through them
+            with no_function_modes():
+                return self._dispatch(func, args, kwargs)
+
+        def _dispatch(self, func: Any, args: Any, kwargs: Any) -> Any:
             facts = _op_facts(func)
             if facts.same_dtype is not None:
                 _check_dtypes_as_cuda(func, args)
