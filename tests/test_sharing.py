@@ -157,3 +157,12 @@ def test_the_plan_pins_card_0_and_the_output_card_and_groups_the_rest():
     assert p.weight == (1, 2, 1, 1, 1, 0)
     assert sum(p.weight) == 6 and p.simulated == frozenset({0, 1, 2, 3, 4})
     assert not plan_replicas([4, 4, 5], ["a"] * 3, (0,)).shares
+
+
+def test_scalar_outputs_micro_batches_and_clipping():
+    # forward(idx, targets) returns each replica's loss: 0-dim outputs, stacked by the gather
+    m = _gpt()
+    wl = Workload(m, m.sample_with_targets, loss_fn=lambda out, batch: out.mean(),
+                  optimizer=_adamw, accumulate=2, clip_grad_norm=1.0, amp="fp16")
+    _assert_same(*_both(wl, "5x24GB", [([3, 3, 3, 3, 3], 0), ([2, 4, 4, 0, 4], 1)]))
+    assert STILL_SHARING[0]
