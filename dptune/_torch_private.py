@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "function_mode_base",
-           "function_mode_stack", "new_shape_env", "no_dispatch_modes", "sparse_parts", "upper_bound",
+           "function_mode_stack", "new_shape_env", "no_dispatch_modes", "no_function_modes", "sparse_parts", "upper_bound",
            "replica_module", "safe_softmax", "scatter_chunks", "sdp_priority_order", "sdpa_cudnn",
            "sdpa_efficient", "sdpa_flash", "include_dispatch_key", "exclude_dispatch_key",
            "PythonKernels", "amp_as_if_cuda", "fake_process_group_store", "register_fake_backend",
@@ -311,6 +311,14 @@ def no_dispatch_modes() -> Any:
     from torch.utils._python_dispatch import _disable_current_modes
 
     return _disable_current_modes()
+
+
+def no_function_modes() -> Any:
+    """A context manager with no torch-function mode (and no subclass ``__torch_function__``)
+    active: the simulator's dispatch runs below them, where they would only cost time."""
+    import torch
+
+    return torch._C.DisableTorchFunction()
 
 
 def sparse_parts(t: Any) -> list:

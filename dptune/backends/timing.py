@@ -126,6 +126,7 @@ class OpCounter:
         self.bcast = [0] * n              # weights broadcast to card k
         self.reduce = [0] * n             # gradients reduced from card k
         self.serial_copy = 0              # bytes of the gather and its backward
+        self.serial_pairs: dict[tuple[int, int], int] = {}   # the same, by (from, to) card
         self.costs: list[tuple[int, OpCost]] = []   # (card, cost) of every kernel, if kept
 
     def __call__(self, func: Any, args: Any, kwargs: Any, out: Any, card: int) -> None:
@@ -171,10 +172,22 @@ class OpCounter:
                 self.reduce[src] += b
             else:                          # the gather, its backward, the batch for the loss
                 self.serial_copy += b
+                self.serial_pairs[(src, dst)] = self.serial_pairs.get((src, dst), 0) + b
 
-    def step_time(self, chunk_sizes: Sequence[int]) -> StepTime:
+    def step_time(self, chunk_sizes: Sequence[int], replicas: Sequence[int] = ()) -> StepTime:
         """DataParallel's step: the scatter and each replica in parallel, then card 0's serial
-        work and the copies between cards (see the module docstring)."""
+        work and the copies between cards (see the module docstring). ``replicas[i]``: the card
+        whose replica the simulator ran for card i (cards of a class simulated once)."""
+        if replicas and len(replicas) == len(chunk_sizes):
+            for name in ("compute", "host_in", "bcast", "reduce", "flops", "bytes", "kernels"):
+                per_card = getattr(self, name)
+                setattr(self, name, [per_card[r] for r in replicas])
+            # a card its class's replica stood for: the replica's copies out of it are repeated
+            # for the card by the simulator's gather, those into it (the gather's backward) not
+            for i, r in enumerate(replicas):
+                if r != i:
+                    self.serial_copy += sum(b for (src, dst), b in self.serial_pairs.items()
+                                            if dst == r and src != r)
         link = self.speed.link
         cards = tuple((self.compute[i] + self.host_in[i] / link.host_bandwidth) if c > 0 else 0.0
                       for i, c in enumerate(chunk_sizes))
@@ -231,7 +244,8 @@ class TimedBackend:
                 r = self.backend.probe(chunk_sizes)
         finally:
             self.backend.op_observer = None
-        return dataclasses.replace(r, time=counter.step_time(r.chunk_sizes))
+        return dataclasses.replace(r, time=counter.step_time(
+            r.chunk_sizes, getattr(self.backend, "last_replicas", ())))
 
 
 def count_ops(fn: Callable[[], Any]) -> list[tuple[str, OpCost]]:

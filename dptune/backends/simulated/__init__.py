@@ -8,6 +8,7 @@ to the virtual card that makes it; what is modelled and what is not is said in
   :mod:`~dptune.backends.simulated.sdpa`: CUDA's device rules, autocast rules and attention
   kernel choice, as the simulated step applies them;
 - :mod:`~dptune.backends.simulated.errors`: the user's exceptions mapped to dptune's;
+- :mod:`~dptune.backends.simulated.sharing`: one replica simulated per class of like cards;
 - :mod:`~dptune.backends.simulated.ledger`: the ledger, the dispatch that charges it, and
   DataParallel's scatter, broadcast and gather between the virtual cards;
 - :mod:`~dptune.backends.simulated.fake_model`: the fake copy of the user's model;

@@ -18,6 +18,7 @@ from dptune._torch_private import fake_tensor_mode, new_shape_env
 from dptune.backends.base import Capabilities, ModelFacts, ProbeResult
 from dptune.backends.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
 from dptune.backends.reserved import ReservedModel, TraceRecorder
+from dptune.timing import cluster_speeds
 from dptune.backends.simulated import sdpa as _sdpa
 from dptune.backends.simulated.autocast import cuda_autocast
 from dptune.backends.simulated.device_rules import HOST, device_mode
@@ -25,6 +26,7 @@ from dptune.backends.simulated.errors import _user_error, _ValueReadingError
 from dptune.backends.simulated.fake_model import _accepts_foreach, _eager, _fake_module
 from dptune.backends.simulated.ledger import (_PHASES, _first_batch_size, _FunctionModes, _Ledger,
                                              _make_accountant, _SimulatedDataParallel)
+from dptune.backends.simulated.sharing import ReplicaPlan, plan_replicas
 from dptune.errors import DptuneError, InternalError, UsageError, UserCodeError
 from dptune.split import validate_chunk_sizes
 from dptune.types import BackendKind
@@ -67,6 +69,11 @@ class SimulatedBackend:
     """
 
     kind = BackendKind.SIMULATED
+    #: simulate one replica per class of like cards (:mod:`dptune.backends.simulated.sharing`);
+    #: False: every replica (the oracle the tests compare with)
+    _share_replicas = True
+    #: after a step: for each card, the card whose replica stood for it (itself when simulated)
+    last_replicas: tuple[int, ...] = ()
     #: ``probe(chunk_sizes, output_device=k)`` gathers the outputs on card k
     capabilities = Capabilities.simulated(output_device=True)
     supports_output_device = True
@@ -115,13 +122,17 @@ class SimulatedBackend:
         level = log.level
         log.setLevel(logging.CRITICAL)
         caps = self.cluster.capabilities
+        asked = [HOST]                  # the card of the last capability asked for
 
         def capability_of(t: torch.Tensor) -> Optional[tuple[int, int]]:
-            card = ledger.card_of(t)
+            card = asked[0] = ledger.card_of(t)
             return None if card == HOST else caps[card]
 
         def chosen(kernel: str, cap: tuple[int, int]) -> None:
-            self._kernels[(kernel, cap)] = self._kernels.get((kernel, cap), 0) + 1
+            # a simulated card counts for every card of its class
+            plan, card = ledger.sharing, asked[0]
+            times = plan.weight[card] if plan is not None and card != HOST else 1
+            self._kernels[(kernel, cap)] = self._kernels.get((kernel, cap), 0) + times
 
         try:
             self._fn_mode = _FunctionModes(device_mode(ledger), _sdpa.sdpa_mode(capability_of, chosen))
@@ -207,34 +218,67 @@ class SimulatedBackend:
         self._setup()
         ledger = self._ledger
         assert ledger is not None and self._module is not None
-        self._kernels = {}
         ledger.observer = self.op_observer
-        if self._ledger is not None:
-            self._ledger.bounded = {}
         with self._modes(ledger):
             baseline = list(ledger.live)
-            mark = self._recorder.mark() if self._recorder is not None else None
-            ledger.reset_peaks()
-            try:
-                outcome = self._step(sizes, output_device)
-            except DptuneError:
-                raise
-            except Exception as e:   # user code is wrapped where it runs; this is dptune's
-                raise InternalError(f"dptune's simulator failed in the simulated step "
-                                    f"(split {sizes}; {type(e).__name__}: {e}); this is a bug in "
-                                    "dptune, not in your model: please report it") from e
-            finally:
-                if self._optimizer is not None:
-                    self._optimizer.zero_grad(set_to_none=True)
-                for p in self._module.parameters():
-                    p.grad = None
-                if self._recorder is not None and mark is not None:
-                    self._step_trace = self._recorder.cut(mark)
-        return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=list(ledger.peak),
-                              breakdown=[dict(b) for b in ledger.peak_breakdown],
+            plan = self._plan(sizes, output_device)
+            outcome = self._measured_step(sizes, output_device, plan)
+            if plan is not None and plan.diverged:
+                # the cards of a class would not run alike: every replica, now and from now on
+                self._share_replicas = False
+                plan = None
+                outcome = self._measured_step(sizes, output_device, None)
+        rep = range(len(sizes)) if plan is None else plan.rep
+        self.last_replicas = tuple(rep)     # card i's figures are those of the card rep[i]
+        if self._recorder is not None and plan is not None:
+            self._step_trace = [list(self._step_trace[r]) for r in rep]
+        return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=[ledger.peak[r] for r in rep],
+                              breakdown=[dict(ledger.peak_breakdown[r]) for r in rep],
                               baseline_bytes=baseline, cluster=self.cluster,
                               seconds=time.perf_counter() - t0, notes=self._notes(),
                               unread_outputs=outcome.unread_outputs)
+
+    def _plan(self, sizes: list[int], output_device: int) -> Optional[ReplicaPlan]:
+        """One card per class of like cards (:mod:`dptune.backends.simulated.sharing`), or
+        ``None``: every card (nothing to share, or sharing is off)."""
+        ledger = self._ledger
+        if not self._share_replicas or len(sizes) < 3 or ledger is None:
+            return None
+        caps = self.cluster.capabilities
+        # the card's speed too: a class stands for its cards in the time estimate as well
+        speeds = cluster_speeds(self.cluster.names, self.cluster.spec)
+        keys = [(self.cluster.workspace_bytes(c), caps[c], speeds[c], ledger.live[c],
+                 tuple(ledger.by_cat[c].values())) for c in range(len(sizes))]
+        plan = plan_replicas(sizes, keys, (0, output_device))
+        return plan if plan.shares else None
+
+    def _measured_step(self, sizes: list[int], output_device: int,
+                       plan: Optional[ReplicaPlan]) -> StepOutcome:
+        """One step with peaks reset before it and the allocator trace cut after it (the
+        events of a step run before, with a plan that diverged, were cut already)."""
+        ledger, module = self._ledger, self._module
+        assert ledger is not None and module is not None
+        self._kernels = {}
+        ledger.bounded = {}
+        mark = self._recorder.mark() if self._recorder is not None else None
+        ledger.reset_peaks()
+        ledger.sharing = plan
+        try:
+            return self._step(sizes, output_device)
+        except DptuneError:
+            raise
+        except Exception as e:   # user code is wrapped where it runs; this is dptune's
+            raise InternalError(f"dptune's simulator failed in the simulated step "
+                                f"(split {sizes}; {type(e).__name__}: {e}); this is a bug in "
+                                "dptune, not in your model: please report it") from e
+        finally:
+            ledger.sharing = None
+            if self._optimizer is not None:
+                self._optimizer.zero_grad(set_to_none=True)
+            for p in module.parameters():
+                p.grad = None
+            if self._recorder is not None and mark is not None:
+                self._step_trace = self._recorder.cut(mark)
 
     def _notes(self) -> tuple[str, ...]:
         notes = []
@@ -262,7 +306,8 @@ class SimulatedBackend:
         cards = tuple(i for i, c in enumerate(sizes) if c > 0)
         source = 0 if self.batch_on_card0 else HOST
         ws_keep = []   # cuBLAS workspace, created by the warm-up step on each busy card
-        for card in cards:
+        plan = ledger.sharing
+        for card in cards if plan is None else (c for c in cards if plan.weight[c]):
             with ledger.forced(card, "other"):
                 ws_keep.append(torch.empty(self.cluster.workspace_bytes(card), dtype=torch.uint8))
 

@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Optional, Protocol, Sequence
+from typing import Any, Callable, ContextManager, NamedTuple, Optional, Protocol, Sequence
 
 import torch
 
 from dptune import _torch_private, _tree
 from dptune.errors import DptuneError, InternalError
 
-__all__ = ["HOST", "DeviceMismatchError", "Placement", "check_devices", "device_mode"]
+__all__ = ["HOST", "DeviceMismatchError", "InputCard", "Placement", "check_devices", "device_mode",
+           "input_cards"]
 
 HOST = -1                              # "card" of tensors on the host: not charged
 
@@ -74,18 +75,54 @@ _INDEXING = frozenset({"index", "_unsafe_index", "index_put", "index_put_", "_in
                        "_unsafe_index_put"})
 
 
-def check_devices(func: Any, args: Sequence[Any], kwargs: Optional[dict], where: Placement) -> None:
-    """Raise :class:`DeviceMismatchError` where CUDA would: ``func`` given a host tensor of
-    one or more dimensions and a card tensor."""
+@functools.lru_cache(maxsize=None)
+def _check_kind(func: Any) -> tuple[str, int]:
+    """``(name, kind)`` of an op for :func:`check_devices`: kind 0 not checked (any device),
+    1 indexing (argument 1 may be on the host), 2 checked."""
     op = getattr(func, "__name__", str(func))
     packet = op.split(".")[0]
-    if packet in _ANY_DEVICE:
+    return op, 0 if packet in _ANY_DEVICE else 1 if packet in _INDEXING else 2
+
+
+def _tensors(args: Any) -> Any:
+    """The tensors of an aten op's arguments: tensors and lists (tuples) of them."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from _tensors(a)
+
+
+class InputCard(NamedTuple):
+    """One tensor argument of an aten op, where it was given and where it is."""
+
+    position: int                   # its argument's position (-1: a keyword argument)
+    tensor: torch.Tensor
+    card: int
+
+
+def input_cards(args: Sequence[Any], kwargs: Optional[dict], where: Placement) -> list[InputCard]:
+    """Every tensor of an aten op's arguments (tensors and lists of them), in order, with its
+    card: looked up once per op, for the check and for the charge of its outputs."""
+    card_of = where.card_of
+    found = [InputCard(i, t, card_of(t)) for i, a in enumerate(args) for t in _tensors((a,))]
+    if kwargs:
+        found += [InputCard(-1, t, card_of(t)) for t in _tensors(kwargs.values())]
+    return found
+
+
+def check_devices(func: Any, args: Sequence[Any], kwargs: Optional[dict], where: Placement,
+                  cards: Optional[list[InputCard]] = None) -> None:
+    """Raise :class:`DeviceMismatchError` where CUDA would: ``func`` given a host tensor of
+    one or more dimensions and a card tensor (``args`` and ``kwargs`` as an aten op gets
+    them: tensors and lists of tensors; ``cards``: :func:`input_cards` of them, if known)."""
+    op, kind = _check_kind(func)
+    if kind == 0:
         return
-    if packet in _INDEXING:
-        args = [a for i, a in enumerate(args) if i != 1]
     first: Optional[int] = None
-    for t in _tree.leaves((args, kwargs or {})):
-        card = where.card_of(t)
+    for pos, t, card in input_cards(args, kwargs, where) if cards is None else cards:
+        if kind == 1 and pos == 1:
+            continue                    # indices: host tensors allowed
         if card == HOST and t.dim() == 0:
             continue                    # a CPU scalar: CUDA kernels take it as a number
         if first is None:
@@ -181,6 +218,7 @@ def device_mode(where: Placement) -> Any:
     base = _torch_private.function_mode_base()
     factories = {getattr(torch, n) for n in _FACTORIES if hasattr(torch, n)}
     to, cuda, cpu = torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu
+    changed = factories | {to, cuda, cpu}     # the functions place() may change
 
     @_guarded
     def place(func: Any, args: list, kwargs: dict) -> Optional[_Placed]:
@@ -222,7 +260,9 @@ def device_mode(where: Placement) -> Any:
         def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
                                kwargs: Optional[dict] = None) -> Any:
             kwargs = kwargs or {}
-            placed = place(func, list(args), dict(kwargs)) if where.as_cuda else None
+            if func not in changed or not where.as_cuda:   # the common case: not ours
+                return func(*args, **kwargs)
+            placed = place(func, list(args), dict(kwargs))
             if placed is None:
                 return func(*args, **kwargs)
             with where.forced(placed.card):

@@ -12,7 +12,8 @@ dispatch mode sees every new storage and charges it to the virtual card that mak
 - DataParallel's copies are explicit, autograd-aware moves between cards: the scatter of the
   input chunks, the broadcast of the weights to cards 1..n-1 (and, in the backward, the
   reduction of every replica's gradients onto card 0), the gather of the outputs onto card 0
-  (and, in the backward, the scatter of their gradient).
+  (and, in the backward, the scatter of their gradient). Cards that would run the same
+  replica are simulated once (the ledger's ``sharing`` plan: :mod:`dptune.backends.simulated.sharing`).
 
 A storage is freed when Python frees it, so what autograd saves stays alive and what it does
 not (a replica's weights not needed by the backward, say) is freed after the forward, exactly
@@ -67,17 +68,19 @@ import contextlib
 import functools
 import weakref
 from itertools import chain
-from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, TypeVar
 
 import torch
 import torch.nn as nn
 
 from dptune import _tree
 from dptune._torch_private import (bound_size, dispatch_mode_base, function_mode_active,
-                                   no_dispatch_modes, replica_module, sparse_parts, upper_bound)
+                                   no_dispatch_modes, no_function_modes, replica_module, sparse_parts, upper_bound)
 from dptune.backends.base import CATEGORIES
-from dptune.backends.simulated.device_rules import HOST, DeviceMismatchError, check_devices
+from dptune.backends.simulated.device_rules import (HOST, DeviceMismatchError, InputCard, check_devices,
+                                                    input_cards)
 from dptune.backends.simulated.errors import _user_error
+from dptune.backends.simulated.sharing import ReplicaPlan
 from dptune.errors import BackendUnavailableError, DptuneError, InternalError, UsageError
 from dptune.split import scale_split
 
@@ -85,6 +88,7 @@ __all__ = ["ROUND_BYTES", "FOLLOW"]
 
 ROUND_BYTES = 512                     # the caching allocator's minimum block size
 FOLLOW = -2                           # current card in the backward: the card last computed on
+_STRIDED = torch.strided
 
 
 # --------------------------------------------------------------------------------------------
@@ -125,10 +129,12 @@ class _Ledger:
         self.on_event: Optional[Callable[[int, int, int, int], None]] = None
         self.stream = 0
         self.observer: Optional[Callable[..., None]] = None  # sees every op (backends.timing)
+        # the step simulates one card per class of like cards (simulated.sharing), or all
+        self.sharing: Optional[ReplicaPlan] = None
 
     # -- storages ------------------------------------------------------------------------
     def record_of(self, t: torch.Tensor) -> Optional[_Record]:
-        if t.layout != torch.strided:
+        if t.layout is not _STRIDED:
             parts = sparse_parts(t)
             return self.record_of(parts[0]) if parts else None
         st = t.untyped_storage()
@@ -138,8 +144,12 @@ class _Ledger:
         return None
 
     def card_of(self, t: torch.Tensor) -> int:
-        rec = self.record_of(t)
-        return HOST if rec is None else rec.card
+        if t.layout is not _STRIDED:
+            rec = self.record_of(t)
+            return HOST if rec is None else rec.card
+        st = t.untyped_storage()
+        rec = self._records.get(id(st))
+        return rec.card if rec is not None and rec.ref() is st else HOST
 
     def charge(self, t: torch.Tensor, card: int, category: str) -> None:
         """Charge ``t``'s storage to ``card`` if it is not known yet (a sparse tensor: the
@@ -393,23 +403,66 @@ def _call_as_cuda(func: Any, args: Any, kwargs: dict) -> Any:
 _GROUPED_MM_FALLBACK = (torch.float32, torch.float16)
 
 
+class _OpFacts(NamedTuple):
+    """What the dispatch needs to know of an aten op, worked out once per op."""
+
+    name: str                       # e.g. "add.Tensor"
+    lift: bool                      # a factory of torch.tensor's data: lands where code runs
+    data_dependent: bool            # its output size depends on values (_DATA_DEPENDENT)
+    reads_value: bool               # _local_scalar_dense: .item()
+    same_dtype: Optional[tuple[int, int]]   # operands CUDA requires in one dtype
+    sets_storage: bool              # set_: an input gets another storage
+
+
+@functools.lru_cache(maxsize=None)
+def _op_facts(func: Any) -> _OpFacts:
+    name = getattr(func, "__name__", str(func))
+    packet = name.split(".")[0]
+    return _OpFacts(name, packet in _LIFTS, packet in _DATA_DEPENDENT,
+                    name.startswith("_local_scalar_dense"), _SAME_DTYPE.get(packet),
+                    packet in ("set_", "set", "swap_"))
+
+
+def _arg_tensors(args: Any) -> Iterator[torch.Tensor]:
+    """The tensors of an aten op's arguments or outputs: tensors and lists (tuples) of
+    tensors, which is all an aten schema holds (no walk of dicts or dataclasses)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    yield x
+                elif isinstance(x, (list, tuple)):
+                    yield from _arg_tensors(x)
+
+
 def _make_accountant(ledger: _Ledger) -> Any:
     base = dispatch_mode_base()
     check = _internal("the device check (host and card tensors in one op)",
                       DeviceMismatchError)(check_devices)
+    find_cards = _internal("the device check (host and card tensors in one op)")(input_cards)
 
     @_internal("the ledger (charging an op's outputs to a card)")
-    def account(func: Any, args: Any, kwargs: Any, out: Any) -> None:
-        _note_data_dependent(ledger, func, args, out)
+    def account(func: Any, facts: _OpFacts, args: Any, kwargs: Any, out: Any,
+                cards: Optional[list[InputCard]]) -> None:
+        if facts.data_dependent or facts.reads_value:
+            _note_data_dependent(ledger, func, args, out)
         card = ledger.forced_card
         if card is None:
             # on the card of its first input on a card; on the host if all its inputs are
             # there; a factory op (lift_fresh: the data of torch.tensor) where code runs
             card, inputs = HOST, False
-            if getattr(func, "__name__", "").split(".")[0] not in _LIFTS:
-                for t in chain(_tree.leaves(args), _tree.leaves(kwargs or {})):
+            if facts.lift:
+                pass
+            elif cards is not None:        # looked up before the op, for the device check
+                inputs = bool(cards)
+                card = next((c.card for c in cards if c.card != HOST), HOST)
+            else:
+                card_of = ledger.card_of
+                for t in chain(_arg_tensors(args), _arg_tensors(kwargs.values()) if kwargs else ()):
                     inputs = True
-                    c = ledger.card_of(t)
+                    c = card_of(t)
                     if c != HOST:
                         card = c
                         break
@@ -417,8 +470,12 @@ def _make_accountant(ledger: _Ledger) -> Any:
                 ledger.last_card = card
             elif not inputs:
                 card = ledger.running_card()
-        for t in _tree.leaves(out):
-            ledger.charge(t, card, ledger.category)
+        category = ledger.category
+        if isinstance(out, torch.Tensor):
+            ledger.charge(out, card, category)
+        elif isinstance(out, (list, tuple)):
+            for t in _arg_tensors(out):
+                ledger.charge(t, card, category)
         if ledger.observer is not None:
             ledger.observer(func, args, kwargs, out, card)
 
@@ -426,11 +483,22 @@ def _make_accountant(ledger: _Ledger) -> Any:
         """Charges every new storage an op makes to a virtual card."""
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            _check_dtypes_as_cuda(func, args)
+            # below the torch-function modes (device rules, attention): every tensor method
+            # that dptune's ledger or the fake mode calls here would pass through them
+            with no_function_modes():
+                return self._dispatch(func, args, kwargs)
+
+        def _dispatch(self, func: Any, args: Any, kwargs: Any) -> Any:
+            facts = _op_facts(func)
+            if facts.same_dtype is not None:
+                _check_dtypes_as_cuda(func, args)
+            cards = None
             if ledger.as_cuda and ledger.forced_card is None:
-                check(func, args, kwargs, ledger)
+                cards = find_cards(args, kwargs, ledger)
+                check(func, args, kwargs, ledger, cards)
             out = _call_as_cuda(func, args, kwargs or {})
-            account(func, args, kwargs, out)
+            # set_ gives its input another storage: where it is is looked up again
+            account(func, facts, args, kwargs, out, None if facts.sets_storage else cards)
             return out
 
     return _Accountant()
@@ -472,6 +540,7 @@ class _Broadcast(torch.autograd.Function):
     def forward(ctx: Any, ledger: _Ledger, cards: tuple, *params: torch.Tensor) -> tuple:
         ctx.ledger, ctx.n_params, ctx.n_cards, ctx.cards = ledger, len(params), len(cards), cards
         ctx.meta = [(p.shape, p.dtype) for p in params]
+        ctx.plan, ctx.reductions = ledger.sharing, 0
         ctx.set_materialize_grads(False)
         outs: list[torch.Tensor] = []
         for card in cards:
@@ -489,6 +558,9 @@ class _Broadcast(torch.autograd.Function):
         if all(g is None for g in given):
             return (None, None) + (None,) * n
         grads = list(given)
+        ctx.reductions += 1
+        if ctx.plan is not None and ctx.reductions > 1:
+            ctx.plan.diverge("the gradients were reduced more than once (a reentrant checkpoint)")
         for i, g in enumerate(grads):
             if g is None:
                 shape, dtype = ctx.meta[i % n]
@@ -512,8 +584,15 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     @_internal("the gather of the replicas' outputs onto the output card")
     def forward(ctx: Any, ledger: _Ledger, cards: tuple, dim: int, out_card: int,
-                *outs: torch.Tensor) -> torch.Tensor:
-        ctx.ledger, ctx.cards, ctx.out_card = ledger, cards, out_card
+                owners: Optional[tuple], *outs: torch.Tensor) -> torch.Tensor:
+        # owners: the card of each of outs where one output stands for a class of cards
+        # (simulated.sharing): every card's entry is its representative's
+        ctx.ledger, ctx.cards, ctx.out_card, ctx.owners = ledger, cards, out_card, owners
+        if owners is not None:
+            plan = ledger.sharing
+            assert plan is not None
+            by_card = dict(zip(owners, outs))
+            outs = tuple(by_card[plan.rep[c]] for c in cards)
         scalar = outs[0].dim() == 0
         ctx.scalar = scalar
         ctx.sizes = [1 if scalar else o.shape[dim] for o in outs]
@@ -527,7 +606,11 @@ class _Gather(torch.autograd.Function):
     @_internal("the backward of the gather (the output's gradient scattered back)")
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         ledger, grads, start = ctx.ledger, [], 0
+        owners = None if ctx.owners is None else set(ctx.owners)
         for card, size in zip(ctx.cards, ctx.sizes):
+            if owners is not None and card not in owners:
+                start += size             # a card that the class's representative stands for
+                continue
             piece = g.narrow(ctx.dim, start, size)
             if ctx.scalar:
                 piece = piece.squeeze(0)
@@ -537,36 +620,53 @@ class _Gather(torch.autograd.Function):
             else:
                 with ledger.forced(card, "activations"):
                     grads.append(piece.clone())
-        return (None, None, None, None, *grads)
+        return (None, None, None, None, None, *grads)
 
 
-def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0, out: int = 0) -> Any:
-    """DataParallel's ``gather`` onto card ``out`` (:func:`dptune._tree.gather`: torch's rules)."""
-    return _tree.gather(outputs, lambda ts, path: _Gather.apply(ledger, cards, dim, out, *ts))
+def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0, out: int = 0,
+            run: Optional[tuple] = None) -> Any:
+    """DataParallel's ``gather`` onto card ``out`` (:func:`dptune._tree.gather`: torch's rules).
+
+    ``outputs`` has one entry per card of ``run`` (default ``cards``); a card of ``cards``
+    that was not run takes its representative's (``ledger.sharing``)."""
+    if run is None or run == cards:
+        return _tree.gather(outputs, lambda ts, path: _Gather.apply(ledger, cards, dim, out, None, *ts))
+    plan = ledger.sharing
+    assert plan is not None
+    by_card = dict(zip(run, outputs))
+    full = [by_card[plan.rep[c]] for c in cards]
+    where = [cards.index(c) for c in run]
+    return _tree.gather(full, lambda ts, path: _Gather.apply(
+        ledger, cards, dim, out, run, *[ts[i] for i in where]))
 
 
 def _scatter(ledger: _Ledger, obj: Any, cards: Sequence[int], sizes: Sequence[int], source: int,
-             path: str) -> list:
+             path: str, run: Optional[Sequence[int]] = None) -> list:
     """DataParallel's ``scatter`` from ``source`` (:func:`dptune._tree.scatter`: torch's rules):
-    one structure per busy card, each tensor's chunk moved to its card."""
+    one structure per busy card (per card of ``run`` only, if given), each tensor's chunk
+    moved to its card."""
     batch = sum(sizes)
+    keep = set(cards if run is None else run)
 
     def split(t: torch.Tensor, where: str) -> list:
         if t.dim() == 0 or t.shape[0] != batch:
             got = "a 0-dim tensor" if t.dim() == 0 else f"size {t.shape[0]} along dim 0"
             raise UsageError(f"batch tensor {where} has {got}, but the batch has {batch} samples; "
                              "every tensor of a batch must have the batch along dim 0")
+        if ledger.sharing is not None and source != HOST and t.requires_grad:
+            ledger.sharing.diverge("a batch tensor that requires grad is scattered from card 0")
         out, start = [], 0
         for card, c in zip(cards, sizes):
-            piece = t.narrow(0, start, c)
+            if card in keep:
+                piece = t.narrow(0, start, c)
+                out.append(piece if card == source else _Move.apply(piece, ledger, source, card, "inputs"))
             start += c
-            out.append(piece if card == source else _Move.apply(piece, ledger, source, card, "inputs"))
         return out
 
     # from the host, DataParallel's Scatter copies on a background stream per card
     prev, ledger.stream = ledger.stream, 1 if source == HOST else 0
     try:
-        return _tree.scatter(obj, len(cards), split, path)
+        return _tree.scatter(obj, len(keep), split, path)
     finally:
         ledger.stream = prev
 
@@ -688,6 +788,9 @@ def _backward_hooks(outputs: Any, mode: Any, ledger: _Ledger) -> list:
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
+        if ledger.sharing is not None and "Checkpoint" in type(node).__name__:
+            # a reentrant checkpoint runs its own backward: one reduction per segment per replica
+            ledger.sharing.diverge("a reentrant activation checkpoint")
         handles += [node.register_prehook(pre), node.register_hook(post)]
         todo.extend(nxt for nxt, _ in node.next_functions)
     return handles
@@ -728,19 +831,31 @@ class _SimulatedDataParallel(nn.Module):
             sizes = scale_split(sizes, found)
         cards = tuple(i for i, c in enumerate(sizes) if c > 0)
         used = [sizes[c] for c in cards]
+        run = self._cards_to_run(sizes, cards)
         # the chunks stay referenced until the gather is done, as in DataParallel.forward
-        inputs = _scatter(ledger, tuple(args), cards, used, self._source, "args")
-        module_kwargs = _scatter(ledger, dict(kwargs), cards, used, self._source, "kwargs")
-        replicas, hooks = _replicate(ledger, self.module, cards, self._single)
+        inputs = _scatter(ledger, tuple(args), cards, used, self._source, "args", run)
+        module_kwargs = _scatter(ledger, dict(kwargs), cards, used, self._source, "kwargs", run)
+        replicas, hooks = _replicate(ledger, self.module, run, self._single)
         self._hooks += hooks
         outputs = []
-        for k, card in enumerate(cards):
+        for k, card in enumerate(run):
             outputs.append(_run_replica(ledger, self.module, replicas.pop(card), card,
                                         inputs[k], module_kwargs[k], sizes))
         del replicas
         self._hooks += _backward_hooks(outputs, self._fn_mode, ledger)
         with ledger.on(self._out, "outputs"):
-            return outputs[0] if self._single else _gather(ledger, cards, outputs, out=self._out)
+            return outputs[0] if self._single else _gather(ledger, cards, outputs, out=self._out, run=run)
+
+    def _cards_to_run(self, sizes: Sequence[int], cards: tuple) -> tuple:
+        """The busy cards whose replicas run: one per class of like cards where the ledger
+        has a plan for this split (:mod:`dptune.backends.simulated.sharing`), else all."""
+        plan = self._ledger.sharing
+        if plan is None:
+            return cards
+        if plan.sizes != tuple(sizes):
+            plan.diverge("the model ran on a batch of another size than the probe's")
+            return cards
+        return tuple(c for c in cards if plan.weight[c])
 
     def close(self) -> None:
         for h in self._hooks:

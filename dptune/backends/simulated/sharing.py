@@ -1,0 +1,107 @@
+"""One replica simulated for every card that would run the same one.
+
+In a DataParallel step every busy card other than card 0 goes through the same events: the
+scatter's copy of its chunk, the broadcast copies of the weights, its replica's forward and
+backward, its share of the output's gradient and its gradients handed to the reduction. What
+a card allocates and frees, in its own order, depends only on
+
+- the card's workspace size and compute capability (the cuBLAS workspace; the attention
+  kernel CUDA picks: :mod:`dptune.backends.simulated.sdpa`), not on its total memory;
+- its chunk of the batch;
+- what it held before the step (live bytes by category: equal on all cards but card 0 unless
+  a step function keeps tensors across steps).
+
+Cards equal in all three form a class, and the step is simulated with one card per class
+(:class:`ReplicaPlan`); each card of the class takes that card's results (peak, breakdown at
+the peak, allocator trace). Card 0 (the master weights, the reduction of the gradients, the
+optimizer), the output card (the gathered outputs) and the card the batch is on
+(``batch_on_card0``) are always simulated on their own, with what they hold for the others
+accounted in full: the gather concatenates one output per card (the class's, repeated), the
+reduction makes one buffer per weight whatever the number of replicas.
+
+Exact, not approximate: the per-card peak and breakdown equal those of the simulation of
+every replica, and the allocator trace equals it event for event (sizes, frees, streams, in
+order); only the events' ids, the global allocation numbers, differ (the replay of
+:mod:`dptune.backends.reserved` uses them only to pair a free with its malloc, so its figures
+are identical too). ``tests/test_sharing.py`` checks this against the full simulation on mixed
+clusters.
+
+Where the events of one card depend on the number of replicas, the step is simulated again
+with every replica (the simulated step says so with ``diverged``, and the backend keeps to the
+full simulation for that model from then on):
+
+- the reduction run more than once in a step (a reentrant activation checkpoint runs the
+  backward of each segment on its own, and autograd fills every other replica's missing
+  gradients with zeros on its card);
+- a batch that is not the probe's (a step function that calls the model on another batch
+  size: its split is scaled, and the classes may differ);
+- batch tensors that require grad scattered from card 0 (their gradients are copied back to
+  card 0, one per replica).
+
+What is not covered: a step function that keeps tensors alive on cards other than card 0
+after the step ends leaves them on the simulated card only, so the next probe's classes see
+different baselines (exact for that probe, where the cards are then simulated apart; the other
+cards of the class no longer carry what they would have kept).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Sequence
+
+__all__ = ["ReplicaPlan", "plan_replicas"]
+
+
+@dataclass
+class ReplicaPlan:
+    """Which cards a step simulates, and whose results each card takes.
+
+    ``rep[c]`` is the simulated card whose figures card ``c`` takes (``c`` itself for a
+    simulated card); ``weight[c]`` how many cards the simulated card ``c`` stands for (0 for
+    one that is not simulated). ``diverged`` is set by the step where sharing is not exact.
+    """
+
+    sizes: tuple[int, ...]
+    rep: tuple[int, ...]
+    weight: tuple[int, ...]
+    diverged: list[str] = field(default_factory=list)
+
+    @property
+    def simulated(self) -> frozenset[int]:
+        return frozenset(c for c, w in enumerate(self.weight) if w)
+
+    @property
+    def shares(self) -> bool:
+        """Whether any card is left out (else the plan changes nothing)."""
+        return any(r != c for c, r in enumerate(self.rep))
+
+    def diverge(self, why: str) -> None:
+        if why not in self.diverged:
+            self.diverged.append(why)
+
+    def expand(self, per_card: Sequence[Any]) -> list:
+        """A per-card list with every card's entry taken from its representative."""
+        return [per_card[r] for r in self.rep]
+
+
+def plan_replicas(sizes: Sequence[int], card_keys: Sequence[Hashable], pinned: Sequence[int]
+                  ) -> ReplicaPlan:
+    """The plan for a step with ``sizes`` where card ``c`` behaves as ``card_keys[c]`` says
+    (workspace, capability, what it holds) and the cards ``pinned`` (card 0, the output card,
+    the batch's card) are simulated on their own. The representative of a class is its
+    first card."""
+    n = len(sizes)
+    first: dict[Hashable, int] = {}
+    rep = list(range(n))
+    keep: set[int] = set(pinned)
+    for c in range(n):
+        if c in keep or sizes[c] == 0:
+            continue
+        key = (card_keys[c], sizes[c])
+        r = first.setdefault(key, c)
+        rep[c] = r
+    weight = [0] * n
+    for r in rep:
+        weight[r] += 1
+    return ReplicaPlan(tuple(sizes), tuple(rep), tuple(weight))
+
