@@ -105,7 +105,8 @@ def caps(s: Surface) -> list[int]:
     """Each card ``i >= 1``'s largest chunk within budget (0 under BatchNorm when < m)."""
     out = []
     for i in range(1, s.n):
-        c = _last_true(lambda c, i=i: s.f(i, c) <= s.budgets[i], 1) if s.f(i, 1) <= s.budgets[i] else 0
+        ok = s.f(i, s.m) <= s.budgets[i]
+        c = _last_true(lambda c, i=i: s.f(i, c) <= s.budgets[i], s.m) if ok else 0
         out.append(c if c >= s.m else 0)
     return out
 
@@ -448,7 +449,7 @@ def model_surface(name: str) -> Surface:
         while not cert_valid([c0, b - c0], m):
             b += 1
         return curves.g(c0, b)
-    return Surface(f"{name} {spec}", "models", budgets, f=lambda i, c: curves.f(c),
+    return Surface(f"{name} {spec}", "models", budgets, f=lambda i, c: curves.f(max(c, m)),
                    g=g, m=m, hint=8 * len(budgets))
 
 

@@ -105,16 +105,25 @@ IMPLIED = "implied by probe"
 
 def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], objective: str,
         batch_size: int, *, min_chunk: int = 1, max_probes: int = 12, tolerance: float = 0.02,
-        exact_on_oom: bool = True, on_probe: Callable[[], None] = lambda: None) -> SearchOutcome:
+        exact_on_oom: bool = True, on_probe: Callable[[], None] = lambda: None,
+        prior: Sequence[ProbeResult] = (), prior_cards: Sequence[int] = (),
+        baseline: bool = True) -> SearchOutcome:
     """Search for the balanced split of ``batch_size`` (``objective="balance"``) or the
     largest batch (``"max_batch"``, from ``batch_size`` as a first guess).
 
     ``probe(split)`` runs one training step; ``budgets`` are bytes per card; ``min_chunk=2``
     under BatchNorm (no card gets a single sample); ``exact_on_oom``: an out-of-memory probe
     still measures every card (the simulator) rather than only the failing one (real cards).
+    ``prior``: probes of another search on the same cards whose measurements of
+    ``prior_cards`` still hold here (``output_device="auto"``: the cards that neither gather
+    the outputs nor held them); their points narrow those cards' brackets, they are never
+    returned. ``baseline=False`` (max_batch): the even split's largest batch is not asked
+    (``even`` is ``None``), for a search whose even baseline is taken from another.
     Raises :class:`dptune.errors.NoFeasibleSplitError` when nothing fits.
     """
     obs = Observations(budgets, exact_on_oom=exact_on_oom, min_chunk=min_chunk)
+    for r in prior:
+        obs.add_prior(r, prior_cards)
     n = obs.n
     even_implied_by: tuple[int, ...] = ()
     even_open, even_at_most = False, cast(Optional[int], None)
@@ -136,7 +145,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
                          "split can do better; the imbalance is given among the cards that "
                          "hold samples")
     else:
-        mb = MaxBatch(obs, batch_size, max_probes)
+        mb = MaxBatch(obs, batch_size, max_probes, baseline)
         refine(probe, mb, obs, max_probes, on_probe)
         best = obs.best_within()
         if best is None:
@@ -148,7 +157,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         certified = mb.max_certified()
         brackets = mb.brackets()
         floor = False
-        lo, hi = mb.even_bracket()
+        lo, hi = mb.even_bracket() if baseline else (0, None)
         even_s = tuple(even_split(lo, n)) if lo > 0 else tuple(even_split(batch_size, n))
         even = obs.by_split.get(even_s) if lo > 0 else None
         if even is not None and not obs.within_budget(even):
@@ -157,7 +166,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
             imp = _implied(obs, even_s)
             if imp is not None:
                 even, even_implied_by = imp
-        even_open = not mb.even_certified()
+        even_open = baseline and not mb.even_certified()
         if even_open:
             even_at_most = None if hi is None else hi - 1
             known = ", ".join([f"at least {lo}"] * (lo > 0) + [f"at most {even_at_most}"] *

@@ -118,8 +118,9 @@ class _Line:
 class MaxBatch:
     """The largest-batch strategy (see the module docstring)."""
 
-    def __init__(self, obs: Observations, hint: int, max_probes: int):
+    def __init__(self, obs: Observations, hint: int, max_probes: int, baseline: bool = True):
         self.obs = obs
+        self.baseline = baseline     # False: the even split's largest batch is not asked
         self.n = obs.n
         self.m = obs.min_chunk
         self.hint = max(hint, self.m)
@@ -395,7 +396,7 @@ class MaxBatch:
                 s = fill(self.hint, [self.hint] * self.n, self.m) or s
             return Proposal(tuple(s), "even")
         self._record_widths()
-        even = None if self.even_certified() else self._even_step()
+        even = None if not self.baseline or self.even_certified() else self._even_step()
         if not self.max_certified():
             packed = self._packed(even)
             if packed is not None:
