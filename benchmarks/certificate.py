@@ -86,15 +86,26 @@ def _valid(split: Sequence[int], m: int) -> bool:
     return sum(split) > 0 and all(c == 0 or c >= m for c in split)
 
 
-def _last_true(pred: Callable[[int], bool], lo: int) -> int:
+def _last_true(pred: Callable[[int], bool], lo: int, guess: Optional[int] = None) -> int:
     """Largest ``x >= lo`` with ``pred`` (true then false); ``lo - 1`` when ``pred(lo)`` is
-    false. Gallops then bisects."""
+    false. Gallops from ``guess`` (up or down), then bisects: few evaluations near a good
+    guess (each may be a simulated step)."""
     if not pred(lo):
         return lo - 1
-    good, step = lo, 1
-    while pred(good + step):
-        good, step = good + step, step * 2
-    bad = good + step
+    good, bad = lo, None
+    if guess is not None and guess > lo:
+        if pred(guess):
+            good = guess
+        else:
+            bad, step = guess, 1
+            while bad - step > lo and not pred(bad - step):
+                bad, step = bad - step, step * 2
+            good = max(lo, bad - step)
+    if bad is None:
+        step = 1
+        while pred(good + step):
+            good, step = good + step, step * 2
+        bad = good + step
     while bad - good > 1:
         mid = (good + bad) // 2
         good, bad = (mid, bad) if pred(mid) else (good, mid)
@@ -236,17 +247,20 @@ def _card0_points(s: Surface, ans: Answer, fixed: int, free: int) -> set[tuple[i
     bud, top = s.budgets[0], ans.best + 1
     pts = set()
 
-    def last_within(batch_of: Callable[[int], int], hi: int) -> int:
+    def last_within(batch_of: Callable[[int], int], hi: int, guess: int) -> int:
         if hi < 0 or s.g(0, batch_of(0)) > bud:
             return -1
-        return min(hi, _last_true(lambda c: c <= hi and s.g(c, batch_of(c)) <= bud, 0))
-    w = last_within(lambda c: c + fixed + free, top)
+        return min(hi, _last_true(lambda c: c <= hi and s.g(c, batch_of(c)) <= bud, 0,
+                                  max(0, min(hi, guess))))
+    near = ans.best - fixed - free      # card 0's chunk near the answer: a guess to start from
+    w = last_within(lambda c: c + fixed + free, top, near)
     pts |= {(w, w + fixed + free), (w + 1, w + 1 + fixed + free)}
-    a = last_within(lambda c: ans.best, ans.best - fixed)       # a split of B*
+    a = last_within(lambda c: ans.best, ans.best - fixed, near)       # a split of B*
     if a >= ans.best - fixed - free:
         pts.add((a, ans.best))
     for cap in (top, sum(ans.even_next)):                       # over, in a batch <= cap
-        o = last_within(lambda c, cap=cap: min(cap, c + fixed + free), cap - fixed) + 1
+        o = last_within(lambda c, cap=cap: min(cap, c + fixed + free), cap - fixed,
+                        cap - fixed - free) + 1
         if o + fixed <= cap:
             pts.add((o, min(cap, o + fixed + free)))
     e0 = even_split(ans.even, s.n)[0]
