@@ -212,6 +212,10 @@ class MaxBatch:
     def _line_target(self, line: _Line, fits: CardFits) -> Optional[int]:
         lo, hi = self._line_bracket(line)
         lower, upper = lo + 1, (None if hi is None else hi - 1)
+        # BatchNorm: the smallest batches may have no split on this line (a chunk of 1); start
+        # from the first that has one, or the fits are never asked and a guess is probed
+        lower = next((b for b in range(lower, lower + 2 * self.m + 1) if line.c0(b) is not None),
+                     lower)
         if upper is not None and upper < lower:
             return None
         budget = self.obs.budgets[0]
@@ -435,7 +439,7 @@ class MaxBatch:
         card 0 questions left can carry every open card (otherwise one probe that raises
         every open card at once is cheaper)."""
         obs, m, n = self.obs, self.m, self.n
-        if not obs.exact_on_oom or n < 3 or obs.best_within() is None:
+        if not obs.exact_on_oom or n < 3 or not obs.fit_points(0):
             return None
         fits = CardFits(obs)
         tests: dict[int, int] = {}
