@@ -285,7 +285,7 @@ class Tuner:
             outcome = self._search(backend)
             k = self._output_candidate(backend)
             if k:
-                alt = self._search(backend, output_device=k)
+                alt = self._search(backend, output_device=k, first=outcome)
                 probes = outcome.probes + alt.probes
                 if alt.best.batch_size > outcome.best.batch_size or self.output_device == k:
                     card0_batch, out_dev = outcome.best.batch_size, k
@@ -338,9 +338,12 @@ class Tuner:
             output_device=out_dev, card0_output_batch_size=card0_batch,
             settings=_settings(self.workload, backend))
 
-    def _search(self, backend: Backend, output_device: int = 0) -> search.SearchOutcome:
+    def _search(self, backend: Backend, output_device: int = 0,
+                first: Optional[search.SearchOutcome] = None) -> search.SearchOutcome:
         """One search; with ``output_device=k`` the outputs are gathered on card k, and the
-        search sees the cards with 0 and k swapped (its card 0 is the one that gathers)."""
+        search sees the cards with 0 and k swapped (its card 0 is the one that gathers).
+        ``first`` (max_batch): the search gathering on card 0, whose even baseline is kept
+        and whose probes still measure the cards other than 0 and k."""
         devices = list(backend.devices)
         if not devices:
             raise BackendUnavailableError("the backend has no devices")
@@ -372,7 +375,7 @@ class Tuner:
                              self.batch_size, min_chunk=m, max_probes=self.max_probes,
                              tolerance=self.tolerance,
                              exact_on_oom=capabilities(backend).exact_on_oom,
-                             on_probe=lambda: bar.update(1))
+                             on_probe=lambda: bar.update(1), **_reuse(first, perm, self.objective))
             return out if not output_device else _swapped_outcome(out, perm, output_device)
         finally:
             bar.close()
@@ -560,6 +563,15 @@ def _swapped(r: ProbeResult, perm: list[int]) -> ProbeResult:
         memory_stats=per_card(r.memory_stats),
         expandable_reserved_bytes=per_card(r.expandable_reserved_bytes),
         allocated_peak_bytes=per_card(r.allocated_peak_bytes))
+
+
+def _reuse(first: Optional[search.SearchOutcome], perm: list[int],
+           objective: Objective) -> dict[str, Any]:
+    """What a search gathering on another card takes from the first search (max_batch)."""
+    if first is None or objective is not Objective.MAX_BATCH:
+        return {}
+    return dict(prior=[_swapped(r, perm) for r in first.probes], compare_even=False,
+                prior_cards=[i for i in range(len(perm)) if perm[i] == i])
 
 
 def _swapped_outcome(out: search.SearchOutcome, perm: list[int], k: int) -> search.SearchOutcome:

@@ -107,7 +107,8 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         batch_size: int, *, min_chunk: int = 1, max_probes: int = 12, tolerance: float = 0.02,
         exact_on_oom: bool = True, on_probe: Callable[[], None] = lambda: None,
         known_over: Sequence[ProbeResult] = (), compare_even: bool = True,
-        first_split: Optional[Sequence[int]] = None) -> SearchOutcome:
+        first_split: Optional[Sequence[int]] = None, prior: Sequence[ProbeResult] = (),
+        prior_cards: Sequence[int] = ()) -> SearchOutcome:
     """Search for the balanced split of ``batch_size`` (``objective="balance"``) or the
     largest batch (``"max_batch"``, from ``batch_size`` as a first guess).
 
@@ -117,13 +118,20 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     ``known_over``: probes of a surface at most as high as this one (the same splits at a
     shorter length) whose over-budget cards bound the brackets from above here
     (:meth:`Observations.add_bound`). ``compare_even=False`` (``max_batch``): the even
-    split's largest batch is not searched for; ``first_split``: the first split probed
-    (``max_batch``; default the even split of ``batch_size``).
+    split's largest batch is not searched for (``even`` is ``None``: a length bucket, or a
+    search whose even baseline is taken from another); ``first_split``: the first split
+    probed (``max_batch``; default the even split of ``batch_size``).
+    ``prior``: probes of another search on the same cards whose measurements of
+    ``prior_cards`` still hold here (``output_device="auto"``: the cards that neither gather
+    the outputs nor held them); their points narrow those cards' brackets, they are never
+    returned.
     Raises :class:`dptune.errors.NoFeasibleSplitError` when nothing fits.
     """
     obs = Observations(budgets, exact_on_oom=exact_on_oom, min_chunk=min_chunk)
     for r in known_over:
         obs.add_bound(r)
+    for r in prior:
+        obs.add_prior(r, prior_cards)
     n = obs.n
     even_implied_by: tuple[int, ...] = ()
     even_open, even_at_most = False, cast(Optional[int], None)
@@ -157,7 +165,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         certified = mb.max_certified()
         brackets = mb.brackets()
         floor = False
-        lo, hi = mb.even_bracket()
+        lo, hi = mb.even_bracket() if compare_even else (0, None)
         even_s = tuple(even_split(lo, n)) if lo > 0 else tuple(even_split(batch_size, n))
         even = obs.by_split.get(even_s) if lo > 0 else None
         if even is not None and not obs.within_budget(even):

@@ -122,7 +122,7 @@ class MaxBatch:
                  first: Optional[Sequence[int]] = None):
         self.obs = obs
         self.first = None if first is None else tuple(first)   # the first split to probe
-        self.compare_even = compare_even   # False: stop once the largest batch is certified
+        self.compare_even = compare_even   # False: the even split's largest batch is not asked
         self.n = obs.n
         self.m = obs.min_chunk
         self.hint = max(hint, self.m)
@@ -214,6 +214,10 @@ class MaxBatch:
     def _line_target(self, line: _Line, fits: CardFits) -> Optional[int]:
         lo, hi = self._line_bracket(line)
         lower, upper = lo + 1, (None if hi is None else hi - 1)
+        # BatchNorm: the smallest batches may have no split on this line (a chunk of 1); start
+        # from the first that has one, or the fits are never asked and a guess is probed
+        lower = next((b for b in range(lower, lower + 2 * self.m + 1) if line.c0(b) is not None),
+                     lower)
         if upper is not None and upper < lower:
             return None
         budget = self.obs.budgets[0]
@@ -440,7 +444,7 @@ class MaxBatch:
         card 0 questions left can carry every open card (otherwise one probe that raises
         every open card at once is cheaper)."""
         obs, m, n = self.obs, self.m, self.n
-        if not obs.exact_on_oom or n < 3 or obs.best_within() is None:
+        if not obs.exact_on_oom or n < 3 or not obs.fit_points(0):
             return None
         fits = CardFits(obs)
         tests: dict[int, int] = {}

@@ -101,9 +101,18 @@ class Observations:
     def add(self, r: ProbeResult) -> None:
         self.probes.append(r)
         self.by_split[tuple(r.chunk_sizes)] = r
-        b, k = r.batch_size, len(self.probes) - 1
+        self._add_points(r, len(self.probes) - 1, range(self.n))
+
+    def add_prior(self, r: ProbeResult, cards: Sequence[int]) -> None:
+        """What a probe of another search showed ``cards`` (whose memory does not depend on
+        what that search changed, e.g. where the outputs are gathered): their points only,
+        with ``probe=-1`` (not one of this search's probes, never returned)."""
+        self._add_points(r, -1, cards)
+
+    def _add_points(self, r: ProbeResult, k: int, cards: Sequence[int]) -> None:
+        b = r.batch_size
         for i, (c, p) in enumerate(zip(r.chunk_sizes, r.peak_bytes)):
-            if i > 0 and c == 0:
+            if (i > 0 and c == 0) or i not in cards:
                 continue               # no replica ran there: nothing measured
             p = int(p)
             if r.feasible or self.exact_on_oom:
@@ -180,8 +189,8 @@ class Observations:
             if i > 0 and c == 0:
                 peaks.append(0)
                 continue
-            dom = [p for p in self.fit_points(i)
-                   if p.chunk >= c and (i > 0 or p.batch >= b)]
+            dom = [p for p in self.fit_points(i)       # this search's probes only
+                   if p.probe >= 0 and p.chunk >= c and (i > 0 or p.batch >= b)]
             if not dom:
                 return None
             best = min(dom, key=lambda p: (p.peak_bytes, -p.probe))

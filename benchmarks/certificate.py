@@ -1,0 +1,612 @@
+"""dptune's largest-batch probes against the certificate's own minimum:
+``python -m benchmarks.certificate [--quick] [--no-models]``.
+
+For each case (a memory surface: card ``i >= 1`` peaks at ``f(i, c)``, card 0 at
+``g(c0, B)``; synthetic families, and small models whose curves are measured on the
+simulator, see :class:`benchmarks.search.Curves`) this runs ``dptune.search.run(...,
+"max_batch")`` and counts its probes, then computes, independently of the search, the fewest
+probes that could prove the same answer with the same proof rules (the monotone surface of
+:mod:`dptune.search.observations`):
+
+- (A) a probe of a split of the largest batch ``B*`` measured within every budget;
+- (B) ``B* + 1`` proven infeasible: each card ``i >= 1`` capped below the smallest chunk
+  measured over its budget, and card 0 measured over at a chunk no larger than what those
+  caps leave it, in a batch no larger than ``B* + 1``;
+- (C) the even split's largest batch ``E``: ``even(E)`` fits by dominance (every card
+  measured within budget at a chunk at least as large; card 0 also in a batch at least as
+  large);
+- (D) ``even(E + 1)`` over: a card measured over at a point it dominates (or (B) when
+  ``E = B*``).
+
+A probe serves several of these at once (its every card gives a point). The minimum is
+found by brute force over sets of candidate probes: each card ``i >= 1`` at one of its
+critical chunks (0, its cap ``C_i``, ``C_i + 1``, its chunk in ``even(E)`` and in
+``even(E + 1)``), card 0 at any chunk (for each choice of the others only the points that
+matter are kept: the largest chunk within budget, the smallest over, and the chunks that
+make the batch ``B*``, ``B* + 1``, ``E``, ``E + 1``), candidates dominated by another
+(every card's point at least as informative) dropped, then sets of 2, 3, ... probes tried
+in turn. ``min_max`` is the same without (C) and (D): what the largest batch alone needs.
+
+The exhaustive answers (``B*``, ``E``) come from the surface itself (caps by scan, the
+largest batch and the even batch by bisection on the monotone surface). Every dptune
+answer is checked against them; a mismatch is reported as ``WRONG``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from dptune import search as dsearch
+from dptune.backends.base import ProbeResult
+from dptune.split import even_split
+
+GiB, MiB = 2**30, 2**20
+
+
+@dataclass
+class Surface:
+    """One case: per-card peaks (bytes), budgets, and BatchNorm's minimum chunk."""
+
+    name: str
+    family: str
+    budgets: list[int]
+    f: Callable[[int, int], int]          # card i >= 1 at chunk c > 0
+    g: Callable[[int, int], int]          # card 0 at chunk c0 in a batch B
+    m: int = 1
+    hint: int = 0                          # dptune's start batch (0: 64 per card)
+
+    @property
+    def n(self) -> int:
+        return len(self.budgets)
+
+    def peaks(self, split: Sequence[int]) -> list[int]:
+        b = sum(split)
+        return [self.g(split[0], b)] + [self.f(i, c) if c else 0 for i, c in enumerate(split) if i]
+
+    def over(self, split: Sequence[int]) -> list[bool]:
+        """Per card: measured over its budget (a card >= 1 with no samples: never)."""
+        return [p > bud and (i == 0 or split[i] > 0)
+                for i, (p, bud) in enumerate(zip(self.peaks(split), self.budgets))]
+
+    def probe(self, split: Sequence[int]) -> ProbeResult:
+        s = tuple(int(c) for c in split)
+        return ProbeResult(s, tuple(self.peaks(s)))
+
+
+# ---- the exhaustive answers ---------------------------------------------------------------
+
+def _valid(split: Sequence[int], m: int) -> bool:
+    return sum(split) > 0 and all(c == 0 or c >= m for c in split)
+
+
+def _last_true(pred: Callable[[int], bool], lo: int, guess: Optional[int] = None) -> int:
+    """Largest ``x >= lo`` with ``pred`` (true then false); ``lo - 1`` when ``pred(lo)`` is
+    false. Gallops from ``guess`` (up or down), then bisects: few evaluations near a good
+    guess (each may be a simulated step)."""
+    if not pred(lo):
+        return lo - 1
+    good, bad = lo, None
+    if guess is not None and guess > lo:
+        if pred(guess):
+            good = guess
+        else:
+            bad, step = guess, 1
+            while bad - step > lo and not pred(bad - step):
+                bad, step = bad - step, step * 2
+            good = max(lo, bad - step)
+    if bad is None:
+        step = 1
+        while pred(good + step):
+            good, step = good + step, step * 2
+        bad = good + step
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if pred(mid) else (good, mid)
+    return good
+
+
+def caps(s: Surface) -> list[int]:
+    """Each card ``i >= 1``'s largest chunk within budget (0 under BatchNorm when < m)."""
+    out = []
+    for i in range(1, s.n):
+        ok = s.f(i, s.m) <= s.budgets[i]
+        c = _last_true(lambda c, i=i: s.f(i, c) <= s.budgets[i], s.m) if ok else 0
+        out.append(c if c >= s.m else 0)
+    return out
+
+
+def reachable(caps_: Sequence[int], m: int) -> list[tuple[int, int]]:
+    """The sums the cards ``i >= 1`` can take in all (each 0 or ``m..cap``), as intervals."""
+    reach = [(0, 0)]
+    for c in caps_:
+        if c < m:
+            continue
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted(reach + [(a + m, b + c) for a, b in reach]):
+            if merged and a <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        reach = merged
+    return reach
+
+
+def card0_chunk(batch: int, caps_: Sequence[int], m: int,
+                reach: Optional[list[tuple[int, int]]] = None) -> Optional[int]:
+    """The fewest samples card 0 can take of ``batch`` with the others at most at ``caps_``."""
+    reach = reachable(caps_, m) if reach is None else reach
+    for c0 in range(max(0, batch - sum(caps_)), batch + 1):
+        if (c0 == 0 or c0 >= m) and any(a <= batch - c0 <= b for a, b in reach):
+            return c0
+    return None
+
+
+def best_batch(s: Surface, caps_: Sequence[int]) -> int:
+    reach = reachable(caps_, s.m)
+
+    def ok(b: int) -> bool:
+        c0 = card0_chunk(b, caps_, s.m, reach)
+        return c0 is not None and s.g(c0, b) <= s.budgets[0]
+    return max(0, _last_true(ok, s.m))
+
+
+def even_start(s: Surface) -> int:
+    return s.m * s.n if s.m > 1 else 1
+
+
+def _first_over_even(s: Surface, i: int, cap: int, start: int, stop: int) -> int:
+    """The first batch from ``start`` whose even split gives card ``i >= 1`` more than ``cap``."""
+    b = start
+    while b < stop and even_split(b, s.n)[i] <= cap:
+        b += 1
+    return b
+
+
+def best_even(s: Surface, caps_: Sequence[int]) -> tuple[int, int]:
+    """The even split's largest batch ``E`` as a user finds it (it fits at ``E``, not at the
+    next valid even batch; BatchNorm: batches with a chunk of 1 are skipped), and that next
+    batch. Card 0 gets the largest chunk and it grows with the batch (bisection); the other
+    cards' chunks do not grow monotonically (``torch.chunk``), so they are scanned."""
+    start = even_start(s)
+
+    def card0_ok(b: int) -> bool:
+        return s.g(even_split(b, s.n)[0], b) <= s.budgets[0]
+    stop = _last_true(card0_ok, start) + 1
+    for i in range(1, s.n):
+        stop = min(stop, _first_over_even(s, i, caps_[i - 1], start, stop))
+    def fits(b: int) -> bool:
+        sp = even_split(b, s.n)
+        return card0_ok(b) and all(c <= cap for c, cap in zip(sp[1:], caps_))
+    nxt = stop
+    while not _valid(even_split(nxt, s.n), s.m) or fits(nxt):
+        nxt += 1
+    valid = [b for b in range(start, nxt) if _valid(even_split(b, s.n), s.m)]
+    return (valid[-1] if valid else 0), nxt
+
+
+# ---- the certificate's own minimum ---------------------------------------------------------
+
+#: One card's point in a probe: card 0 ``(chunk, batch, over)``, card ``i >= 1``
+#: ``(chunk, over)``; ``None`` for a card ``i >= 1`` with no samples (nothing measured).
+Cand = tuple
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What is to be proven: the largest batch, the caps, the even split's largest batch."""
+
+    best: int
+    caps: tuple[int, ...]
+    even: int
+    even_next: tuple[int, ...]       # the even split just above ``even`` (to be shown over)
+
+
+def answer(s: Surface) -> Answer:
+    cp = caps(s)
+    e, nxt = best_even(s, cp)
+    return Answer(best_batch(s, cp), tuple(cp), e, tuple(even_split(nxt, s.n)))
+
+
+def _cand(s: Surface, split: Sequence[int]) -> Cand:
+    ov = s.over(split)
+    pts: list[object] = [(split[0], sum(split), ov[0])]
+    pts += [(c, ov[i]) if c else None for i, c in enumerate(split) if i]
+    return tuple(pts)
+
+
+def _dominates(p: Cand, q: Cand) -> bool:
+    """Every card's point in ``p`` proves at least what it proves in ``q``."""
+    for a, b in zip(p, q):
+        if b is None:
+            continue
+        if a is None or a[-1] != b[-1]:
+            return False
+        ge = all(x >= y for x, y in zip(a[:-1], b[:-1]))
+        le = all(x <= y for x, y in zip(a[:-1], b[:-1]))
+        if not (le if b[-1] else ge):
+            return False
+    return True
+
+
+def _critical(s: Surface, ans: Answer, i: int) -> set[int]:
+    e0, e1 = even_split(ans.even, s.n), ans.even_next
+    vals = {0, ans.caps[i - 1], ans.caps[i - 1] + 1, e0[i], e1[i]}
+    return {v for v in vals if v == 0 or v >= s.m}
+
+
+def _card0_points(s: Surface, ans: Answer, fixed: int, free: int) -> set[tuple[int, int]]:
+    """Card 0's useful ``(chunk, batch)`` with the other cards at ``fixed`` samples in all
+    and ``0..free`` more (cards free to take what fills the batch)."""
+    bud, top = s.budgets[0], ans.best + 1
+    pts = set()
+
+    def last_within(batch_of: Callable[[int], int], hi: int, guess: int) -> int:
+        if hi < 0 or s.g(0, batch_of(0)) > bud:
+            return -1
+        return min(hi, _last_true(lambda c: c <= hi and s.g(c, batch_of(c)) <= bud, 0,
+                                  max(0, min(hi, guess))))
+    near = ans.best - fixed - free      # card 0's chunk near the answer: a guess to start from
+    w = last_within(lambda c: c + fixed + free, top, near)
+    pts |= {(w, w + fixed + free), (w + 1, w + 1 + fixed + free)}
+    a = last_within(lambda c: ans.best, ans.best - fixed, near)       # a split of B*
+    if a >= ans.best - fixed - free:
+        pts.add((a, ans.best))
+    for cap in (top, sum(ans.even_next)):                       # over, in a batch <= cap
+        o = last_within(lambda c, cap=cap: min(cap, c + fixed + free), cap - fixed,
+                        cap - fixed - free) + 1
+        if o + fixed <= cap:
+            pts.add((o, min(cap, o + fixed + free)))
+    e0 = even_split(ans.even, s.n)[0]
+    pts.add((e0, e0 + fixed + free))
+    if e0 + fixed <= ans.even <= e0 + fixed + free:
+        pts.add((e0, ans.even))
+    return {(c, b) for c, b in pts if 0 <= c <= b and b > 0}
+
+
+FREE = -1
+
+
+def candidates(s: Surface, ans: Answer) -> tuple[list[Cand], list[Cand]]:
+    """(probes of a split of ``B*`` within budget, every other candidate probe not dominated).
+
+    A card ``i >= 1`` is at a critical chunk or *free*: any chunk up to its cap, to fill the
+    batch; a free card is credited with a point within budget at its cap, the most it could
+    show (generous, so the minimum stays a lower bound)."""
+    pool: dict[Cand, None] = {}
+    for t in itertools.product(*[sorted(_critical(s, ans, i)) + [FREE] for i in range(1, s.n)]):
+        fixed = sum(c for c in t if c != FREE)
+        free = sum(ans.caps[i] for i, c in enumerate(t) if c == FREE and ans.caps[i] >= s.m)
+        others = [None if c == 0 or (c == FREE and ans.caps[i] < s.m) else
+                  (ans.caps[i], False) if c == FREE else (c, s.f(i + 1, c) > s.budgets[i + 1])
+                  for i, c in enumerate(t)]
+        for c0, b in _card0_points(s, ans, fixed, free):
+            pool[((c0, b, s.g(c0, b) > s.budgets[0]), *others)] = None
+    every = list(pool)
+    fit_a = [c for c in every if c[0][1] == ans.best and not any(p[-1] for p in c if p)]
+    kept = [c for c in every if not any(_dominates(d, c) and d != c for d in every)]
+    return fit_a, kept
+
+
+class _Checker:
+    """Whether a set of candidate probes proves the answer (the rules of the module doc)."""
+
+    def __init__(self, s: Surface, ans: Answer, with_even: bool):
+        self.s, self.ans, self.with_even = s, ans, with_even
+        self._c0: dict[tuple[int, ...], Optional[int]] = {}
+
+    def _card0_left(self, h: tuple[int, ...]) -> Optional[int]:
+        if h not in self._c0:
+            capped = [x - 1 if x else self.ans.best + 1 for x in h]
+            self._c0[h] = card0_chunk(self.ans.best + 1, capped, self.s.m)
+        return self._c0[h]
+
+    def infeasible(self, probes: Sequence[Cand]) -> bool:
+        n = self.s.n
+        h = tuple(min((p[i][0] for p in probes if p[i] is not None and p[i][1]), default=0)
+                  for i in range(1, n))
+        c0 = self._card0_left(h)
+        return c0 is None or any(p[0][2] and p[0][0] <= c0 and p[0][1] <= self.ans.best + 1
+                                 for p in probes)
+
+    def even_fits(self, probes: Sequence[Cand]) -> bool:
+        if self.ans.even == 0:
+            return True
+        e = even_split(self.ans.even, self.s.n)
+        if not any(not p[0][2] and p[0][0] >= e[0] and p[0][1] >= self.ans.even for p in probes):
+            return False
+        return all(e[i] == 0 or any(p[i] is not None and not p[i][1] and p[i][0] >= e[i]
+                                    for p in probes) for i in range(1, self.s.n))
+
+    def even_over(self, probes: Sequence[Cand]) -> bool:
+        e, b = self.ans.even_next, sum(self.ans.even_next)
+        if any(p[0][2] and p[0][0] <= e[0] and p[0][1] <= b for p in probes):
+            return True
+        if any(e[i] > 0 and p[i] is not None and p[i][1] and p[i][0] <= e[i]
+               for p in probes for i in range(1, self.s.n)):
+            return True
+        return b == self.ans.best + 1 and self.infeasible(probes)
+
+    def __call__(self, probes: Sequence[Cand]) -> bool:
+        if not self.infeasible(probes):
+            return False
+        return not self.with_even or (self.even_fits(probes) and self.even_over(probes))
+
+
+def minimum(s: Surface, ans: Answer, with_even: bool = True, most: int = 6) -> Optional[int]:
+    """The fewest candidate probes that prove ``ans`` (None: not within ``most``)."""
+    fit_a, kept = candidates(s, ans)
+    fit_a = [a for a in fit_a if not any(_dominates(d, a) and d != a for d in fit_a)]
+    check = _Checker(s, ans, with_even)
+    for k in range(1, most + 1):
+        for a in fit_a:
+            for rest in itertools.combinations(kept, k - 1):
+                if check((a, *rest)):
+                    return k
+    return None
+
+
+# ---- the cases -------------------------------------------------------------------------------
+
+HEAD = 1 * GiB
+
+
+def _budgets(totals: Sequence[int], used: Optional[Sequence[int]] = None) -> list[int]:
+    used = used or [0] * len(totals)
+    return [t - u - HEAD for t, u in zip(totals, used)]
+
+
+def _affine(name: str, family: str, n: int, w: int, a: int, extra0: int, per_batch: int,
+            totals: Optional[Sequence[int]] = None, used: Optional[Sequence[int]] = None,
+            m: int = 1) -> Surface:
+    return Surface(name, family, _budgets(totals or [24 * GiB] * n, used),
+                   f=lambda i, c: w + a * c,
+                   g=lambda c0, b: w + extra0 + a * c0 + per_batch * b, m=m)
+
+
+def synthetic() -> list[Surface]:
+    """The shapes of ``tests/test_search.py`` (typical and hard), at 2-4 cards."""
+    w, a = 2 * GiB, 30 * MiB
+    out = [_affine(f"mlp{n}", "typical", n, w, a, 4 * GiB, 4096) for n in (2, 3, 4)]
+    out.append(_affine("mlp4-mixed", "typical", 4, w, a, 4 * GiB, 4096,
+                       totals=[80 * GiB, 80 * GiB, 40 * GiB, 40 * GiB]))
+    out.append(_affine("mlp4-used", "typical", 4, w, a, 4 * GiB, 4096, used=[6 * GiB, 0, 0, 0]))
+    out.append(_affine("big-output", "typical", 4, GiB, 40 * MiB, 2 * GiB, 3 * MiB // 2))
+    out.append(_affine("batchnorm", "typical", 4, GiB, 200 * MiB, 2 * GiB, 100_000, m=2))
+
+    def drop(i: int, c: int) -> int:
+        return w + max(int(0.85 * a * c), a * c - 40 * a)
+    out.append(Surface("slope-drop", "hard", _budgets([24 * GiB] * 4), f=drop,
+                       g=lambda c0, b: drop(1, c0) + 4 * GiB + 8192 * b))
+    for n in (2, 4):
+        out.append(Surface(f"sheds{n}", "hard", _budgets([24 * GiB] * n),
+                           f=lambda i, c: 3 * GiB + 50 * MiB * c,
+                           g=lambda c0, b: 20 * GiB + 2048 * b + (3 * GiB + 50 * MiB * c0 if c0 else 0)))
+    out.append(Surface("plateau", "hard", _budgets([24 * GiB] * 4), f=lambda i, c: w + a * c,
+                       g=lambda c0, b: max(10 * GiB, w + 2 * GiB + a * c0) + 6000 * b))
+    out.append(Surface("workspace-jump", "hard", _budgets([24 * GiB] * 4, [6 * GiB, 0, 0, 0]),
+                       f=lambda i, c: GiB + 10 * MiB * c,
+                       g=lambda c0, b: 3 * GiB + 10 * MiB * c0 + (256 * MiB if b > 1000 else 0),
+                       m=2))
+    for s in out:
+        s.hint = 64 * s.n
+    return out
+
+
+def staircase(seed: int) -> Surface:
+    """Monotone staircases (as in ``tests/test_search.py``): nothing affine to fit."""
+    rng = random.Random(seed)
+    n = rng.choice([2, 3, 4])
+    steps = [[rng.randint(1, 9) * 37 * MiB for _ in range(400)] for _ in range(n)]
+    width = [rng.randint(1, 7) for _ in range(n)]
+    base = [rng.randint(1, 4) * GiB for _ in range(n)]
+    cum = [list(itertools.accumulate(st)) for st in steps]
+
+    def level(i: int, c: int) -> int:
+        return base[i] + cum[i][min(c // width[i], 399)]
+    return Surface(f"stairs{seed}", "stairs", _budgets([24 * GiB] * n), f=level,
+                   g=lambda c0, b: level(0, c0) + 2 * GiB + 3 * MiB * b, hint=8 * n)
+
+
+def random_affine(seed: int) -> Surface:
+    """Mixed cards, random per-sample costs and output sizes, a start from 1/50 to 2x the
+    optimum."""
+    rng = random.Random(1000 + seed)
+    n = rng.choice([2, 3, 4])
+    totals = [rng.choice([12, 16, 24, 40, 80]) * GiB for _ in range(n)]
+    used = [rng.choice([0, 0, 2 * GiB]) for _ in range(n)]
+    w, a = rng.randint(1, 6) * GiB // 2, rng.randint(2, 200) * MiB
+    extra0, per_b = rng.randint(0, 8) * GiB // 2, rng.choice([0, 4096, 512 * 1024, 3 * MiB])
+    m = 2 if rng.random() < 0.25 else 1
+    s = _affine(f"affine{seed}", "random", n, w, a, extra0, per_b, totals, used, m)
+    s.hint = max(m * n, int(rng.choice([0.02, 0.2, 0.9, 1.5]) * sum(totals) // (a + per_b)))
+    return s
+
+
+#: Small models on the simulator (2 cards: the brute force is cheap there), 8 samples per
+#: card to start, as in ``tests/test_search_models.py``.
+MODELS = {
+    "causal-lm": ("TinyGPT", dict(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32), "2x1GB"),
+    "encoder": ("BertClassifier", dict(vocab_size=1000, d_model=64, n_layers=1, n_heads=2, seq_len=32), "2x1GB"),
+    "vit": ("ViT", dict(image_size=32, patch=8, d_model=64, n_layers=1, n_heads=2), "2x1GB"),
+    "bn-cnn": ("SmallResNet", dict(widths=(8, 16), blocks=1, num_classes=10, image_size=32), "2x1GB"),
+    "big-output": ("SegNet", dict(num_classes=21, width=4, image_size=64), "2x2GB"),
+    "mlp-tiny-output": ("MLP", dict(in_features=512, hidden=2048, depth=2, num_classes=2), "2x1GB"),
+}
+HEADROOM = 64 * MiB
+
+
+def model_surface(name: str) -> Surface:
+    import torch
+
+    from benchmarks.search import Curves
+    from dptune.backends.simulated import SimulatedBackend, parse_cluster
+    from dptune.examples import models
+    from dptune.workload import Workload, has_batchnorm
+
+    cls, kw, spec = MODELS[name]
+    model = getattr(models, cls)(**kw)
+    wl = Workload(model, model.sample, None, lambda p: torch.optim.AdamW(p, lr=1e-4))
+    m = 2 if has_batchnorm(model) else 1
+    curves = Curves(wl, m)
+    devices = SimulatedBackend(wl, parse_cluster(spec)).devices
+    budgets = [d.budget_bytes(HEADROOM) for d in devices]
+    def g(c0: int, b: int) -> int:
+        # the curves are measured on 2 cards: a rest of 1 under BatchNorm (or no batch at
+        # all) is taken at the next batch, an upper bound on the monotone surface
+        while not cert_valid([c0, b - c0], m):
+            b += 1
+        return curves.g(c0, b)
+    return Surface(f"{name} {spec}", "models", budgets, f=lambda i, c: curves.f(max(c, m)),
+                   g=g, m=m, hint=8 * len(budgets))
+
+
+def cert_valid(split: Sequence[int], m: int) -> bool:
+    return _valid(split, m)
+
+
+# ---- the run -------------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    family: str
+    name: str
+    n: int
+    best: int
+    even: int
+    probes: int               # dptune's
+    even_probes: int          # dptune's probes asked for the even baseline ("even-max...")
+    own_min: Optional[int]    # the fewest of dptune's own probes that prove its answer
+    minimum: Optional[int]    # the certificate's minimum (any candidate probes)
+    minimum_max: Optional[int]  # the same for the largest batch alone
+    ok: bool                  # dptune's answer exact and certified
+    purposes: tuple[str, ...]
+
+    @property
+    def ratio(self) -> float:
+        return self.probes / self.minimum if self.minimum else float("nan")
+
+
+def own_minimum(s: Surface, ans: Answer, splits: Sequence[Sequence[int]]) -> Optional[int]:
+    """The fewest of the probes run that prove the answer (the others play no part)."""
+    cands = [_cand(s, sp) for sp in splits]
+    check = _Checker(s, ans, True)
+    fit_a = [c for c in cands if c[0][1] == ans.best and not any(p[-1] for p in c if p)]
+    for k in range(1, len(cands) + 1):
+        for a in fit_a:
+            for rest in itertools.combinations([c for c in cands if c != a], k - 1):
+                if check((a, *rest)):
+                    return k
+    return None
+
+
+def measure(s: Surface, max_probes: int = 12) -> Row:
+    ans = answer(s)
+    out = dsearch.run(s.probe, s.budgets, "max_batch", s.hint or 64 * s.n, min_chunk=s.m,
+                      max_probes=max_probes, exact_on_oom=True)
+    even = out.even.batch_size if out.even is not None else 0
+    ok = out.best.batch_size == ans.best and even == ans.even and out.certified \
+        and not out.even_open and not any(s.over(out.best.chunk_sizes))
+    splits = [p.chunk_sizes for p in out.probes]
+    purposes = tuple(p.purpose for p in out.probes)
+    return Row(s.family, s.name, s.n, ans.best, ans.even, len(splits),
+               sum(p.startswith("even-max") for p in purposes), own_minimum(s, ans, splits),
+               minimum(s, ans), minimum(s, ans, with_even=False), ok, purposes)
+
+
+def auto_probes() -> list[str]:
+    """``output_device="auto"``: the probes of each of its two searches (TinyGPT, 3x1GB, as
+    in ``tests/test_search_models.py``)."""
+    import warnings
+
+    import torch
+
+    from dptune.backends.simulated import SimulatedBackend, parse_cluster
+    from dptune.examples.models import TinyGPT
+    from dptune.tuner import Tuner
+    from dptune.workload import Workload
+
+    lines = []
+    for spec in ("3x1GB", "4x1GB"):
+        model = TinyGPT(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32)
+
+        def opt(p):  # type: ignore[no-untyped-def]
+            return torch.optim.AdamW(p, lr=1e-4)
+        backend = SimulatedBackend(Workload(model, model.sample, None, opt), parse_cluster(spec))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r = Tuner(model, model.sample, batch_size=32, optimizer=opt, objective="max_batch",
+                      headroom=HEADROOM, verbose=False, backend=backend,
+                      output_device="auto").fit()
+        second = sum(p.purpose.startswith("output ") for p in r.probes)
+        lines.append(f"| TinyGPT {spec} | {len(r.probes) - second} | {second} | "
+                     f"{r.batch_size} on card {r.output_device} | "
+                     f"{r.card0_output_batch_size if r.card0_output_batch_size else r.batch_size} "
+                     f"on card 0 |")
+    return lines
+
+
+def table(rows: Sequence[Row]) -> str:
+    head = ("| family | case | cards | B* | E | dptune | even-max | own min | min | min (max only) "
+            "| ratio | exact |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+    body = [f"| {r.family} | {r.name} | {r.n} | {r.best} | {r.even} | {r.probes} | "
+            f"{r.even_probes} | {r.own_min} | {r.minimum} | {r.minimum_max} | {r.ratio:.2f} | "
+            f"{'yes' if r.ok else 'WRONG'} |" for r in rows]
+    return "\n".join([head] + body)
+
+
+def summary(rows: Sequence[Row]) -> str:
+    good = [r for r in rows if r.minimum]
+    lines = ["| family | cases | dptune probes | minimum | mean ratio | worst ratio | even-max |",
+             "|---|---|---|---|---|---|---|"]
+    for fam in sorted({r.family for r in good}) + ["all"]:
+        sub = [r for r in good if fam in ("all", r.family)]
+        worst = max(sub, key=lambda r: r.ratio)
+        lines.append(f"| {fam} | {len(sub)} | {sum(r.probes for r in sub)} | "
+                     f"{sum(r.minimum or 0 for r in sub)} | "
+                     f"{statistics.mean(r.ratio for r in sub):.2f} | "
+                     f"{worst.ratio:.2f} ({worst.name}) | "
+                     f"{statistics.mean(r.even_probes for r in sub):.2f} |")
+    return "\n".join(lines)
+
+
+def cases(quick: bool, models: bool) -> list[Surface]:
+    out = synthetic() + [staircase(k) for k in range(4 if quick else 8)] + \
+        [random_affine(k) for k in range(8 if quick else 24)]
+    if models:
+        out += [model_surface(name) for name in (["causal-lm", "bn-cnn"] if quick else MODELS)]
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.certificate", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="fewer cases")
+    ap.add_argument("--no-models", action="store_true", help="synthetic surfaces only")
+    ap.add_argument("--no-auto", action="store_true", help="skip output_device='auto'")
+    ap.add_argument("-v", "--verbose", action="store_true", help="each case's probe purposes")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    rows = []
+    for s in cases(args.quick, not args.no_models):
+        rows.append(measure(s))
+        if args.verbose:
+            print(s.name, rows[-1].purposes, file=sys.stderr)
+    print(table(rows))
+    print()
+    print(summary(rows))
+    if not args.no_auto and not args.no_models:
+        print("\n| output_device=\"auto\" | first search | second search | answer | card 0 |\n"
+              "|---|---|---|---|---|")
+        print("\n".join(auto_probes()))
+    print(f"\n{len(rows)} cases in {time.perf_counter() - t0:.0f} s")
+    return 0 if all(r.ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
