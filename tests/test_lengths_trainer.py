@@ -14,11 +14,22 @@ from dptune.lengths.trainer import length_check, trainer_lengths  # noqa: E402
 from tests.test_hf_trainer import VOCAB, tiny_gpt2, training_args  # noqa: E402
 
 
+class PadWithLabels(transformers.DataCollatorWithPadding):
+    """Pads as DataCollatorWithPadding does and adds the causal LM's labels (the Trainer's own
+    loss is what dptune probes: the model must return one)."""
+
+    def __call__(self, features):
+        batch = super().__call__(features)
+        labels = batch["input_ids"].clone()
+        labels[batch["attention_mask"] == 0] = -100
+        batch["labels"] = labels
+        return batch
+
+
 def pad_collator(padding=True):
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[PAD]": 0, "a": 1}, unk_token="a"))
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]")
-    return transformers.DataCollatorWithPadding(
-        fast, padding=padding, max_length=12 if padding == "max_length" else None)
+    return PadWithLabels(fast, padding=padding, max_length=12 if padding == "max_length" else None)
 
 
 class Texts:
