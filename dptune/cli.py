@@ -337,7 +337,7 @@ def _search_command(args: argparse.Namespace) -> int:
     if args.lengths is not None:   # a plan per length bucket
         from dptune.lengths import cli as lengths_cli
 
-        return lengths_cli.run(args)
+        return lengths_cli.run(args, workload_spec(args))
 
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()

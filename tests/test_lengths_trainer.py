@@ -82,7 +82,7 @@ def test_fixed_padding_says_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_plan_per_bucket_from_the_trainer(tmp_path):
-    from dptune.lengths.trainer import TrainerLengthSample, plan_trainer_lengths
+    from dptune.integrations.trainer_lengths import TrainerLengthSample, plan_trainer_lengths
 
     t = trainer(tmp_path, pad_collator())
     sample = TrainerLengthSample(t, "input_ids")

@@ -139,13 +139,13 @@ class SimulatedFSDPProber:
         self.name = model_name(workload.model)
 
     def info(self) -> Any:
-        from dptune.ddp.planner import _min_batch, _RankInfo, _settings
+        from dptune.ddp.ranks import RankInfo, min_batch, step_settings
 
         self.backend._setup()     # builds and shards the model now: its errors belong to round 0
-        return _RankInfo(device=self.device, host=self.host,
+        return RankInfo(device=self.device, host=self.host,
                          budget_bytes=self.device.budget_bytes(self.headroom), ddp_bytes=0,
-                         min_batch=_min_batch(self.workload.model), model_name=self.name,
-                         settings=_settings(self.workload))
+                        min_batch=min_batch(self.workload.model), model_name=self.name,
+                        settings=step_settings(self.workload))
 
     def probe(self, batch_size: int) -> Optional[int]:
         if batch_size not in self._memo:

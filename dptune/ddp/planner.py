@@ -38,11 +38,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar, Union
 
 from dptune.backends.allocator_config import AllocatorConfig
-from dptune.backends.base import Device
 from dptune.backends.ddp_memory import DDPOptions, bucket_bytes, params_of
 from dptune.backends.fixed_costs import FixedCosts
 from dptune.backends.reserved import (BudgetLevel, ReservedModel, at_level, level_settings,
                                       real_cards_measured)
+from dptune.ddp.ranks import RankInfo as _RankInfo
+from dptune.ddp.ranks import min_batch as _min_batch
+from dptune.ddp.ranks import step_settings as _settings
 from dptune.ddp.result import DDPPlan, RankPlan, RankProbe, loss_scales
 from dptune.errors import (BackendUnavailableError, DptuneError, NoFeasibleSplitError, UsageError,
                            UserCodeError)
@@ -58,44 +60,12 @@ T = TypeVar("T")
 
 # ---- one rank's card ---------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _RankInfo:
-    device: Device
-    host: Optional[str]
-    budget_bytes: int
-    ddp_bytes: int
-    min_batch: int            # 2 when the model has BatchNorm (not SyncBatchNorm), else 1
-    model_name: str
-    settings: Optional[dict]
-
-
 class _Prober(Protocol):
     def info(self) -> _RankInfo: ...
     def probe(self, batch_size: int) -> Optional[int]:
         """Peak bytes of one step, or ``None`` when it ran out of memory."""
         ...
     def close(self) -> None: ...
-
-
-def _min_batch(model: Any) -> int:
-    import torch
-    import torch.nn as nn
-
-    if not isinstance(model, nn.Module):
-        try:
-            with torch.device("meta"):
-                model = model()
-        except Exception as e:
-            raise UserCodeError(f"the model factory raised while building the model on the meta "
-                                f"device: {type(e).__name__}: {e}") from e
-    plain = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-    return 2 if any(isinstance(m, plain) and not isinstance(m, nn.SyncBatchNorm)
-                    for m in model.modules()) else 1
-
-
-def _settings(workload: Any) -> Optional[dict]:
-    settings = getattr(workload, "settings", None)
-    return settings.to_dict() if settings is not None and hasattr(settings, "to_dict") else None
 
 
 class _SimulatedProber:

@@ -78,9 +78,9 @@ def _read(spec: str) -> list[int]:
     return read_lengths(path, column)
 
 
-def run(args: argparse.Namespace) -> int:
-    """``dptune search --lengths``: plan, print one line per bucket, write the report."""
-    from dptune.cli import workload_spec
+def run(args: argparse.Namespace, spec: Any) -> int:
+    """``dptune search --lengths``: plan, print one line per bucket, write the report
+    (``spec``: the :class:`dptune.spec.WorkloadSpec` the CLI made of the flags)."""
     from dptune.lengths.budget import token_budgets
     from dptune.lengths.render import render_text, write_plan_report
     from dptune.lengths.search import plan_lengths
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
         raise UsageError(f"--pad-to-multiple-of must be >= 1, got {args.pad_to_multiple_of}")
     lengths = _read(args.lengths)
-    wl = workload_spec(args).build()
+    wl = spec.build()
     sample, longest = length_sample(wl.sample, args.length_axis)
     out = sys.stderr if args.json else sys.stdout
     plan = plan_lengths(wl.model, sample, lengths, args.buckets, loss_fn=wl.loss_fn,

@@ -4,7 +4,9 @@ A Trainer whose collator pads each batch to its longest example (``DataCollatorW
 and the like, or ``group_by_length``) trains at many lengths; a split tuned on the first
 examples of the dataset holds at their length only. :func:`length_check` reads the train
 dataset's lengths and says so (never silently): ``tune_trainer`` warns with it, and
-:func:`trainer_lengths` hands the lengths to :func:`dptune.lengths.plan_lengths`.
+:func:`trainer_lengths` hands the lengths to :func:`dptune.lengths.plan_lengths`
+(:func:`dptune.integrations.trainer_lengths.plan_trainer_lengths` does it all for a Trainer).
+This module reads data only: nothing here imports the integrations above it.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["LengthCheck", "trainer_lengths", "length_check", "LENGTH_KEYS", "plan_trainer_lengths",
-           "TrainerLengthSample"]
+__all__ = ["LengthCheck", "trainer_lengths", "length_check", "LENGTH_KEYS"]
 
 #: The fields whose length is the example's length, in the order they are looked for.
 LENGTH_KEYS = ("input_ids", "input_values", "input_features", "pixel_values")
@@ -40,7 +41,7 @@ class LengthCheck:
                 f"pads each batch to its longest, but the probes' batches were {self.probe_length} "
                 f"long: the split holds at that length only, and a batch of longer examples can run "
                 f"out of memory. Plan a batch per length bucket: "
-                "dptune.lengths.trainer.plan_trainer_lengths(trainer, buckets=8, ...) or "
+                "dptune.integrations.trainer_lengths.plan_trainer_lengths(trainer, buckets=8, ...) or "
                 "`dptune search --lengths FILE`")
 
 
@@ -96,65 +97,3 @@ def length_check(trainer: Any, batch_size: int) -> Optional[LengthCheck]:
         return None
     probe_length = max(lengths[:max(1, batch_size)])
     return LengthCheck(key, tuple(lengths), probe_length, _pads_dynamically(trainer))
-
-
-def _resized(example: Mapping[str, Any], key: str, length: int) -> dict[str, Any]:
-    """The example with every field as long as ``example[key]`` tiled or cut to ``length``
-    (token ids, attention mask, labels); other fields (a class label) as they are."""
-    found = _length(example)
-    n = found[1] if found is not None else 0
-    out: dict[str, Any] = {}
-    for k, v in example.items():
-        shape = getattr(v, "shape", None)
-        size = int(shape[0]) if shape is not None and len(shape) >= 1 else (
-            len(v) if isinstance(v, (list, tuple)) else None)
-        if size == n and n > 0:
-            reps = -(-length // n)
-            if shape is not None:
-                import torch
-
-                v = torch.cat([v] * reps)[:length] if reps > 1 else v[:length]
-            else:
-                v = (list(v) * reps)[:length]
-        out[k] = v
-    return out
-
-
-class TrainerLengthSample:
-    """``sample(n, length)`` from the Trainer's own data: ``n`` examples (cycled), each resized
-    to ``length`` (:func:`_resized`), through the Trainer's collator."""
-
-    def __init__(self, trainer: Any, key: str):
-        from dptune.integrations.transformers import trainer_sample
-
-        self.inner = trainer_sample(trainer)
-        self.key = key
-
-    def __call__(self, n: int, length: int) -> Any:
-        examples = [_resized(ex, self.key, length) for ex in self.inner._examples(n)]
-        batch = self.inner.collator(examples)
-        return dict(batch) if isinstance(batch, Mapping) else batch
-
-
-def plan_trainer_lengths(trainer: Any, buckets: Any = 8, *, simulate: Any = None,
-                         headroom: Any = "1GiB", **options: Any) -> Any:
-    """A :class:`dptune.lengths.LengthPlan` for a ``transformers.Trainer``: the train
-    dataset's lengths, batches from its own examples and collator at each bucket's length,
-    its model, optimizer and step settings (as :func:`tune_trainer` reads them). ``options``
-    go to :func:`dptune.lengths.plan_lengths` (``pad_to_multiple_of``, ``max_probes``, ...)."""
-    from dptune.errors import UsageError
-    from dptune.integrations.transformers import trainer_optimizer, trainer_step_settings
-    from dptune.lengths.search import plan_lengths
-
-    key, lengths = trainer_lengths(trainer)
-    if not lengths:
-        raise UsageError("the Trainer's train dataset has no input_ids (or other sequence) "
-                         "lengths dptune can read; pass the lengths to plan_lengths yourself")
-    settings = trainer_step_settings(trainer.args)
-    pad = getattr(trainer.data_collator, "pad_to_multiple_of", None)
-    options.setdefault("pad_to_multiple_of", pad)
-    return plan_lengths(trainer.model, TrainerLengthSample(trainer, key), lengths, buckets,
-                        optimizer=options.pop("optimizer", None) or trainer_optimizer(trainer),
-                        simulate=simulate, headroom=headroom, amp=settings.amp,
-                        accumulate=settings.accumulate, clip_grad_norm=settings.clip_grad_norm,
-                        **options)

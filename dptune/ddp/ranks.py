@@ -1,0 +1,47 @@
+"""One rank's facts for the DDP and FSDP planners (their one home, below both)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from dptune.backends.base import Device
+from dptune.errors import UserCodeError
+
+__all__ = ["RankInfo", "min_batch", "step_settings"]
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """What the planner knows of one rank before its first probe."""
+
+    device: Device
+    host: Optional[str]
+    budget_bytes: int
+    ddp_bytes: int
+    min_batch: int            # 2 when the model has BatchNorm (not SyncBatchNorm), else 1
+    model_name: str
+    settings: Optional[dict]
+
+
+def min_batch(model: Any) -> int:
+    """The smallest local batch a rank may get: 2 with BatchNorm (not SyncBatchNorm), else 1."""
+    import torch
+    import torch.nn as nn
+
+    if not isinstance(model, nn.Module):
+        try:
+            with torch.device("meta"):
+                model = model()
+        except Exception as e:
+            raise UserCodeError(f"the model factory raised while building the model on the meta "
+                                f"device: {type(e).__name__}: {e}") from e
+    plain = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+    return 2 if any(isinstance(m, plain) and not isinstance(m, nn.SyncBatchNorm)
+                    for m in model.modules()) else 1
+
+
+def step_settings(workload: Any) -> Optional[dict]:
+    """The workload's step settings as the plan records them."""
+    settings = getattr(workload, "settings", None)
+    return settings.to_dict() if settings is not None and hasattr(settings, "to_dict") else None
