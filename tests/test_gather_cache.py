@@ -16,7 +16,7 @@ import torch
 import torch.nn.parallel.scatter_gather as sg
 
 import dptune.backends.simulated.ledger as ledger_module
-from dptune.backends.simulated import estimate_memory
+from dptune.backends.simulated import SimulatedBackend, estimate_memory
 from dptune.examples.hf import gpt2_batch, tiny_gpt2
 
 VOCAB, SEQ = 100, 256
@@ -32,18 +32,21 @@ def torchs_own_gather():
         @staticmethod
         def apply(target, dim, *tensors):
             return ledger_module._Gather.apply(state["ledger"], state["cards"], dim, target,
-                                               *tensors)
+                                               None, *tensors)   # no owners: every card ran
 
-    def gather(ledger, cards, outputs, dim=0, out=0):
+    def gather(ledger, cards, outputs, dim=0, out=0, run=None):
+        # every replica runs (the reference is the full simulation): one output per card
+        assert run is None or tuple(run) == tuple(cards)
         state.update(ledger=ledger, cards=cards)
         return sg.gather(outputs, out, dim)
 
-    saved = ledger_module._gather, sg.Gather
+    saved = ledger_module._gather, sg.Gather, SimulatedBackend._share_replicas
     ledger_module._gather, sg.Gather = gather, PerTensor
+    SimulatedBackend._share_replicas = False
     try:
         yield
     finally:
-        ledger_module._gather, sg.Gather = saved
+        ledger_module._gather, sg.Gather, SimulatedBackend._share_replicas = saved
 
 
 def peaks(split, use_cache=True):
