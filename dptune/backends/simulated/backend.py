@@ -23,7 +23,7 @@ from dptune.backends.simulated import sdpa as _sdpa
 from dptune.backends.simulated.autocast import cuda_autocast
 from dptune.backends.simulated.device_rules import HOST, device_mode
 from dptune.backends.simulated.errors import _user_error, _ValueReadingError
-from dptune.backends.simulated.fake_model import _accepts_foreach, _eager, _fake_module
+from dptune.backends.simulated.fake_model import _eager, _fake_module, warmed_optimizer
 from dptune.backends.simulated.ledger import (_PHASES, _first_batch_size, _FunctionModes, _Ledger,
                                              _make_accountant, _SimulatedDataParallel)
 from dptune.backends.simulated.sharing import ReplicaPlan, plan_replicas
@@ -158,35 +158,7 @@ class SimulatedBackend:
                 for t in list(module.parameters()) + list(module.buffers()):
                     ledger.charge(t, 0, "weights")
             params = [p for p in module.parameters() if p.requires_grad]
-            optimizer = None
-            if self.workload.optimizer is not None:
-                try:
-                    optimizer = self.workload.optimizer(params)
-                except Exception as e:
-                    raise UserCodeError(f"the optimizer factory raised: {type(e).__name__}: {e}") from e
-                for group in getattr(optimizer, "param_groups", []):
-                    if _accepts_foreach(group):
-                        group["foreach"] = True
-                # Create the optimizer's state as a warm-up step would.
-                with ledger.on(0, "optimizer"):
-                    for p in params:
-                        with ledger.forced(0, "gradients"):
-                            p.grad = torch.zeros_like(p)
-                    try:
-                        optimizer.step()
-                    except Exception as e:
-                        raise UserCodeError(
-                            f"optimizer.step() raised in the simulated warm-up: {type(e).__name__}: {e}") from e
-                    optimizer.zero_grad(set_to_none=True)
-                    # torch keeps the step counters of non-capturable, non-fused optimizers
-                    # on the host even when the parameters are on a GPU
-                    for group in optimizer.param_groups:
-                        if group.get("capturable") or group.get("fused"):
-                            continue
-                        for p in group["params"]:
-                            step = optimizer.state.get(p, {}).get("step")
-                            if isinstance(step, torch.Tensor) and step.dim() == 0:
-                                ledger.to_host(step)
+            optimizer = warmed_optimizer(self.workload.optimizer, ledger, params)
         self._ledger, self._module, self._optimizer, self._params = ledger, module, optimizer, params
         self._setup_bytes = list(ledger.live)
 

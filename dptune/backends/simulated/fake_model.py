@@ -73,3 +73,36 @@ def _eager(module: nn.Module) -> tuple[nn.Module, bool]:
 
 def _accepts_foreach(group: Mapping[str, Any]) -> bool:
     return "foreach" in group and group["foreach"] is None and not group.get("fused")
+
+
+def warmed_optimizer(factory: Any, ledger: Any, params: list) -> Any:
+    """``factory(params)`` (``None`` without one), its state created on card 0 as a warm-up
+    step creates it (``foreach`` where torch's CUDA default is), with the step counters of
+    non-capturable, non-fused optimizers on the host as torch keeps them."""
+    if factory is None:
+        return None
+    try:
+        optimizer = factory(params)
+    except Exception as e:
+        raise UserCodeError(f"the optimizer factory raised: {type(e).__name__}: {e}") from e
+    for group in getattr(optimizer, "param_groups", []):
+        if _accepts_foreach(group):
+            group["foreach"] = True
+    with ledger.on(0, "optimizer"):
+        for p in params:
+            with ledger.forced(0, "gradients"):
+                p.grad = torch.zeros_like(p)
+        try:
+            optimizer.step()
+        except Exception as e:
+            raise UserCodeError(
+                f"optimizer.step() raised in the simulated warm-up: {type(e).__name__}: {e}") from e
+        optimizer.zero_grad(set_to_none=True)
+        for group in optimizer.param_groups:
+            if group.get("capturable") or group.get("fused"):
+                continue
+            for p in group["params"]:
+                step = optimizer.state.get(p, {}).get("step")
+                if isinstance(step, torch.Tensor) and step.dim() == 0:
+                    ledger.to_host(step)
+    return optimizer

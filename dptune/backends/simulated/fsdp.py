@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, Optional, Union
 
-import torch
 import torch.nn as nn
 
 from dptune._torch_private import (dispatch_mode_base, fake_process_group_store,
@@ -51,7 +50,7 @@ from dptune._torch_private import (dispatch_mode_base, fake_process_group_store,
 from dptune.backends.cluster import Cluster, parse_cluster
 from dptune.backends.simulated import SimulatedBackend
 from dptune.backends.simulated.device_rules import HOST
-from dptune.backends.simulated.fake_model import _accepts_foreach, _eager, _fake_module
+from dptune.backends.simulated.fake_model import _eager, _fake_module, warmed_optimizer
 from dptune.backends.simulated.ledger import _Ledger, _rounded
 from dptune.errors import UsageError, UserCodeError
 from dptune.workload import Workload, gradient_checkpointing, has_batchnorm
@@ -224,33 +223,7 @@ class SimulatedFSDPRank(SimulatedBackend):
 
     def _make_optimizer(self, ledger: _Ledger, params: list) -> Any:
         """The optimizer over the sharded parameters, its state created as by a warm-up step."""
-        if self.workload.optimizer is None:
-            return None
-        try:
-            optimizer = self.workload.optimizer(params)
-        except Exception as e:
-            raise UserCodeError(f"the optimizer factory raised: {type(e).__name__}: {e}") from e
-        for group in getattr(optimizer, "param_groups", []):
-            if _accepts_foreach(group):
-                group["foreach"] = True
-        with ledger.on(0, "optimizer"):
-            for p in params:
-                with ledger.forced(0, "gradients"):
-                    p.grad = torch.zeros_like(p)
-            try:
-                optimizer.step()
-            except Exception as e:
-                raise UserCodeError(
-                    f"optimizer.step() raised in the simulated warm-up: {type(e).__name__}: {e}") from e
-            optimizer.zero_grad(set_to_none=True)
-            for group in optimizer.param_groups:
-                if group.get("capturable") or group.get("fused"):
-                    continue
-                for p in group["params"]:
-                    step = optimizer.state.get(p, {}).get("step")
-                    if isinstance(step, torch.Tensor) and step.dim() == 0:
-                        ledger.to_host(step)
-        return optimizer
+        return warmed_optimizer(self.workload.optimizer, ledger, params)
 
     def close(self) -> None:
         super().close()
