@@ -16,7 +16,8 @@ from dptune.backends.simulated_ddp import SimulatedDDPRank, card_of
 from dptune.ddp.sampler import last_steps, tail_split
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.result import Fit
-from dptune.solver import solve_balance, solve_max_batch
+from dptune.solver import solve_balance
+from oracles import solve_max_batch
 from dptune.workload import Workload
 
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from dptune.errors import NoFeasibleSplitError
 from dptune.solver import Fit
-from dptune.solver import (fit_affine, max_even_batch, max_share, predict, solve_balance,
-                           solve_max_batch)
+from dptune.solver import fit_affine, max_share, predict, solve_balance
+from oracles import max_even_batch, solve_max_batch
 from dptune.split import even_split
 
 # ---- helpers ------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 import pytest
 import torch
 
-from dptune import solver
+import oracles
 from dptune.backends.base import Device, ProbeResult
 from dptune.errors import BackendUnavailableError, NoFeasibleSplitError, UsageError
 from dptune.report import render_table
@@ -238,7 +238,7 @@ def test_max_batch_affine():
     r = tune(be, objective="max_batch")
     truth = [Fit(6 * GiB, 0.093 * GiB, 0.011 * GiB)] + [Fit(2 * GiB, 0.093 * GiB)] * 3
     budgets = [23 * GiB] * 4
-    want, _ = solver.solve_max_batch(truth, budgets)
+    want, _ = oracles.solve_max_batch(truth, budgets)
     assert r.batch_size == want == 767
     # card 0's gathered outputs (0.011 GiB a sample of the whole batch) put its even-split
     # chunk above its chunk at the largest batch: three questions left for card 0, and the
@@ -246,7 +246,7 @@ def test_max_batch_affine():
     assert [p.purpose for p in r.probes] == ["even", "fit", "max", "max+cards", "even-max+cards",
                                              "even-max"]
     assert be.calls[:3] == [[64, 64, 64, 64], [64, 185, 185, 185], [92, 225, 225, 225]]
-    assert r.even.batch_size == solver.max_even_batch(truth, budgets) == 496
+    assert r.even.batch_size == oracles.max_even_batch(truth, budgets) == 496
     assert r.even.feasible and r.batch_gain > 0.5
     assert r.fits[0].batch_slope_bytes == pytest.approx(0.011 * GiB, rel=1e-6)
     assert r.certified and [(b.what, b.lo, b.hi) for b in r.brackets] == [
