@@ -84,3 +84,24 @@ def test_nothing_fits_at_the_longest_exits_3(tmp_path, capsys):
     code = main(args + SHAPE + ["--lengths", str(p), "--buckets", "8", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert code == EXIT_NO_FIT and "at length 128" in err
+
+
+def test_the_default_headroom_plans(tmp_path, lengths_file, capsys):
+    """No --headroom: the allocated level's default (1 GiB), as the single-shape search takes
+    it; found by running the README's command without the flag."""
+    base = [a for a in BASE if a not in ("--headroom", "0")]
+    base[base.index("2x394MB,context=384MiB")] = "2x2GB"
+    out = tmp_path / "rep"
+    code = main(base + SHAPE + ["--lengths", str(lengths_file), "--buckets", "64",
+                                "--out", str(out), "-q"])
+    assert code == EXIT_OK, capsys.readouterr().err
+    plan = json.loads((out / "lengths.json").read_text())
+    assert plan["headroom_bytes"] == 2**30
+
+
+def test_a_sample_function_without_length_is_one_line(tmp_path, lengths_file, capsys):
+    code = main(["search", "--model", "dptune.examples.models:TinyGPT", "--simulate", "2x2GB",
+                 "--lengths", str(lengths_file), "--out", str(tmp_path / "rep"), "-q"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE
+    assert err.count("\n") == 1 and "takes no length= argument" in err and "--input-shape" in err

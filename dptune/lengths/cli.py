@@ -64,7 +64,16 @@ def length_sample(sample: Any, axis: int) -> tuple[Callable[[int, int], Any], Op
     def with_length(n: int, length: int) -> Any:
         s = copy.copy(sample)
         s.kwargs = {**kwargs, "length": length}
-        return s(n)
+        try:
+            return s(n)
+        except Exception as e:
+            cause = e if isinstance(e, TypeError) else e.__cause__
+            if isinstance(cause, TypeError) and "unexpected keyword argument 'length'" in str(cause):
+                raise UsageError("--lengths needs a batch that takes the length, and this sample "
+                                 "function takes no length= argument: give it one "
+                                 "(sample(batch_size, length=...)), or use --input-shape with "
+                                 "--length-axis") from None
+            raise
     return with_length, None
 
 
@@ -95,13 +104,19 @@ def run(args: argparse.Namespace, spec: Any) -> int:
         raise UsageError("--lengths gathers the outputs on card 0; drop --output-device")
     if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
         raise UsageError(f"--pad-to-multiple-of must be >= 1, got {args.pad_to_multiple_of}")
+    if getattr(args, "budget_level", "allocated") != "allocated":
+        raise UsageError("--lengths plans at the allocated level only for now; drop --budget-level "
+                         "(the headroom covers the allocator's cache)")
+    from dptune.backends.reserved import DEFAULT_HEADROOM, BudgetLevel
+
+    headroom = DEFAULT_HEADROOM[BudgetLevel.ALLOCATED] if args.headroom is None else args.headroom
     lengths = _read(args.lengths)
     wl = spec.build()
     sample, longest = length_sample(wl.sample, args.length_axis)
     out = sys.stderr if args.json else sys.stdout
     plan = plan_lengths(wl.model, sample, lengths, args.buckets, loss_fn=wl.loss_fn,
                         optimizer=wl.optimizer, simulate=args.simulate, device_ids=args.devices,
-                        headroom=args.headroom, pad_to_multiple_of=args.pad_to_multiple_of,
+                        headroom=headroom, pad_to_multiple_of=args.pad_to_multiple_of,
                         length_axis=args.length_axis, max_length=longest,
                         batch_size=args.batch_size or 256, max_probes=max(args.max_probes, 16),
                         amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
