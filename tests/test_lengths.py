@@ -4,6 +4,7 @@ BalancedDataParallel taking the plan (all on the CPU, fast)."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import pytest
 import torch
@@ -229,8 +230,6 @@ def test_the_token_budget_is_the_largest_safe_one(data, n, pad):
 
 
 def test_snippets_give_fairseq_lines_only_for_a_ddp_plan():
-    import dataclasses
-
     from dptune.lengths.budget import snippets, token_budgets
 
     plan = make_plan()
@@ -241,3 +240,21 @@ def test_snippets_give_fairseq_lines_only_for_a_ddp_plan():
     for r in range(3):
         assert (f"#   rank {r}: --max-tokens {tb.per_card_tokens[r]} "
                 f"--batch-size {tb.per_card_count[r]}") in lines
+
+
+def test_a_ddp_plan_for_another_world_size_is_refused_whatever_rank_says():
+    """Inside a torch.distributed job the bucket sampler checks the plan's world size as the DDP
+    sampler does, also when rank= is given (a 3-rank plan in a 1-rank gloo job)."""
+    import torch.distributed as dist
+
+    from dptune.lengths.sampler import BucketBatchSampler
+
+    plan = dataclasses.replace(make_plan(), ddp=True)
+    lengths = [10] * 20 + [100] * 10 + [300] * 4
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(UsageError, match="the plan has 3 ranks but this torch.distributed job has 1"):
+            BucketBatchSampler(lengths, plan, rank=0)
+    finally:
+        dist.destroy_process_group()
+    assert len(BucketBatchSampler(lengths, plan, rank=0)) > 0     # outside a job: rank= is enough

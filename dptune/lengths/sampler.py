@@ -33,6 +33,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 from torch.utils.data import Sampler
 
+from dptune.ddp.result import loss_scales
 from dptune.errors import UsageError
 from dptune.lengths.buckets import assign, check_lengths
 from dptune.lengths.plan import LengthPlan
@@ -112,7 +113,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         sizes = self.rank_sizes(k, len(batch))
         r = self.rank if rank is None else rank
         assert r is not None, "loss_scale is for a DDP plan"
-        return len(sizes) * sizes[r] / len(batch)
+        return loss_scales(sizes)[r]
 
     def __iter__(self) -> Iterator[list[int]]:
         for k, batch in self.batches():
@@ -131,15 +132,18 @@ class BucketBatchSampler(Sampler[list[int]]):
 
 
 def _rank(rank: Optional[int], world: int) -> int:
+    """This process's rank in a plan for ``world`` ranks: ``rank`` or torch.distributed's; the
+    plan's world size is checked whenever torch.distributed is initialised, whatever ``rank``
+    says (:func:`dptune.ddp.result.check_world_size`, the DDP sampler's own check)."""
+    from dptune.ddp.result import check_world_size
+
+    running = check_world_size(world, "BucketBatchSampler")
     if rank is None:
+        if not running:
+            raise UsageError("a DDP plan's sampler needs rank= (or an initialised process group)")
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()):
-            raise UsageError("a DDP plan's sampler needs rank= (or an initialised process group)")
         rank = dist.get_rank()
-        if dist.get_world_size() != world:
-            raise UsageError(f"the plan is for {world} ranks but the job has "
-                             f"{dist.get_world_size()}")
     if not 0 <= rank < world:
         raise UsageError(f"rank {rank} is not in 0..{world - 1}")
     return rank
