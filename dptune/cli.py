@@ -33,7 +33,6 @@ import importlib
 import json
 import os
 import pathlib
-import re
 import sys
 import traceback
 from typing import TYPE_CHECKING, Any, Iterator, NoReturn, Optional, Sequence, Union
@@ -196,10 +195,9 @@ def _model_only_flags(args: argparse.Namespace) -> list[str]:
 def default_report_dir(result: "TuneResult") -> pathlib.Path:
     """``reports/<Model>-<cluster>``, e.g. ``reports/TinyGPT-4x24GB`` (the cluster's
     description without its parenthesised remark, in characters safe for a file name)."""
-    cluster = re.sub(r"\s*\(.*\)\s*$", "", result.cluster)
-    slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", cluster).strip("_") or "cluster"
-    name = re.sub(r"[^A-Za-z0-9.+-]+", "_", result.model_name).strip("_") or "model"
-    return pathlib.Path("reports") / f"{name}-{slug}"
+    from dptune.report.files import default_folder
+
+    return default_folder(result.model_name, result.cluster)
 
 
 # ---- argument types (the others are in dptune.cli_checks) ---------------------------------
@@ -475,9 +473,10 @@ def _plan_command(args: argparse.Namespace) -> int:
         if args.out:
             target = args.out
         else:
-            slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", result.cluster).strip("_") or "cluster"
-            name = re.sub(r"[^A-Za-z0-9.+-]+", "_", result.model_name).strip("_") or "model"
-            target = str(pathlib.Path("reports") / f"{args.strategy}-{name}-{slug}")
+            from dptune.report.files import default_folder
+
+            target = str(default_folder(result.model_name, result.cluster,
+                                        prefix=f"{args.strategy}-", strip_remark=False))
             check_plan_out(target, "the default folder")   # a plan or nothing there too
         written = result.save(target)
     if args.json:

@@ -133,7 +133,6 @@ def run(args: argparse.Namespace, spec: Any) -> int:
 
 
 def _default_dir(model: str, cluster: str) -> pathlib.Path:
-    cluster = re.sub(r"\s*\(.*\)\s*$", "", cluster)
-    slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", cluster).strip("_") or "cluster"
-    name = re.sub(r"[^A-Za-z0-9.+-]+", "_", model).strip("_") or "model"
-    return pathlib.Path("reports") / f"{name}-{slug}-lengths"
+    from dptune.report.files import default_folder
+
+    return default_folder(model, cluster, suffix="-lengths")

@@ -33,7 +33,22 @@ if TYPE_CHECKING:  # pragma: no cover
     from dptune.result import TuneResult
 
 __all__ = ["REPORT_FILES", "check_output_folder", "write_report", "write_plots", "read_report",
-           "figure_dpi", "report_dict"]
+           "figure_dpi", "report_dict", "default_folder"]
+
+def default_folder(model: str, cluster: str, *, prefix: str = "", suffix: str = "",
+                   strip_remark: bool = True) -> pathlib.Path:
+    """``reports/<prefix><Model>-<cluster><suffix>`` in characters safe for a file name, e.g.
+    ``reports/TinyGPT-4x24GB``; ``strip_remark``: the cluster's description without its
+    parenthesised remark (``" (simulated, sm 8.0 assumed)"``). The one naming rule of the
+    folders ``dptune search`` and ``dptune plan`` write without ``--out``."""
+    import re
+
+    if strip_remark:
+        cluster = re.sub(r"\s*\(.*\)\s*$", "", cluster)
+    slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", cluster).strip("_") or "cluster"
+    name = re.sub(r"[^A-Za-z0-9.+-]+", "_", model).strip("_") or "model"
+    return pathlib.Path("reports") / f"{prefix}{name}-{slug}{suffix}"
+
 
 #: What a report folder holds; an existing folder with only these (or nothing) is replaced.
 REPORT_FILES = ("report.json", "probes.csv", "summary.md") + tuple(f"{k}.png" for k in PLOT_KINDS)
