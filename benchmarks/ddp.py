@@ -16,10 +16,8 @@ Writes ``ddp.md`` and ``ddp.csv`` under ``--out`` and prints the Markdown table.
 from __future__ import annotations
 
 import argparse
-import csv
-import pathlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from dptune import ddp
@@ -29,6 +27,7 @@ from dptune.units import parse_bytes
 from dptune.workload import Workload
 
 from benchmarks import config
+from benchmarks.output import write_table
 
 __all__ = ["CLUSTERS", "DDPRow", "run_case", "table", "main"]
 
@@ -118,15 +117,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", default="reports/benchmarks")
     args = ap.parse_args(argv)
     rows = [run_case(m, c) for m in args.models for c in args.clusters]
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     text = table(rows)
-    (out / "ddp.md").write_text(text + "\n", encoding="utf-8")
-    with open(out / "ddp.csv", "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
-        w.writeheader()
-        for r in rows:
-            w.writerow(asdict(r))
+    write_table(args.out, "ddp", text, rows)
     print(text)
     return 0
 

@@ -22,10 +22,8 @@ with the number of ops, not with the batch). Writes ``fsdp.md`` and ``fsdp.csv``
 from __future__ import annotations
 
 import argparse
-import csv
-import pathlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -40,6 +38,7 @@ from dptune.units import format_bytes, parse_bytes
 from dptune.workload import Workload
 
 from benchmarks import config
+from benchmarks.output import write_table
 
 __all__ = ["CASES", "FSDPRow", "exact_caps", "run_case", "table", "main"]
 
@@ -195,15 +194,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", default="reports/benchmarks")
     args = ap.parse_args(argv)
     rows = [run_case(CASES[c]) for c in args.cases]
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     text = table(rows)
-    (out / "fsdp.md").write_text(text + "\n", encoding="utf-8")
-    with open(out / "fsdp.csv", "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
-        w.writeheader()
-        for r in rows:
-            w.writerow(asdict(r))
+    write_table(args.out, "fsdp", text, rows)
     print(text)
     return 0
 

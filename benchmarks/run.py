@@ -22,7 +22,6 @@ figures are machine-independent; wall times are medians, compared only within on
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import pathlib
 import statistics
@@ -38,6 +37,7 @@ from dptune.units import GiB, parse_bytes
 from dptune.workload import Workload, has_batchnorm
 
 from benchmarks import config, search
+from benchmarks.output import write_csv
 
 __all__ = ["Row", "run_case", "main", "headline_table", "results_table", "write_outputs"]
 
@@ -425,15 +425,6 @@ def quality_summary(rows: list[Row]) -> str:
     if worse:
         text += " More than one sample per card off: " + "; ".join(worse) + "."
     return text
-
-
-def write_csv(path: pathlib.Path, dicts: list[dict[str, Any]]) -> None:
-    if not dicts:
-        return
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(dicts[0]))
-        w.writeheader()
-        w.writerows(dicts)
 
 
 def summary_figure(rows: list[Row]) -> Any:

@@ -22,16 +22,15 @@ The estimate is unvalidated on GPUs unless ``benchmarks/validate_gpu.py`` says o
 from __future__ import annotations
 
 import argparse
-import csv
-import pathlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from dptune import Tuner
 from dptune.backends.cluster import parse_cluster
 
 from benchmarks import config
+from benchmarks.output import write_table
 
 __all__ = ["CLUSTERS", "ThroughputRow", "run_case", "table", "main"]
 
@@ -117,16 +116,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", default="reports/benchmarks")
     args = ap.parse_args(argv)
     rows = [run_case(m, c) for m in args.models for c in args.clusters]
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     text = table(rows) + ("\n\nAll figures estimated on the simulated cluster (dptune.backends."
                           "timing), samples per second of one DataParallel training step.")
-    (out / "throughput.md").write_text(text + "\n", encoding="utf-8")
-    with open(out / "throughput.csv", "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
-        w.writeheader()
-        for r in rows:
-            w.writerow(asdict(r))
+    write_table(args.out, "throughput", text, rows)
     print(text)
     return 0
 
