@@ -15,7 +15,7 @@ import queue
 import socket
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -216,7 +216,8 @@ SCENARIOS: dict[str, Callable[..., dict]] = {
 
 # ---- the launcher ---------------------------------------------------------------------------
 
-def _entry(rank: int, world: int, port: int, jobs: list, results: Any, backend: str) -> None:
+def _entry(rank: int, world: int, port: int, jobs: list, results: Any, backend: str,
+           scenarios: Optional[dict] = None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -228,7 +229,7 @@ def _entry(rank: int, world: int, port: int, jobs: list, results: Any, backend: 
         for name, kwargs in jobs:
             t0 = time.perf_counter()
             try:
-                out = SCENARIOS[name.split(":")[0]](rank, world, **kwargs)
+                out = (scenarios or SCENARIOS)[name.split(":")[0]](rank, world, **kwargs)
             except Exception as e:  # recorded, the test decides
                 out = {"error": type(e).__name__, "message": str(e),
                        "traceback": traceback.format_exc()}
@@ -239,13 +240,15 @@ def _entry(rank: int, world: int, port: int, jobs: list, results: Any, backend: 
 
 
 def launch(world: int, jobs: list[tuple[str, dict]], timeout: float = 240.0,
-           backend: str = "gloo") -> list[dict[str, dict]]:
+           backend: str = "gloo", scenarios: Optional[dict] = None) -> list[dict[str, dict]]:
     """Run ``jobs`` (label, keyword arguments) on ``world`` ranks; per rank, the results by
-    label. Fails (never hangs) when a rank does not answer within ``timeout``."""
+    label. Fails (never hangs) when a rank does not answer within ``timeout``. ``scenarios``:
+    label -> function of another workers module (default: this one's)."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, jobs, results, backend), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(r, world, port, jobs, results, backend, scenarios),
+                         daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()

@@ -8,19 +8,14 @@ class name, "message": ...}`` and the rank goes on with the next one.
 
 from __future__ import annotations
 
-import datetime
-import os
-import queue
 import time
-import traceback
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 
-from ddp_workers import free_port
+from ddp_workers import launch as ddp_launch
 
 IN, HID, OUT = 6, 7, 3         # 7 and 3 rows: shards of unequal length, padded by FSDP2
 
@@ -162,52 +157,7 @@ SCENARIOS: dict[str, Callable[..., dict]] = {
 
 # ---- the launcher ---------------------------------------------------------------------------
 
-def _entry(rank: int, world: int, port: int, jobs: list, results: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        for name, kwargs in jobs:
-            t0 = time.perf_counter()
-            try:
-                out = SCENARIOS[name.split(":")[0]](rank, world, **kwargs)
-            except Exception as e:  # recorded, the test decides
-                out = {"error": type(e).__name__, "message": str(e),
-                       "traceback": traceback.format_exc()}
-            out["seconds"] = time.perf_counter() - t0
-            results.put((rank, name, out))
-    finally:
-        dist.destroy_process_group()
-
-
 def launch(world: int, jobs: list[tuple[str, dict]], timeout: float = 300.0) -> list[dict[str, dict]]:
-    """Run ``jobs`` (label, keyword arguments) on ``world`` ranks; per rank, the results by
-    label. Fails (never hangs) when a rank does not answer within ``timeout``."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, jobs, results), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    out: list[dict[str, dict]] = [{} for _ in range(world)]
-    deadline = time.monotonic() + timeout
-    try:
-        for _ in range(world * len(jobs)):
-            left = deadline - time.monotonic()
-            try:
-                rank, name, value = results.get(timeout=max(left, 0.1))
-            except queue.Empty:
-                raise TimeoutError(f"the {world}-rank job did not finish within {timeout:.0f} s; "
-                                   f"got {[sorted(o) for o in out]}") from None
-            out[rank][name] = value
-        for p in procs:
-            p.join(timeout=max(deadline - time.monotonic(), 1.0))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    return out
+    """Run ``jobs`` (label, keyword arguments) on ``world`` gloo ranks, as
+    :func:`ddp_workers.launch` does, with this module's scenarios."""
+    return ddp_launch(world, jobs, timeout, "gloo", SCENARIOS)
