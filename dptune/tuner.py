@@ -482,7 +482,7 @@ class Tuner:
 
 def _timed(backend: Backend) -> Backend:
     """A simulated backend whose probes carry the step's estimated time."""
-    if getattr(backend, "kind", "") == "simulated" and hasattr(backend, "op_observer"):
+    if capabilities(backend).op_observer:
         from dptune.backends.timing import TimedBackend
 
         return TimedBackend(backend)

@@ -96,7 +96,8 @@ def test_dptunes_backends_declare_what_they_can_do():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
     sim = SimulatedBackend(Workload(model, lambda n: torch.randn(n, 4)), "2x1GB")
     assert isinstance(sim, base.Backend)
-    assert base.capabilities(sim) == base.Capabilities(BackendKind.SIMULATED, True, True)
+    assert base.capabilities(sim) == base.Capabilities(BackendKind.SIMULATED, exact_on_oom=True,
+                                                      output_device=True, op_observer=True)
     assert base.model_facts(sim) == base.ModelFacts(has_batchnorm=True, gradient_checkpointing=False)
     sim.close()
 

@@ -31,16 +31,20 @@ class Capabilities:
     - ``exact_on_oom``: an out-of-memory probe still gives every card's whole-step peak (the
       simulator measures the whole step); on real cards the peaks of an OOM probe are only
       lower bounds;
-    - ``output_device``: ``probe(sizes, output_device=k)`` gathers the outputs on card k.
+    - ``output_device``: ``probe(sizes, output_device=k)`` gathers the outputs on card k;
+    - ``op_observer``: the backend shows every op of the step to its ``op_observer`` (the
+      simulator: :class:`dptune.backends.timing.TimedBackend` estimates the step's time so).
     """
 
     kind: str                    # a BackendKind; a foreign backend's own kind otherwise
     exact_on_oom: bool = False
     output_device: bool = False
+    op_observer: bool = False
 
     @classmethod
-    def simulated(cls, output_device: bool = True) -> "Capabilities":
-        return cls(BackendKind.SIMULATED, exact_on_oom=True, output_device=output_device)
+    def simulated(cls, output_device: bool = True, op_observer: bool = False) -> "Capabilities":
+        return cls(BackendKind.SIMULATED, exact_on_oom=True, output_device=output_device,
+                   op_observer=op_observer)
 
     @classmethod
     def cuda(cls, output_device: bool) -> "Capabilities":

@@ -75,7 +75,7 @@ class SimulatedBackend:
     #: after a step: for each card, the card whose replica stood for it (itself when simulated)
     last_replicas: tuple[int, ...] = ()
     #: ``probe(chunk_sizes, output_device=k)`` gathers the outputs on card k
-    capabilities = Capabilities.simulated(output_device=True)
+    capabilities = Capabilities.simulated(output_device=True, op_observer=True)
     supports_output_device = True
     #: called with every op of a step (func, args, kwargs, out, card): the time estimate's counter
     op_observer: Optional[Callable[..., None]] = None
