@@ -134,14 +134,20 @@ def test_readme_blocks_are_found_and_few_are_left_unrun():
     assert reads and all(_writer_of(b) for b in reads)
 
 
-def test_default_report_folders_are_not_left_untracked():
+def test_default_report_folders_are_not_left_untracked(tmp_path):
     """`dptune search` without --out writes reports/<Model>-<cluster>/ in the working
     directory: inside the checkout git ignores it, while the committed reports stay tracked."""
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("not a git checkout")
+    if shutil.which("git") is None:
+        pytest.skip("the git program is not installed")
+    # the checkout's .gitignore in a repository of its own: the test also runs on a copy of the
+    # tree that is not a git checkout
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(ROOT / ".gitignore", repo / ".gitignore")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
 
     def ignored(path: str) -> bool:
-        done = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT)
+        done = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=repo)
         assert done.returncode in (0, 1), done
         return done.returncode == 0
 
