@@ -150,8 +150,113 @@ def user_error(rank: int, world: int, spec: str) -> dict:
     return {}
 
 
+# ---- planning on "real" cards: each rank's card is a CPU with a memory model ---------------
+
+MiB = 1 << 20
+PER_SAMPLE = 1 * MiB                 # what one sample of the local batch costs on the card
+_SEEN: dict[str, Any] = {}           # what the rank's probe step saw: its parameters, its batch
+
+
+def _local_bytes(params: list) -> int:
+    return sum(p.to_local().nbytes if hasattr(p, "to_local") else p.nbytes for p in params)
+
+
+class CardRuntime:
+    """This rank's "CUDA card": a CPU device whose allocated peak is the bytes of the
+    parameters the probe's optimizer was given (the rank's shards) plus PER_SAMPLE per sample
+    of the last batch drawn; ``total`` bytes in all, nothing else on it."""
+
+    cuda_rng = False
+
+    def __init__(self, total: int):
+        self.total_ = total
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def torch_device(self, d: int) -> torch.device:
+        return torch.device("cpu")
+
+    def name(self, d: int) -> str:
+        return "Card"
+
+    def total(self, d: int) -> int:
+        return self.total_
+
+    def uuid(self, d: int) -> str:
+        return f"GPU-{d:08d}-0000-0000-0000-000000000000"
+
+    def mem_get_info(self, d: int) -> tuple[int, int]:
+        return self.total_, self.total_
+
+    def memory_allocated(self, d: int) -> int:
+        return _local_bytes(_SEEN.get("params", []))
+
+    memory_reserved = memory_allocated
+
+    def max_memory_allocated(self, d: int) -> int:
+        return self.memory_allocated(d) + PER_SAMPLE * _SEEN.get("batch", 0)
+
+    max_memory_reserved = max_memory_allocated
+
+    def reset_peak_memory_stats(self, d: int) -> None:
+        _SEEN["batch"] = 0
+
+    def memory_stats(self, d: int) -> dict:
+        return {"num_alloc_retries": 0}
+
+    def empty_cache(self) -> None: ...
+
+    def synchronize(self, d: int) -> None: ...
+
+    def gc_collect(self) -> None: ...
+
+    def nvml_used(self, d: int) -> None:
+        return None
+
+    nvml_process_used = nvml_used
+
+
+def _card_sample(b: int) -> torch.Tensor:
+    _SEEN["batch"] = b
+    return torch.randn(b, 64)
+
+
+def _card_sgd(params: Any) -> Any:
+    _SEEN["params"] = list(params)
+    _SEEN["fsdp"] = type(_SEEN["params"][0]).__name__
+    return torch.optim.SGD(_SEEN["params"], lr=0.1)
+
+
+def card_plan(rank: int, world: int, totals: list[int]) -> dict:
+    """``plan(strategy="fsdp")`` without ``simulate`` inside the job: each rank probes its own
+    card (CardRuntime); the user's model must come back unsharded and unchanged."""
+    from dptune import ddp
+    from dptune.ddp.fsdp import CudaFSDPProber
+
+    torch.manual_seed(0)
+    model = _plan_stack()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    CudaFSDPProber.runtime = CardRuntime(totals[rank])
+    try:
+        p = ddp.plan(model, _card_sample, optimizer=_card_sgd, headroom=0, objective="max_batch",
+                     strategy="fsdp")
+    finally:
+        CudaFSDPProber.runtime = None
+    after = model.state_dict()
+    d = p.to_dict()
+    d.pop("seconds")
+    return {"plan": d, "shard_bytes": _local_bytes(_SEEN["params"]), "param_type": _SEEN["fsdp"],
+            "model_type": type(model).__name__,
+            "unchanged": all(type(v) is torch.Tensor and torch.equal(v, before[k]) for k, v in after.items())}
+
+
 SCENARIOS: dict[str, Callable[..., dict]] = {
     "grad": grad_step, "epoch": epoch, "plan": make_plan, "user_error": user_error,
+    "card_plan": card_plan,
 }
 
 

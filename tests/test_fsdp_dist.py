@@ -19,6 +19,10 @@ SIZES = {2: [5, 3], 3: [4, 1, 7]}
 N_EPOCH = {2: 19, 3: 29}             # not multiples of B: the tail step runs too
 SPEC = {2: "32GB,24GB", 3: "2x32GB,24GB"}
 TOO_SMALL = {2: "24GB,390MiB", 3: "24GB,390MiB,24GB"}   # 6 MiB left: not even the workspace fits
+MiB = 1 << 20
+CARDS = {2: [48 * MiB, 24 * MiB], 3: [48 * MiB, 24 * MiB, 33 * MiB]}   # each rank's "CUDA card"
+#: the stack's parameters (3 x Linear(64, 64), Linear(64, 8)) in float32
+STACK_BYTES = 4 * (3 * (64 * 64 + 64) + 64 * 8 + 8)
 
 
 def _jobs(world: int) -> list:
@@ -31,6 +35,8 @@ def _jobs(world: int) -> list:
         ("plan:balance", {"spec": SPEC[world], "global_batch": 96}),
         ("plan:infeasible", {"spec": TOO_SMALL[world], "global_batch": 8}),
         ("user_error", {"spec": f"{world}x24GB"}),
+        ("card_plan", {"totals": CARDS[world]}),
+        ("card_plan:infeasible", {"totals": [48 * MiB] + [STACK_BYTES // world] * (world - 1)}),
     ]
 
 
@@ -110,3 +116,32 @@ def test_a_rank_that_cannot_fit_raises_on_every_rank(job):
         assert "broken sharding on this rank" in err["message"] and err["seconds"] < 60
         if r != 1:
             assert err["message"].startswith("rank 1 failed")
+
+
+def test_on_each_ranks_own_card_the_plan_probes_an_fsdp_rank_of_the_job(job):
+    """Inside the job without ``simulate``, each rank probes its own card (a CPU with a memory
+    model: its shards' bytes plus 1 MiB per sample): the model the probe ran is sharded for the
+    job's world size (the ranks' shards add up to the whole model), the user's model is left
+    unsharded and unchanged, every rank returns the same plan, and each rank's certified
+    largest batch is what its card holds beside its shards."""
+    world, out = job
+    got = [out[r]["card_plan"] for r in range(world)]
+    assert all("error" not in g for g in got), got
+    assert {g["param_type"] for g in got} == {"DTensor"}
+    assert all(g["model_type"] == "Stack" and g["unchanged"] for g in got)
+    shards = [g["shard_bytes"] for g in got]
+    assert sum(shards) == STACK_BYTES and max(shards) < STACK_BYTES // world + 4 * 64 * 4
+    plan = got[0]["plan"]
+    assert all(g["plan"]["batch_sizes"] == plan["batch_sizes"] for g in got)
+    assert plan["batch_sizes"] == [(CARDS[world][r] - shards[r]) // MiB for r in range(world)]
+    assert plan["certified"] and plan["backend"] == "cuda"
+    assert any("FSDP2 rank" in n for n in plan["notes"])
+
+
+def test_on_real_cards_a_rank_whose_card_cannot_fit_raises_on_every_rank(job):
+    world, out = job
+    for r in range(world):
+        got = out[r]["card_plan:infeasible"]
+        assert got.get("error") == "NoFeasibleSplitError", got
+        assert "rank 1 (" in got["message"] and "rank 0 (" not in got["message"]
+        assert got["seconds"] < 60

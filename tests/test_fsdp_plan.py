@@ -116,7 +116,7 @@ def test_fsdp_fits_a_model_that_ddp_cannot():
 def test_fsdp_arguments_are_checked():
     with pytest.raises(UsageError, match="strategy must be"):
         ddp.plan(mlp, seqs, global_batch=8, simulate=SPEC, strategy="zero3")
-    with pytest.raises(UsageError, match="simulated cards only"):
+    with pytest.raises(UsageError, match="not inside a torch.distributed job"):
         ddp.plan(mlp, seqs, global_batch=8, strategy="fsdp")
     with pytest.raises(UsageError, match="FSDP's: pass strategy='fsdp'"):
         ddp.plan(mlp, seqs, global_batch=8, simulate=SPEC, reshard_after_forward=False)

@@ -26,7 +26,8 @@ from typing import Any, Callable, Optional
 
 from dptune.errors import UsageError
 
-__all__ = ["FSDPOptions", "default_shard", "repeated_blocks", "mixed_precision", "SimulatedFSDPProber"]
+__all__ = ["FSDPOptions", "default_shard", "repeated_blocks", "mixed_precision", "SimulatedFSDPProber",
+           "CudaFSDPProber"]
 
 
 def repeated_blocks(model: Any) -> list:
@@ -117,7 +118,8 @@ class SimulatedFSDPProber:
         import torch.distributed as dist
 
         from dptune.backends.simulated.ddp import card_of
-        from dptune.backends.simulated.fsdp import FakeGroup, SimulatedFSDPRank
+        from dptune.backends.fsdp import FakeGroup
+        from dptune.backends.simulated.fsdp import SimulatedFSDPRank
         from dptune.workload import model_name
 
         self.device = cluster.devices[rank]
@@ -164,6 +166,55 @@ class SimulatedFSDPProber:
             if entry[1] <= 0:
                 entry[0].close()
                 del self._shared[self._GROUP]
+
+
+class CudaFSDPProber:
+    """This rank's own CUDA card inside a job, as one FSDP2 rank of the job's world size (the
+    planner's prober interface): a copy of the model sharded over a fake process group and
+    the step measured on the card (:class:`dptune.backends.cuda.fsdp.CudaFSDPRank`), so a
+    probe that runs out of memory fails here only; the ranks meet between probes.
+    ``runtime`` (a class attribute): the CUDA runtime, ``None`` for the real one (tests set
+    another)."""
+
+    runtime: Any = None
+
+    def __init__(self, workload: Any, device: Optional[int], world_size: int, rank: int,
+                 options: FSDPOptions, headroom_bytes: int, host: Optional[str], level: Any):
+        from dptune.backends.cuda.fsdp import CudaFSDPRank
+        from dptune.backends.cuda.runtime import CudaRuntime
+        from dptune.errors import BackendUnavailableError
+        from dptune.workload import model_name
+
+        from dptune.ddp.ranks import local_card
+
+        runtime = self.runtime if self.runtime is not None else CudaRuntime()
+        if not runtime.is_available():
+            raise BackendUnavailableError(
+                "plan(strategy='fsdp') inside a torch.distributed job probes each rank's CUDA "
+                "card, but this rank sees none; pass simulate='...' (one card per rank) to plan "
+                "on virtual cards")
+        self.backend = CudaFSDPRank(workload, local_card(device, runtime), world_size,
+                                    options.shard_fn(), rank=rank, runtime=runtime)
+        self.workload, self.headroom, self.host, self.level = workload, headroom_bytes, host, level
+        self.name = model_name(workload.model)
+
+    def info(self) -> Any:
+        from dptune.ddp.ranks import RankInfo, min_batch, step_settings
+
+        device = self.backend.devices[0]
+        self.backend._prepare()   # copies and shards the model now: its errors belong to round 0
+        return RankInfo(device=device, host=self.host, budget_bytes=device.budget_bytes(self.headroom),
+                        ddp_bytes=0, min_batch=min_batch(self.workload.model), model_name=self.name,
+                        settings=step_settings(self.workload))
+
+    def probe(self, batch_size: int) -> Optional[int]:
+        from dptune.backends.reserved import at_level
+
+        res = at_level(self.backend.probe([batch_size]), self.backend.devices, self.level)
+        return res.peak_bytes[0] if res.feasible else None
+
+    def close(self) -> None:
+        self.backend.close()
 
 
 def mixed_precision(param_dtype: Optional[str]) -> Any:

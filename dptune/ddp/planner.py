@@ -448,8 +448,8 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
       buffers (simulated ranks: the allocator model; real cards: ``max_memory_reserved``).
     - ``strategy="fsdp"``: the model is sharded with FSDP2 (``fully_shard``) instead, by
       ``shard(model, mesh)`` or by default each ``ModuleList`` block then the root with
-      ``reshard_after_forward`` and ``mp_policy``; simulated cards only (see
-      :mod:`dptune.ddp.fsdp`); the allocated level only.
+      ``reshard_after_forward`` and ``mp_policy`` (see :mod:`dptune.ddp.fsdp`); on simulated
+      cards, or inside a job on each rank's own CUDA card (:mod:`dptune.backends.cuda.fsdp`).
 
     Every rank returns the same :class:`DDPPlan`. Raises :class:`NoFeasibleSplitError` (on
     every rank) when some rank cannot fit its share.
@@ -477,9 +477,6 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
         from dptune.ddp.fsdp import FSDPOptions
 
         fsdp = FSDPOptions(shard, reshard_after_forward, mp_policy)
-        if simulate is None:
-            raise UsageError("strategy='fsdp' plans on simulated cards only: pass simulate='...' "
-                             "(one card per rank; inside a torchrun job too)")
     elif shard is not None or mp_policy is not None or reshard_after_forward is not True:
         raise UsageError("shard, reshard_after_forward and mp_policy are FSDP's: pass strategy='fsdp'")
     workload = make_workload(model, sample, loss_fn, optimizer, step_options)
@@ -529,7 +526,12 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
 
     def start(r: int) -> _RankInfo:
         # built inside the first round, so that a rank failing here fails every rank
-        if strategy == "fsdp":
+        if strategy == "fsdp" and cluster is None:
+            from dptune.ddp.fsdp import CudaFSDPProber
+
+            probers[r] = CudaFSDPProber(workload, device, group.world_size, r, fsdp, headroom_bytes,
+                                        host, level)
+        elif strategy == "fsdp":
             from dptune.ddp.fsdp import SimulatedFSDPProber
 
             probers[r] = SimulatedFSDPProber(workload, cluster, r, fsdp, headroom_bytes, host, shared)
@@ -595,7 +597,11 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     notes = list(why)
     if strategy == "fsdp":
         notes.insert(0, f"strategy fsdp: {fsdp.describe()} (the DDP bucket settings do not apply)")
-    if backend == "cuda":
+    if backend == "cuda" and strategy == "fsdp":
+        notes.append("measured peaks are each card's max_memory_allocated over a step of one FSDP2 "
+                     "rank sharded for the job's world size (collectives on a fake process group: "
+                     "NCCL's own buffers are not included)")
+    elif backend == "cuda":
         notes.append("measured peaks are the single-card step's max_memory_allocated plus the "
                      "counted DDP buckets" + (" (an upper bound with gradient_as_bucket_view)"
                                               if options.gradient_as_bucket_view else ""))

@@ -8,7 +8,7 @@ from typing import Any, Optional
 from dptune.backends.base import Device
 from dptune.errors import UserCodeError
 
-__all__ = ["RankInfo", "min_batch", "step_settings"]
+__all__ = ["RankInfo", "min_batch", "step_settings", "local_card"]
 
 
 @dataclass(frozen=True)
@@ -45,3 +45,21 @@ def step_settings(workload: Any) -> Optional[dict]:
     """The workload's step settings as the plan records them."""
     settings = getattr(workload, "settings", None)
     return settings.to_dict() if settings is not None and hasattr(settings, "to_dict") else None
+
+
+def local_card(device: Optional[int], runtime: Any) -> int:
+    """The CUDA card this rank probes: ``device`` when given, else the job's ``LOCAL_RANK``
+    when this process sees that many cards, the only card when it sees one, else the current
+    device."""
+    import os
+
+    if device is not None:
+        return device
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None and local.isdigit() and runtime.device_count() > int(local):
+        return int(local)
+    if runtime.device_count() == 1:
+        return 0
+    import torch
+
+    return torch.cuda.current_device()

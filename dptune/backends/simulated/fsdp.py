@@ -45,14 +45,14 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 import torch.nn as nn
 
-from dptune._torch_private import (dispatch_mode_base, fake_process_group_store,
-                                   register_fake_backend, storage_resize_hook)
+from dptune._torch_private import dispatch_mode_base, storage_resize_hook
 from dptune.backends.cluster import Cluster, parse_cluster
+from dptune.backends.fsdp import FakeGroup, apply_shard
 from dptune.backends.simulated import SimulatedBackend
 from dptune.backends.simulated.device_rules import HOST
 from dptune.backends.simulated.fake_model import _eager, _fake_module, warmed_optimizer
 from dptune.backends.simulated.ledger import _Ledger, _rounded
-from dptune.errors import UsageError, UserCodeError
+from dptune.errors import UsageError
 from dptune.workload import Workload, gradient_checkpointing, has_batchnorm
 
 __all__ = ["SimulatedFSDPRank", "FakeGroup", "ShardFn"]
@@ -60,51 +60,6 @@ __all__ = ["SimulatedFSDPRank", "FakeGroup", "ShardFn"]
 #: ``shard(model, mesh)``: calls ``fully_shard`` on the model's parts and its root; may
 #: return the model (or ``None``)
 ShardFn = Callable[[nn.Module, Any], Any]
-
-
-class FakeGroup:
-    """A fake process group of ``world_size`` ranks (this process is ``rank``) and its 1-D
-    CPU device mesh.
-
-    Without a default process group one is initialised with torch's fake backend (and
-    destroyed by :meth:`close`); inside a job (``gloo``/``nccl`` already initialised) a fake
-    group over the job's ranks is made with ``new_group(backend="fake")``, which every rank
-    must call in the same order, as for any ``new_group``.
-    """
-
-    def __init__(self, world_size: int, rank: int = 0):
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import DeviceMesh
-
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise UsageError(f"world_size must be an int >= 1, got {world_size!r}")
-        register_fake_backend()
-        self.owns_default = False
-        if dist.is_initialized():
-            if dist.get_world_size() != world_size:
-                raise UsageError(f"this job has {dist.get_world_size()} ranks but the FSDP "
-                                 f"simulation is for {world_size}; give one card per rank")
-            self.group: Any = dist.new_group(backend="fake")
-        else:
-            dist.init_process_group("fake", store=fake_process_group_store(), rank=rank,
-                                    world_size=world_size)
-            self.group = dist.group.WORLD
-            self.owns_default = True
-        self.world_size = world_size
-        self.mesh = DeviceMesh.from_group(self.group, "cpu")
-
-    def close(self) -> None:
-        import torch.distributed as dist
-
-        if self.group is None or not dist.is_initialized():
-            self.group = None
-            return
-        if self.owns_default:
-            dist.destroy_process_group()
-        else:
-            with contextlib.suppress(ValueError, RuntimeError):
-                dist.destroy_process_group(self.group)
-        self.group = None
 
 
 class _FSDPLedger(_Ledger):
@@ -207,19 +162,8 @@ class SimulatedFSDPRank(SimulatedBackend):
         self._setup_bytes = list(ledger.live)
 
     def _apply_shard(self, module: nn.Module) -> nn.Module:
-        from torch.distributed.fsdp import FSDPModule
-
         assert self._group is not None
-        try:
-            out = self.shard(module, self._group.mesh)
-        except Exception as e:
-            raise UserCodeError(f"the shard function raised: {type(e).__name__}: {e}") from e
-        if isinstance(out, nn.Module):
-            module = out
-        if not isinstance(module, FSDPModule):
-            raise UsageError("after shard(model, mesh) the model is not an FSDP module: the shard "
-                             "function must call fully_shard(model, mesh=mesh) on the root last")
-        return module
+        return apply_shard(self.shard, module, self._group.mesh)
 
     def _make_optimizer(self, ledger: _Ledger, params: list) -> Any:
         """The optimizer over the sharded parameters, its state created as by a warm-up step."""
