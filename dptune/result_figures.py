@@ -94,4 +94,3 @@ class SplitFigures:
                     breakdown=list(self.breakdown) if self.breakdown is not None else None,
                     batch_size=self.batch_size, implied_by=list(self.implied_by),
                     open_bracket=self.open_bracket, at_most=self.at_most)
-

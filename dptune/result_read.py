@@ -304,7 +304,6 @@ def _read_bracket(c: _Checked, n: int) -> Bracket:
                    what=what, min_chunk=c.integer("min_chunk", optional=True, minimum=1) or 1)
 
 
-
 def result_fields(d: Any) -> dict[str, Any]:
     """The keyword arguments of :class:`dptune.result.TuneResult` read from ``d`` (the
     form of ``TuneResult.to_dict``), every field checked."""

@@ -26,6 +26,7 @@ __all__ = ["wrap_model", "warn_settings", "NOT_GIVEN"]
 #: "not given" for :func:`wrap_model`'s step settings (``None`` is a value some of them take)
 NOT_GIVEN: Any = type("_NotGiven", (), {"__repr__": lambda self: "NOT_GIVEN"})()
 
+
 def wrap_model(result: "TuneResult", model: "torch.nn.Module",
                device_ids: Optional[Sequence[Any]] = None, *, amp: Any = NOT_GIVEN,
                accumulate: Any = NOT_GIVEN, clip_grad_norm: Any = NOT_GIVEN,
@@ -96,4 +97,3 @@ def warn_settings(tuned: StepSettings, model: "torch.nn.Module", where: str, **g
             f"now {mine.describe()}): {'; '.join(diffs)}. Its memory was measured for that step, "
             "so it may run out of memory or leave memory unused: re-run `dptune search` with "
             "these settings", DptuneWarning, stacklevel=4)
-

@@ -18,6 +18,7 @@ from dptune.errors import EXIT_USAGE, EXIT_USER_CODE, DptuneError, UserCodeError
 
 __all__ = ["main", "build_parser", "argv_command"]
 
+
 class _ArgumentError(Exception):
     """argparse's own complaint about the command line: one line from :func:`main`."""
 

@@ -19,6 +19,7 @@ from dptune.spec import WorkloadSpec
 
 __all__ = ["ddp_plan", "plan_parser"]
 
+
 def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
              simulate: str = "4x24GB", objective: str = "balance",
              headroom_bytes: Optional[int] = None, bucket_cap_mb: Optional[float] = None,

@@ -15,6 +15,7 @@ from dptune.errors import EXIT_OK, ReportError, UsageError
 
 __all__ = ["show_parser", "plot_parser", "devices_parser"]
 
+
 def show_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("show", help="print a saved report's (or DDP plan's) summary",
                               description="Print the summary of a report folder written by "

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["search", "search_trainer", "default_report_dir", "search_parser"]
 
+
 def search(spec: WorkloadSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
            devices: Optional[Sequence[int]] = None, simulate: Optional[str] = None,
            objective: str = "balance", headroom_bytes: Optional[int] = None, max_probes: int = 12,
