@@ -92,3 +92,19 @@ def test_no_circle_among_result_report_and_parallel():
                    for m in edges[start])
 
     assert [n for n in nodes if reaches(n, n)] == []
+
+
+def test_the_cli_is_on_top():
+    """Only ``python -m dptune`` imports the command line; its modules import one another one
+    way (the app on the subcommands, the subcommands on the shared flags)."""
+    cli_modules = sorted(f"dptune.cli.{p.stem}" for p in (PACKAGE / "cli").glob("*.py")
+                         if p.stem not in ("__init__", "__main__"))
+    importers = [f"dptune.{'.'.join(p.relative_to(PACKAGE).with_suffix('').parts)}"
+                 for p in PACKAGE.rglob("*.py") if "cli" not in p.relative_to(PACKAGE).parts[:1]]
+    up = {m: [x for x in imports(m) if x == "dptune.cli" or x.startswith("dptune.cli.")]
+          for m in importers if m not in ("dptune.__main__",)}
+    assert {m: found for m, found in up.items() if found} == {}
+    below_app = [m for m in cli_modules if m != "dptune.cli.app"]
+    assert [m for m in below_app if "dptune.cli.app" in imports(m)] == []
+    assert [m for m in cli_modules if m != "dptune.cli.arguments"
+            and m in imports("dptune.cli.arguments")] == []
