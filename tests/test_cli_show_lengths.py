@@ -116,6 +116,7 @@ def test_show_a_plan_written_by_hand(tmp_path):
 @pytest.mark.parametrize("content, match", [
     ('{"kind": "length_plan"}', "not a dptune length plan"),
     ('{"buckets": [', "is not valid JSON"),
+    ('{"buckets": [], "devices": [], "budget_bytes": []}', "needs at least one bucket"),
 ])
 def test_a_broken_length_plan_is_one_line(tmp_path, content, match):
     (tmp_path / "lengths.json").write_text(content)
