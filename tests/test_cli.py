@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dptune import cli
-from dptune.cli import main
+from dptune.cli import main, search_command
 from dptune.spec import RandomBatch, WorkloadSpec
 from dptune.errors import UsageError
 from dptune.report import report_dict, write_report
@@ -27,7 +27,7 @@ from test_report import make_result
 ROOT = Path(__file__).resolve().parents[1]
 # dptune's own source folder: no frame of it may show in a user's traceback (the checkout's own
 # folder may well be called dptune, and hold the venv whose torch frames are shown)
-PACKAGE_DIR = str(Path(cli.__file__).resolve().parent) + os.sep
+PACKAGE_DIR = str(Path(cli.__file__).resolve().parents[1]) + os.sep
 
 TINY_MODULE = '''
 import torch
@@ -148,7 +148,7 @@ def test_search_input_shape_token_ids(tiny, capsys, monkeypatch):
         seen.update(kwargs, spec=spec)
         return real_search(spec, **kwargs)
 
-    monkeypatch.setattr(cli, "search", spy)
+    monkeypatch.setattr(search_command, "search", spy)
     code, out, err = run_main(
         capsys, "search", "--model", "dptune.examples.models:TinyGPT", "--model-kwargs",
         '{"vocab_size": 512, "d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 16}',
@@ -293,7 +293,7 @@ def test_user_model_raising_exit_1_with_its_traceback(tiny, capsys):
     assert code == 1
     assert "Traceback" in err and f"{tiny}.py" in err and "boom in forward" in err
     assert err.rstrip().splitlines()[-1].startswith("dptune: error: ValueError")
-    assert f"dptune{os.sep}cli.py" not in err  # the user's frames, not dptune's
+    assert f"dptune{os.sep}cli{os.sep}" not in err  # the user's frames, not dptune's
 
 
 def test_user_model_constructor_raising_exit_1(tiny, capsys):
@@ -333,7 +333,7 @@ def test_keyboard_interrupt_exit_130(capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "search", interrupted)
+    monkeypatch.setattr(search_command, "search", interrupted)
     code, _, err = run_main(capsys, "search", "--model", "m:N", *FAST)
     assert code == 130 and "interrupted" in err
 
@@ -342,7 +342,7 @@ def test_unexpected_error_shows_traceback(capsys, monkeypatch):
     def bug(*args, **kwargs):
         raise AssertionError("a bug")
 
-    monkeypatch.setattr(cli, "search", bug)
+    monkeypatch.setattr(search_command, "search", bug)
     code, _, err = run_main(capsys, "search", "--model", "m:N", *FAST)
     assert code == 1 and "Traceback" in err and "please report it as a bug" in err
 

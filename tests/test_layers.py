@@ -2,7 +2,8 @@
 every ``import`` counts, at module level or inside a function (a lazy import is an arrow too),
 except those under ``if TYPE_CHECKING:``, which only type-checkers follow.
 
-- ``dptune.result`` (the data) never imports ``dptune.report`` (its renderer) nor the CLI;
+- ``dptune.result`` (the data) never imports ``dptune.report`` (its renderer) nor the CLI; its
+  figures, its checked reader and its model wrapping sit below it and never import it;
 - ``dptune.parallel`` (the wrapper, below the backends) imports nothing that reads reports:
   neither the result, the report, the workload, the tuner nor the CLI;
 - ``dptune.report``'s text and plots import the result for typing only;
@@ -54,15 +55,21 @@ def imports(module: str) -> set[str]:
 
 
 def test_the_parser_sees_lazy_imports_and_skips_type_checking():
-    found = imports("dptune.result")
+    found = imports("dptune.result_wrap")
     assert "dptune.parallel" in found          # wrap_model's lazy import (downward: fine)
     assert "dptune.workload" in found
+    assert "dptune.result" not in found        # only under TYPE_CHECKING there
     text = imports("dptune.report.text")
     assert "dptune.result" not in text         # only under TYPE_CHECKING there
 
 
 @pytest.mark.parametrize("module, forbidden", [
     ("dptune.result", ["dptune.report", "dptune.cli", "dptune.tuner"]),
+    ("dptune.result_figures", ["dptune.result", "dptune.report", "dptune.cli", "dptune.tuner"]),
+    ("dptune.result_read", ["dptune.result", "dptune.result_wrap", "dptune.report", "dptune.cli",
+                            "dptune.tuner"]),
+    ("dptune.result_wrap", ["dptune.result", "dptune.result_read", "dptune.report", "dptune.cli",
+                            "dptune.tuner"]),
     ("dptune.parallel", ["dptune.result", "dptune.report", "dptune.workload", "dptune.tuner",
                          "dptune.cli"]),
     ("dptune.report.text", ["dptune.result", "dptune.cli", "dptune.tuner"]),
@@ -75,7 +82,8 @@ def test_no_arrow_up(module, forbidden):
 
 
 def test_no_circle_among_result_report_and_parallel():
-    nodes = ["dptune.result", "dptune.parallel", "dptune.report", "dptune.report.text",
+    nodes = ["dptune.result", "dptune.result_figures", "dptune.result_read", "dptune.result_wrap",
+             "dptune.parallel", "dptune.report", "dptune.report.text",
              "dptune.report.plots", "dptune.report.files"]
     edges = {n: {m for m in imports(n) if m in nodes and m != n} for n in nodes}
 
@@ -84,3 +92,19 @@ def test_no_circle_among_result_report_and_parallel():
                    for m in edges[start])
 
     assert [n for n in nodes if reaches(n, n)] == []
+
+
+def test_the_cli_is_on_top():
+    """Only ``python -m dptune`` imports the command line; its modules import one another one
+    way (the app on the subcommands, the subcommands on the shared flags)."""
+    cli_modules = sorted(f"dptune.cli.{p.stem}" for p in (PACKAGE / "cli").glob("*.py")
+                         if p.stem not in ("__init__", "__main__"))
+    importers = [f"dptune.{'.'.join(p.relative_to(PACKAGE).with_suffix('').parts)}"
+                 for p in PACKAGE.rglob("*.py") if "cli" not in p.relative_to(PACKAGE).parts[:1]]
+    up = {m: [x for x in imports(m) if x == "dptune.cli" or x.startswith("dptune.cli.")]
+          for m in importers if m not in ("dptune.__main__",)}
+    assert {m: found for m, found in up.items() if found} == {}
+    below_app = [m for m in cli_modules if m != "dptune.cli.app"]
+    assert [m for m in below_app if "dptune.cli.app" in imports(m)] == []
+    assert [m for m in cli_modules if m != "dptune.cli.arguments"
+            and m in imports("dptune.cli.arguments")] == []

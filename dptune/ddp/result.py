@@ -348,13 +348,10 @@ class DDPPlan:
                          format_bytes(r.predicted_peak_bytes) if r.predicted_peak_bytes is not None else "",
                          format_bytes(r.measured_peak_bytes) if r.measured_peak_bytes is not None else "",
                          "" if share is None else f"{100 * share:.1f}%"])
-        widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+        from dptune.report.tables import Align, text_table
 
-        def line(cells: Sequence[str]) -> str:
-            return "  ".join(c.rjust(w) if i != 3 else c.ljust(w)
-                             for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-        return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
+        align = [Align.LEFT if i == 3 else Align.RIGHT for i in range(len(head))]   # card: left
+        return "\n".join(text_table(head, rows, align, rule=True))
 
     def summary(self) -> str:
         title = f"DDP plan: {self.model_name or 'model'}"

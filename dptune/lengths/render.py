@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 
 from dptune.lengths.budget import snippets, token_budgets
 from dptune.lengths.plan import PLAN_FILE, LengthPlan
+from dptune.report.tables import markdown_table
 from dptune.units import format_bytes
 
 __all__ = ["render_text", "render_markdown", "render_csv", "plot_lengths", "write_plan_report"]
@@ -39,8 +40,7 @@ def render_markdown(plan: LengthPlan) -> str:
            f"{plan.probes} probes in {plan.seconds:.1f} s; "
            f"{'every bucket certified' if plan.certified else 'NOT every bucket certified'} "
            "(one more sample measured not to fit).", "",
-           "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    out += ["| " + " | ".join(r) + " |" for r in _rows(plan)]
+           *markdown_table(COLUMNS, _rows(plan))]
     out += ["", token_budgets(plan).describe(), "", "```python", *snippets(plan), "```"]
     if plan.notes:
         out += ["", "Notes:", *[f"- {n}" for n in plan.notes]]

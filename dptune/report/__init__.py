@@ -13,6 +13,8 @@ matplotlib are imported inside the functions that need them, so importing this i
   :func:`check_output_folder`, :func:`report_dict` (report.json)
 - :mod:`dptune.report.levels`: the budget level and the three figures per card (allocated,
   reserved, total use)
+- :mod:`dptune.report.tables`: the one renderer of text and Markdown tables (:func:`text_table`,
+  :func:`markdown_table`), also for DDP plans, length plans and ``dptune devices``
 
 What ``TuneResult.table/plot/save/summary`` did::
 
@@ -27,6 +29,7 @@ from dptune.report.files import (REPORT_FILES, check_output_folder, figure_dpi, 
                                  report_dict, write_plots, write_report)
 from dptune.report.levels import CardMemory, budget_level, level_lines, memory_stats
 from dptune.report.plots import DETAIL_CARDS, FIT_PANELS, fit_cards, highest_peak, plot_result
+from dptune.report.tables import Align, markdown_table, text_table
 from dptune.report.text import (PLOT_KINDS, budget_text, device_label, plot_kinds, probes_table,
                                 render_summary, render_table, result_table)
 
@@ -35,5 +38,5 @@ __all__ = [
     "render_summary", "plot_result", "write_report", "write_plots", "read_report",
     "check_output_folder", "REPORT_FILES", "DETAIL_CARDS", "FIT_PANELS", "fit_cards",
     "highest_peak", "budget_text", "figure_dpi", "report_dict", "CardMemory", "budget_level",
-    "level_lines", "memory_stats",
+    "level_lines", "memory_stats", "Align", "text_table", "markdown_table",
 ]

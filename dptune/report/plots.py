@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence
 
 from dptune.backends.base import CATEGORIES
 from dptune.errors import UsageError
@@ -137,72 +137,101 @@ def _others_note(result: TuneResult) -> str:
     return f"memory used by other processes: {shown}{more}"
 
 
+class _Bars(NamedTuple):
+    """One split's bars on the peaks plot (the even split on the left, dptune's on the right)."""
+
+    label: str                # "even" or "dptune", also the first row under each bar
+    chunks: Sequence[int]
+    peaks: Sequence[int]
+    breakdown: Optional[Sequence[dict[str, int]]]
+    dx: float                 # the offset of the bar from its card's tick
+
+
 def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
     if len(result.devices) > DETAIL_CARDS:
         _draw_peak_shares(result, ax)
         return
-    from matplotlib.patches import Patch
-
-    n = len(result.devices)
     width = 0.38
     even = result.even
-    bars = (("even", even.chunk_sizes, even.peak_bytes, even.breakdown, -width / 2),
-            ("dptune", result.chunk_sizes, result.peak_bytes, result.breakdown, width / 2))
+    bars = (_Bars("even", even.chunk_sizes, even.peak_bytes, even.breakdown, -width / 2),
+            _Bars("dptune", result.chunk_sizes, result.peak_bytes, result.breakdown, width / 2))
     used_categories: set[str] = set()
     ticks: list[tuple[float, str]] = []  # under each bar: which split, its chunk, share used
-    memory = {label: split_memory(result, chunks, peaks) for label, chunks, peaks, _, _ in bars}
+    memory = {b.label: split_memory(result, b.chunks, b.peaks) for b in bars}
     data_top = max(max(even.peak_bytes), max(result.peak_bytes),   # the bars' top
                    *(c.total_bytes or c.reserved_bytes or 0
                      for cards in memory.values() if cards for c in cards))
     highest = highest_peak(result)
     budgets_shown = _budgets_on_scale(result, highest)
-    for label, chunks, peaks, breakdown, dx in bars:
-        is_even = label == "even"
-        bar_shares = [p / b if b > 0 else math.inf for p, b in zip(peaks, result.budget_bytes)]
-        cards = memory[label]
-        for i in range(n):
-            x = i + dx
-            # with the allocator's figures the bar is the allocated peak (its breakdown), the
-            # reserved peak an outline above it and the total use a black tick
-            height = peaks[i] if cards is None else cards[i].allocated_bytes
-            stack = _stack(breakdown[i] if breakdown else None, height)
-            if stack:
-                bottom = 0.0
-                for cat, b in stack:
-                    ax.bar(x, b / GiB, width, bottom=bottom, color=_CATEGORY_COLORS[cat],
-                           alpha=0.55 if is_even else 1.0, hatch="//" if is_even else None,
-                           edgecolor="white", linewidth=0.5)
-                    bottom += b / GiB
-                    used_categories.add(cat)
-            else:
-                ax.bar(x, height / GiB, width, color=_EVEN_COLOR if is_even else _DPTUNE_COLOR)
-            if cards is not None:
-                _draw_reserved(ax, x, width, cards[i], first=(i == 0 and not is_even))
-            oom = is_even and even.oom_device == i
-            if oom:
-                ax.bar(x, peaks[i] / GiB, width, fill=False, edgecolor=_BUDGET_COLOR, linewidth=2)
-            used = "OOM" if oom else _pct(bar_shares[i])
-            if is_even and even.implied_by and not oom:
-                used = f"<= {used}"      # not probed: the dominating probe's figures
-            ticks.append((x, f"{label}\n{chunks[i]}\n{used}"))
+    for b in bars:
+        _draw_split_bars(result, ax, b, width, memory[b.label], used_categories, ticks)
     others = _others_note(result)
-    first_other = next((i for i, d in enumerate(result.devices) if d.used_bytes > 0), None)
     if budgets_shown:
-        for i, budget in enumerate(result.budget_bytes):
-            d = result.devices[i]
-            ax.hlines(budget / GiB, i - 0.48, i + 0.48, colors=_BUDGET_COLOR, linestyles="--",
-                      linewidth=1.5, label="budget" if i == 0 else "_")
-            ax.hlines(d.total_bytes / GiB, i - 0.48, i + 0.48, colors="black",
-                      linestyles=":", linewidth=1, label="card memory" if i == 0 else "_")
-            if d.used_bytes > 0:   # at the top of the card: what others hold there
-                ax.bar(i, d.used_bytes / GiB, 0.96, bottom=(d.total_bytes - d.used_bytes) / GiB,
-                       color=_OTHERS_COLOR, hatch="xx", edgecolor="white", linewidth=0.5,
-                       label="used by other processes" if i == first_other else "_")
-        top = max(data_top, *result.budget_bytes, *(d.total_bytes for d in result.devices))
-        ax.set_ylim(0, top / GiB * 1.08)
+        _draw_card_lines(result, ax, data_top)
     else:
         _note_budgets_off_scale(result, highest, ax, others)
         ax.set_ylim(0, data_top / GiB * 1.15)
+    _label_peaks(result, ax, ticks)
+    _peaks_legend(ax, used_categories)
+
+
+def _draw_split_bars(result: TuneResult, ax: "Axes", bars: _Bars, width: float,
+                     cards: Optional[Sequence[CardMemory]], used_categories: set[str],
+                     ticks: list[tuple[float, str]]) -> None:
+    """One split's bar on every card (stacked by category where the breakdown is known), and
+    the rows under it in ``ticks``; the categories drawn are added to ``used_categories``."""
+    even = result.even
+    is_even = bars.label == "even"
+    bar_shares = [p / b if b > 0 else math.inf for p, b in zip(bars.peaks, result.budget_bytes)]
+    for i in range(len(result.devices)):
+        x = i + bars.dx
+        # with the allocator's figures the bar is the allocated peak (its breakdown), the
+        # reserved peak an outline above it and the total use a black tick
+        height = bars.peaks[i] if cards is None else cards[i].allocated_bytes
+        stack = _stack(bars.breakdown[i] if bars.breakdown else None, height)
+        if stack:
+            bottom = 0.0
+            for cat, b in stack:
+                ax.bar(x, b / GiB, width, bottom=bottom, color=_CATEGORY_COLORS[cat],
+                       alpha=0.55 if is_even else 1.0, hatch="//" if is_even else None,
+                       edgecolor="white", linewidth=0.5)
+                bottom += b / GiB
+                used_categories.add(cat)
+        else:
+            ax.bar(x, height / GiB, width, color=_EVEN_COLOR if is_even else _DPTUNE_COLOR)
+        if cards is not None:
+            _draw_reserved(ax, x, width, cards[i], first=(i == 0 and not is_even))
+        oom = is_even and even.oom_device == i
+        if oom:
+            ax.bar(x, bars.peaks[i] / GiB, width, fill=False, edgecolor=_BUDGET_COLOR, linewidth=2)
+        used = "OOM" if oom else _pct(bar_shares[i])
+        if is_even and even.implied_by and not oom:
+            used = f"<= {used}"      # not probed: the dominating probe's figures
+        ticks.append((x, f"{bars.label}\n{bars.chunks[i]}\n{used}"))
+
+
+def _draw_card_lines(result: TuneResult, ax: "Axes", data_top: int) -> None:
+    """Each card's budget and memory as lines, what other processes hold at its top, and the
+    y range that shows them all."""
+    first_other = next((i for i, d in enumerate(result.devices) if d.used_bytes > 0), None)
+    for i, budget in enumerate(result.budget_bytes):
+        d = result.devices[i]
+        ax.hlines(budget / GiB, i - 0.48, i + 0.48, colors=_BUDGET_COLOR, linestyles="--",
+                  linewidth=1.5, label="budget" if i == 0 else "_")
+        ax.hlines(d.total_bytes / GiB, i - 0.48, i + 0.48, colors="black",
+                  linestyles=":", linewidth=1, label="card memory" if i == 0 else "_")
+        if d.used_bytes > 0:   # at the top of the card: what others hold there
+            ax.bar(i, d.used_bytes / GiB, 0.96, bottom=(d.total_bytes - d.used_bytes) / GiB,
+                   color=_OTHERS_COLOR, hatch="xx", edgecolor="white", linewidth=0.5,
+                   label="used by other processes" if i == first_other else "_")
+    top = max(data_top, *result.budget_bytes, *(d.total_bytes for d in result.devices))
+    ax.set_ylim(0, top / GiB * 1.08)
+
+
+def _label_peaks(result: TuneResult, ax: "Axes", ticks: list[tuple[float, str]]) -> None:
+    """The rows under the bars, the cards' names, the axis labels and the title."""
+    n = len(result.devices)
+    even = result.even
     ticks.sort()
     ax.set_xticks([t[0] for t in ticks], [t[1] for t in ticks], minor=True, fontsize=7)
     ax.set_xticks(range(n), [device_label(result, i) for i in range(n)], fontsize=8)
@@ -221,6 +250,12 @@ def _draw_peaks(result: TuneResult, ax: "Axes") -> None:
     ax.set_title(_wrap_title(f"{_subject(result)}: peak memory per card{level}\n"
                              f"even split (hatched, left{bound}) vs dptune (right), {batches}",
                              _axes_width(ax, legend_right=True), 10), fontsize=10)
+
+
+def _peaks_legend(ax: "Axes", used_categories: set[str]) -> None:
+    """The legend right of the plot: the lines drawn, then the categories (or the two splits)."""
+    from matplotlib.patches import Patch
+
     handles, labels = ax.get_legend_handles_labels()
     if used_categories:
         handles += [Patch(color=_CATEGORY_COLORS[c], label=c)

@@ -8,6 +8,7 @@ import math
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dptune.report.levels import budget_level, has_total, level_lines, split_memory
+from dptune.report.tables import Align, markdown_table, text_table
 from dptune.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -259,24 +260,14 @@ def render_table(result: TuneResult) -> str:
     peak, the budget and the share of it used (even -> dptune); then the imbalance before
     and after and, for ``max_batch``, the largest batch each split fits."""
     header, rows = _table_rows(result)
-    numeric = [False] + [True] * (len(header) - 1)
-    widths = [max(len(r[c]) for r in [header] + rows) for c in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if num else c.ljust(w)
-                         for c, w, num in zip(cells, widths, numeric)).rstrip()
-
-    out = ([_title(result), line(header)] + [line(r) for r in rows] + _footer(result)
+    out = ([_title(result), *text_table(header, rows, _first_left(header))] + _footer(result)
            + _level_footer(result))
     return "\n".join(out)
 
 
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]],
-              numeric: Sequence[bool]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---:" if num else "---" for num in numeric) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return lines
+def _first_left(header: Sequence[str]) -> list[Align]:
+    """The first column (the card, the probe) to the left, the figures to the right."""
+    return [Align.LEFT] + [Align.RIGHT] * (len(header) - 1)
 
 
 def render_summary(result: TuneResult, plots: Optional[Sequence[str]] = None) -> str:
@@ -304,7 +295,7 @@ def render_summary(result: TuneResult, plots: Optional[Sequence[str]] = None) ->
         "",
     ]
     header, rows = _table_rows(result)
-    md += _md_table(header, rows, [False] + [True] * (len(header) - 1))
+    md += markdown_table(header, rows, _first_left(header))
     md += [""] + [f"- {line}" for line in _footer(result)] + [""]
 
     md += ["## Fits", "",
@@ -315,8 +306,8 @@ def render_summary(result: TuneResult, plots: Optional[Sequence[str]] = None) ->
                  format_bytes(f.batch_slope_bytes, precision=2),
                  format_bytes(f.max_error_bytes), str(f.points)]
                 for i, f in enumerate(result.fits)]
-    md += _md_table(["device", "intercept", "per sample", "per batch sample", "max error",
-                     "points"], fit_rows, [False, True, True, True, True, True])
+    fit_header = ["device", "intercept", "per sample", "per batch sample", "max error", "points"]
+    md += markdown_table(fit_header, fit_rows, _first_left(fit_header))
     md += [""]
 
     md += ["## Probes", ""]
@@ -324,8 +315,8 @@ def render_summary(result: TuneResult, plots: Optional[Sequence[str]] = None) ->
                    ", ".join(format_bytes(b) for b in p.peak_bytes), budget_text(result, p),
                    f"{p.seconds:.2f}"]
                   for k, p in enumerate(result.probes, start=1)]
-    md += _md_table(["#", "purpose", "split", "peaks", "within budget", "seconds"], probe_rows,
-                    [True, False, False, False, False, True])
+    md += markdown_table(["#", "purpose", "split", "peaks", "within budget", "seconds"], probe_rows,
+                         [Align.RIGHT, *[Align.LEFT] * 4, Align.RIGHT])
     md += [""]
 
     for title, items in (("Advice", result.advice), ("Notes", result.notes)):

@@ -15,12 +15,11 @@ whole card's), so its ``used_bytes`` is ``None``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 from dptune import _nvml
-from dptune.units import format_bytes
 
-__all__ = ["GpuInfo", "devices", "format_devices", "format_uuid", "nvml_handle", "torch_pci"]
+__all__ = ["GpuInfo", "devices", "format_uuid", "nvml_handle", "torch_pci"]
 
 
 @dataclass(frozen=True)
@@ -109,20 +108,4 @@ def devices() -> list[GpuInfo]:
     if not torch.cuda.is_available():
         return []
     return [_gpu(i) for i in range(torch.cuda.device_count())]
-
-
-def format_devices(gpus: Sequence[GpuInfo]) -> str:
-    """A table of the GPUs (index, name, total, used, UUID) for ``dptune devices``."""
-    if not gpus:
-        return ("no CUDA GPU is visible (torch.cuda.is_available() is False); check the NVIDIA "
-                "driver with `nvidia-smi`, that torch is a CUDA build, and CUDA_VISIBLE_DEVICES")
-    rows = [("index", "name", "total", "used", "uuid")]
-    for g in gpus:
-        rows.append((str(g.index), g.name, format_bytes(g.total_bytes),
-                     format_bytes(g.used_bytes), g.uuid or "n/a"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    if any(g.used_bytes is None for g in gpus):
-        lines.append("used: n/a where NVML cannot say (see the warning, if any)")
-    return "\n".join(lines)
 

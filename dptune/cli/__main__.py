@@ -1,0 +1,7 @@
+"""``python -m dptune.cli``: the same as ``dptune``."""
+
+import sys
+
+from dptune.cli.app import main
+
+sys.exit(main())

@@ -1,0 +1,142 @@
+"""``dptune plan``: per-rank batch sizes for DistributedDataParallel (or FSDP2) on a
+simulated cluster; :func:`ddp_plan` is the work without the printing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from typing import Any, Optional
+
+from dptune.cli.arguments import (EPILOG, headroom_argument, objective_argument, step_arguments,
+                                  workload_arguments, workload_spec)
+from dptune.cli_checks import (check_cards, check_level_flags, check_plan_out, level_arguments,
+                               level_options, out_path, positive_float)
+from dptune.errors import EXIT_OK, UsageError
+from dptune.spec import WorkloadSpec
+
+__all__ = ["ddp_plan", "plan_parser"]
+
+
+def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
+             simulate: str = "4x24GB", objective: str = "balance",
+             headroom_bytes: Optional[int] = None, bucket_cap_mb: Optional[float] = None,
+             gradient_as_bucket_view: bool = False, budget_level: str = "allocated",
+             allocator: Optional[str] = None, nccl_bytes: Optional[int] = None,
+             strategy: str = "ddp", reshard_after_forward: bool = True,
+             mp_param_dtype: Optional[str] = None) -> Any:
+    """``dptune plan`` without the printing: per-rank DDP batch sizes on a simulated cluster
+    (one rank per card) for the step ``spec`` describes; returns the :class:`dptune.ddp.DDPPlan`.
+    ``headroom_bytes`` ``None``: the budget level's default. ``strategy="fsdp"``: FSDP2 with
+    the default sharding, ``mp_param_dtype`` ("bf16", "fp16") the ``MixedPrecisionPolicy``'s
+    parameter dtype (gradients reduced in fp32)."""
+    from dptune.backends.cluster import parse_cluster
+    from dptune.ddp import plan
+
+    cluster = parse_cluster(simulate)   # a bad spec is a usage error before the user's code runs
+    fsdp: dict[str, Any] = {}
+    if strategy == "fsdp":
+        from dptune.ddp.fsdp import mixed_precision
+
+        if bucket_cap_mb is not None or gradient_as_bucket_view:
+            raise UsageError("--bucket-cap-mb and --gradient-as-bucket-view are DDP's; leave them "
+                             "out with --strategy fsdp")
+        fsdp = dict(strategy="fsdp", reshard_after_forward=reshard_after_forward,
+                    mp_policy=mixed_precision(mp_param_dtype))
+    elif not reshard_after_forward or mp_param_dtype is not None:
+        raise UsageError("--no-reshard-after-forward and --mp-param-dtype are FSDP's: add "
+                         "--strategy fsdp")
+    wl = spec.build()
+    return plan(wl.model, wl.sample, wl.loss_fn, wl.optimizer, global_batch=global_batch,
+                objective=objective, simulate=cluster, headroom=headroom_bytes,
+                bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
+                amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
+                step=wl.step, budget_level=budget_level, allocator=allocator,
+                nccl_bytes=nccl_bytes, **fsdp)
+
+
+def plan_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "plan", help="per-rank batch sizes for DistributedDataParallel on unequal cards",
+        description="Plan one local batch per DDP rank (one rank per card of a simulated\n"
+                    "cluster), so that every card uses the same share of its memory (or the\n"
+                    "global batch is as large as fits); print the plan and write plan.json.\n"
+                    "Inside a torchrun job, call dptune.ddp.plan(...) on every rank instead.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    workload_arguments(p, batch_default=None,
+                       batch_help="the global batch (the sum of the ranks' batches) to split; "
+                                  "needed for --objective balance, an upper limit for max-batch")
+    step_arguments(p)
+    c = p.add_argument_group("cards and DDP")
+    c.add_argument("--simulate", metavar="SPEC", default=None,
+                   help="virtual cards, one rank each, e.g. 2x32GB,2x24GB or "
+                        "4x24GB,used=3:10GB (default 4x24GB)")
+    headroom_argument(c)
+    c.add_argument("--bucket-cap-mb", type=positive_float, default=None, metavar="MIB",
+                   help="DDP's bucket_cap_mb (default: torch's, 25)")
+    c.add_argument("--gradient-as-bucket-view", action="store_true",
+                   help="DDP's gradient_as_bucket_view=True (no second copy of the gradients)")
+    level_arguments(p)
+    f = p.add_argument_group("FSDP2 (--strategy fsdp)")
+    f.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp",
+                   help="ddp (default), or fsdp: the model sharded with FSDP2's fully_shard, "
+                        "each ModuleList block then the root")
+    f.add_argument("--no-reshard-after-forward", action="store_true",
+                   help="fully_shard(..., reshard_after_forward=False)")
+    f.add_argument("--mp-param-dtype", choices=("bf16", "fp16"), default=None,
+                   help="MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32)")
+    t = p.add_argument_group("plan and output")
+    objective_argument(t, "balance: the same share of memory on every card at --batch-size "
+                           "(default); max-batch: the largest global batch; throughput: per-rank "
+                           "batches of --batch-size with the shortest step that fits")
+    t.add_argument("--out", metavar="PATH", type=out_path,
+                   help="a folder (plan.json + summary.md) or a .json file "
+                        "(default reports/ddp-<Model>-<cluster>)")
+    t.add_argument("--json", action="store_true",
+                   help="print the plan as JSON on stdout, and nothing else there")
+    t.add_argument("--quiet", "-q", action="store_true", help="only where the plan went")
+    p.set_defaults(func=_plan_command)
+
+
+def _plan_command(args: argparse.Namespace) -> int:
+    out = sys.stderr if args.json else sys.stdout
+    simulate = args.simulate
+    if simulate is None:
+        from dptune.backends.cluster import DEFAULT_CLUSTER
+
+        simulate = DEFAULT_CLUSTER
+        if not args.quiet:
+            print(f"dptune: planning for the simulated cluster {DEFAULT_CLUSTER} "
+                  "(choose cards with --simulate SPEC)", file=sys.stderr)
+    if args.objective in ("balance", "throughput") and args.batch_size is None:
+        raise UsageError(f"--objective {args.objective} splits a global batch: give --batch-size N "
+                         "(or --objective max-batch for the largest that fits)")
+    check_cards(simulate)
+    check_level_flags(args)
+    if args.out:  # checked before minutes of planning
+        check_plan_out(args.out)
+    redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    with redirect:
+        result = ddp_plan(
+            workload_spec(args), global_batch=args.batch_size, simulate=simulate,
+            objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
+            bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
+            strategy=args.strategy, reshard_after_forward=not args.no_reshard_after_forward,
+            mp_param_dtype=args.mp_param_dtype, **level_options(args))
+        if args.out:
+            target = args.out
+        else:
+            from dptune.report.files import default_folder
+
+            target = str(default_folder(result.model_name, result.cluster,
+                                        prefix=f"{args.strategy}-", strip_remark=False))
+            check_plan_out(target, "the default folder")   # a plan or nothing there too
+        written = result.save(target)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    elif not args.quiet:
+        print(result.summary())
+    print(f"plan written to {written}", file=out)
+    return EXIT_OK

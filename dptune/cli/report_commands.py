@@ -1,0 +1,132 @@
+"""``dptune show``, ``dptune plot`` (a saved report folder, or a DDP plan) and
+``dptune devices`` (the visible GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+from typing import Any, Optional
+
+from dptune.cli.arguments import EPILOG
+from dptune.cli_checks import check_out, out_path
+from dptune.errors import EXIT_OK, ReportError, UsageError
+
+__all__ = ["show_parser", "plot_parser", "devices_parser"]
+
+
+def show_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("show", help="print a saved report's (or DDP plan's) summary",
+                              description="Print the summary of a report folder written by "
+                                          "`dptune search` (the table of a length plan written "
+                                          "by `dptune search --lengths`, the plan of `dptune "
+                                          "plan`).", epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("report", metavar="REPORT",
+                   help="report folder (or its report.json, lengths.json or plan.json)")
+    p.add_argument("--json", action="store_true", help="print the report's JSON instead")
+    p.set_defaults(func=_show_command)
+
+
+def _report_folder(path: str) -> pathlib.Path:
+    p = pathlib.Path(path)
+    return p.parent if p.is_file() else p
+
+
+def _show_command(args: argparse.Namespace) -> int:
+    from dptune.ddp.result import DDPPlan, is_plan_path
+    from dptune.report import PLOT_KINDS, read_report, render_summary, report_dict
+
+    if is_plan_path(args.report):   # a DDP plan written by `dptune plan`
+        plan = DDPPlan.load(args.report)
+        print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.summary())
+        return EXIT_OK
+
+    lengths = _length_plan_file(args.report)
+    if lengths is not None:         # a plan per length bucket, by `dptune search --lengths`
+        print(_length_plan_text(lengths, args.json))
+        return EXIT_OK
+    result = read_report(args.report)
+    if args.json:
+        print(json.dumps(report_dict(result), indent=2))
+        return EXIT_OK
+    folder = _report_folder(args.report)
+    plots = [k for k in PLOT_KINDS if (folder / f"{k}.png").exists()]
+    print(render_summary(result, plots=plots))
+    return EXIT_OK
+
+
+def _length_plan_file(path: str) -> Optional[str]:
+    """The ``lengths.json`` of a report written by ``dptune search --lengths`` when ``path`` is
+    one (its folder, without a report.json, or that file); ``None`` otherwise."""
+    from dptune.lengths.plan import PLAN_FILE
+
+    p = pathlib.Path(path)
+    if p.is_dir():
+        found = (p / PLAN_FILE).is_file() and not (p / "report.json").exists()
+        return str(p / PLAN_FILE) if found else None
+    return str(p) if p.name == PLAN_FILE and p.is_file() else None
+
+
+def _length_plan_text(path: str, as_json: bool) -> str:
+    """What ``dptune search --lengths`` printed for the plan in ``path`` (one line per bucket
+    and the token budget; with ``as_json`` its JSON), read and checked in one line on error."""
+    from dptune.lengths.budget import token_budgets
+    from dptune.lengths.plan import LengthPlan
+    from dptune.lengths.render import render_text
+    from dptune.result_read import read_json
+
+    file, data = read_json(path, "", "length plan", "dptune search --lengths FILE")
+    try:
+        plan = LengthPlan.from_dict(data)
+    except ReportError as e:
+        raise ReportError(f"{file!r}: {e}") from None
+    if as_json:
+        return json.dumps({**plan.to_dict(), "token_budget": token_budgets(plan).to_dict()},
+                          indent=2)
+    return render_text(plan)
+
+
+def plot_parser(subparsers: Any) -> None:
+    from dptune.report import PLOT_KINDS
+
+    p = subparsers.add_parser("plot", help="redraw a saved report's plots",
+                              description="Redraw the PNG plots of a report folder written by "
+                                          "`dptune search`.", epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("report", metavar="REPORT", help="report folder (or its report.json)")
+    p.add_argument("--kind", choices=PLOT_KINDS, action="append",
+                   help="which plot (repeatable; default: every plot the report has)")
+    p.add_argument("--out", metavar="DIR", type=out_path,
+                   help="where to write the PNGs (default: the report folder)")
+    p.set_defaults(func=_plot_command)
+
+
+def _plot_command(args: argparse.Namespace) -> int:
+    from dptune.report import read_report, write_plots
+
+    if args.out:
+        check_out(args.out, "--out")
+    if _length_plan_file(args.report) is not None:
+        raise UsageError(f"{args.report!r} is a length plan (`dptune search --lengths`): its "
+                         "lengths.png needs the lengths, so re-run that command to draw it again")
+    result = read_report(args.report)
+    folder = pathlib.Path(args.out) if args.out else _report_folder(args.report)
+    for kind in write_plots(result, folder, args.kind, flag="--out" if args.out else "REPORT"):
+        print(f"wrote {folder / f'{kind}.png'}")
+    return EXIT_OK
+
+
+def devices_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("devices", help="list the visible GPUs",
+                              description="List the CUDA GPUs this process can see, with the "
+                                          "memory others use on them (from NVML).")
+    p.set_defaults(func=_devices_command)
+
+
+def _devices_command(args: argparse.Namespace) -> int:
+    from dptune.gpus import devices, format_devices
+
+    print(format_devices(devices()))
+    return EXIT_OK

@@ -1,0 +1,198 @@
+"""``dptune search``: the flags, the command, and :func:`search` / :func:`search_trainer`
+(the work without the printing). ``--lengths`` hands over to :mod:`dptune.lengths.cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import sys
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+
+from dptune.cli.arguments import (DEFAULT_BATCH_SIZE, EPILOG, headroom_argument,
+                                  objective_argument, step_arguments, workload_arguments,
+                                  workload_spec)
+from dptune.cli_checks import (REPORT_TEMP_ROOM, card_or_auto, check_cards, check_level_flags,
+                               check_out, device_ids_arg, level_arguments, level_options,
+                               out_path, positive_int)
+from dptune.errors import EXIT_OK, UsageError
+from dptune.spec import WorkloadSpec, import_users, users_code
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dptune.result import TuneResult
+
+__all__ = ["search", "search_trainer", "default_report_dir", "search_parser"]
+
+
+def search(spec: WorkloadSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
+           devices: Optional[Sequence[int]] = None, simulate: Optional[str] = None,
+           objective: str = "balance", headroom_bytes: Optional[int] = None, max_probes: int = 12,
+           verbose: bool = True, isolate: bool = False,
+           output_device: Union[int, str] = 0, budget_level: str = "allocated",
+           allocator: Optional[str] = None, nccl_bytes: Optional[int] = None) -> "TuneResult":
+    """``dptune search`` without the printing: :meth:`dptune.Tuner.from_spec`, then ``fit``.
+    With neither ``devices`` nor ``simulate``, all visible GPUs are used, or the default
+    simulated cluster when none is visible (the tuner says so once). ``headroom_bytes``
+    ``None``: the budget level's default; ``budget_level``, ``allocator``, ``nccl_bytes``: as
+    :class:`dptune.Tuner`'s."""
+    from dptune.tuner import Tuner
+
+    tuner = Tuner.from_spec(spec, batch_size, device_ids=list(devices) if devices else None,
+                            simulate=simulate, isolate=isolate, objective=objective,
+                            headroom=headroom_bytes, verbose=verbose, max_probes=max_probes,
+                            output_device=output_device, budget_level=budget_level,
+                            allocator=allocator, nccl_bytes=nccl_bytes)
+    return tuner.fit()
+
+
+def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
+                   batch_size: Optional[int] = None, devices: Optional[Sequence[int]] = None,
+                   simulate: Optional[str] = None, objective: str = "balance",
+                   headroom_bytes: Optional[int] = None, max_probes: int = 12,
+                   verbose: bool = True, **levels: Any) -> "TuneResult":
+    """``dptune search --hf-trainer mymod:make_trainer``: call ``make_trainer()`` and tune the
+    Trainer it returns with :func:`dptune.integrations.transformers.tune_trainer`.
+
+    ``ignored`` names flags given that describe a model, which the Trainer already defines;
+    ``levels``: ``budget_level``, ``allocator``, ``nccl_bytes`` for the :class:`dptune.Tuner`.
+    """
+    from dptune.backends.cluster import parse_cluster
+
+    if ignored:
+        raise UsageError(f"--hf-trainer takes the model, batch, loss, optimizer and step "
+                         f"settings from the Trainer and its TrainingArguments; drop "
+                         f"{', '.join(ignored)}")
+    cluster = parse_cluster(simulate) if simulate is not None else None
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError("--hf-trainer needs the transformers package: "
+                         "pip install 'dptune[hf]'") from None
+    factory = import_users(make_trainer, "--hf-trainer")
+    if not callable(factory):
+        raise UsageError(f"--hf-trainer {make_trainer!r} names a {type(factory).__name__}; give "
+                         "a function that returns a configured transformers.Trainer")
+    with users_code(f"building the Trainer with {make_trainer}()"):
+        trainer = factory()
+    if not isinstance(trainer, transformers.Trainer):
+        raise UsageError(f"--hf-trainer {make_trainer}() returned a {type(trainer).__name__}, "
+                         "not a transformers.Trainer")
+    from dptune.backends.reserved import DEFAULT_HEADROOM, parse_level
+    from dptune.integrations.transformers import tune_trainer
+
+    if headroom_bytes is None:   # the level's default (tune_trainer's own is the allocated one)
+        headroom_bytes = DEFAULT_HEADROOM[parse_level(levels.get("budget_level", "allocated"))]
+    return tune_trainer(trainer, objective=objective, simulate=cluster, headroom=headroom_bytes,
+                        batch_size=batch_size, device_ids=list(devices) if devices else None,
+                        max_probes=max_probes, verbose=verbose, **levels)
+
+
+def model_only_flags(args: argparse.Namespace) -> list[str]:
+    """Flags given that describe a model and its batch (meaningless with --hf-trainer)."""
+    given = [("--model-kwargs", args.model_kwargs is not None), ("--sample", args.sample is not None),
+             ("--input-shape", args.input_shape is not None), ("--dtype", args.dtype is not None),
+             ("--vocab-size", args.vocab_size is not None), ("--loss", args.loss != "default"),
+             ("--optimizer", args.optimizer != "adamw"), ("--isolate", args.isolate),
+             ("--amp", args.amp is not None), ("--accumulate", args.accumulate != 1),
+             ("--clip-grad-norm", args.clip_grad_norm is not None), ("--step", args.step is not None),
+             ("--output-device", args.output_device != 0)]
+    return [flag for flag, on in given if on]
+
+
+def default_report_dir(result: "TuneResult") -> pathlib.Path:
+    """``reports/<Model>-<cluster>``, e.g. ``reports/TinyGPT-4x24GB`` (the cluster's
+    description without its parenthesised remark, in characters safe for a file name)."""
+    from dptune.report.files import default_folder
+
+    return default_folder(result.model_name, result.cluster)
+
+
+def search_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "search", help="find the per-GPU split of the batch that balances memory",
+        description="Probe the training step of a model at a few splits of the batch, fit\n"
+                    "per-card memory and pick the split that balances it (or fits the largest\n"
+                    "batch); print a table and write a report folder.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    workload_arguments(p, batch_default=None, hf_trainer=True,
+                       batch_help="total batch size over all cards (default 256, with "
+                                  "--hf-trainer per_device_train_batch_size x cards; for "
+                                  "--objective max-batch, where the search starts)")
+    step_arguments(p)
+    c = p.add_argument_group("cards")
+    where = c.add_mutually_exclusive_group()
+    where.add_argument("--devices", type=device_ids_arg, metavar="I,J,...",
+                       help="real GPUs to use, e.g. 0,1,2,3 (default: all visible)")
+    where.add_argument("--simulate", metavar="SPEC",
+                       help="virtual cards, e.g. 4x24GB, 2xA100-80GB,2xA100-40GB or "
+                            "4x24GB,used=0:6GB (default when no GPU is visible: 4x24GB)")
+    headroom_argument(c)
+    level_arguments(p)
+    t = p.add_argument_group("search and output")
+    objective_argument(t, "balance: even out memory at --batch-size (default); max-batch: the "
+                           "largest batch that fits; throughput: the fastest split of --batch-size "
+                           "that fits (cards may differ in speed, or be left out)")
+    t.add_argument("--max-probes", type=positive_int, default=12, metavar="N",
+                   help="at most this many training steps are probed (default 12)")
+    t.add_argument("--output-device", type=card_or_auto, default=0, metavar="K|auto",
+                   help="the card the outputs are gathered on (default 0, as DataParallel); "
+                        "'auto' with --objective max-batch tries another card and keeps it when "
+                        "it fits a larger batch")
+    t.add_argument("--out", metavar="DIR", type=out_path,
+                   help="report folder (default reports/<Model>-<cluster>)")
+    t.add_argument("--no-plots", action="store_true", help="write the report without PNG plots")
+    c.add_argument("--isolate", action="store_true",
+                   help="with --devices: run each probe in a spawned child process, so a sticky "
+                        "CUDA error costs only that child")
+    t.add_argument("--json", action="store_true",
+                   help="print the result as JSON on stdout, and nothing else there")
+    t.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar and no table; only where the report went")
+    from dptune.lengths.cli import length_arguments   # --lengths, --buckets, --length-axis
+
+    length_arguments(p)
+    p.set_defaults(func=_search_command)
+
+
+def _search_command(args: argparse.Namespace) -> int:
+    from dptune.report import render_table, report_dict, write_report
+
+    out = sys.stderr if args.json else sys.stdout
+    if args.out:  # before minutes of probing
+        check_out(args.out, "--out", room=REPORT_TEMP_ROOM, report=True)
+    check_cards(args.simulate, args.devices, 0 if args.hf_trainer else args.output_device)
+    check_level_flags(args)
+    if args.lengths is not None:   # a plan per length bucket
+        from dptune.lengths import cli as lengths_cli
+
+        return lengths_cli.run(args, workload_spec(args))
+
+    # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
+    redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    with redirect:
+        if args.hf_trainer:
+            result = search_trainer(
+                args.hf_trainer, ignored=model_only_flags(args), batch_size=args.batch_size,
+                devices=args.devices, simulate=args.simulate,
+                objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
+                max_probes=args.max_probes, verbose=not args.quiet, **level_options(args))
+        else:
+            result = search(
+                workload_spec(args), batch_size=args.batch_size or DEFAULT_BATCH_SIZE,
+                devices=args.devices, simulate=args.simulate,
+                objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
+                max_probes=args.max_probes, verbose=not args.quiet, isolate=args.isolate,
+                output_device=args.output_device, **level_options(args))
+        folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
+        write_report(result, folder, plots=not args.no_plots)
+    if args.json:
+        print(json.dumps(report_dict(result), indent=2))
+    elif not args.quiet:
+        print(render_table(result))
+        for line in result.advice:
+            print(f"advice: {line}")
+    print(f"report written to {folder}{os.sep}", file=out)
+    return EXIT_OK

@@ -1,0 +1,96 @@
+"""The figures of a split, below the result type: each card's share of its budget, the
+imbalance, what the search reads from a probe (:func:`budget_check`), and
+:class:`SplitFigures` (a split and what a probe measured for it, e.g. the even split).
+
+:mod:`dptune.result` re-exports them; the report's reader (:mod:`dptune.result_read`) builds
+them. Memory figures are ``int`` bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional, Sequence
+
+from dptune.types import ProbeResult
+
+__all__ = ["shares", "imbalance", "BudgetCheck", "budget_check", "SplitFigures"]
+
+
+def shares(peak_bytes: Sequence[int], budget_bytes: Sequence[int]) -> list[float]:
+    """Each card's peak as a share of its budget."""
+    return [p / b if b > 0 else float("inf") for p, b in zip(peak_bytes, budget_bytes)]
+
+
+def imbalance(peak_bytes: Sequence[int], budget_bytes: Sequence[int],
+              chunk_sizes: Sequence[int]) -> float:
+    """max/min share of budget over the cards that hold samples (1.0 is perfectly balanced).
+
+    Card 0 with no samples is left out: it runs no replica, so what it holds (the master
+    weights, the gradients, the optimizer state, the gathered outputs) is a floor that no split
+    changes (:attr:`TuneResult.card0_floor` says when that floor is the largest share).
+    """
+    s = [x for i, x in enumerate(shares(peak_bytes, budget_bytes)) if chunk_sizes[i] > 0]
+    if not s:
+        return float("inf")
+    lo = min(s)
+    return max(s) / lo if lo > 0 else float("inf")
+
+
+class BudgetCheck(NamedTuple):
+    """What the search read from one probe (:func:`budget_check`)."""
+
+    #: every card in use (card 0, and each card given samples) measured within its budget,
+    #: without running out of memory: what the search counts as fitting
+    within_budget: bool
+    #: the smallest ``budget - peak`` over the cards in use (negative: over by that much);
+    #: ``None`` when the probe ran out of memory (its peaks are lower bounds)
+    margin_bytes: Optional[int]
+    #: the card with that smallest margin (the one that ran out of memory, for an OOM probe)
+    card: Optional[int]
+
+
+def budget_check(probe: ProbeResult, budget_bytes: Sequence[int]) -> BudgetCheck:
+    """Within budget or not, and by how much, as the search decides it: a card with no
+    samples other than card 0 runs no replica and is not counted."""
+    if probe.oom_device is not None:
+        return BudgetCheck(False, None, probe.oom_device)
+    margins = [(b - p, i) for i, (p, b, c) in enumerate(zip(probe.peak_bytes, budget_bytes,
+                                                           probe.chunk_sizes)) if i == 0 or c > 0]
+    margin, card = min(margins)
+    return BudgetCheck(margin >= 0, margin, card)
+
+
+@dataclass(frozen=True)
+class SplitFigures:
+    """A split and what a probe measured for it (used for the even-split comparison)."""
+
+    chunk_sizes: tuple[int, ...]
+    peak_bytes: tuple[int, ...]
+    imbalance: float
+    feasible: bool = True
+    oom_device: Optional[int] = None
+    breakdown: Optional[tuple[dict[str, int], ...]] = None
+    #: not probed itself: known to fit from these probes (numbered from 1, as in every table,
+    #: text and plot of a report), which measured every card
+    #: within budget at a chunk (card 0: a chunk and a batch) at least as large; the peaks
+    #: are then upper bounds taken from those probes
+    implied_by: tuple[int, ...] = ()
+    #: max_batch: the even split's largest batch was not bracketed to one sample; it is at
+    #: least ``batch_size`` and at most ``at_most`` (``None``: no upper bound measured)
+    open_bracket: bool = False
+    at_most: Optional[int] = None
+
+    @property
+    def batch_size(self) -> int:
+        return sum(self.chunk_sizes)
+
+    def shares(self, budget_bytes: Sequence[int]) -> list[float]:
+        """Each card's peak as a share of its budget."""
+        return shares(self.peak_bytes, budget_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(chunk_sizes=list(self.chunk_sizes), peak_bytes=list(self.peak_bytes),
+                    imbalance=self.imbalance, feasible=self.feasible, oom_device=self.oom_device,
+                    breakdown=list(self.breakdown) if self.breakdown is not None else None,
+                    batch_size=self.batch_size, implied_by=list(self.implied_by),
+                    open_bracket=self.open_bracket, at_most=self.at_most)
