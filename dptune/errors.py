@@ -29,9 +29,10 @@ EXIT_USER_CODE = 1
 EXIT_USAGE = 2
 EXIT_NO_FIT = 3
 EXIT_BACKEND = 4
+EXIT_INTERNAL = 5
 
 __all__ = [
-    "EXIT_OK", "EXIT_USER_CODE", "EXIT_USAGE", "EXIT_NO_FIT", "EXIT_BACKEND",
+    "EXIT_OK", "EXIT_USER_CODE", "EXIT_USAGE", "EXIT_NO_FIT", "EXIT_BACKEND", "EXIT_INTERNAL",
     "DptuneError", "UsageError", "SpecError", "ImportStringError", "ReportError", "OutputError",
     "NoFeasibleSplitError", "BackendUnavailableError", "UserCodeError", "InternalError",
     "DptuneWarning",
@@ -39,9 +40,11 @@ __all__ = [
 
 
 class DptuneError(Exception):
-    """Base class of every dptune error."""
+    """Base class of every dptune error. Raised as itself only where no more specific class
+    is known (an error rebuilt from another process): dptune's own failure, exit code 5,
+    never blamed on the user's code."""
 
-    exit_code: int = EXIT_USER_CODE
+    exit_code: int = EXIT_INTERNAL
 
 
 class UsageError(DptuneError, ValueError):
@@ -99,10 +102,10 @@ class InternalError(DptuneError, RuntimeError):
     """dptune's own code failed (a simulator hook, the ledger...): a bug to report.
 
     The message names the part of dptune and the construct that was running; the original
-    exception is the ``__cause__``.
+    exception is the ``__cause__``. Exit code 5: never the user's code's 1.
     """
 
-    exit_code = EXIT_USER_CODE
+    exit_code = EXIT_INTERNAL
 
 
 class DptuneWarning(UserWarning):

@@ -338,13 +338,48 @@ def test_keyboard_interrupt_exit_130(capsys, monkeypatch):
     assert code == 130 and "interrupted" in err
 
 
-def test_unexpected_error_shows_traceback(capsys, monkeypatch):
-    def bug(*args, **kwargs):
+def test_unexpected_error_in_code_dptune_runs_is_blamed_on_that_code(capsys, monkeypatch):
+    def bug(*args, **kwargs):       # this test file stands for the user's code
         raise AssertionError("a bug")
 
     monkeypatch.setattr(search_command, "search", bug)
     code, _, err = run_main(capsys, "search", "--model", "m:N", *FAST)
-    assert code == 1 and "Traceback" in err and "please report it as a bug" in err
+    assert code == 1 and "Traceback" in err and "unexpected AssertionError: a bug" in err
+    assert "bug in dptune" not in err
+
+
+def test_unexpected_error_in_dptunes_own_code_is_a_bug_in_dptune_exit_5(capsys, monkeypatch):
+    from dptune.errors import EXIT_INTERNAL
+    from dptune.units import format_bytes
+
+    # dptune's own function fails (through torch-free code of dptune, no user frame after it)
+    monkeypatch.setattr(search_command, "search", lambda *a, **k: format_bytes("not a size"))
+    code, _, err = run_main(capsys, "search", "--model", "m:N", *FAST)
+    assert code == EXIT_INTERNAL == 5 and "Traceback" in err
+    assert "in dptune's own code" in err and "not in your code" in err
+
+
+def test_an_error_rebuilt_from_another_process_is_dptunes_not_the_users():
+    from dptune.errors import EXIT_INTERNAL, DptuneError, InternalError
+
+    assert DptuneError("rank 1 failed while planning (AssertionError): x").exit_code == EXIT_INTERNAL
+    assert InternalError("the ledger failed").exit_code == EXIT_INTERNAL
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly(tmp_path):
+    """``dptune show DIR --json | head``: the reader closes the pipe before dptune writes; dptune
+    stops with 141 (as a shell reports SIGPIPE) and no traceback, not as a bug."""
+    result = make_result()
+    write_report(result, tmp_path / "r")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.Popen([sys.executable, "-m", "dptune", "show", str(tmp_path / "r"), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()                         # before the child has imported anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "bug" not in err
 
 
 # ---- other commands ----------------------------------------------------------------------

@@ -16,7 +16,9 @@ Exit codes (also in ``dptune --help``)::
     2    usage: bad flags, cluster spec, import string, JSON, or report folder
     3    no split of the batch fits every card's budget
     4    the backend is unavailable (e.g. --devices on a machine without a visible GPU)
+    5    dptune's own failure (a bug in dptune, never blamed on the user's code)
     130  interrupted (Ctrl-C)
+    141  the reader of the output went away (``dptune show DIR | head``): a quiet stop
 
 Errors dptune diagnoses are one line on stderr, ``dptune: error: <message>``, with no
 traceback; so are argparse's own (with the command's ``--help`` to read instead of the usage

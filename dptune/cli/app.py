@@ -5,6 +5,7 @@ failure to its one line and exit code (see :mod:`dptune.cli`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from typing import NoReturn, Optional, Sequence
@@ -14,7 +15,10 @@ from dptune.cli.failures import format_user_traceback, one_line_warnings
 from dptune.cli.plan_command import plan_parser
 from dptune.cli.report_commands import devices_parser, plot_parser, show_parser
 from dptune.cli.search_command import search_parser
-from dptune.errors import EXIT_USAGE, EXIT_USER_CODE, DptuneError, UserCodeError
+from dptune.errors import EXIT_INTERNAL, EXIT_USAGE, EXIT_USER_CODE, DptuneError, UserCodeError
+
+#: 128 + SIGPIPE, as a shell reports a program whose reader closed the pipe (``dptune show | head``)
+EXIT_BROKEN_PIPE = 141
 
 __all__ = ["main", "build_parser", "argv_command"]
 
@@ -88,8 +92,50 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except DptuneError as e:
         _error(str(e))
         return e.exit_code
-    except Exception as e:  # not diagnosed: show everything
+    except BrokenPipeError:     # the reader went away (| head): stop quietly, as a shell tool does
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    except Exception as e:  # not diagnosed: show everything, and say whose code failed
         traceback.print_exc()
-        _error(f"unexpected {type(e).__name__}: {e}; if the traceback above ends in dptune's "
-               "own code, please report it as a bug")
+        if _ends_in_dptune(e):
+            _error(f"unexpected {type(e).__name__} in dptune's own code: {e}; this is a bug in "
+                   "dptune, not in your code: please report it with the traceback above")
+            return EXIT_INTERNAL
+        _error(f"unexpected {type(e).__name__}: {e}; see the traceback above")
         return EXIT_USER_CODE
+
+
+def _ends_in_dptune(exc: BaseException) -> bool:
+    """Whether the innermost frame of ``exc``'s traceback that belongs to dptune or to code it
+    runs for the user is dptune's. Frames of the standard library and of torch (which both
+    call) are skipped; any other code, installed packages included (a transformers model),
+    counts as the user's."""
+    import sysconfig
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    stdlib = os.path.abspath(sysconfig.get_paths()["stdlib"])
+    last = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(package + os.sep):
+            last = "dptune"
+            continue
+        parts = path.split(os.sep)
+        top = parts[parts.index("site-packages") + 1] if "site-packages" in parts[:-1] else None
+        if (path.startswith(stdlib + os.sep) and top is None) or top in _SHARED_PACKAGES:
+            continue
+        last = "user"
+    return last == "dptune"
+
+
+#: packages both dptune and the user's code call: a failure inside them is blamed on the caller
+_SHARED_PACKAGES = frozenset({"torch", "numpy", "functorch", "typing_extensions"})
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

@@ -11,7 +11,8 @@ import json
 from typing import Any, Optional
 
 from dptune.cli_checks import accumulate_arg, batch_size_arg, headroom_arg, positive_float, positive_int
-from dptune.errors import EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE, UsageError
+from dptune.errors import (EXIT_BACKEND, EXIT_INTERNAL, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
+                           UsageError)
 from dptune.spec import DTYPES, WorkloadSpec
 
 __all__ = ["EPILOG", "EXIT_INTERRUPTED", "DEFAULT_BATCH_SIZE", "parse_model_kwargs", "parse_shape",
@@ -27,6 +28,8 @@ exit codes:
   {EXIT_USAGE}    usage: bad flags, cluster spec, import string, JSON or report folder
   {EXIT_NO_FIT}    no split of the batch fits every card's budget
   {EXIT_BACKEND}    backend unavailable (e.g. --devices with no visible GPU)
+  {EXIT_INTERNAL}    dptune's own failure (a bug in dptune: please report it)
+  141  the reader of the output went away (dptune show DIR | head)
   {EXIT_INTERRUPTED}  interrupted
 """
 
