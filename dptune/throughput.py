@@ -21,6 +21,14 @@ given:
   ``B``, a bisection over the cards' own time values);
 - ``batch=None``: the split and batch with the most samples per second (at every candidate
   ``T``, every card takes the most samples it finishes within ``T``).
+
+:func:`fastest_accumulation` solves for a fixed **global batch** ``G`` trained with gradient
+accumulation: ``k`` micro-batches of ``G / k`` samples each (``k`` divides ``G``, so that
+every micro-batch has the same split), each split as :func:`fastest_split` would for that
+micro-batch under the memory caps at that micro-batch; the plan is the ``(k, split)`` whose
+``k`` steps take the least time. Each micro-batch is modelled as a whole step (its serial
+work included): where the optimizer runs once per global batch, the model counts it ``k``
+times, an upper bound on the plans with more micro-batches.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["TimeFit", "fit_time", "SplitTime", "StepModel", "fastest_split", "step_seconds"]
+__all__ = ["TimeFit", "fit_time", "SplitTime", "StepModel", "fastest_split", "step_seconds",
+           "AccumulationPlan", "fastest_accumulation", "micro_batch_counts"]
 
 #: Beyond this many cards the subsets tried are the nested ones (the slowest cards dropped first).
 MAX_EXHAUSTIVE_CARDS = 12
@@ -105,6 +114,16 @@ class StepModel:
         return fastest_split(self.curves(caps), batch, overhead=self.overhead,
                              serial=self.serial_pair, min_chunk=min_chunk, every_card=every_card,
                              linear=self.linear)
+
+    def fastest_accumulation(self, caps_of: Callable[[int], Sequence[int]], global_batch: int,
+                             min_chunk: int = 1, every_card: bool = False,
+                             max_micro_batches: Optional[int] = None) -> Optional["AccumulationPlan"]:
+        """:func:`fastest_accumulation` on this model; ``caps_of(b)``: the cards' memory caps
+        at micro-batch ``b``."""
+        return fastest_accumulation(lambda b: self.curves(caps_of(b)), global_batch,
+                                    overhead=self.overhead, serial=self.serial_pair,
+                                    min_chunk=min_chunk, every_card=every_card, linear=self.linear,
+                                    max_micro_batches=max_micro_batches)
 
     def curves(self, caps: Sequence[int]) -> list[list[float]]:
         """Each card's time at chunks ``0..caps[i]``."""
@@ -295,3 +314,55 @@ def _linear(curves: list, subset: Sequence[int], batch: Optional[int], m: int, f
         if rate[k] > best_rate:
             best_rate, best_alloc = float(rate[k]), [int(x) for x in alloc[:, k]]
     return best_alloc
+
+
+@dataclass(frozen=True)
+class AccumulationPlan:
+    """A global batch as ``micro_batches`` steps of the same split (gradient accumulation)."""
+
+    micro_batches: int
+    split: SplitTime                      # one micro-batch
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batches * self.split.batch_size
+
+    @property
+    def seconds(self) -> float:
+        """The modelled time of the whole global batch."""
+        return self.micro_batches * self.split.step_seconds
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.global_batch / self.seconds if self.seconds > 0 else math.inf
+
+
+def micro_batch_counts(global_batch: int, max_micro_batches: Optional[int] = None) -> list[int]:
+    """The numbers of equal micro-batches ``global_batch`` divides into (its divisors), in
+    increasing order, at most ``max_micro_batches``."""
+    if global_batch < 1:
+        raise ValueError(f"the global batch must be >= 1, got {global_batch}")
+    small = [k for k in range(1, math.isqrt(global_batch) + 1) if global_batch % k == 0]
+    ks = sorted(set(small) | {global_batch // k for k in small})
+    return [k for k in ks if max_micro_batches is None or k <= max_micro_batches]
+
+
+def fastest_accumulation(times_of: Callable[[int], Sequence[Sequence[float]]], global_batch: int, *,
+                         overhead: Callable[[frozenset[int]], float] = lambda s: 0.0,
+                         serial: tuple[float, float] = (0.0, 0.0), min_chunk: int = 1,
+                         every_card: bool = False, linear: Optional[Sequence[float]] = None,
+                         max_micro_batches: Optional[int] = None) -> Optional[AccumulationPlan]:
+    """The number of micro-batches and the split that finish ``global_batch`` fastest (see the
+    module docstring); ``times_of(b)``: the cards' time curves at micro-batch ``b``, each as
+    long as that card's memory cap at ``b`` allows (as :func:`fastest_split` takes them).
+    ``None`` when no micro-batch size fits. Ties go to fewer micro-batches."""
+    best: Optional[AccumulationPlan] = None
+    for k in micro_batch_counts(global_batch, max_micro_batches):
+        sol = fastest_split(times_of(global_batch // k), global_batch // k, overhead=overhead,
+                            serial=serial, min_chunk=min_chunk, every_card=every_card, linear=linear)
+        if sol is None:
+            continue
+        plan = AccumulationPlan(k, sol)
+        if best is None or plan.seconds < best.seconds * (1 - 1e-12):
+            best = plan
+    return best

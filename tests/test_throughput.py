@@ -122,3 +122,98 @@ def test_fit_time_recovers_an_affine_curve_and_clamps_noise():
     falling = fit_time([(1, 3.0), (2, 1.0)])       # noise: time never falls with more samples
     assert falling is not None and falling.per_sample_seconds >= 0 and falling.fixed_seconds >= 0
     assert fit_time([(0, 1.0)]) is None
+
+
+# ---- a fixed global batch with accumulation ----------------------------------------------------
+
+def accumulation_grid(time_at, cap_at, n, global_batch, overhead, serial, m):
+    """Every number of equal micro-batches k (k divides the global batch) and every split of
+    G/k within the caps at G/k: the least time for the whole global batch, k steps."""
+    best = None
+    for k in range(1, global_batch + 1):
+        if global_batch % k:
+            continue
+        b = global_batch // k
+        options = [[0] + list(range(m, cap_at(i, b) + 1)) for i in range(n)]
+        for split in itertools.product(*options):
+            if sum(split) != b:
+                continue
+            used = frozenset(i for i, c in enumerate(split) if c)
+            step = (overhead(used) + serial[0] + serial[1] * b
+                    + max(time_at(i, split[i]) for i in used))
+            if best is None or k * step < best[0] - 1e-12:
+                best = (k * step, k, split)
+    return best
+
+
+def synthetic(rng, n, slow_card=None):
+    """Per-card time (fixed + per sample, with noise, nondecreasing) and memory caps that
+    shrink on card 0 as the micro-batch grows (it holds the gathered outputs)."""
+    fixed = [rng.uniform(0.2, 2) for _ in range(n)]
+    per = [rng.uniform(0.05, 1) for _ in range(n)]
+    if slow_card is not None:
+        fixed[slow_card], per[slow_card] = 20.0, 5.0
+    bumps = [[rng.uniform(0, 0.3) for _ in range(64)] for _ in range(n)]
+    base = [rng.randint(3, 10) for _ in range(n)]
+
+    def time_at(i, c):
+        return max(fixed[i] + per[i] * x + bumps[i][x] for x in range(1, c + 1)) if c else 0.0
+
+    def cap_at(i, b):
+        return max(0, base[i] - (b // 4 if i == 0 else 0))
+
+    return time_at, cap_at
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_accumulation_equals_the_grid(seed):
+    from dptune.throughput import fastest_accumulation
+
+    rng = random.Random(500 + seed)
+    n = rng.choice([2, 3])
+    slow = rng.randrange(n) if seed % 3 == 0 else None
+    time_at, cap_at = synthetic(rng, n, slow)
+    overhead = dp_overhead(rng.uniform(0, 2))
+    serial = (rng.uniform(0, 1), rng.uniform(0, 0.1))
+    m = rng.choice([1, 2])
+    for global_batch in sorted({rng.randint(6, 36) for _ in range(3)}):
+        want = accumulation_grid(time_at, cap_at, n, global_batch, overhead, serial, m)
+        got = fastest_accumulation(
+            lambda b: [[time_at(i, c) for c in range(cap_at(i, b) + 1)] for i in range(n)],
+            global_batch, overhead=overhead, serial=serial, min_chunk=m)
+        if want is None:
+            assert got is None
+            continue
+        assert got is not None and got.global_batch == global_batch
+        b = got.split.batch_size
+        assert all(c == 0 or m <= c <= cap_at(i, b) for i, c in enumerate(got.split.chunk_sizes))
+        assert got.seconds == pytest.approx(want[0])
+
+
+def test_accumulation_drops_a_slow_card_and_splits_when_memory_binds():
+    """Hand-made: card 2 is slow (10 + 10 s per sample), cards 0 and 1 take 1 s per sample and
+    hold 6 samples each; a global batch of 24 cannot run in one step on cards 0 and 1 (12 at
+    most), so it runs as 2 micro-batches of [6, 6, 0]: 2 x 6 s = 12 s. With card 2 in one step
+    (its cap 12, [6, 6, 12]), a step takes 130 s; 3 micro-batches of 8 ([4, 4, 0]) take 12 s as
+    well, so fewer micro-batches win the tie."""
+    from dptune.throughput import fastest_accumulation
+
+    per = [1.0, 1.0, 10.0]
+    fixed = [0.0, 0.0, 10.0]
+    caps = [6, 6, 12]
+
+    def times(b):
+        return [[fixed[i] * (c > 0) + per[i] * c for c in range(caps[i] + 1)] for i in range(3)]
+
+    plan = fastest_accumulation(times, 24)
+    assert (plan.micro_batches, plan.split.chunk_sizes, plan.seconds) == (2, (6, 6, 0), 12.0)
+    assert plan.samples_per_second == 2.0
+    assert fastest_accumulation(times, 24, max_micro_batches=1).split.chunk_sizes == (6, 6, 12)
+
+
+def test_micro_batch_counts_are_the_divisors():
+    from dptune.throughput import micro_batch_counts
+
+    assert micro_batch_counts(12) == [1, 2, 3, 4, 6, 12]
+    assert micro_batch_counts(13) == [1, 13]
+    assert micro_batch_counts(36, max_micro_batches=5) == [1, 2, 3, 4]

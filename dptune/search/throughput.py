@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 from dptune.backends.base import ProbeResult
 from dptune.solver import Fit
 from dptune.split import even_split
-from dptune.throughput import StepModel, TimeFit, fit_time
+from dptune.throughput import SplitTime, StepModel, TimeFit, fit_time
 
 __all__ = ["SpeedFigure", "ThroughputOutcome", "fastest", "step_model", "figures",
            "speed_notes", "advice", "memory_caps"]
@@ -72,6 +72,7 @@ class ThroughputOutcome:
     probes: tuple[ProbeResult, ...]       # every probe: the memory search's, then these
     notes: tuple[str, ...]
     advice: tuple[str, ...]
+    micro_batches: int = 1                # the global batch's micro-batches (accumulation)
 
 
 def _within(r: ProbeResult, budgets: Sequence[int]) -> bool:
@@ -167,18 +168,47 @@ def _time(r: ProbeResult) -> Optional[float]:
     return None if r.time is None else r.time.step_seconds
 
 
+def _solve(model: StepModel, fits: Sequence[Fit], budgets: Sequence[int], batch: int,
+           known: Sequence[ProbeResult], min_chunk: int, global_batch: Optional[int]
+           ) -> tuple[Optional[SplitTime], int]:
+    """The model's fastest split of ``batch`` (micro-batches: 1) or, with ``global_batch``,
+    the split of the micro-batch and the number of micro-batches that finish it fastest."""
+    if global_batch is None:
+        return model.fastest(memory_caps(fits, budgets, batch, known), batch, min_chunk), 1
+    plan = model.fastest_accumulation(lambda b: memory_caps(fits, budgets, b, known),
+                                      global_batch, min_chunk)
+    return (None, 1) if plan is None else (plan.split, plan.micro_batches)
+
+
+def _chosen(known: Sequence[ProbeResult], budgets: Sequence[int], batch: int,
+            global_batch: Optional[int]) -> Optional[ProbeResult]:
+    """The probe measured within every budget that runs ``batch`` (or, with ``global_batch``,
+    the whole global batch as equal micro-batches) in the least time."""
+    def steps(r: ProbeResult) -> int:
+        return 1 if global_batch is None else global_batch // r.batch_size
+
+    ok = [r for r in known if r.time is not None and _within(r, budgets) and r.batch_size > 0
+          and (r.batch_size == batch if global_batch is None else global_batch % r.batch_size == 0)]
+    return min(ok, key=lambda r: (steps(r) * r.time.step_seconds if r.time else 0.0, steps(r),
+                                  tuple(r.chunk_sizes))) if ok else None
+
+
 def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], batch: int,
             probes: Sequence[ProbeResult], fits: Sequence[Fit], balanced: ProbeResult, *,
-            min_chunk: int = 1, max_probes: int = 6) -> ThroughputOutcome:
+            min_chunk: int = 1, max_probes: int = 6,
+            global_batch: Optional[int] = None) -> ThroughputOutcome:
     """The fastest split of ``batch`` measured within every budget (see the module docstring).
 
     ``probes``: the memory search's; ``fits``: its memory fits; ``balanced``: its answer.
-    At most ``max_probes`` more probes are run.
+    At most ``max_probes`` more probes are run. ``global_batch``: train that many samples per
+    optimizer step as equal micro-batches (gradient accumulation): the number of
+    micro-batches and the micro-batch's split are chosen together
+    (:func:`dptune.throughput.fastest_accumulation`); ``batch`` is then only where the
+    memory search ran.
     """
     n = len(budgets)
     known = list(probes)
     by_split = {tuple(r.chunk_sizes): r for r in known}
-    notes: list[str] = []
     run = 0
 
     def timed(split: Sequence[int], purpose: str) -> ProbeResult:
@@ -202,29 +232,55 @@ def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int
         model = whole_step_model(known, n)
         max_probes += run
     while model is not None and run < max_probes:
-        caps = memory_caps(fits, budgets, batch, known)
-        sol = model.fastest(caps, batch, min_chunk)
+        sol, k = _solve(model, fits, budgets, batch, known, min_chunk, global_batch)
         if sol is None or sol.chunk_sizes in by_split:
             break
-        timed(sol.chunk_sizes, f"throughput: fastest predicted ({sol.step_seconds * 1e3:.2f} ms)")
+        timed(sol.chunk_sizes, f"throughput: fastest predicted ({sol.step_seconds * 1e3:.2f} ms"
+                               + (f" x {k} micro-batches)" if global_batch is not None else ")"))
         model = whole_step_model(known, n) if whole else step_model(known, n)
-    ok = [r for r in known if r.batch_size == batch and _within(r, budgets) and r.time is not None]
-    best = min(ok, key=lambda r: (_time(r), tuple(r.chunk_sizes))) if ok else balanced
-    if model is None and not ok:
-        notes.append("no probe carries a step time (the backend does not time steps): the "
-                     "memory-balanced split is returned")
-    elif model is None:
-        notes.append("the probes measured the whole step's time, not each card's, and the "
-                     "cards timed alone gave no fits: the fastest split measured within every "
-                     "budget is returned")
-    elif whole:
-        notes.append("time fits from the measured steps of each card alone (two chunks per "
-                     "card; they include the copies and card 0's work): a split's step is "
-                     "modelled as its slowest card's")
+    chosen = _chosen(known, budgets, batch, global_batch)
+    best = chosen if chosen is not None else balanced
     figs = figures(known, budgets, batch, balanced, best, model)
+    micro = global_batch // best.batch_size if global_batch is not None and chosen is not None else 1
+    notes = _fastest_notes(model, chosen is not None, whole) + speed_notes(figs, best, fastest=True)
+    tips = tuple(advice(figs))
+    if global_batch is not None:
+        notes += (_accumulation_note(best, global_batch, chosen is not None),)
+        if chosen is not None:
+            tips += (f"for the global batch of {global_batch}: batches of {best.batch_size} split "
+                     f"{list(best.chunk_sizes)}, {micro} accumulation step{'s' if micro > 1 else ''} "
+                     "per optimizer step",)
     return ThroughputOutcome(best=best, figures=figs, model=model, probes=tuple(known),
-                             notes=tuple(notes) + speed_notes(figs, best, fastest=True),
-                             advice=tuple(advice(figs)))
+                             notes=notes, advice=tips, micro_batches=micro)
+
+
+def _fastest_notes(model: Optional[StepModel], found: bool, whole: bool) -> tuple[str, ...]:
+    if model is None and not found:
+        return ("no probe carries a step time (the backend does not time steps): the "
+                "memory-balanced split is returned",)
+    if model is None:
+        return ("the probes measured the whole step's time, not each card's, and the cards "
+                "timed alone gave no fits: the fastest split measured within every budget is "
+                "returned",)
+    if whole:
+        return ("time fits from the measured steps of each card alone (two chunks per card; "
+                "they include the copies and card 0's work): a split's step is modelled as its "
+                "slowest card's",)
+    return ()
+
+
+def _accumulation_note(best: ProbeResult, global_batch: int, found: bool) -> str:
+    if not found:
+        return (f"global batch {global_batch}: no micro-batch that divides it was measured "
+                "within every budget with a step time; the memory-balanced split is returned")
+    k = global_batch // best.batch_size
+    t = best.time.step_seconds if best.time is not None else 0.0
+    split = "/".join(str(c) for c in best.chunk_sizes)
+    return (f"global batch {global_batch}: {k} micro-batch{'es' if k > 1 else ''} of "
+            f"{best.batch_size} [{split}] (accumulate {k}), {k * t * 1e3:.2f} ms per global "
+            f"batch ({best.time.source.value if best.time else 'unknown'}; each micro-batch timed "
+            "as a whole step, optimizer included), the fastest the time fits predict among "
+            "equal micro-batches")
 
 
 def _figure(label: str, split: tuple[int, ...], by_split: dict, budgets: Sequence[int],
