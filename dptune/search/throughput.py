@@ -18,6 +18,7 @@ was measured or estimated (or predicted from the fits, for a split not probed).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -168,35 +169,57 @@ def _time(r: ProbeResult) -> Optional[float]:
     return None if r.time is None else r.time.step_seconds
 
 
+@dataclass(frozen=True)
+class Goal:
+    """What :func:`fastest` looks for: the shortest step for the batch (the default); with
+    ``up_to``, the most samples per second with at most the batch (a card's memory only
+    shrinks with a smaller batch, so the caps at the batch hold); with ``global_batch``, the
+    least time for that many samples as equal micro-batches (gradient accumulation)."""
+
+    global_batch: Optional[int] = None
+    up_to: bool = False
+
+    def steps(self, r: ProbeResult) -> int:
+        """How many steps of ``r`` one round takes (the micro-batches of a global batch)."""
+        return 1 if self.global_batch is None else self.global_batch // r.batch_size
+
+    def admits(self, r: ProbeResult, batch: int) -> bool:
+        if self.global_batch is not None:
+            return self.global_batch % r.batch_size == 0
+        return r.batch_size <= batch if self.up_to else r.batch_size == batch
+
+    def cost(self, r: ProbeResult) -> float:
+        """What the goal minimises: seconds per sample (``up_to``) or per round."""
+        t = r.time.step_seconds if r.time is not None else math.inf
+        return t / r.batch_size if self.up_to else self.steps(r) * t
+
+
 def _solve(model: StepModel, fits: Sequence[Fit], budgets: Sequence[int], batch: int,
-           known: Sequence[ProbeResult], min_chunk: int, global_batch: Optional[int]
-           ) -> tuple[Optional[SplitTime], int]:
-    """The model's fastest split of ``batch`` (micro-batches: 1) or, with ``global_batch``,
-    the split of the micro-batch and the number of micro-batches that finish it fastest."""
-    if global_batch is None:
-        return model.fastest(memory_caps(fits, budgets, batch, known), batch, min_chunk), 1
-    plan = model.fastest_accumulation(lambda b: memory_caps(fits, budgets, b, known),
-                                      global_batch, min_chunk)
-    return (None, 1) if plan is None else (plan.split, plan.micro_batches)
+           known: Sequence[ProbeResult], min_chunk: int, goal: Goal) -> tuple[Optional[SplitTime], int]:
+    """The model's answer to ``goal`` (see :class:`Goal`) and its number of micro-batches."""
+    if goal.global_batch is not None:
+        plan = model.fastest_accumulation(lambda b: memory_caps(fits, budgets, b, known),
+                                          goal.global_batch, min_chunk)
+        return (None, 1) if plan is None else (plan.split, plan.micro_batches)
+    caps = memory_caps(fits, budgets, batch, known)
+    sol = model.fastest(caps, None, min_chunk) if goal.up_to else None
+    if sol is None or sol.batch_size > batch:
+        sol = model.fastest(caps, batch, min_chunk)
+    return sol, 1
 
 
 def _chosen(known: Sequence[ProbeResult], budgets: Sequence[int], batch: int,
-            global_batch: Optional[int]) -> Optional[ProbeResult]:
-    """The probe measured within every budget that runs ``batch`` (or, with ``global_batch``,
-    the whole global batch as equal micro-batches) in the least time."""
-    def steps(r: ProbeResult) -> int:
-        return 1 if global_batch is None else global_batch // r.batch_size
-
+            goal: Goal) -> Optional[ProbeResult]:
+    """The probe measured within every budget that does best for ``goal``."""
     ok = [r for r in known if r.time is not None and _within(r, budgets) and r.batch_size > 0
-          and (r.batch_size == batch if global_batch is None else global_batch % r.batch_size == 0)]
-    return min(ok, key=lambda r: (steps(r) * r.time.step_seconds if r.time else 0.0, steps(r),
-                                  tuple(r.chunk_sizes))) if ok else None
+          and goal.admits(r, batch)]
+    return min(ok, key=lambda r: (goal.cost(r), goal.steps(r), tuple(r.chunk_sizes))) if ok else None
 
 
 def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], batch: int,
             probes: Sequence[ProbeResult], fits: Sequence[Fit], balanced: ProbeResult, *,
             min_chunk: int = 1, max_probes: int = 6,
-            global_batch: Optional[int] = None) -> ThroughputOutcome:
+            global_batch: Optional[int] = None, up_to: bool = False) -> ThroughputOutcome:
     """The fastest split of ``batch`` measured within every budget (see the module docstring).
 
     ``probes``: the memory search's; ``fits``: its memory fits; ``balanced``: its answer.
@@ -204,8 +227,10 @@ def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int
     optimizer step as equal micro-batches (gradient accumulation): the number of
     micro-batches and the micro-batch's split are chosen together
     (:func:`dptune.throughput.fastest_accumulation`); ``batch`` is then only where the
-    memory search ran.
+    memory search ran. ``up_to``: the most samples per second with at most ``batch``
+    samples (a smaller batch, or a card left out, may be faster per sample).
     """
+    goal = Goal(global_batch, up_to)
     n = len(budgets)
     known = list(probes)
     by_split = {tuple(r.chunk_sizes): r for r in known}
@@ -232,13 +257,13 @@ def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int
         model = whole_step_model(known, n)
         max_probes += run
     while model is not None and run < max_probes:
-        sol, k = _solve(model, fits, budgets, batch, known, min_chunk, global_batch)
+        sol, k = _solve(model, fits, budgets, batch, known, min_chunk, goal)
         if sol is None or sol.chunk_sizes in by_split:
             break
         timed(sol.chunk_sizes, f"throughput: fastest predicted ({sol.step_seconds * 1e3:.2f} ms"
                                + (f" x {k} micro-batches)" if global_batch is not None else ")"))
         model = whole_step_model(known, n) if whole else step_model(known, n)
-    chosen = _chosen(known, budgets, batch, global_batch)
+    chosen = _chosen(known, budgets, batch, goal)
     best = chosen if chosen is not None else balanced
     figs = figures(known, budgets, batch, balanced, best, model)
     micro = global_batch // best.batch_size if global_batch is not None and chosen is not None else 1
