@@ -109,11 +109,11 @@ class StepModel:
                             split, self.overhead, self.serial_pair, self.linear)
 
     def fastest(self, caps: Sequence[int], batch: Optional[int], min_chunk: int = 1,
-                every_card: bool = False) -> Optional["SplitTime"]:
+                every_card: bool = False, max_batch: Optional[int] = None) -> Optional["SplitTime"]:
         """:func:`fastest_split` on this model within ``caps``."""
         return fastest_split(self.curves(caps), batch, overhead=self.overhead,
                              serial=self.serial_pair, min_chunk=min_chunk, every_card=every_card,
-                             linear=self.linear)
+                             linear=self.linear, max_batch=max_batch)
 
     def fastest_accumulation(self, caps_of: Callable[[int], Sequence[int]], global_batch: int,
                              min_chunk: int = 1, every_card: bool = False,
@@ -178,15 +178,16 @@ def _subsets(n: int, order: Sequence[int], every_card: bool) -> list[tuple[int, 
 def fastest_split(times: Sequence[Sequence[float]], batch: Optional[int] = None, *,
                   overhead: Callable[[frozenset[int]], float] = lambda s: 0.0,
                   serial: tuple[float, float] = (0.0, 0.0), min_chunk: int = 1,
-                  every_card: bool = False, linear: Optional[Sequence[float]] = None
-                  ) -> Optional[SplitTime]:
+                  every_card: bool = False, linear: Optional[Sequence[float]] = None,
+                  max_batch: Optional[int] = None) -> Optional[SplitTime]:
     """The fastest split (see the module docstring); ``None`` when no split fits the caps.
 
     ``times[i]`` lists card i's time at chunks ``0..cap_i`` (its memory cap is
     ``len(times[i]) - 1``; the value at 0 is not used). Curves are made nondecreasing (more
     samples never take less time). ``min_chunk``: a card gets 0 or at least this many
     samples (2 under BatchNorm); ``every_card``: no card may be dropped (DDP ranks);
-    ``linear[i]``: seconds per sample of card i added to the step (see :func:`step_seconds`).
+    ``linear[i]``: seconds per sample of card i added to the step (see :func:`step_seconds`);
+    ``max_batch`` (with ``batch=None``): the most samples per second with at most that many.
     """
     import numpy as np
 
@@ -201,11 +202,11 @@ def fastest_split(times: Sequence[Sequence[float]], batch: Optional[int] = None,
         g = [float(linear[i]) if linear is not None else 0.0 for i in subset]
         fixed = overhead(frozenset(subset)) + serial[0]
         if any(g):
-            sol = _linear(curves, subset, batch, min_chunk, fixed, serial[1], g)
+            sol = _linear(curves, subset, batch, min_chunk, fixed, serial[1], g, max_batch)
         elif batch is not None:
             sol = _fixed_batch(curves, subset, batch, min_chunk)
         else:
-            sol = _free_batch(curves, subset, min_chunk, fixed, serial[1])
+            sol = _free_batch(curves, subset, min_chunk, fixed, serial[1], max_batch)
         if sol is None:
             continue
         split = [0] * n
@@ -257,25 +258,37 @@ def _fixed_batch(curves: list, subset: Sequence[int], batch: int, m: int) -> Opt
     return chunks
 
 
-def _free_batch(curves: list, subset: Sequence[int], m: int, fixed: float, per_sample: float
-                ) -> Optional[list[int]]:
+def _free_batch(curves: list, subset: Sequence[int], m: int, fixed: float, per_sample: float,
+                max_batch: Optional[int] = None) -> Optional[list[int]]:
     """The chunks over ``subset`` with the most samples per second: at each candidate level
-    (a card's own time value), every card takes the most samples it finishes within it;
+    (a card's own time value), every card takes the most samples it finishes within it (at
+    most ``max_batch`` in all: more samples within the same level only raise the rate);
     ``fixed`` and ``per_sample`` are the step's costs outside the cards (for this subset)."""
     import numpy as np
 
+    if max_batch is not None and m * len(subset) > max_batch:
+        return None
     floor = max(curves[i][m - 1] for i in subset)
     levels = np.unique(np.concatenate([curves[i][m - 1:] for i in subset]))
     levels = levels[levels >= floor]
     counts = _counts(curves, subset, levels)            # cards x levels
     b = counts.sum(axis=0).astype(float)
+    if max_batch is not None:
+        b = np.minimum(b, float(max_batch))
     t = levels + fixed + per_sample * b
     rate = np.where(t > 0, b / np.where(t > 0, t, 1.0), np.inf)
-    return [int(x) for x in counts[:, int(np.argmax(rate))]]
+    chunks = [int(x) for x in counts[:, int(np.argmax(rate))]]
+    surplus = sum(chunks) - int(b[int(np.argmax(rate))])
+    for k in range(len(chunks)):         # any card may give back samples: its time only falls
+        take = min(surplus, chunks[k] - m)
+        chunks[k] -= take
+        surplus -= take
+    return chunks
 
 
 def _linear(curves: list, subset: Sequence[int], batch: Optional[int], m: int, fixed: float,
-            per_sample: float, g: Sequence[float]) -> Optional[list[int]]:
+            per_sample: float, g: Sequence[float], max_batch: Optional[int] = None
+            ) -> Optional[list[int]]:
     """With costs per sample outside the parallel work (``g``), every candidate level L is
     tried: each card may take up to its count at L; for a fixed batch the samples beyond ``m``
     each go to the cards of smallest ``g`` first; for the best rate (a linear-fractional
@@ -302,11 +315,19 @@ def _linear(curves: list, subset: Sequence[int], batch: Optional[int], m: int, f
         cost = np.where(left > 0, np.inf, cost)
         k = int(np.argmin(cost))
         return None if not np.isfinite(cost[k]) else [int(x) for x in alloc[:, k]]
+    if max_batch is not None and m * len(subset) > max_batch:
+        return None
     best_rate, best_alloc = -1.0, None
     for prefix in range(len(subset) + 1):
         alloc = np.full(counts.shape, float(m))
         for j in order[:prefix]:
             alloc[j] = counts[j]
+        if max_batch is not None:     # the largest g give back first (smallest g filled first)
+            over = alloc.sum(axis=0) - max_batch
+            for j in reversed(order[:prefix]):
+                take = np.clip(over, 0.0, alloc[j] - m)
+                alloc[j] -= take
+                over -= take
         b = alloc.sum(axis=0)
         t = levels + fixed + per_sample * b + (np.asarray(g)[:, None] * alloc).sum(axis=0)
         rate = np.where(t > 0, b / np.where(t > 0, t, 1.0), np.inf)

@@ -197,14 +197,14 @@ def test_a_card_the_hooks_did_not_see_leaves_the_per_card_times_unmeasured():
 
 
 def test_throughput_uses_each_cards_measured_time_without_probing_cards_alone(monkeypatch):
-    """Card 0 takes 1 + 4 ms per sample, card 1 4 + 16 ms: per-card times from the hooks fit
+    """Card 0 takes 2 + 8 ms per sample, card 1 8 + 32 ms: per-card times from the hooks fit
     each card (no probe of a card alone), and the solver gives card 0 four times card 1's
-    share of 20: [16, 4] (80 ms of card time against 200 ms for [10, 10]); one sample either
+    share of 20: [16, 4] (160 ms of card time against 400 ms for [10, 10]); one sample either
     way is accepted (sleeps overshoot on a loaded machine)."""
     from dptune.search.throughput import step_model
     from dptune.tuner import Tuner
 
-    be = sleep_backend([0.001, 0.004], [0.004, 0.016], total=8 * GiB)
+    be = sleep_backend([0.002, 0.008], [0.008, 0.032], total=8 * GiB)
     monkeypatch.setattr(Tuner, "_wrap", lambda self, *a, **k: None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -214,8 +214,8 @@ def test_throughput_uses_each_cards_measured_time_without_probing_cards_alone(mo
     assert res.chunk_sizes in ([16, 4], [17, 3], [15, 5])
     assert not [p for p in res.probes if p.purpose.startswith("throughput: card")]
     model = step_model(res.probes, 2)
-    assert model.cards[0].per_sample_seconds == pytest.approx(0.005, rel=0.3)
-    assert model.cards[1].per_sample_seconds == pytest.approx(0.020, rel=0.3)
+    assert model.cards[0].per_sample_seconds == pytest.approx(0.010, rel=0.3)
+    assert model.cards[1].per_sample_seconds == pytest.approx(0.040, rel=0.3)
     even, _, fastest = tuner.speed
     assert fastest.source == "measured"
     assert fastest.samples_per_second > 2 * even.samples_per_second

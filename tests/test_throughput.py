@@ -68,6 +68,29 @@ def test_equals_the_grid_on_random_curves(seed):
             assert got.step_seconds == pytest.approx(-want[0])
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_the_best_rate_up_to_a_batch_equals_the_grid(seed):
+    rng = random.Random(300 + seed)
+    n = rng.choice([2, 3, 4])
+    times = [curve(rng.randint(2, 9), rng.uniform(0, 3), rng.uniform(0.1, 2), rng, noise=0.5)
+             for _ in range(n)]
+    overhead = dp_overhead(rng.uniform(0, 2))
+    serial = (rng.uniform(0, 1), rng.uniform(0, 0.2))
+    m = rng.choice([1, 2])
+    linear = [0.0] + [rng.uniform(0, 0.5) for _ in range(n - 1)] if seed % 2 else None
+    for cap in sorted({rng.randint(1, 20) for _ in range(4)}):
+        rates = [grid(times, overhead, serial, m, b, linear=linear) for b in range(1, cap + 1)]
+        want = max(((b + 1) / -r[0], r[1]) for b, r in enumerate(rates) if r is not None) \
+            if any(rates) else None
+        got = fastest_split(times, None, overhead=overhead, serial=serial, min_chunk=m,
+                            linear=linear, max_batch=cap)
+        if want is None:
+            assert got is None
+            continue
+        assert got is not None and got.batch_size <= cap
+        assert got.samples_per_second == pytest.approx(want[0])
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_every_card_as_ddp_ranks_equals_the_grid(seed):
     rng = random.Random(100 + seed)
@@ -217,3 +240,100 @@ def test_micro_batch_counts_are_the_divisors():
     assert micro_batch_counts(12) == [1, 2, 3, 4, 6, 12]
     assert micro_batch_counts(13) == [1, 13]
     assert micro_batch_counts(36, max_micro_batches=5) == [1, 2, 3, 4]
+
+
+# ---- the probing loop (search.throughput.fastest) on a synthetic cluster -------------------------
+
+class Synthetic:
+    """Cards with affine memory (``mem0 + per_sample * c``, card 0 also ``gather * B``) and
+    affine time (``fixed + per * c``; ``comm`` when a card but 0 has samples); a probe reports
+    what a timed backend would, each card's own time included."""
+
+    def __init__(self, rng, n, slow=None):
+        self.n = n
+        self.mem0 = [rng.randint(100, 300) for _ in range(n)]
+        self.per_mem = [rng.randint(10, 40) for _ in range(n)]
+        self.gather = rng.randint(0, 5)
+        self.budgets = [rng.randint(600, 1500) for _ in range(n)]
+        self.fixed = [rng.uniform(0.1, 1) for _ in range(n)]
+        self.per = [rng.uniform(0.02, 0.3) for _ in range(n)]
+        if slow is not None:
+            self.fixed[slow], self.per[slow] = 5.0, 3.0
+        self.comm = rng.uniform(0, 0.5)
+
+    def memory(self, i, c, b):
+        return self.mem0[i] + self.per_mem[i] * c + (self.gather * b if i == 0 else 0)
+
+    def step(self, split):
+        used = [i for i, c in enumerate(split) if c]
+        return (self.comm if any(i for i in used) else 0.0) + max(
+            self.fixed[i] + self.per[i] * split[i] for i in used)
+
+    def fits(self, split):
+        b = sum(split)
+        return all(self.memory(i, c, b) <= self.budgets[i] for i, c in enumerate(split)
+                   if i == 0 or c)
+
+    def probe(self, split):
+        from dptune.backends.base import ProbeResult
+        from dptune.timing import StepTime, TimeSource
+
+        b = sum(split)
+        cards = tuple(self.fixed[i] + self.per[i] * c if c else 0.0 for i, c in enumerate(split))
+        step = self.step(split)
+        return ProbeResult(tuple(split), tuple(self.memory(i, c, b) for i, c in enumerate(split)),
+                           time=StepTime(cards, step, TimeSource.ESTIMATED,
+                                         transfer_seconds=step - max(cards)))
+
+    def memory_fits(self):
+        from dptune.solver import Fit
+
+        return [Fit(self.mem0[i], self.per_mem[i], self.gather if i == 0 else 0.0)
+                for i in range(self.n)]
+
+    def splits(self, b):
+        for split in itertools.product(*[range(b + 1)] * self.n):
+            if sum(split) == b and self.fits(split):
+                yield split
+
+
+def _fastest(sim, batch, **kw):
+    from dptune.search.throughput import fastest
+    from dptune.split import even_split
+
+    start = [sim.probe(even_split(batch, sim.n))]
+    return fastest(sim.probe, sim.budgets, batch, start, sim.memory_fits(), start[0],
+                   max_probes=8, **kw)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fastest_for_a_global_batch_matches_the_grid(seed):
+    rng = random.Random(900 + seed)
+    sim = Synthetic(rng, rng.choice([2, 3]), slow=0 if seed % 4 == 1 else None)
+    global_batch = rng.choice([24, 36, 48])
+    want = min((global_batch // b * sim.step(s), s) for b in range(1, global_batch + 1)
+               if global_batch % b == 0 for s in sim.splits(b))
+    out = _fastest(sim, 8, global_batch=global_batch)
+    best = out.best.chunk_sizes
+    assert sim.fits(best) and global_batch % sum(best) == 0
+    assert out.micro_batches == global_batch // sum(best)
+    assert out.micro_batches * sim.step(best) == pytest.approx(want[0])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fastest_up_to_a_batch_matches_the_grid(seed):
+    """The most samples per second with at most ``batch`` samples, each card's chunk within its
+    memory at ``batch`` (the caps the search documents: card 0's at the whole batch)."""
+    rng = random.Random(950 + seed)
+    sim = Synthetic(rng, rng.choice([2, 3]), slow=1 if seed % 3 == 0 else None)
+    batch = rng.randint(10, 30)
+    while not any(True for _ in sim.splits(batch)):     # the largest batch that fits, at most
+        batch -= 1
+    within = [s for b in range(1, batch + 1) for s in itertools.product(range(b + 1), repeat=sim.n)
+              if sum(s) == b and all(sim.memory(i, c, batch) <= sim.budgets[i]
+                                     for i, c in enumerate(s) if i == 0 or c)]
+    want = max(sum(s) / sim.step(s) for s in within)
+    out = _fastest(sim, batch, up_to=True)
+    best = out.best.chunk_sizes
+    assert sim.fits(best) and sum(best) <= batch
+    assert sum(best) / sim.step(best) == pytest.approx(want)

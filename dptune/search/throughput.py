@@ -172,9 +172,11 @@ def _time(r: ProbeResult) -> Optional[float]:
 @dataclass(frozen=True)
 class Goal:
     """What :func:`fastest` looks for: the shortest step for the batch (the default); with
-    ``up_to``, the most samples per second with at most the batch (a card's memory only
-    shrinks with a smaller batch, so the caps at the batch hold); with ``global_batch``, the
-    least time for that many samples as equal micro-batches (gradient accumulation)."""
+    ``up_to``, the most samples per second with at most the batch, each card's chunk within
+    its memory cap at the batch (a card's memory only shrinks with a smaller batch, so these
+    caps hold; card 0, which gathers the outputs, might take a little more at a smaller
+    batch: not tried); with ``global_batch``, the least time for that many samples as equal
+    micro-batches (gradient accumulation)."""
 
     global_batch: Optional[int] = None
     up_to: bool = False
@@ -202,10 +204,9 @@ def _solve(model: StepModel, fits: Sequence[Fit], budgets: Sequence[int], batch:
                                           goal.global_batch, min_chunk)
         return (None, 1) if plan is None else (plan.split, plan.micro_batches)
     caps = memory_caps(fits, budgets, batch, known)
-    sol = model.fastest(caps, None, min_chunk) if goal.up_to else None
-    if sol is None or sol.batch_size > batch:
-        sol = model.fastest(caps, batch, min_chunk)
-    return sol, 1
+    if goal.up_to:
+        return model.fastest(caps, None, min_chunk, max_batch=batch), 1
+    return model.fastest(caps, batch, min_chunk), 1
 
 
 def _chosen(known: Sequence[ProbeResult], budgets: Sequence[int], batch: int,
