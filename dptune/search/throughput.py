@@ -10,6 +10,11 @@ faster), and probes it. A split over budget tightens that card's cap and the sol
 again. Only splits a probe measured within every budget are returned, as for the other
 objectives; among them the one with the shortest step time.
 
+Two other goals (:class:`Goal`): ``global_batch=N``, the number of equal micro-batches and the
+micro-batch's split that finish N samples fastest (gradient accumulation; the certified probe
+is at the micro-batch); ``up_to=True``, the batch (at most the one given) and split with the
+most samples per second (the variable-length plan's throughput, per bucket).
+
 :func:`figures` gives every report its time line: for the even split, the memory-balanced
 split and the fastest split, the batch, step time, samples per second and whether the time
 was measured or estimated (or predicted from the fits, for a split not probed).
