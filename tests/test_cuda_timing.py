@@ -219,3 +219,44 @@ def test_throughput_uses_each_cards_measured_time_without_probing_cards_alone(mo
     even, _, fastest = tuner.speed
     assert fastest.source == "measured"
     assert fastest.samples_per_second > 2 * even.samples_per_second
+
+
+class Broadcast(torch.autograd.Function):
+    """Named as DataParallel's (its backward node is ``BroadcastBackward``, a sink): the
+    reduction of the gradients onto card 0, here 200 ms long, is not the card's own work."""
+
+    @staticmethod
+    def forward(ctx, w):
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.2)
+        return grad
+
+
+def test_a_cards_backward_ends_where_its_gradients_go_to_the_reduction():
+    """One card: a 20 ms backward on the card, then a 200 ms "reduction" in the sink's backward:
+    the card's time is the forward (10 ms) and its own backward (at least 30 ms in all; sleeps
+    and a first backward overshoot by some ms), without the reduction (well under 230 ms)."""
+    from dptune.backends.cuda.card_timer import CardTimer
+
+    clock = FakeClock()
+
+    class Replica(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 2))
+
+        def forward(self, x):
+            time.sleep(0.010)
+            return _SleepBackward.apply(x @ Broadcast.apply(self.w), 0.020)
+
+    model = Replica()
+    timer = CardTimer(clock, [3])
+    with timer.attached(model):
+        model(torch.randn(5, 4)).sum().backward()
+    (card,) = timer.card_seconds([5])
+    assert 0.030 <= card < 0.13
+    assert model.w.grad is not None                       # the sink's backward did run
+    assert timer.card_seconds([5]) is None               # the record was cleared
