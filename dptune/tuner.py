@@ -29,6 +29,7 @@ from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
 from dptune.split import MAX_BATCH_SIZE
 from dptune.search.messages import card0_holdings
+from dptune.search.throughput import check_global_batch
 from dptune.spec import WorkloadSpec
 from dptune.types import BackendKind, Objective, card_in_use
 from dptune.units import format_bytes
@@ -234,7 +235,7 @@ class Tuner:
         self.output_device = output_device
         #: the speed figures of the last fit (even, memory-balanced, fastest), when timed
         self.speed: tuple = ()
-        self.global_batch = _global_batch(global_batch, self.objective, accumulate)
+        self.global_batch = check_global_batch(global_batch, self.objective, accumulate)
         if self.objective is Objective.THROUGHPUT and output_device != 0:
             raise UsageError("objective='throughput' gathers the outputs on card 0; "
                              "output_device is not supported with it yet")
@@ -592,18 +593,3 @@ def _swapped_outcome(out: search.SearchOutcome, perm: list[int], k: int) -> sear
         fits=tuple(out.fits[perm[i]] for i in range(len(perm))),
         brackets=tuple(dataclasses.replace(b, card=perm[b.card]) for b in out.brackets))
 
-
-def _global_batch(global_batch: Optional[int], objective: Objective, accumulate: int) -> Optional[int]:
-    """``Tuner(global_batch=...)`` checked: an int >= 1, with ``objective="throughput"`` and
-    no ``accumulate`` of the user's own (the plan chooses the accumulation)."""
-    if global_batch is None:
-        return None
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise UsageError(f"global_batch must be an int >= 1, got {global_batch!r}")
-    if objective is not Objective.THROUGHPUT:
-        raise UsageError("global_batch= is the throughput objective's: use objective='throughput' "
-                         "(command line: --objective throughput --global-batch N)")
-    if accumulate != 1:
-        raise UsageError(f"global_batch={global_batch} chooses the number of micro-batches itself; "
-                         f"leave accumulate at 1 (got {accumulate})")
-    return global_batch

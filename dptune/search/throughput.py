@@ -28,12 +28,14 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from dptune.backends.base import ProbeResult
+from dptune.errors import UsageError
 from dptune.solver import Fit
 from dptune.split import even_split
 from dptune.throughput import SplitTime, StepModel, TimeFit, fit_time
+from dptune.types import Objective
 
-__all__ = ["SpeedFigure", "ThroughputOutcome", "fastest", "step_model", "figures",
-           "speed_notes", "advice", "memory_caps"]
+__all__ = ["SpeedFigure", "ThroughputOutcome", "Goal", "fastest", "step_model", "figures",
+           "speed_notes", "advice", "memory_caps", "check_global_batch"]
 
 
 @dataclass(frozen=True)
@@ -277,10 +279,7 @@ def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int
     tips = tuple(advice(figs))
     if global_batch is not None:
         notes += (_accumulation_note(best, global_batch, chosen is not None),)
-        if chosen is not None:
-            tips += (f"for the global batch of {global_batch}: batches of {best.batch_size} split "
-                     f"{list(best.chunk_sizes)}, {micro} accumulation step{'s' if micro > 1 else ''} "
-                     "per optimizer step",)
+        tips += _accumulation_tip(best, global_batch) if chosen is not None else ()
     return ThroughputOutcome(best=best, figures=figs, model=model, probes=tuple(known),
                              notes=notes, advice=tips, micro_batches=micro)
 
@@ -298,6 +297,13 @@ def _fastest_notes(model: Optional[StepModel], found: bool, whole: bool) -> tupl
                 "they include the copies and card 0's work): a split's step is modelled as its "
                 "slowest card's",)
     return ()
+
+
+def _accumulation_tip(best: ProbeResult, global_batch: int) -> tuple[str, ...]:
+    k = global_batch // best.batch_size
+    return (f"for the global batch of {global_batch}: batches of {best.batch_size} split "
+            f"{list(best.chunk_sizes)}, {k} accumulation step{'s' if k > 1 else ''} per optimizer "
+            "step",)
 
 
 def _accumulation_note(best: ProbeResult, global_batch: int, found: bool) -> str:
@@ -361,3 +367,19 @@ def advice(figs: Sequence[SpeedFigure]) -> list[str]:
                 f"samples/s, {chosen.source}): its fullest card sets the step time; "
                 "use --objective throughput for the fastest split that fits"]
     return []
+
+
+def check_global_batch(global_batch: Optional[int], objective: Objective, accumulate: int) -> Optional[int]:
+    """``Tuner(global_batch=...)`` checked: an int >= 1, with ``objective="throughput"`` and
+    no ``accumulate`` of the user's own (the plan chooses the accumulation)."""
+    if global_batch is None:
+        return None
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise UsageError(f"global_batch must be an int >= 1, got {global_batch!r}")
+    if objective is not Objective.THROUGHPUT:
+        raise UsageError("global_batch= is the throughput objective's: use objective='throughput' "
+                         "(command line: --objective throughput --global-batch N)")
+    if accumulate != 1:
+        raise UsageError(f"global_batch={global_batch} chooses the number of micro-batches itself; "
+                         f"leave accumulate at 1 (got {accumulate})")
+    return global_batch

@@ -95,7 +95,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 from dptune.backends.base import Capabilities, Device, ModelFacts, ProbeResult
-from dptune.backends.cuda.card_timer import CardTimer
+from dptune.backends.cuda.card_timer import CardTimer, measured_time
 from dptune.backends.cuda.isolated import IsolatedProbe, probe_in_child
 from dptune.backends.cuda.runtime import CudaRuntime, check_devices
 from dptune.backends.cuda.step import StepContext, default_step
@@ -104,7 +104,6 @@ from dptune.oom import is_oom, oom_device, oom_summary, replica_where
 from dptune.spec import WorkloadSpec
 from dptune.split import validate_chunk_sizes
 from dptune.state import Snapshot, restore, snapshot
-from dptune.timing import StepTime, TimeSource
 from dptune.types import BackendKind
 from dptune.workload import Workload
 
@@ -147,29 +146,6 @@ class _Steps:
     failure: Optional[_Failure] = None
     failed_figures: Optional[_Figures] = None
     failed_in: str = ""
-
-
-def _median(xs: Sequence[float]) -> float:
-    ordered = sorted(xs)
-    return ordered[len(ordered) // 2]
-
-
-def _measured(step_seconds: Sequence[float], card_seconds: Sequence[Optional[tuple[float, ...]]],
-              ok: bool) -> Optional[StepTime]:
-    """The step's time, measured: the median of the measured steps' wall times (each between
-    synchronisations of every card, after the warm-up) and, when every measured step timed
-    every card with samples (:class:`CardTimer`), each card's median forward and backward
-    time; ``serial_seconds`` is then the rest of the step (the step's median minus the slowest
-    card's: the scatter, the copies between cards, the loss, the optimizer's step)."""
-    if not ok or not step_seconds:
-        return None
-    step = _median(step_seconds)
-    if not card_seconds or any(c is None for c in card_seconds):
-        return StepTime(card_seconds=(), step_seconds=step, source=TimeSource.MEASURED)
-    runs = [c for c in card_seconds if c is not None]
-    cards = tuple(_median([r[i] for r in runs]) for i in range(len(runs[0])))
-    return StepTime(card_seconds=cards, step_seconds=step, source=TimeSource.MEASURED,
-                    serial_seconds=max(0.0, step - max(cards, default=0.0)))
 
 
 def _alloc_retries(rt: CudaRuntime, device: int, default: int) -> int:
@@ -567,7 +543,7 @@ class CudaBackend:
                            alloc_retries=tuple(retries), repeat_spread_bytes=spread,
                            seconds=time.perf_counter() - t0, note="; ".join(notes),
                            unread_outputs=unread,
-                           time=_measured(steps.step_seconds, steps.card_seconds, failure is None),
+                           time=measured_time(steps.step_seconds, steps.card_seconds, failure is None),
                            memory_stats=tuple({"allocated_bytes.all.peak": a, "reserved_bytes.all.peak": r,
                                                "num_alloc_retries": k}
                                               for a, r, k in zip(peak, reserved, retries)))

@@ -32,7 +32,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Protocol, Sequence
 
-__all__ = ["EventClock", "CardTimer", "SINKS"]
+from dptune.timing import StepTime, TimeSource
+
+__all__ = ["EventClock", "CardTimer", "SINKS", "measured_time"]
 
 #: Autograd nodes that take the parameters' gradients away from a card (their backward runs
 #: once for every card, or accumulates into a leaf): a card's backward ends where it feeds them.
@@ -180,3 +182,26 @@ def _feeding_sinks(roots: Sequence[Any]) -> list[Any]:
         if feeds:
             out.append(node)
     return out
+
+
+def _median(xs: Sequence[float]) -> float:
+    ordered = sorted(xs)
+    return ordered[len(ordered) // 2]
+
+
+def measured_time(step_seconds: Sequence[float],
+                  card_seconds: Sequence[Optional[tuple[float, ...]]], ok: bool) -> Optional[StepTime]:
+    """The step's time, measured: the median of the measured steps' wall times (each between
+    synchronisations of every card, after the warm-up) and, when every measured step timed
+    every card with samples (:class:`CardTimer`), each card's median forward and backward
+    time; ``serial_seconds`` is then the rest of the step (the step's median minus the slowest
+    card's: the scatter, the copies between cards, the loss, the optimizer's step)."""
+    if not ok or not step_seconds:
+        return None
+    step = _median(step_seconds)
+    if not card_seconds or any(c is None for c in card_seconds):
+        return StepTime(card_seconds=(), step_seconds=step, source=TimeSource.MEASURED)
+    runs = [c for c in card_seconds if c is not None]
+    cards = tuple(_median([r[i] for r in runs]) for i in range(len(runs[0])))
+    return StepTime(card_seconds=cards, step_seconds=step, source=TimeSource.MEASURED,
+                    serial_seconds=max(0.0, step - max(cards, default=0.0)))
