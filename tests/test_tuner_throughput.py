@@ -115,3 +115,21 @@ def test_the_command_line_refuses_global_batch_without_throughput(capsys):
                  "--batch-size", "8", "--global-batch", "64", "--quiet", "--no-plots"])
     assert code == 2
     assert "--global-batch needs --objective throughput" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_command_line_plans_a_global_batch(tmp_path, capsys):
+    import json
+
+    from dptune.cli import main
+
+    code = main(["search", "--model", "dptune.examples.models:MLP", "--simulate", "RTX4090,T4",
+                 "--batch-size", "32", "--objective", "throughput", "--global-batch", "256",
+                 "--no-plots", "--quiet", "--json", "--out", str(tmp_path / "rep")])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    text = json.dumps(report)
+    k = 256 // sum(report["chunk_sizes"])
+    assert 256 % sum(report["chunk_sizes"]) == 0
+    assert f"global batch 256: {k} micro-batch" in text
+    assert f"{k} accumulation step" in text
