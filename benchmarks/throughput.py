@@ -15,6 +15,12 @@ Models: ``GPT`` (returns its logits, which DataParallel gathers onto card 0: 32 
 floats per step), ``GPT-loss`` (the same model given its targets, returning the loss) and
 ``ResNet`` (a CNN with BatchNorm).
 
+``--global-batch`` runs :data:`GLOBAL_CASES` instead: a fixed global batch trained with
+gradient accumulation, ``Tuner(objective="throughput", global_batch=N)`` (the number of
+micro-batches and the micro-batch's split that finish N samples fastest) against the usual
+setup, the even split of the per-card hint's batch repeated ``N / batch`` times; writes
+``throughput_global.md`` and ``.csv``.
+
 Writes ``throughput.md`` and ``throughput.csv`` under ``--out`` and prints the Markdown table.
 The estimate is unvalidated on GPUs unless ``benchmarks/validate_gpu.py`` says otherwise.
 """
@@ -32,7 +38,8 @@ from dptune.backends.cluster import parse_cluster
 from benchmarks import config
 from benchmarks.output import write_table
 
-__all__ = ["CLUSTERS", "ThroughputRow", "run_case", "table", "main"]
+__all__ = ["CLUSTERS", "ThroughputRow", "run_case", "table", "GLOBAL_CASES", "GlobalRow",
+           "run_global", "global_table", "main"]
 
 #: Mixed speeds, four equal cards, and a slow card beside a fast one (worth dropping).
 CLUSTERS = ("A100-80GB,A6000", "RTX4090,RTX3090", "4xA100-80GB", "RTX4090,T4")
@@ -107,6 +114,61 @@ def table(rows: Sequence[ThroughputRow]) -> str:
     return "\n".join(lines)
 
 
+#: (model, cluster, global batch): mixed speeds with room to spare, and small cards where the
+#: global batch needs several micro-batches.
+GLOBAL_CASES = (("GPT-loss", "RTX4090,RTX3090", 512), ("ResNet", "RTX4090,RTX3090", 2048),
+                ("GPT-loss", "2x8GB,tflops=1:40", 512), ("ResNet", "RTX4090,T4", 1024))
+
+
+@dataclass
+class GlobalRow:
+    model: str
+    cluster: str
+    global_batch: int
+    batch: int                  # the usual micro-batch: the per-card hint x cards
+    even_split: list[int]
+    even_seconds: float         # the global batch as N / batch even steps
+    micro_batches: int
+    split: list[int]            # the plan's micro-batch split
+    seconds: float              # the plan's time for the global batch
+    probes: int
+
+    @property
+    def gain(self) -> float:
+        return self.even_seconds / self.seconds - 1.0 if self.seconds else float("inf")
+
+
+def run_global(model_name: str, cluster: str, global_batch: int) -> GlobalRow:
+    spec, model, sample = _workload(model_name)
+    batch = spec.hint_per_card * len(parse_cluster(cluster))
+    tuner = Tuner(model, sample, batch_size=batch, optimizer=config.optimizer, simulate=cluster,
+                  objective="throughput", headroom=config.HEADROOM, verbose=False, amp=spec.amp,
+                  global_batch=global_batch)
+    result = tuner.fit()
+    even = tuner.speed[0]
+    chosen = next(p for p in result.probes if list(p.chunk_sizes) == result.chunk_sizes)
+    k = global_batch // result.batch_size
+    assert chosen.time is not None and even.step_seconds is not None
+    return GlobalRow(model=model_name, cluster=cluster, global_batch=global_batch, batch=batch,
+                     even_split=list(even.chunk_sizes),
+                     even_seconds=-(-global_batch // batch) * even.step_seconds,
+                     micro_batches=k, split=list(result.chunk_sizes),
+                     seconds=k * chosen.time.step_seconds, probes=len(result.probes))
+
+
+def global_table(rows: Sequence[GlobalRow]) -> str:
+    head = ("| model | cluster | global batch | even, accumulated | fastest plan | "
+            "plan vs even | probes |\n|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        even = (f"{r.global_batch // r.batch if r.global_batch % r.batch == 0 else -(-r.global_batch // r.batch)}"
+                f" x [{'/'.join(map(str, r.even_split))}]: {r.even_seconds * 1e3:,.1f} ms")
+        plan = f"{r.micro_batches} x [{'/'.join(map(str, r.split))}]: {r.seconds * 1e3:,.1f} ms"
+        lines.append(f"| {r.model} | {r.cluster} | {r.global_batch} | {even} | {plan} "
+                     f"| {100 * r.gain:+.0f}% | {r.probes} |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -114,7 +176,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     choices=sorted(config.MODELS) + [GPT_LOSS])
     ap.add_argument("--clusters", nargs="+", default=list(CLUSTERS))
     ap.add_argument("--out", default="reports/benchmarks")
+    ap.add_argument("--global-batch", action="store_true",
+                    help="the fixed-global-batch cases (GLOBAL_CASES) instead")
     args = ap.parse_args(argv)
+    if args.global_batch:
+        grows = [run_global(m, c, g) for m, c, g in GLOBAL_CASES]
+        text = global_table(grows) + ("\n\nAll figures estimated on the simulated cluster: the "
+                                      "time of one global batch (every micro-batch a whole step).")
+        write_table(args.out, "throughput_global", text, grows)
+        print(text)
+        return 0
     rows = [run_case(m, c) for m in args.models for c in args.clusters]
     text = table(rows) + ("\n\nAll figures estimated on the simulated cluster (dptune.backends."
                           "timing), samples per second of one DataParallel training step.")

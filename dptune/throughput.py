@@ -21,6 +21,14 @@ given:
   ``B``, a bisection over the cards' own time values);
 - ``batch=None``: the split and batch with the most samples per second (at every candidate
   ``T``, every card takes the most samples it finishes within ``T``).
+
+:func:`fastest_accumulation` solves for a fixed **global batch** ``G`` trained with gradient
+accumulation: ``k`` micro-batches of ``G / k`` samples each (``k`` divides ``G``, so that
+every micro-batch has the same split), each split as :func:`fastest_split` would for that
+micro-batch under the memory caps at that micro-batch; the plan is the ``(k, split)`` whose
+``k`` steps take the least time. Each micro-batch is modelled as a whole step (its serial
+work included): where the optimizer runs once per global batch, the model counts it ``k``
+times, an upper bound on the plans with more micro-batches.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["TimeFit", "fit_time", "SplitTime", "StepModel", "fastest_split", "step_seconds"]
+__all__ = ["TimeFit", "fit_time", "SplitTime", "StepModel", "fastest_split", "step_seconds",
+           "AccumulationPlan", "fastest_accumulation", "micro_batch_counts"]
 
 #: Beyond this many cards the subsets tried are the nested ones (the slowest cards dropped first).
 MAX_EXHAUSTIVE_CARDS = 12
@@ -100,11 +109,21 @@ class StepModel:
                             split, self.overhead, self.serial_pair, self.linear)
 
     def fastest(self, caps: Sequence[int], batch: Optional[int], min_chunk: int = 1,
-                every_card: bool = False) -> Optional["SplitTime"]:
+                every_card: bool = False, max_batch: Optional[int] = None) -> Optional["SplitTime"]:
         """:func:`fastest_split` on this model within ``caps``."""
         return fastest_split(self.curves(caps), batch, overhead=self.overhead,
                              serial=self.serial_pair, min_chunk=min_chunk, every_card=every_card,
-                             linear=self.linear)
+                             linear=self.linear, max_batch=max_batch)
+
+    def fastest_accumulation(self, caps_of: Callable[[int], Sequence[int]], global_batch: int,
+                             min_chunk: int = 1, every_card: bool = False,
+                             max_micro_batches: Optional[int] = None) -> Optional["AccumulationPlan"]:
+        """:func:`fastest_accumulation` on this model; ``caps_of(b)``: the cards' memory caps
+        at micro-batch ``b``."""
+        return fastest_accumulation(lambda b: self.curves(caps_of(b)), global_batch,
+                                    overhead=self.overhead, serial=self.serial_pair,
+                                    min_chunk=min_chunk, every_card=every_card, linear=self.linear,
+                                    max_micro_batches=max_micro_batches)
 
     def curves(self, caps: Sequence[int]) -> list[list[float]]:
         """Each card's time at chunks ``0..caps[i]``."""
@@ -159,15 +178,16 @@ def _subsets(n: int, order: Sequence[int], every_card: bool) -> list[tuple[int, 
 def fastest_split(times: Sequence[Sequence[float]], batch: Optional[int] = None, *,
                   overhead: Callable[[frozenset[int]], float] = lambda s: 0.0,
                   serial: tuple[float, float] = (0.0, 0.0), min_chunk: int = 1,
-                  every_card: bool = False, linear: Optional[Sequence[float]] = None
-                  ) -> Optional[SplitTime]:
+                  every_card: bool = False, linear: Optional[Sequence[float]] = None,
+                  max_batch: Optional[int] = None) -> Optional[SplitTime]:
     """The fastest split (see the module docstring); ``None`` when no split fits the caps.
 
     ``times[i]`` lists card i's time at chunks ``0..cap_i`` (its memory cap is
     ``len(times[i]) - 1``; the value at 0 is not used). Curves are made nondecreasing (more
     samples never take less time). ``min_chunk``: a card gets 0 or at least this many
     samples (2 under BatchNorm); ``every_card``: no card may be dropped (DDP ranks);
-    ``linear[i]``: seconds per sample of card i added to the step (see :func:`step_seconds`).
+    ``linear[i]``: seconds per sample of card i added to the step (see :func:`step_seconds`);
+    ``max_batch`` (with ``batch=None``): the most samples per second with at most that many.
     """
     import numpy as np
 
@@ -182,11 +202,11 @@ def fastest_split(times: Sequence[Sequence[float]], batch: Optional[int] = None,
         g = [float(linear[i]) if linear is not None else 0.0 for i in subset]
         fixed = overhead(frozenset(subset)) + serial[0]
         if any(g):
-            sol = _linear(curves, subset, batch, min_chunk, fixed, serial[1], g)
+            sol = _linear(curves, subset, batch, min_chunk, fixed, serial[1], g, max_batch)
         elif batch is not None:
             sol = _fixed_batch(curves, subset, batch, min_chunk)
         else:
-            sol = _free_batch(curves, subset, min_chunk, fixed, serial[1])
+            sol = _free_batch(curves, subset, min_chunk, fixed, serial[1], max_batch)
         if sol is None:
             continue
         split = [0] * n
@@ -238,25 +258,37 @@ def _fixed_batch(curves: list, subset: Sequence[int], batch: int, m: int) -> Opt
     return chunks
 
 
-def _free_batch(curves: list, subset: Sequence[int], m: int, fixed: float, per_sample: float
-                ) -> Optional[list[int]]:
+def _free_batch(curves: list, subset: Sequence[int], m: int, fixed: float, per_sample: float,
+                max_batch: Optional[int] = None) -> Optional[list[int]]:
     """The chunks over ``subset`` with the most samples per second: at each candidate level
-    (a card's own time value), every card takes the most samples it finishes within it;
+    (a card's own time value), every card takes the most samples it finishes within it (at
+    most ``max_batch`` in all: more samples within the same level only raise the rate);
     ``fixed`` and ``per_sample`` are the step's costs outside the cards (for this subset)."""
     import numpy as np
 
+    if max_batch is not None and m * len(subset) > max_batch:
+        return None
     floor = max(curves[i][m - 1] for i in subset)
     levels = np.unique(np.concatenate([curves[i][m - 1:] for i in subset]))
     levels = levels[levels >= floor]
     counts = _counts(curves, subset, levels)            # cards x levels
     b = counts.sum(axis=0).astype(float)
+    if max_batch is not None:
+        b = np.minimum(b, float(max_batch))
     t = levels + fixed + per_sample * b
     rate = np.where(t > 0, b / np.where(t > 0, t, 1.0), np.inf)
-    return [int(x) for x in counts[:, int(np.argmax(rate))]]
+    chunks = [int(x) for x in counts[:, int(np.argmax(rate))]]
+    surplus = sum(chunks) - int(b[int(np.argmax(rate))])
+    for k in range(len(chunks)):         # any card may give back samples: its time only falls
+        take = min(surplus, chunks[k] - m)
+        chunks[k] -= take
+        surplus -= take
+    return chunks
 
 
 def _linear(curves: list, subset: Sequence[int], batch: Optional[int], m: int, fixed: float,
-            per_sample: float, g: Sequence[float]) -> Optional[list[int]]:
+            per_sample: float, g: Sequence[float], max_batch: Optional[int] = None
+            ) -> Optional[list[int]]:
     """With costs per sample outside the parallel work (``g``), every candidate level L is
     tried: each card may take up to its count at L; for a fixed batch the samples beyond ``m``
     each go to the cards of smallest ``g`` first; for the best rate (a linear-fractional
@@ -283,11 +315,19 @@ def _linear(curves: list, subset: Sequence[int], batch: Optional[int], m: int, f
         cost = np.where(left > 0, np.inf, cost)
         k = int(np.argmin(cost))
         return None if not np.isfinite(cost[k]) else [int(x) for x in alloc[:, k]]
+    if max_batch is not None and m * len(subset) > max_batch:
+        return None
     best_rate, best_alloc = -1.0, None
     for prefix in range(len(subset) + 1):
         alloc = np.full(counts.shape, float(m))
         for j in order[:prefix]:
             alloc[j] = counts[j]
+        if max_batch is not None:     # the largest g give back first (smallest g filled first)
+            over = alloc.sum(axis=0) - max_batch
+            for j in reversed(order[:prefix]):
+                take = np.clip(over, 0.0, alloc[j] - m)
+                alloc[j] -= take
+                over -= take
         b = alloc.sum(axis=0)
         t = levels + fixed + per_sample * b + (np.asarray(g)[:, None] * alloc).sum(axis=0)
         rate = np.where(t > 0, b / np.where(t > 0, t, 1.0), np.inf)
@@ -295,3 +335,55 @@ def _linear(curves: list, subset: Sequence[int], batch: Optional[int], m: int, f
         if rate[k] > best_rate:
             best_rate, best_alloc = float(rate[k]), [int(x) for x in alloc[:, k]]
     return best_alloc
+
+
+@dataclass(frozen=True)
+class AccumulationPlan:
+    """A global batch as ``micro_batches`` steps of the same split (gradient accumulation)."""
+
+    micro_batches: int
+    split: SplitTime                      # one micro-batch
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batches * self.split.batch_size
+
+    @property
+    def seconds(self) -> float:
+        """The modelled time of the whole global batch."""
+        return self.micro_batches * self.split.step_seconds
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.global_batch / self.seconds if self.seconds > 0 else math.inf
+
+
+def micro_batch_counts(global_batch: int, max_micro_batches: Optional[int] = None) -> list[int]:
+    """The numbers of equal micro-batches ``global_batch`` divides into (its divisors), in
+    increasing order, at most ``max_micro_batches``."""
+    if global_batch < 1:
+        raise ValueError(f"the global batch must be >= 1, got {global_batch}")
+    small = [k for k in range(1, math.isqrt(global_batch) + 1) if global_batch % k == 0]
+    ks = sorted(set(small) | {global_batch // k for k in small})
+    return [k for k in ks if max_micro_batches is None or k <= max_micro_batches]
+
+
+def fastest_accumulation(times_of: Callable[[int], Sequence[Sequence[float]]], global_batch: int, *,
+                         overhead: Callable[[frozenset[int]], float] = lambda s: 0.0,
+                         serial: tuple[float, float] = (0.0, 0.0), min_chunk: int = 1,
+                         every_card: bool = False, linear: Optional[Sequence[float]] = None,
+                         max_micro_batches: Optional[int] = None) -> Optional[AccumulationPlan]:
+    """The number of micro-batches and the split that finish ``global_batch`` fastest (see the
+    module docstring); ``times_of(b)``: the cards' time curves at micro-batch ``b``, each as
+    long as that card's memory cap at ``b`` allows (as :func:`fastest_split` takes them).
+    ``None`` when no micro-batch size fits. Ties go to fewer micro-batches."""
+    best: Optional[AccumulationPlan] = None
+    for k in micro_batch_counts(global_batch, max_micro_batches):
+        sol = fastest_split(times_of(global_batch // k), global_batch // k, overhead=overhead,
+                            serial=serial, min_chunk=min_chunk, every_card=every_card, linear=linear)
+        if sol is None:
+            continue
+        plan = AccumulationPlan(k, sol)
+        if best is None or plan.seconds < best.seconds * (1 - 1e-12):
+            best = plan
+    return best

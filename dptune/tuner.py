@@ -29,6 +29,7 @@ from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
 from dptune.split import MAX_BATCH_SIZE
 from dptune.search.messages import card0_holdings
+from dptune.search.throughput import check_global_batch
 from dptune.spec import WorkloadSpec
 from dptune.types import BackendKind, Objective, card_in_use
 from dptune.units import format_bytes
@@ -172,6 +173,11 @@ class Tuner:
       the built-in step) also searches
       with the outputs on the largest other card and keeps it when that fits a larger batch;
       an int forces that card. ``result.output_device``, ``result.output_device_gain``.
+    - ``global_batch`` (``objective="throughput"``): the samples per optimizer step, trained
+      as equal micro-batches with gradient accumulation; the number of micro-batches and the
+      micro-batch's split that finish it fastest are chosen together (``batch_size`` is
+      where the memory search runs; the result is the micro-batch's split, its notes and
+      advice say how many micro-batches).
     """
 
     def __init__(self, model: Any, sample: Callable[[int], Any], batch_size: int = 256,
@@ -186,7 +192,7 @@ class Tuner:
                  output_device: Union[int, str] = 0, choice: Optional[BackendChoice] = None,
                  budget_level: str = "allocated",
                  allocator: Union[str, AllocatorConfig, None] = None,
-                 nccl_bytes: Union[int, str, None] = None):
+                 nccl_bytes: Union[int, str, None] = None, global_batch: Optional[int] = None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UsageError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if batch_size > MAX_BATCH_SIZE:
@@ -229,6 +235,7 @@ class Tuner:
         self.output_device = output_device
         #: the speed figures of the last fit (even, memory-balanced, fastest), when timed
         self.speed: tuple = ()
+        self.global_batch = check_global_batch(global_batch, self.objective, accumulate)
         if self.objective is Objective.THROUGHPUT and output_device != 0:
             raise UsageError("objective='throughput' gathers the outputs on card 0; "
                              "output_device is not supported with it yet")
@@ -399,7 +406,8 @@ class Tuner:
         m = 2 if self._has_batchnorm(backend) else 1
         fast = throughput.fastest(backend.probe, budgets, self.batch_size, outcome.probes,
                                   outcome.fits, best, min_chunk=m,
-                                  max_probes=max(3, self.max_probes - len(outcome.probes)))
+                                  max_probes=max(3, self.max_probes - len(outcome.probes)),
+                                  global_batch=self.global_batch)
         self.speed = fast.figures
         notes.extend(fast.notes)
         advice.extend(fast.advice)
@@ -584,3 +592,4 @@ def _swapped_outcome(out: search.SearchOutcome, perm: list[int], k: int) -> sear
         probes=tuple(probe(r) for r in out.probes),
         fits=tuple(out.fits[perm[i]] for i in range(len(perm))),
         brackets=tuple(dataclasses.replace(b, card=perm[b.card]) for b in out.brackets))
+

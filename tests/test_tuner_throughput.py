@@ -66,3 +66,70 @@ def test_balance_reports_the_speed_of_its_split_beside_the_even_one():
 def test_throughput_refuses_another_output_card():
     with pytest.raises(UsageError, match="output_device"):
         Tuner(cnn(), images, objective="throughput", output_device=1, simulate="2x24GB")
+
+
+def test_a_global_batch_too_large_for_one_step_runs_as_the_fastest_micro_batches():
+    """2 cards of 1 GB (146 MiB budgets after 500 MiB headroom), card 1 ten times slower: 1024
+    samples cannot run in one step (the even split [512, 512] is over budget), so the plan
+    accumulates equal micro-batches. Among the probes measured within every budget whose batch
+    divides 1024, the one chosen finishes the 1024 samples in the least time (its steps x its
+    step time)."""
+    cluster = "2x1GB,tflops=0:100,tflops=1:10,bandwidth=1:100GB/s"
+    tuner = Tuner(cnn(), images, batch_size=64, optimizer=adamw, simulate=cluster,
+                  objective="throughput", verbose=False, headroom="500MiB", global_batch=1024)
+    r = tuner.fit()
+    b = r.batch_size
+    assert 1024 % b == 0 and b < 1024
+    k = 1024 // b
+    chosen = next(p for p in r.probes if list(p.chunk_sizes) == r.chunk_sizes)
+    assert within(chosen, r.budget_bytes) and chosen.time is not None
+    rivals = [p for p in r.probes if p.batch_size and 1024 % p.batch_size == 0
+              and within(p, r.budget_bytes) and p.time is not None]
+    assert k * chosen.time.step_seconds == min(1024 // p.batch_size * p.time.step_seconds
+                                               for p in rivals)
+    assert chosen.chunk_sizes[0] > chosen.chunk_sizes[1]          # the slow card gets fewer
+    assert any(n.startswith(f"global batch 1024: {k} micro-batch") for n in r.notes)
+    assert any(f"{k} accumulation step" in a for a in r.advice)
+    from dptune.backends.simulated.backend import SimulatedBackend
+    from dptune.workload import Workload
+
+    one_step = SimulatedBackend(Workload(model=cnn(), sample=images, optimizer=adamw),
+                                cluster).probe([512, 512])
+    assert not within(one_step, r.budget_bytes)
+
+
+def test_global_batch_is_checked():
+    with pytest.raises(UsageError, match="objective='throughput'"):
+        Tuner(cnn(), images, simulate="2x24GB", global_batch=64)
+    with pytest.raises(UsageError, match="accumulate"):
+        Tuner(cnn(), images, simulate="2x24GB", objective="throughput", global_batch=64,
+              accumulate=2)
+    with pytest.raises(UsageError, match="int >= 1"):
+        Tuner(cnn(), images, simulate="2x24GB", objective="throughput", global_batch=0)
+
+
+def test_the_command_line_refuses_global_batch_without_throughput(capsys):
+    from dptune.cli import main
+
+    code = main(["search", "--model", "dptune.examples.models:MLP", "--simulate", "2x24GB",
+                 "--batch-size", "8", "--global-batch", "64", "--quiet", "--no-plots"])
+    assert code == 2
+    assert "--global-batch needs --objective throughput" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_command_line_plans_a_global_batch(tmp_path, capsys):
+    import json
+
+    from dptune.cli import main
+
+    code = main(["search", "--model", "dptune.examples.models:MLP", "--simulate", "RTX4090,T4",
+                 "--batch-size", "32", "--objective", "throughput", "--global-batch", "256",
+                 "--no-plots", "--quiet", "--json", "--out", str(tmp_path / "rep")])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    text = json.dumps(report)
+    k = 256 // sum(report["chunk_sizes"])
+    assert 256 % sum(report["chunk_sizes"]) == 0
+    assert f"global batch 256: {k} micro-batch" in text
+    assert f"{k} accumulation step" in text

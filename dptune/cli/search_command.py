@@ -32,7 +32,8 @@ def search(spec: WorkloadSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
            objective: str = "balance", headroom_bytes: Optional[int] = None, max_probes: int = 12,
            verbose: bool = True, isolate: bool = False,
            output_device: Union[int, str] = 0, budget_level: str = "allocated",
-           allocator: Optional[str] = None, nccl_bytes: Optional[int] = None) -> "TuneResult":
+           allocator: Optional[str] = None, nccl_bytes: Optional[int] = None,
+           global_batch: Optional[int] = None) -> "TuneResult":
     """``dptune search`` without the printing: :meth:`dptune.Tuner.from_spec`, then ``fit``.
     With neither ``devices`` nor ``simulate``, all visible GPUs are used, or the default
     simulated cluster when none is visible (the tuner says so once). ``headroom_bytes``
@@ -44,7 +45,7 @@ def search(spec: WorkloadSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
                             simulate=simulate, isolate=isolate, objective=objective,
                             headroom=headroom_bytes, verbose=verbose, max_probes=max_probes,
                             output_device=output_device, budget_level=budget_level,
-                            allocator=allocator, nccl_bytes=nccl_bytes)
+                            allocator=allocator, nccl_bytes=nccl_bytes, global_batch=global_batch)
     return tuner.fit()
 
 
@@ -137,6 +138,10 @@ def search_parser(subparsers: Any) -> None:
                            "that fits (cards may differ in speed, or be left out)")
     t.add_argument("--max-probes", type=positive_int, default=12, metavar="N",
                    help="at most this many training steps are probed (default 12)")
+    t.add_argument("--global-batch", type=positive_int, metavar="N",
+                   help="with --objective throughput: N samples per optimizer step, as equal "
+                        "micro-batches (gradient accumulation); the number of micro-batches and "
+                        "the micro-batch's split that finish it fastest")
     t.add_argument("--output-device", type=card_or_auto, default=0, metavar="K|auto",
                    help="the card the outputs are gathered on (default 0, as DataParallel); "
                         "'auto' with --objective max-batch tries another card and keeps it when "
@@ -165,6 +170,10 @@ def _search_command(args: argparse.Namespace) -> int:
         check_out(args.out, "--out", room=REPORT_TEMP_ROOM, report=True)
     check_cards(args.simulate, args.devices, 0 if args.hf_trainer else args.output_device)
     check_level_flags(args)
+    if args.global_batch is not None and (args.objective != "throughput" or args.hf_trainer
+                                          or args.lengths is not None):
+        raise UsageError("--global-batch needs --objective throughput, with the model flags "
+                         "(not with --hf-trainer or --lengths)")
     if args.lengths is not None:   # a plan per length bucket
         from dptune.lengths import cli as lengths_cli
 
@@ -185,7 +194,8 @@ def _search_command(args: argparse.Namespace) -> int:
                 devices=args.devices, simulate=args.simulate,
                 objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
                 max_probes=args.max_probes, verbose=not args.quiet, isolate=args.isolate,
-                output_device=args.output_device, **level_options(args))
+                output_device=args.output_device, global_batch=args.global_batch,
+                **level_options(args))
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
     if args.json:

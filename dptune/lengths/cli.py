@@ -97,7 +97,7 @@ def run(args: argparse.Namespace, spec: Any) -> int:
     if args.hf_trainer:
         raise UsageError("--lengths with --hf-trainer is not supported yet: use --model with "
                          "--input-shape or --sample, or dptune.integrations.tune_trainer")
-    if args.objective not in ("balance", "max-batch"):
+    if args.objective not in ("balance", "max-batch", "throughput"):
         raise UsageError(f"--lengths plans the largest batch of every bucket; --objective "
                          f"{args.objective} does not apply to it")
     if args.output_device not in (0, "0"):
@@ -120,7 +120,8 @@ def run(args: argparse.Namespace, spec: Any) -> int:
                         length_axis=args.length_axis, max_length=longest,
                         batch_size=args.batch_size or 256, max_probes=max(args.max_probes, 16),
                         amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
-                        step=wl.step, ddp=args.ddp, verbose=not args.quiet)
+                        step=wl.step, ddp=args.ddp, verbose=not args.quiet,
+                        objective="throughput" if args.objective == "throughput" else "max_batch")
     folder = pathlib.Path(args.out) if args.out else _default_dir(plan.model_name, plan.cluster)
     write_plan_report(plan, str(folder), lengths, plots=not args.no_plots)
     if args.json:

@@ -243,7 +243,7 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
                  clip_grad_norm: Optional[float] = None,
                  step: Optional[Callable[[Any, Any, Any], None]] = None,
                  from_neighbour: bool = True, ddp: bool = False,
-                 verbose: bool = False) -> LengthPlan:
+                 verbose: bool = False, objective: str = "max_batch") -> LengthPlan:
     """For every bucket of ``lengths``, the largest DataParallel batch that fits each card at
     the bucket's longest (padded) length, and its per-card split (a :class:`LengthPlan`).
 
@@ -255,8 +255,12 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     bucket) and ``tolerance`` are as for :class:`dptune.Tuner`; ``batch_size`` is where the
     shortest bucket's search starts. ``ddp=True`` (simulated cards only): each card is a
     DDP rank with its own batch (nothing gathered); every rank must fit at least one sequence.
+    Where the backend times its steps, the plan's notes give each bucket's tokens per second
+    and the epoch's (:mod:`dptune.lengths.speed`); ``objective="throughput"`` splits each
+    bucket's batch for the shortest step that fits.
     """
-    from dptune.tuner import _build_backend, choose_backend
+    from dptune.lengths.speed import plan_speed
+    from dptune.tuner import _build_backend, _timed, choose_backend
     from dptune.workload import Workload, model_name
 
     t0 = time.perf_counter()
@@ -276,7 +280,10 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     if ddp and not choice.simulated:
         raise UsageError("ddp=True plans on simulated cards (simulate=...); planning inside a "
                          "torchrun job per bucket is not supported yet")
-    backend: Backend = _DDPRanks(wl, choice.cluster) if ddp else _build_backend(wl, choice)
+    if objective not in ("max_batch", "throughput") or (ddp and objective == "throughput"):
+        raise UsageError(f"objective={objective!r}: a length plan takes 'max_batch' (the largest "
+                         "batch per bucket) or 'throughput' (its fastest split; DataParallel only)")
+    backend: Backend = _DDPRanks(wl, choice.cluster) if ddp else _timed(_build_backend(wl, choice))
     budgets = [d.budget_bytes(headroom_bytes) for d in backend.devices]
     notes = [choice.notice] if choice.notice else []
 
@@ -297,10 +304,17 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
                                tolerance=tolerance,
                                exact_on_oom=getattr(backend, "kind", "") == "simulated",
                                from_neighbour=from_neighbour, on_bucket=said)
+        tokens = [0] * len(edges)
+        for k, x in zip(assign(data, edges, pad_to_multiple_of), data):
+            tokens[k] += x
+        found, speed, speed_notes = plan_speed(found, probe_at, budgets, counts, tokens,
+                                               fastest=objective == "throughput",
+                                               min_chunk=_min_chunk(wl))
     finally:
         backend.close()
     plans = _bucket_plans(found, counts, budgets, ddp)
     notes.extend(f"length <= {s.length}: {n}" for s in found for n in s.outcome.notes)
+    notes.extend(speed_notes + (speed.lines() if not ddp else []))
     return LengthPlan(buckets=tuple(plans), devices=tuple(d.name for d in backend.devices),
                       budget_bytes=tuple(budgets), length_axis=length_axis,
                       pad_to_multiple_of=pad_to_multiple_of, cluster=backend.describe(),

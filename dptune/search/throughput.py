@@ -10,6 +10,11 @@ faster), and probes it. A split over budget tightens that card's cap and the sol
 again. Only splits a probe measured within every budget are returned, as for the other
 objectives; among them the one with the shortest step time.
 
+Two other goals (:class:`Goal`): ``global_batch=N``, the number of equal micro-batches and the
+micro-batch's split that finish N samples fastest (gradient accumulation; the certified probe
+is at the micro-batch); ``up_to=True``, the batch (at most the one given) and split with the
+most samples per second (the variable-length plan's throughput, per bucket).
+
 :func:`figures` gives every report its time line: for the even split, the memory-balanced
 split and the fastest split, the batch, step time, samples per second and whether the time
 was measured or estimated (or predicted from the fits, for a split not probed).
@@ -18,16 +23,19 @@ was measured or estimated (or predicted from the fits, for a split not probed).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from dptune.backends.base import ProbeResult
+from dptune.errors import UsageError
 from dptune.solver import Fit
 from dptune.split import even_split
-from dptune.throughput import StepModel, TimeFit, fit_time
+from dptune.throughput import SplitTime, StepModel, TimeFit, fit_time
+from dptune.types import Objective
 
-__all__ = ["SpeedFigure", "ThroughputOutcome", "fastest", "step_model", "figures",
-           "speed_notes", "advice", "memory_caps"]
+__all__ = ["SpeedFigure", "ThroughputOutcome", "Goal", "fastest", "step_model", "figures",
+           "speed_notes", "advice", "memory_caps", "check_global_batch"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ class ThroughputOutcome:
     probes: tuple[ProbeResult, ...]       # every probe: the memory search's, then these
     notes: tuple[str, ...]
     advice: tuple[str, ...]
+    micro_batches: int = 1                # the global batch's micro-batches (accumulation)
 
 
 def _within(r: ProbeResult, budgets: Sequence[int]) -> bool:
@@ -167,18 +176,72 @@ def _time(r: ProbeResult) -> Optional[float]:
     return None if r.time is None else r.time.step_seconds
 
 
+@dataclass(frozen=True)
+class Goal:
+    """What :func:`fastest` looks for: the shortest step for the batch (the default); with
+    ``up_to``, the most samples per second with at most the batch, each card's chunk within
+    its memory cap at the batch (a card's memory only shrinks with a smaller batch, so these
+    caps hold; card 0, which gathers the outputs, might take a little more at a smaller
+    batch: not tried); with ``global_batch``, the least time for that many samples as equal
+    micro-batches (gradient accumulation)."""
+
+    global_batch: Optional[int] = None
+    up_to: bool = False
+
+    def steps(self, r: ProbeResult) -> int:
+        """How many steps of ``r`` one round takes (the micro-batches of a global batch)."""
+        return 1 if self.global_batch is None else self.global_batch // r.batch_size
+
+    def admits(self, r: ProbeResult, batch: int) -> bool:
+        if self.global_batch is not None:
+            return self.global_batch % r.batch_size == 0
+        return r.batch_size <= batch if self.up_to else r.batch_size == batch
+
+    def cost(self, r: ProbeResult) -> float:
+        """What the goal minimises: seconds per sample (``up_to``) or per round."""
+        t = r.time.step_seconds if r.time is not None else math.inf
+        return t / r.batch_size if self.up_to else self.steps(r) * t
+
+
+def _solve(model: StepModel, fits: Sequence[Fit], budgets: Sequence[int], batch: int,
+           known: Sequence[ProbeResult], min_chunk: int, goal: Goal) -> tuple[Optional[SplitTime], int]:
+    """The model's answer to ``goal`` (see :class:`Goal`) and its number of micro-batches."""
+    if goal.global_batch is not None:
+        plan = model.fastest_accumulation(lambda b: memory_caps(fits, budgets, b, known),
+                                          goal.global_batch, min_chunk)
+        return (None, 1) if plan is None else (plan.split, plan.micro_batches)
+    caps = memory_caps(fits, budgets, batch, known)
+    if goal.up_to:
+        return model.fastest(caps, None, min_chunk, max_batch=batch), 1
+    return model.fastest(caps, batch, min_chunk), 1
+
+
+def _chosen(known: Sequence[ProbeResult], budgets: Sequence[int], batch: int,
+            goal: Goal) -> Optional[ProbeResult]:
+    """The probe measured within every budget that does best for ``goal``."""
+    ok = [r for r in known if r.time is not None and _within(r, budgets) and r.batch_size > 0
+          and goal.admits(r, batch)]
+    return min(ok, key=lambda r: (goal.cost(r), goal.steps(r), tuple(r.chunk_sizes))) if ok else None
+
+
 def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], batch: int,
             probes: Sequence[ProbeResult], fits: Sequence[Fit], balanced: ProbeResult, *,
-            min_chunk: int = 1, max_probes: int = 6) -> ThroughputOutcome:
+            min_chunk: int = 1, max_probes: int = 6,
+            global_batch: Optional[int] = None, up_to: bool = False) -> ThroughputOutcome:
     """The fastest split of ``batch`` measured within every budget (see the module docstring).
 
     ``probes``: the memory search's; ``fits``: its memory fits; ``balanced``: its answer.
-    At most ``max_probes`` more probes are run.
+    At most ``max_probes`` more probes are run. ``global_batch``: train that many samples per
+    optimizer step as equal micro-batches (gradient accumulation): the number of
+    micro-batches and the micro-batch's split are chosen together
+    (:func:`dptune.throughput.fastest_accumulation`); ``batch`` is then only where the
+    memory search ran. ``up_to``: the most samples per second with at most ``batch``
+    samples (a smaller batch, or a card left out, may be faster per sample).
     """
+    goal = Goal(global_batch, up_to)
     n = len(budgets)
     known = list(probes)
     by_split = {tuple(r.chunk_sizes): r for r in known}
-    notes: list[str] = []
     run = 0
 
     def timed(split: Sequence[int], purpose: str) -> ProbeResult:
@@ -202,29 +265,59 @@ def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int
         model = whole_step_model(known, n)
         max_probes += run
     while model is not None and run < max_probes:
-        caps = memory_caps(fits, budgets, batch, known)
-        sol = model.fastest(caps, batch, min_chunk)
+        sol, k = _solve(model, fits, budgets, batch, known, min_chunk, goal)
         if sol is None or sol.chunk_sizes in by_split:
             break
-        timed(sol.chunk_sizes, f"throughput: fastest predicted ({sol.step_seconds * 1e3:.2f} ms)")
+        timed(sol.chunk_sizes, f"throughput: fastest predicted ({sol.step_seconds * 1e3:.2f} ms"
+                               + (f" x {k} micro-batches)" if global_batch is not None else ")"))
         model = whole_step_model(known, n) if whole else step_model(known, n)
-    ok = [r for r in known if r.batch_size == batch and _within(r, budgets) and r.time is not None]
-    best = min(ok, key=lambda r: (_time(r), tuple(r.chunk_sizes))) if ok else balanced
-    if model is None and not ok:
-        notes.append("no probe carries a step time (the backend does not time steps): the "
-                     "memory-balanced split is returned")
-    elif model is None:
-        notes.append("the probes measured the whole step's time, not each card's, and the "
-                     "cards timed alone gave no fits: the fastest split measured within every "
-                     "budget is returned")
-    elif whole:
-        notes.append("time fits from the measured steps of each card alone (two chunks per "
-                     "card; they include the copies and card 0's work): a split's step is "
-                     "modelled as its slowest card's")
+    chosen = _chosen(known, budgets, batch, goal)
+    best = chosen if chosen is not None else balanced
     figs = figures(known, budgets, batch, balanced, best, model)
+    micro = global_batch // best.batch_size if global_batch is not None and chosen is not None else 1
+    notes = _fastest_notes(model, chosen is not None, whole) + speed_notes(figs, best, fastest=True)
+    tips = tuple(advice(figs))
+    if global_batch is not None:
+        notes += (_accumulation_note(best, global_batch, chosen is not None),)
+        tips += _accumulation_tip(best, global_batch) if chosen is not None else ()
     return ThroughputOutcome(best=best, figures=figs, model=model, probes=tuple(known),
-                             notes=tuple(notes) + speed_notes(figs, best, fastest=True),
-                             advice=tuple(advice(figs)))
+                             notes=notes, advice=tips, micro_batches=micro)
+
+
+def _fastest_notes(model: Optional[StepModel], found: bool, whole: bool) -> tuple[str, ...]:
+    if model is None and not found:
+        return ("no probe carries a step time (the backend does not time steps): the "
+                "memory-balanced split is returned",)
+    if model is None:
+        return ("the probes measured the whole step's time, not each card's, and the cards "
+                "timed alone gave no fits: the fastest split measured within every budget is "
+                "returned",)
+    if whole:
+        return ("time fits from the measured steps of each card alone (two chunks per card; "
+                "they include the copies and card 0's work): a split's step is modelled as its "
+                "slowest card's",)
+    return ()
+
+
+def _accumulation_tip(best: ProbeResult, global_batch: int) -> tuple[str, ...]:
+    k = global_batch // best.batch_size
+    return (f"for the global batch of {global_batch}: batches of {best.batch_size} split "
+            f"{list(best.chunk_sizes)}, {k} accumulation step{'s' if k > 1 else ''} per optimizer "
+            "step",)
+
+
+def _accumulation_note(best: ProbeResult, global_batch: int, found: bool) -> str:
+    if not found:
+        return (f"global batch {global_batch}: no micro-batch that divides it was measured "
+                "within every budget with a step time; the memory-balanced split is returned")
+    k = global_batch // best.batch_size
+    t = best.time.step_seconds if best.time is not None else 0.0
+    split = "/".join(str(c) for c in best.chunk_sizes)
+    return (f"global batch {global_batch}: {k} micro-batch{'es' if k > 1 else ''} of "
+            f"{best.batch_size} [{split}] (accumulate {k}), {k * t * 1e3:.2f} ms per global "
+            f"batch ({best.time.source.value if best.time else 'unknown'}; each micro-batch timed "
+            "as a whole step, optimizer included), the fastest the time fits predict among "
+            "equal micro-batches")
 
 
 def _figure(label: str, split: tuple[int, ...], by_split: dict, budgets: Sequence[int],
@@ -274,3 +367,19 @@ def advice(figs: Sequence[SpeedFigure]) -> list[str]:
                 f"samples/s, {chosen.source}): its fullest card sets the step time; "
                 "use --objective throughput for the fastest split that fits"]
     return []
+
+
+def check_global_batch(global_batch: Optional[int], objective: Objective, accumulate: int) -> Optional[int]:
+    """``Tuner(global_batch=...)`` checked: an int >= 1, with ``objective="throughput"`` and
+    no ``accumulate`` of the user's own (the plan chooses the accumulation)."""
+    if global_batch is None:
+        return None
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise UsageError(f"global_batch must be an int >= 1, got {global_batch!r}")
+    if objective is not Objective.THROUGHPUT:
+        raise UsageError("global_batch= is the throughput objective's: use objective='throughput' "
+                         "(command line: --objective throughput --global-batch N)")
+    if accumulate != 1:
+        raise UsageError(f"global_batch={global_batch} chooses the number of micro-batches itself; "
+                         f"leave accumulate at 1 (got {accumulate})")
+    return global_batch

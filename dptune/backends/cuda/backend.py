@@ -33,6 +33,11 @@ How a probe measures, in order:
    end of the step) and the number of allocation retries during the step.
 4. Figures are the maximum over the repeats; ``repeat_spread_bytes`` is max - min of the
    peaks per card. ``seconds`` is the wall time of the whole probe (warm-up included).
+   **Time** (``ProbeResult.time``, marked measured): the median over the measured steps of
+   the step's wall time (between synchronisations of every card) and of each card's own
+   forward and backward time, from CUDA events on that card's stream recorded by hooks on
+   the model in DataParallel's replica threads
+   (:mod:`~dptune.backends.cuda.card_timer`; none when the step never calls the model).
 5. After the step (also after a failure): gradients dropped, ``gc.collect()``,
    ``empty_cache()``, peaks reset; the per-probe state is restored.
 
@@ -81,14 +86,16 @@ pass a fake runtime with a memory model and a step that allocates from it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import traceback
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 from dptune.backends.base import Capabilities, Device, ModelFacts, ProbeResult
+from dptune.backends.cuda.card_timer import CardTimer, measured_time
 from dptune.backends.cuda.isolated import IsolatedProbe, probe_in_child
 from dptune.backends.cuda.runtime import CudaRuntime, check_devices
 from dptune.backends.cuda.step import StepContext, default_step
@@ -97,7 +104,6 @@ from dptune.oom import is_oom, oom_device, oom_summary, replica_where
 from dptune.spec import WorkloadSpec
 from dptune.split import validate_chunk_sizes
 from dptune.state import Snapshot, restore, snapshot
-from dptune.timing import StepTime, TimeSource
 from dptune.types import BackendKind
 from dptune.workload import Workload
 
@@ -129,15 +135,17 @@ class _Figures:
     retries: list[int]
 
 
-def _measured(step_seconds: Sequence[float], ok: bool) -> Optional[StepTime]:
-    """The step's wall time (median of the measured steps, each between synchronizations of
-    every card, after the warm-up); per-card times are not measured here (``card_seconds``
-    empty)."""
-    if not ok or not step_seconds:
-        return None
-    ordered = sorted(step_seconds)
-    return StepTime(card_seconds=(), step_seconds=ordered[len(ordered) // 2],
-                    source=TimeSource.MEASURED)
+@dataclass
+class _Steps:
+    """What the steps of one probe measured (see :meth:`CudaBackend._steps`)."""
+
+    runs: list[_Figures] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)      # each measured step
+    card_seconds: list[Optional[tuple[float, ...]]] = field(default_factory=list)
+    baseline: list[int] = field(default_factory=list)
+    failure: Optional[_Failure] = None
+    failed_figures: Optional[_Figures] = None
+    failed_in: str = ""
 
 
 def _alloc_retries(rt: CudaRuntime, device: int, default: int) -> int:
@@ -459,54 +467,64 @@ class CudaBackend:
             ctx.wrapper = BalancedDataParallel(ctx.model, device_ids=ctx.device_ids,
                                                output_device=ctx.device_ids[output_device], dim=0,
                                                chunk_sizes=list(sizes))
-        runs: list[_Figures] = []
-        step_seconds: list[float] = []      # each measured step, synchronized on every card
-        failure: Optional[_Failure] = None
-        failed_figures: Optional[_Figures] = None
-        failed_in = ""
-        baseline: list[int] = []
         try:
-            for what in plan:
-                baseline, retries0 = self._reset_and_baseline(ctx)
-                started = time.perf_counter()
-                failure = self._run_step(ctx, sizes)
-                elapsed = time.perf_counter() - started
-                if failure is not None:
-                    failed_figures = self._read(retries0, guarded=True)
-                    failed_in = what
-                    break
-                figures = self._read(retries0, guarded=False)
-                self._warmed |= active
-                if what == "measure":
-                    runs.append(figures)
-                    step_seconds.append(elapsed)
+            steps = self._steps(ctx, sizes, plan, active)
         finally:
             ctx.wrapper = None
             ctx.output_device = 0
             recover_note = self._recover(ctx)
-        self.last_baseline_bytes = baseline
-
+        self.last_baseline_bytes = steps.baseline
         notes = ["warm-up step before measuring" if warm_up else "warm (no warm-up step)"]
         if output_device:
             notes.append(f"outputs gathered on card {output_device} "
                          f"(device {self.device_ids[output_device]})")
         if recover_note:
             notes.append(f"cleanup failed: {recover_note}")
+        failure = steps.failure
         if failure is not None and failure.kind == "dptune":
             assert failure.exc is not None
             raise failure.exc
         if failure is not None and failure.kind == "user":
             raise self._user_error(failure, sizes) from failure.exc
+        return self._result(ctx, sizes, steps, notes, t0)
 
+    def _steps(self, ctx: StepContext, sizes: list[int], plan: list[str], active: set[int]) -> _Steps:
+        """The warm-up and measured steps, until the first failure; each measured step is
+        timed whole (wall clock between synchronisations) and per card (:class:`CardTimer`)."""
+        clock_of = getattr(self.runtime, "event_clock", None)     # optional in a fake runtime
+        timer = CardTimer(clock_of(), self.device_ids) if clock_of is not None else None
+        out = _Steps()
+        for what in plan:
+            out.baseline, retries0 = self._reset_and_baseline(ctx)
+            timing = timer is not None and what == "measure" and ctx.model is not None
+            with timer.attached(ctx.model) if timing and timer is not None else contextlib.nullcontext():
+                started = time.perf_counter()
+                failure = self._run_step(ctx, sizes)
+                elapsed = time.perf_counter() - started
+            if failure is not None:
+                out.failure, out.failed_in = failure, what
+                out.failed_figures = self._read(retries0, guarded=True)
+                break
+            figures = self._read(retries0, guarded=False)
+            self._warmed |= active
+            if what == "measure":
+                out.runs.append(figures)
+                out.step_seconds.append(elapsed)
+                out.card_seconds.append(timer.card_seconds(sizes) if timing and timer is not None
+                                        else None)
+        return out
+
+    def _result(self, ctx: StepContext, sizes: list[int], steps: _Steps, notes: list[str],
+                t0: float) -> ProbeResult:
+        """The probe's figures: the maximum over the steps run (see the module docstring)."""
         n = len(self.device_ids)
-        all_runs = runs + ([failed_figures] if failed_figures is not None else [])
+        runs, failure = steps.runs, steps.failure
+        all_runs = runs + ([steps.failed_figures] if steps.failed_figures is not None else [])
         peak = [max(r.peak[i] for r in all_runs) for i in range(n)]
         reserved = [max(r.reserved[i] for r in all_runs) for i in range(n)]
         retries = [max(r.retries[i] for r in all_runs) for i in range(n)]
-        nvml_cards: list[Optional[int]] = []
-        for i in range(n):
-            vals = [v for v in (r.nvml[i] for r in all_runs) if v is not None]
-            nvml_cards.append(max(vals) if vals else None)
+        nvml_cards = [max((v for v in (r.nvml[i] for r in all_runs) if v is not None), default=None)
+                      for i in range(n)]
         nvml = None if all(v is None for v in nvml_cards) else tuple(nvml_cards)
         spread = (tuple(max(r.peak[i] for r in runs) - min(r.peak[i] for r in runs) for i in range(n))
                   if runs else None)
@@ -518,13 +536,14 @@ class CudaBackend:
         if failure is not None:
             oom_pos, how = self._oom_position(failure, peak, reserved)
             stage = "" if failure.stage == "the step" else f", during {failure.stage}"
-            notes.append(f"out of memory on card {oom_pos} ({how}) in the {failed_in} step"
+            notes.append(f"out of memory on card {oom_pos} ({how}) in the {steps.failed_in} step"
                          f"{stage}: {failure.summary}; peaks are lower bounds")
         return ProbeResult(chunk_sizes=tuple(sizes), peak_bytes=tuple(peak), oom_device=oom_pos,
                            breakdown=None, reserved_bytes=tuple(reserved), nvml_used_bytes=nvml,
                            alloc_retries=tuple(retries), repeat_spread_bytes=spread,
                            seconds=time.perf_counter() - t0, note="; ".join(notes),
-                           unread_outputs=unread, time=_measured(step_seconds, failure is None),
+                           unread_outputs=unread,
+                           time=measured_time(steps.step_seconds, steps.card_seconds, failure is None),
                            memory_stats=tuple({"allocated_bytes.all.peak": a, "reserved_bytes.all.peak": r,
                                                "num_alloc_retries": k}
                                               for a, r, k in zip(peak, reserved, retries)))

@@ -121,6 +121,10 @@ class CudaRuntime:
     def gc_collect(self) -> None:
         gc.collect()
 
+    def event_clock(self) -> "CudaEventClock":
+        """CUDA events for each card's own time in a step (:mod:`~dptune.backends.cuda.card_timer`)."""
+        return CudaEventClock()
+
     # -- NVML ------------------------------------------------------------------------------
     def _warn(self, what: str, exc: BaseException) -> None:
         if not self._warned:
@@ -174,6 +178,25 @@ class CudaRuntime:
                 used = getattr(p, "usedGpuMemory", None)
                 return int(used) if isinstance(used, int) and used >= 0 else None
         return None
+
+
+class CudaEventClock:
+    """Timing events (``torch.cuda.Event(enable_timing=True)``) on a card's current stream."""
+
+    def record(self, device: int) -> Any:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    def elapsed(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end)) / 1e3      # elapsed_time is in milliseconds
+
+    def current_device(self) -> Optional[int]:
+        import torch
+
+        return int(torch.cuda.current_device())
 
 
 def _ids_text(ids: Sequence[int]) -> str:
