@@ -28,6 +28,7 @@ from dptune.backends.base import Device
 from dptune.backends.ddp_memory import DDPOptions
 from dptune.errors import OutputError, ReportError, UsageError
 from dptune.result import read_json
+from dptune.search.ranks import RankProbe
 from dptune.solver import Fit
 from dptune.units import format_bytes
 
@@ -35,30 +36,6 @@ __all__ = ["RankPlan", "RankProbe", "DDPPlan", "PLAN_KIND", "PLAN_VERSION", "is_
 
 PLAN_KIND = "dptune-ddp-plan"
 PLAN_VERSION = 1
-
-
-@dataclass(frozen=True)
-class RankProbe:
-    """One measured step of one rank: its batch, its peak (bytes), whether it fitted its budget.
-
-    ``peak_bytes`` is ``None`` when the step ran out of memory on a real card (then only the
-    fact is known)."""
-
-    rank: int
-    batch_size: int
-    peak_bytes: Optional[int]
-    fits: bool
-    round: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(rank=self.rank, batch_size=self.batch_size, peak_bytes=self.peak_bytes,
-                    fits=self.fits, round=self.round)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "RankProbe":
-        return cls(rank=int(d["rank"]), batch_size=int(d["batch_size"]),
-                   peak_bytes=None if d.get("peak_bytes") is None else int(d["peak_bytes"]),
-                   fits=bool(d["fits"]), round=int(d.get("round", 0)))
 
 
 @dataclass(frozen=True)
