@@ -40,7 +40,7 @@ from dptune.backends.reserved import BudgetLevel
 from dptune.ddp.group import Group, LocalGroup, TorchGroup
 from dptune.ddp.probers import Prober, SimulatedProber, local_cuda_prober
 from dptune.ddp.ranks import RankInfo
-from dptune.ddp.result import DDPPlan, RankPlan, loss_scales
+from dptune.ddp.result import DDPPlan, RankPlan, RankReason, loss_scales
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.search.ranks import RankObservations, Runner, balance_ranks, bracket_ranks, cap_of
 from dptune.settings import Settings
@@ -56,7 +56,8 @@ OBJECTIVES = tuple(o.value for o in Objective)
 @dataclass(frozen=True)
 class _Job:
     """Where the plan is made: the simulated cluster (``None``: real cards), the ranks
-    together, this rank's host (inside a job), the cards' kind and the objective decided."""
+    together, this rank's host (inside a job), the cards' kind and the objective decided
+    (``default``: none was given)."""
 
     cluster: Any
     group: Group
@@ -64,6 +65,7 @@ class _Job:
     backend: BackendKind
     in_job: bool
     objective: Objective
+    default: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class _Found:
     sizes: list[int]
     certified: bool = False
     why: tuple[str, ...] = ()
+    reasons: tuple[RankReason, ...] = ()     # per rank, in short
 
 
 def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..., Any]] = None,
@@ -182,9 +185,9 @@ def _job(settings: Settings) -> _Job:
     if settings.objective is Objective.THROUGHPUT and in_job:
         raise UsageError("objective='throughput' plans offline on the simulated cluster for now "
                          "(simulate=... without a process group); inside a job use 'balance'")
-    objective = settings.objective or Objective.BALANCE
+    objective = settings.objective or Objective.THROUGHPUT   # the default: the fastest that fits
     return _Job(cluster, group, host, BackendKind.SIMULATED if cluster is not None else
-                BackendKind.CUDA, in_job, objective)
+                BackendKind.CUDA, in_job, objective, settings.objective is None)
 
 
 def _prober(workload: Any, settings: Settings, job: _Job, r: int, fsdp: Any, shared: dict) -> Prober:
@@ -213,10 +216,11 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
         certified = bracket_ranks(obs, run, rounds, batch,
                                   staircase=settings.budget.level is BudgetLevel.RESERVED)
         sizes = [obs.lo(r) for r in range(n)]
+        why = RankReason.MEMORY_CAP
         if batch is not None and sum(sizes) > batch:
             sizes = balance_ranks(obs, run, batch, rounds + 4, sizes)
-            certified = False
-        return _Found(sizes, certified, _speed(obs, timer, sizes, grad_bytes))
+            certified, why = False, RankReason.MEMORY_BALANCE
+        return _Found(sizes, certified, _speed(obs, timer, sizes, grad_bytes), (why,) * n)
     assert batch is not None
     if batch < m * n:
         raise UsageError(f"global_batch {batch} is too small for {n} ranks: every rank "
@@ -226,12 +230,18 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
     _first_rounds(obs, infos, run, second)
     if job.objective is Objective.BALANCE:
         sizes = balance_ranks(obs, run, batch, rounds, second)
-        return _Found(sizes, why=_speed(obs, timer, sizes, grad_bytes))
-    from dptune.ddp.throughput import plan_throughput
+        return _Found(sizes, why=_speed(obs, timer, sizes, grad_bytes),
+                      reasons=(RankReason.MEMORY_BALANCE,) * n)
+    from dptune.ddp.throughput import EqualSpeed, plan_throughput
 
-    assert timer is not None
-    fast = plan_throughput(obs, run, timer, batch, rounds, grad_bytes, cap_of)
-    return _Found(fast.sizes, why=fast.reasons + fast.notes)
+    fast = plan_throughput(obs, run, EqualSpeed() if timer is None else timer, batch, rounds,
+                           grad_bytes, cap_of)
+    default = (DEFAULT_NOTE,) if job.default else ()
+    return _Found(fast.sizes, why=fast.reasons + fast.notes + default, reasons=fast.labels)
+
+
+DEFAULT_NOTE = ("objective: the default, the fastest per-rank batches that fit (throughput); "
+                "objective='balance' gives every rank the same share of its memory instead")
 
 
 def _speed(obs: RankObservations, timer: Any, sizes: Sequence[int], grad_bytes: int) -> tuple[str, ...]:
@@ -289,7 +299,8 @@ def _the_plan(settings: Settings, job: _Job, obs: RankObservations, infos: Seque
             rank=r, batch_size=b, loss_scale=s, device=info.device, host=info.host,
             budget_bytes=info.budget_bytes, predicted_peak_bytes=int(round(fit.predict(b, 0))),
             measured_peak_bytes=None if meas is None else meas.peak_bytes, ddp_bytes=info.ddp_bytes,
-            fit=fit, max_batch_size=obs.lo(r) if objective is Objective.MAX_BATCH else None))
+            fit=fit, max_batch_size=obs.lo(r) if objective is Objective.MAX_BATCH else None,
+            reason=found.reasons[r] if found.reasons else None))
     even = (obs.n * min(obs.lo(r) for r in range(obs.n)) if objective is Objective.MAX_BATCH
             else None)
     return DDPPlan(
