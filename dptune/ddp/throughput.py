@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from dptune.ddp.result import RankReason
 from dptune.errors import NoFeasibleSplitError
+from dptune.search.ranks import beyond_the_ranks
 from dptune.throughput import SplitTime, TimeFit, fastest_split, fit_time
 
 __all__ = ["RankTimer", "EqualSpeed", "ThroughputPlan", "equal_split", "plan_throughput",
@@ -155,6 +156,9 @@ def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
         sol = (equal_split(caps, global_batch, m) if isinstance(timer, EqualSpeed) else
                fastest_split(curves, global_batch, overhead=overhead, min_chunk=m, every_card=True))
         if sol is None:
+            known = [c for c in state.caps() if c is not None]
+            if len(known) == n and sum(known) < global_batch:    # more than the ranks hold
+                raise beyond_the_ranks(state, run, global_batch, max_rounds)
             raise NoFeasibleSplitError(
                 f"no per-rank batches of the global batch {global_batch} fit every rank's memory "
                 f"(largest per rank: {caps}); try a smaller global_batch", shortfall_bytes=None)

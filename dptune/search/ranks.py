@@ -26,7 +26,8 @@ from dptune.errors import NoFeasibleSplitError
 from dptune.search.observations import Bracket
 from dptune.solver import MIN_SLOPE_BYTES, Fit, fit_affine, solve_balance
 
-__all__ = ["RankProbe", "RankObservations", "Runner", "cap_of", "balance_ranks", "bracket_ranks"]
+__all__ = ["RankProbe", "RankObservations", "Runner", "cap_of", "balance_ranks", "bracket_ranks",
+           "beyond_the_ranks"]
 
 #: Probes one round: rank r probes ``sizes[r]`` (``None``: it sits the round out).
 Runner = Callable[[Sequence[Optional[int]]], None]
@@ -155,7 +156,7 @@ def balance_ranks(obs: RankObservations, run: Runner, global_batch: int, max_rou
         except NoFeasibleSplitError:
             known = [c for c in caps if c is not None]
             if len(known) == n and sum(known) < global_batch:   # more than the ranks hold
-                raise _beyond_the_ranks(obs, run, global_batch, max_rounds) from None
+                raise beyond_the_ranks(obs, run, global_batch, max_rounds) from None
             raise
         done = [obs.measured(r, b) for r, b in enumerate(split)]
         if all(p is not None and p.fits for p in done) or tuple(split) in tried \
@@ -187,7 +188,7 @@ def _best_tried(obs: RankObservations, tried: set[tuple[int, ...]], global_batch
     return best[1]
 
 
-def _beyond_the_ranks(obs: RankObservations, run: Runner, global_batch: int,
+def beyond_the_ranks(obs: RankObservations, run: Runner, global_batch: int,
                       max_rounds: int) -> NoFeasibleSplitError:
     """``global_batch`` is more than the ranks' measured caps add up to: bracket each rank's
     largest batch (as ``max_batch`` does) and say how many samples the ranks take together,
