@@ -206,7 +206,7 @@ class Tuner:
         #: the speed figures of the last fit (even, memory-balanced, fastest), when timed
         self.speed: tuple = ()
 
-    # the settings by their names (read-only: a tuner's settings are fixed when it is made)
+    # read-only: a tuner's settings are fixed when it is made (the others: ``tuner.settings``)
     @property
     def objective(self) -> Objective:
         assert self.settings.objective is not None
@@ -216,43 +216,6 @@ class Tuner:
     def batch_size(self) -> int:
         assert self.settings.batch_size is not None
         return self.settings.batch_size
-
-    @property
-    def budget_level(self) -> BudgetLevel:
-        return self.settings.budget.level
-
-    @property
-    def headroom_bytes(self) -> int:
-        return self.settings.budget.headroom_bytes
-
-    @property
-    def reserved_model(self) -> Optional[ReservedModel]:
-        return self.settings.budget.reserved
-
-    @property
-    def device_ids(self) -> Optional[list[int]]:
-        ids = self.settings.device_ids
-        return None if ids is None else list(ids)
-
-    @property
-    def simulate(self) -> Any:
-        return self.settings.simulate
-
-    @property
-    def verbose(self) -> bool:
-        return self.settings.verbose
-
-    @property
-    def max_probes(self) -> int:
-        return self.settings.max_probes
-
-    @property
-    def tolerance(self) -> float:
-        return self.settings.tolerance
-
-    @property
-    def output_device(self) -> Union[int, str]:
-        return self.settings.output_device
 
     @classmethod
     def from_spec(cls, spec: WorkloadSpec, batch_size: int = 256, *, isolate: bool = False,
@@ -305,14 +268,14 @@ class Tuner:
         if any(r.time is not None for r in outcome.probes):
             outcome = self._speed(backend, outcome, notes, speed_advice)
         notes.extend(outcome.notes)
-        if self.budget_level is BudgetLevel.RESERVED:
+        if self.settings.budget.level is BudgetLevel.RESERVED:
             notes.append(RESERVED_NOTE)
         chunk_sizes = list(outcome.best.chunk_sizes)
         bn = self._has_batchnorm(backend)
         if bn:
             notes.append("the model has BatchNorm: every card gets 0 or at least 2 samples")
         model = self._wrap(backend, chunk_sizes, notes, out_dev)
-        budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
+        budgets = [d.budget_bytes(self.settings.budget.headroom_bytes) for d in backend.devices]
         even = dataclasses.replace(_figures(outcome.even, list(outcome.even_split), budgets),
                                    implied_by=outcome.even_implied_by,
                                    open_bracket=outcome.even_open, at_most=outcome.even_at_most)
@@ -320,7 +283,7 @@ class Tuner:
         return TuneResult(
             objective=self.objective.value, backend=str(capabilities(backend).kind),
             cluster=backend.describe(), model_name=model_name(self.workload.model),
-            devices=list(backend.devices), headroom_bytes=self.headroom_bytes,
+            devices=list(backend.devices), headroom_bytes=self.settings.budget.headroom_bytes,
             budget_bytes=budgets, chunk_sizes=chunk_sizes, peak_bytes=list(best.peak_bytes),
             even=even, probes=list(outcome.probes), fits=list(outcome.fits),
             breakdown=list(best.breakdown) if best.breakdown is not None else None,
@@ -336,12 +299,12 @@ class Tuner:
         """The backend given, else the one the cards chosen name (said once in ``notes``)."""
         if self.backend is not None:
             return self.backend
-        choice = self.choice or choose_backend(self.device_ids, self.simulate)
+        choice = self.choice or choose_backend(self.settings.device_ids, self.settings.simulate)
         self.settings.budget.check_cards(choice.simulated)
         if choice.notice is not None:
-            _notice(choice.notice, self.verbose)
+            _notice(choice.notice, self.settings.verbose)
             notes.append(choice.notice)
-        return _build_backend(self.workload, choice, self._isolated, self.reserved_model)
+        return _build_backend(self.workload, choice, self._isolated, self.settings.budget.reserved)
 
     def _gather_on(self, backend: Backend, outcome: search.SearchOutcome, k: int,
                    notes: list[str]) -> tuple[search.SearchOutcome, Optional[int], int]:
@@ -350,7 +313,7 @@ class Tuner:
         (``None``: card 0 kept) and the card the outputs come back on."""
         alt = self._search(backend, output_device=k, first=outcome)
         probes = outcome.probes + alt.probes
-        if alt.best.batch_size > outcome.best.batch_size or self.output_device == k:
+        if alt.best.batch_size > outcome.best.batch_size or self.settings.output_device == k:
             notes.append(f"outputs gathered on card {k}: batch {alt.best.batch_size} "
                          f"against {outcome.best.batch_size} gathering on card 0")
             return dataclasses.replace(alt, probes=probes, even=outcome.even,
@@ -376,10 +339,10 @@ class Tuner:
         if m == 2 and self.batch_size < 2:
             raise UsageError("batch_size=1 cannot be trained through BatchNorm "
                              "(it needs more than 1 sample per card); use batch_size >= 2")
-        budgets = [d.budget_bytes(self.headroom_bytes) for d in devices]
+        budgets = [d.budget_bytes(self.settings.budget.headroom_bytes) for d in devices]
         perm = list(range(len(devices)))
         perm[0], perm[output_device] = output_device, 0
-        level = self.budget_level
+        level = self.settings.budget.level
 
         def probe(split: Sequence[int]) -> ProbeResult:
             if not output_device:
@@ -392,13 +355,13 @@ class Tuner:
 
         # The total is the most probes the search may run, and stays so: a search that
         # certifies its answer early ends short of it ("7/12"), it is never rewritten.
-        bar = tqdm(total=self.max_probes, desc="probing (at most)", unit="probe",
-                   file=sys.stderr, disable=not self.verbose, leave=True)
+        bar = tqdm(total=self.settings.max_probes, desc="probing (at most)", unit="probe",
+                   file=sys.stderr, disable=not self.settings.verbose, leave=True)
         try:
             objective = Objective.BALANCE if self.objective is Objective.THROUGHPUT else self.objective
             out = search.run(probe, [budgets[perm[i]] for i in range(len(perm))], objective,
-                             self.batch_size, min_chunk=m, max_probes=self.max_probes,
-                             tolerance=self.tolerance,
+                             self.batch_size, min_chunk=m, max_probes=self.settings.max_probes,
+                             tolerance=self.settings.tolerance,
                              exact_on_oom=capabilities(backend).exact_on_oom,
                              on_probe=lambda: bar.update(1), **_reuse(first, perm, self.objective))
             return out if not output_device else _swapped_outcome(out, perm, output_device)
@@ -411,7 +374,7 @@ class Tuner:
         the batch measured within every budget (:mod:`dptune.search.throughput`)."""
         from dptune.search import throughput
 
-        budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
+        budgets = [d.budget_bytes(self.settings.budget.headroom_bytes) for d in backend.devices]
         best = outcome.best
         cluster_speed = getattr(backend, "speed", None)     # TimedBackend: the card table's
         notes.extend(getattr(cluster_speed, "notes", ()))
@@ -424,7 +387,7 @@ class Tuner:
         m = 2 if self._has_batchnorm(backend) else 1
         fast = throughput.fastest(backend.probe, budgets, self.batch_size, outcome.probes,
                                   outcome.fits, best, min_chunk=m,
-                                  max_probes=max(3, self.max_probes - len(outcome.probes)))
+                                  max_probes=max(3, self.settings.max_probes - len(outcome.probes)))
         self.speed = fast.figures
         notes.extend(fast.notes)
         advice.extend(fast.advice)
@@ -440,15 +403,15 @@ class Tuner:
         """The card to try gathering the outputs on (0: none): the one asked for, or with
         ``"auto"`` for ``max_batch`` the card other than 0 with the largest budget."""
         n = len(backend.devices)
-        if isinstance(self.output_device, int) and self.output_device >= n:
-            raise UsageError(f"output_device={self.output_device}: there are cards 0..{n - 1}")
-        if self.output_device == 0 or n < 2 or not capabilities(backend).output_device:
+        if isinstance(self.settings.output_device, int) and self.settings.output_device >= n:
+            raise UsageError(f"output_device={self.settings.output_device}: there are cards 0..{n - 1}")
+        if self.settings.output_device == 0 or n < 2 or not capabilities(backend).output_device:
             return 0
-        if isinstance(self.output_device, int):
-            return self.output_device
+        if isinstance(self.settings.output_device, int):
+            return self.settings.output_device
         if self.objective is not Objective.MAX_BATCH:
             return 0
-        budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
+        budgets = [d.budget_bytes(self.settings.budget.headroom_bytes) for d in backend.devices]
         return max(range(1, n), key=lambda i: (budgets[i], -i))
 
     # ---- the wrapped model ------------------------------------------------------------
