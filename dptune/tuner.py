@@ -182,7 +182,7 @@ class Tuner:
                  loss_fn: Optional[Callable[[Any, Any], Any]] = None,
                  optimizer: Optional[Callable[[Iterable[Any]], Any]] = None, *,
                  device_ids: Optional[Sequence[int]] = None, simulate: Any = None,
-                 objective: str = "balance", headroom: Union[int, str, None] = None,
+                 objective: Union[str, Objective] = Objective.BALANCE, headroom: Union[int, str, None] = None,
                  verbose: bool = True, max_probes: int = 12, tolerance: float = 0.02,
                  backend: Optional[Backend] = None, amp: Optional[str] = None,
                  accumulate: int = 1, clip_grad_norm: Optional[float] = None,

@@ -19,13 +19,23 @@ not depend on each other). The plan uses :mod:`dptune.solver`'s fits and splits 
 1. every rank probes the smallest batch (1, or 2 with BatchNorm); a rank over its budget
    there makes the plan infeasible;
 2. every rank probes a second batch (its budget's share of ``global_batch`` for
-   ``balance``, ``8×`` the first for ``max_batch``);
+   ``balance`` and ``throughput``, ``8×`` the first for ``max_batch``);
 3. ``balance``: fit each rank on its two probes nearest the proposal, solve the split of
    ``global_batch`` that equalises the shares of budget, probe it; repeat until a proposal
    is measured within budget on every rank. ``max_batch``: each rank's largest batch is
    bracketed (largest measured within budget, smallest measured over), secant and
    bisection steps alternating, until every bracket is closed (``certified``) or the
    rounds run out; with ``global_batch`` given and more fitting, that batch is balanced.
+   ``throughput`` (the default): the batches with the shortest step within every rank's
+   memory cap (:mod:`dptune.ddp.throughput`), probed until measured within budget.
+
+The searches run on :mod:`dptune.search.ranks` (each rank's probes and its bracket); the
+arguments are checked once (:class:`dptune.settings.Settings`). **The default objective** is
+the fastest batches that fit: offline on the simulated cluster each rank's step time is
+estimated, so no plan where memory does not bind is slower than equal batches; inside a job
+and with FSDP no time is estimated, and the ranks are taken as equally fast (batches as equal
+as the memory caps allow). Each rank's reason (:class:`dptune.ddp.result.RankReason`) is in
+the plan.
 """
 
 from __future__ import annotations
@@ -93,9 +103,11 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     ``accumulate``, ``clip_grad_norm``, ``step``) describe one rank's training step as for
     :class:`dptune.Tuner`; ``sample(b)`` builds a local batch of ``b``.
 
-    - ``objective="balance"``: split ``global_batch`` so every rank uses the same share of
-      its budget. ``"max_batch"``: the largest global batch, each rank at its own limit
-      (at most ``global_batch`` when given).
+    - ``objective``: by default (``None``) the fastest per-rank batches of ``global_batch``
+      that fit (``"throughput"``; inside a job or with FSDP, where no step time is estimated,
+      batches as equal as the memory caps allow). ``"balance"``: split ``global_batch`` so
+      every rank uses the same share of its budget. ``"max_batch"``: the largest global
+      batch, each rank at its own limit (at most ``global_batch`` when given).
     - ``simulate``: a cluster spec such as ``"2x32GB,2x24GB"``, one rank per card. Without a
       process group the whole plan is made in this process; inside a ``torchrun`` job rank
       r simulates card r. Inside a job without ``simulate``, each rank probes its own CUDA
@@ -184,7 +196,8 @@ def _job(settings: Settings) -> _Job:
         host = None
     if settings.objective is Objective.THROUGHPUT and in_job:
         raise UsageError("objective='throughput' plans offline on the simulated cluster for now "
-                         "(simulate=... without a process group); inside a job use 'balance'")
+                         "(simulate=... without a process group); inside a job leave objective out "
+                         "(batches as equal as the memory caps allow) or use 'balance'")
     objective = settings.objective or Objective.THROUGHPUT   # the default: the fastest that fits
     return _Job(cluster, group, host, BackendKind.SIMULATED if cluster is not None else
                 BackendKind.CUDA, in_job, objective, settings.objective is None)

@@ -138,7 +138,7 @@ class DDPPlan:
     """
 
     ranks: tuple[RankPlan, ...]
-    objective: str = "manual"                 # "balance", "max_batch" or "manual"
+    objective: str = "manual"                 # an Objective's value, or "manual"
     backend: str = "manual"                   # "simulated", "cuda" or "manual"
     cluster: str = ""
     model_name: str = ""

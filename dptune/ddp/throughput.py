@@ -13,8 +13,10 @@ The ranks' times are the simulator's estimates (:mod:`dptune.backends.timing`: F
 against each card's datasheet peaks); the all-reduce is a ring over the link
 (:func:`dptune.backends.timing.ddp_allreduce_seconds`), not overlapped with the backward.
 The plan says, per rank, why it got its batch (its memory cap, or an equal step time), and
-when leaving a rank out of the job would be faster. Planning offline only (``simulate=``
-without a process group): a job's ranks would have to exchange their times.
+when leaving a rank out of the job would be faster. Timed planning offline only (``simulate=``
+without a process group): a job's ranks would have to exchange their times. Where no time is
+estimated (inside a job, FSDP: the default objective there), :class:`EqualSpeed` takes the
+ranks as equally fast, and :func:`equal_split` gives batches as equal as the caps allow.
 """
 
 from __future__ import annotations
