@@ -143,6 +143,7 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     workload = make_workload(model, sample, loss_fn, optimizer, step_options)
     job = _job(settings)
     probers: dict[int, Prober] = {}
+    shared: dict = {}     # simulated ranks on one card type share one simulator
     timer = None
     if job.cluster is not None and not job.in_job and not settings.fsdp:  # offline: its speed
         from dptune.ddp.throughput import RankTimer
@@ -157,7 +158,6 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     def probe(r: int, b: int) -> Optional[int]:
         return probers[r].probe(b) if timer is None else timer.probe(r, b)
 
-    shared: dict = {}
     try:
         infos = job.group.each(start)
         obs = RankObservations([i.budget_bytes for i in infos], max(i.min_batch for i in infos))
