@@ -412,7 +412,7 @@ def plan_parser(subparsers: Any) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     workload_arguments(p, batch_default=None,
                        batch_help="the global batch (the sum of the ranks' batches) to split; "
-                                  "needed for --objective balance, an upper limit for max-batch")
+                                  "needed except with --objective max-batch, where it is an upper limit")
     step_arguments(p)
     c = p.add_argument_group("cards and DDP")
     c.add_argument("--simulate", metavar="SPEC", default=None,
