@@ -23,13 +23,12 @@ from dptune import search
 from dptune.advice import unread_outputs_advice
 from dptune.backends.allocator import AllocatorConfig
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
-from dptune.backends.reserved import (BudgetLevel, ReservedModel, advice_lines, at_level,
-                                      level_settings, real_cards_measured)
+from dptune.backends.reserved import BudgetLevel, ReservedModel, advice_lines, at_level
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
-from dptune.split import MAX_BATCH_SIZE
 from dptune.search.messages import card0_holdings
 from dptune.search.throughput import check_global_batch
+from dptune.settings import Settings
 from dptune.spec import WorkloadSpec
 from dptune.types import BackendKind, Objective, card_in_use
 from dptune.units import format_bytes
@@ -39,6 +38,11 @@ __all__ = ["Tuner", "BackendChoice", "choose_backend"]
 
 #: Share of card 0's peak taken by gathered outputs above which the report gives advice.
 OUTPUTS_ADVICE_SHARE = 0.15
+
+RESERVED_NOTE = ("budgets checked against the reserved level: peaks are the caching allocator's "
+                 "reserved peak plus NCCL's buffers (allocated peaks in each probe's "
+                 "allocated_peak_bytes); on simulated cards a model of the allocator, not yet "
+                 "checked on hardware")
 
 
 def _notice(message: str, verbose: bool) -> None:
@@ -184,7 +188,7 @@ class Tuner:
                  loss_fn: Optional[Callable[[Any, Any], Any]] = None,
                  optimizer: Optional[Callable[[Iterable[Any]], Any]] = None, *,
                  device_ids: Optional[Sequence[int]] = None, simulate: Any = None,
-                 objective: str = "balance", headroom: Union[int, str, None] = None,
+                 objective: Union[str, Objective] = Objective.BALANCE, headroom: Union[int, str, None] = None,
                  verbose: bool = True, max_probes: int = 12, tolerance: float = 0.02,
                  backend: Optional[Backend] = None, amp: Optional[str] = None,
                  accumulate: int = 1, clip_grad_norm: Optional[float] = None,
@@ -193,52 +197,40 @@ class Tuner:
                  budget_level: str = "allocated",
                  allocator: Union[str, AllocatorConfig, None] = None,
                  nccl_bytes: Union[int, str, None] = None, global_batch: Optional[int] = None):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise UsageError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if batch_size > MAX_BATCH_SIZE:
-            raise UsageError(f"batch_size={batch_size} is beyond what any cluster holds (at most "
-                             f"{MAX_BATCH_SIZE:,} samples); give the total batch over all cards")
-        self.objective = Objective.parse(objective)
-        if choice is not None and (device_ids is not None or simulate is not None):
-            raise UsageError("give the cards once: choice= (already chosen) or device_ids= / "
-                             "simulate=, not both")
-        # the allocator model only at the reserved level (the environment is read only then)
-        self.budget_level, self.headroom_bytes, self.reserved_model = level_settings(
-            budget_level, headroom, allocator, nccl_bytes)
-        self._model_options = [n for n, v in (("allocator", allocator), ("nccl_bytes", nccl_bytes))
-                               if v is not None]
-        if isinstance(max_probes, bool) or not isinstance(max_probes, int) or max_probes < 3:
-            raise UsageError(f"max_probes must be an int >= 3, got {max_probes!r}")
-        if not (isinstance(tolerance, (int, float)) and 0 < tolerance < 1):
-            raise UsageError(f"tolerance must be a fraction of the budget in (0, 1), got {tolerance!r}")
-        if device_ids is not None:
-            device_ids = list(device_ids)
-            if not device_ids or any(isinstance(d, bool) or not isinstance(d, int) or d < 0
-                                     for d in device_ids):
-                raise UsageError(f"device_ids must be a non-empty list of GPU indices, got {device_ids!r}")
+        #: every setting, checked once (:class:`dptune.settings.Settings`)
+        self.settings = Settings.for_tuner(
+            batch_size=batch_size, objective=objective, headroom=headroom,
+            budget_level=budget_level, allocator=allocator, nccl_bytes=nccl_bytes,
+            max_probes=max_probes, tolerance=tolerance, device_ids=device_ids, simulate=simulate,
+            output_device=output_device, verbose=verbose, choice=choice)
         self.workload = Workload(model=model, sample=sample, loss_fn=loss_fn, optimizer=optimizer,
                                  amp=amp, accumulate=accumulate, clip_grad_norm=clip_grad_norm,
                                  step=step)
-        self.batch_size = batch_size
-        self.device_ids = device_ids
-        self.simulate = simulate
-        self.verbose = bool(verbose)
-        self.max_probes = max_probes
-        self.tolerance = float(tolerance)
         self.backend = backend
         self.choice = choice
         self._isolated: Optional[WorkloadSpec] = None    # set by from_spec(isolate=True)
-        if not (output_device == "auto" or (isinstance(output_device, int)
-                                            and not isinstance(output_device, bool)
-                                            and output_device >= 0)):
-            raise UsageError(f"output_device must be a card index >= 0 or 'auto', got {output_device!r}")
-        self.output_device = output_device
         #: the speed figures of the last fit (even, memory-balanced, fastest), when timed
         self.speed: tuple = ()
         self.global_batch = check_global_batch(global_batch, self.objective, accumulate)
-        if self.objective is Objective.THROUGHPUT and output_device != 0:
-            raise UsageError("objective='throughput' gathers the outputs on card 0; "
-                             "output_device is not supported with it yet")
+
+    # read-only: a tuner's settings are fixed when it is made (the others: ``tuner.settings``)
+    @property
+    def objective(self) -> Objective:
+        assert self.settings.objective is not None
+        return self.settings.objective
+
+    @property
+    def batch_size(self) -> int:
+        assert self.settings.batch_size is not None
+        return self.settings.batch_size
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.settings.budget.headroom_bytes
+
+    @property
+    def budget_level(self) -> BudgetLevel:
+        return self.settings.budget.level
 
     @classmethod
     def from_spec(cls, spec: WorkloadSpec, batch_size: int = 256, *, isolate: bool = False,
@@ -276,38 +268,14 @@ class Tuner:
         """
         start = time.perf_counter()
         notes: list[str] = []
-        backend = self.backend
-        if backend is None:
-            choice = self.choice or choose_backend(self.device_ids, self.simulate)
-            if not choice.simulated and self._model_options:
-                raise UsageError(real_cards_measured(self._model_options))
-            if choice.notice is not None:
-                _notice(choice.notice, self.verbose)
-                notes.append(choice.notice)
-            backend = _build_backend(self.workload, choice, self._isolated, self.reserved_model)
-        backend = _timed(backend)
+        backend = _timed(self._open_backend(notes))
         card0_batch: Optional[int] = None
         out_dev = 0
         try:
             outcome = self._search(backend)
             k = self._output_candidate(backend)
             if k:
-                alt = self._search(backend, output_device=k, first=outcome)
-                probes = outcome.probes + alt.probes
-                if alt.best.batch_size > outcome.best.batch_size or self.output_device == k:
-                    card0_batch, out_dev = outcome.best.batch_size, k
-                    notes.append(f"outputs gathered on card {k}: batch {alt.best.batch_size} "
-                                 f"against {outcome.best.batch_size} gathering on card 0")
-                    outcome = dataclasses.replace(alt, probes=probes, even=outcome.even,
-                                                  even_split=outcome.even_split,
-                                                  even_implied_by=outcome.even_implied_by,
-                                                  even_open=outcome.even_open,
-                                                  even_at_most=outcome.even_at_most,
-                                                  notes=outcome.notes + alt.notes)
-                else:
-                    notes.append(f"gathering the outputs on card {k} fits batch "
-                                 f"{alt.best.batch_size}, no more than on card 0: card 0 kept")
-                    outcome = dataclasses.replace(outcome, probes=probes)
+                outcome, card0_batch, out_dev = self._gather_on(backend, outcome, k, notes)
         finally:
             if self.backend is None:
                 backend.close()
@@ -315,17 +283,14 @@ class Tuner:
         if any(r.time is not None for r in outcome.probes):
             outcome = self._speed(backend, outcome, notes, speed_advice)
         notes.extend(outcome.notes)
-        if self.budget_level is BudgetLevel.RESERVED:
-            notes.append("budgets checked against the reserved level: peaks are the caching "
-                         "allocator's reserved peak plus NCCL's buffers (allocated peaks in each "
-                         "probe's allocated_peak_bytes); on simulated cards a model of the "
-                         "allocator, not yet checked on hardware")
+        if self.settings.budget.level is BudgetLevel.RESERVED:
+            notes.append(RESERVED_NOTE)
         chunk_sizes = list(outcome.best.chunk_sizes)
         bn = self._has_batchnorm(backend)
         if bn:
             notes.append("the model has BatchNorm: every card gets 0 or at least 2 samples")
         model = self._wrap(backend, chunk_sizes, notes, out_dev)
-        budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
+        budgets = [d.budget_bytes(self.settings.budget.headroom_bytes) for d in backend.devices]
         even = dataclasses.replace(_figures(outcome.even, list(outcome.even_split), budgets),
                                    implied_by=outcome.even_implied_by,
                                    open_bracket=outcome.even_open, at_most=outcome.even_at_most)
@@ -333,7 +298,7 @@ class Tuner:
         return TuneResult(
             objective=self.objective.value, backend=str(capabilities(backend).kind),
             cluster=backend.describe(), model_name=model_name(self.workload.model),
-            devices=list(backend.devices), headroom_bytes=self.headroom_bytes,
+            devices=list(backend.devices), headroom_bytes=self.settings.budget.headroom_bytes,
             budget_bytes=budgets, chunk_sizes=chunk_sizes, peak_bytes=list(best.peak_bytes),
             even=even, probes=list(outcome.probes), fits=list(outcome.fits),
             breakdown=list(best.breakdown) if best.breakdown is not None else None,
@@ -344,6 +309,37 @@ class Tuner:
             certified=outcome.certified, brackets=list(outcome.brackets), model=model,
             output_device=out_dev, card0_output_batch_size=card0_batch,
             settings=_settings(self.workload, backend))
+
+    def _open_backend(self, notes: list[str]) -> Backend:
+        """The backend given, else the one the cards chosen name (said once in ``notes``)."""
+        if self.backend is not None:
+            return self.backend
+        choice = self.choice or choose_backend(self.settings.device_ids, self.settings.simulate)
+        self.settings.budget.check_cards(choice.simulated)
+        if choice.notice is not None:
+            _notice(choice.notice, self.settings.verbose)
+            notes.append(choice.notice)
+        return _build_backend(self.workload, choice, self._isolated, self.settings.budget.reserved)
+
+    def _gather_on(self, backend: Backend, outcome: search.SearchOutcome, k: int,
+                   notes: list[str]) -> tuple[search.SearchOutcome, Optional[int], int]:
+        """The search again with the outputs gathered on card ``k``: kept when it fits a larger
+        batch (or ``k`` was asked for). Returns the outcome, the batch gathering on card 0
+        (``None``: card 0 kept) and the card the outputs come back on."""
+        alt = self._search(backend, output_device=k, first=outcome)
+        probes = outcome.probes + alt.probes
+        if alt.best.batch_size > outcome.best.batch_size or self.settings.output_device == k:
+            notes.append(f"outputs gathered on card {k}: batch {alt.best.batch_size} "
+                         f"against {outcome.best.batch_size} gathering on card 0")
+            return dataclasses.replace(alt, probes=probes, even=outcome.even,
+                                       even_split=outcome.even_split,
+                                       even_implied_by=outcome.even_implied_by,
+                                       even_open=outcome.even_open,
+                                       even_at_most=outcome.even_at_most,
+                                       notes=outcome.notes + alt.notes), outcome.best.batch_size, k
+        notes.append(f"gathering the outputs on card {k} fits batch "
+                     f"{alt.best.batch_size}, no more than on card 0: card 0 kept")
+        return dataclasses.replace(outcome, probes=probes), None, 0
 
     def _search(self, backend: Backend, output_device: int = 0,
                 first: Optional[search.SearchOutcome] = None) -> search.SearchOutcome:
@@ -358,10 +354,10 @@ class Tuner:
         if m == 2 and self.batch_size < 2:
             raise UsageError("batch_size=1 cannot be trained through BatchNorm "
                              "(it needs more than 1 sample per card); use batch_size >= 2")
-        budgets = [d.budget_bytes(self.headroom_bytes) for d in devices]
+        budgets = [d.budget_bytes(self.settings.budget.headroom_bytes) for d in devices]
         perm = list(range(len(devices)))
         perm[0], perm[output_device] = output_device, 0
-        level = self.budget_level
+        level = self.settings.budget.level
 
         def probe(split: Sequence[int]) -> ProbeResult:
             if not output_device:
@@ -374,13 +370,13 @@ class Tuner:
 
         # The total is the most probes the search may run, and stays so: a search that
         # certifies its answer early ends short of it ("7/12"), it is never rewritten.
-        bar = tqdm(total=self.max_probes, desc="probing (at most)", unit="probe",
-                   file=sys.stderr, disable=not self.verbose, leave=True)
+        bar = tqdm(total=self.settings.max_probes, desc="probing (at most)", unit="probe",
+                   file=sys.stderr, disable=not self.settings.verbose, leave=True)
         try:
             objective = Objective.BALANCE if self.objective is Objective.THROUGHPUT else self.objective
             out = search.run(probe, [budgets[perm[i]] for i in range(len(perm))], objective,
-                             self.batch_size, min_chunk=m, max_probes=self.max_probes,
-                             tolerance=self.tolerance,
+                             self.batch_size, min_chunk=m, max_probes=self.settings.max_probes,
+                             tolerance=self.settings.tolerance,
                              exact_on_oom=capabilities(backend).exact_on_oom,
                              on_probe=lambda: bar.update(1), **_reuse(first, perm, self.objective))
             return out if not output_device else _swapped_outcome(out, perm, output_device)
@@ -393,7 +389,7 @@ class Tuner:
         the batch measured within every budget (:mod:`dptune.search.throughput`)."""
         from dptune.search import throughput
 
-        budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
+        budgets = [d.budget_bytes(self.settings.budget.headroom_bytes) for d in backend.devices]
         best = outcome.best
         cluster_speed = getattr(backend, "speed", None)     # TimedBackend: the card table's
         notes.extend(getattr(cluster_speed, "notes", ()))
@@ -406,7 +402,7 @@ class Tuner:
         m = 2 if self._has_batchnorm(backend) else 1
         fast = throughput.fastest(backend.probe, budgets, self.batch_size, outcome.probes,
                                   outcome.fits, best, min_chunk=m,
-                                  max_probes=max(3, self.max_probes - len(outcome.probes)),
+                                  max_probes=max(3, self.settings.max_probes - len(outcome.probes)),
                                   global_batch=self.global_batch)
         self.speed = fast.figures
         notes.extend(fast.notes)
@@ -423,15 +419,15 @@ class Tuner:
         """The card to try gathering the outputs on (0: none): the one asked for, or with
         ``"auto"`` for ``max_batch`` the card other than 0 with the largest budget."""
         n = len(backend.devices)
-        if isinstance(self.output_device, int) and self.output_device >= n:
-            raise UsageError(f"output_device={self.output_device}: there are cards 0..{n - 1}")
-        if self.output_device == 0 or n < 2 or not capabilities(backend).output_device:
+        if isinstance(self.settings.output_device, int) and self.settings.output_device >= n:
+            raise UsageError(f"output_device={self.settings.output_device}: there are cards 0..{n - 1}")
+        if self.settings.output_device == 0 or n < 2 or not capabilities(backend).output_device:
             return 0
-        if isinstance(self.output_device, int):
-            return self.output_device
+        if isinstance(self.settings.output_device, int):
+            return self.settings.output_device
         if self.objective is not Objective.MAX_BATCH:
             return 0
-        budgets = [d.budget_bytes(self.headroom_bytes) for d in backend.devices]
+        budgets = [d.budget_bytes(self.settings.budget.headroom_bytes) for d in backend.devices]
         return max(range(1, n), key=lambda i: (budgets[i], -i))
 
     # ---- the wrapped model ------------------------------------------------------------

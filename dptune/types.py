@@ -2,7 +2,8 @@
 
 - :class:`Device` (one card as the tuner sees it) and :class:`ProbeResult` (what one probe
   measured), shared by every backend, the search, the result and the reports;
-- the closed sets as enums: :class:`Objective` (what a search optimises), :class:`Category`
+- the closed sets as enums: :class:`Objective` (what a search optimises), :class:`Strategy`
+  (how a DDP plan's ranks hold the model), :class:`Category`
   (the parts of a per-card breakdown) and :class:`BackendKind` (real or simulated cards);
 - the per-card rules every layer applies the same way: :func:`card_in_use` (card 0 always
   counts: it holds the master weights and gathers the outputs, even with no samples) and
@@ -21,7 +22,7 @@ from typing import Any, Mapping, Optional, Union
 from dptune.errors import UsageError
 from dptune.timing import StepTime
 
-__all__ = ["Device", "ProbeResult", "CATEGORIES", "Category", "Objective", "BackendKind",
+__all__ = ["Device", "ProbeResult", "CATEGORIES", "Category", "Objective", "Strategy", "BackendKind",
            "card_in_use", "budget_share"]
 
 
@@ -70,6 +71,13 @@ class Objective(_StrEnum):
             except ValueError:
                 pass
         raise UsageError(f"objective must be 'balance', 'max_batch' or 'throughput', got {value!r}")
+
+
+class Strategy(_StrEnum):
+    """How the DDP planner's ranks hold the model: replicated (DDP) or sharded (FSDP2)."""
+
+    DDP = "ddp"
+    FSDP = "fsdp"
 
 
 class BackendKind(_StrEnum):

@@ -26,7 +26,7 @@ def _jobs(world: int) -> list:
         ("grad:unscaled", {"sizes": sizes, "scale": False}),
         ("sampler:keep", {"sizes": sizes, "n": N_SAMPLER[world]}),
         ("sampler:drop", {"sizes": sizes, "n": N_SAMPLER[world], "drop_last": True}),
-        ("plan:balance", {"spec": SPEC[world], "global_batch": 96}),
+        ("plan:balance", {"spec": SPEC[world], "global_batch": 96, "objective": "balance"}),
         ("plan:max", {"spec": SPEC[world], "objective": "max_batch"}),
         ("plan:infeasible", {"spec": TOO_SMALL[world], "global_batch": 8}),
         ("user_error", {"spec": f"{world}x24GB"}),
@@ -89,7 +89,8 @@ def test_ranks_agree_on_the_plan_and_it_matches_the_offline_plan(job):
     from dptune import ddp
 
     world, out = job
-    for label, kw in (("plan:balance", {"global_batch": 96}), ("plan:max", {"objective": "max_batch"})):
+    for label, kw in (("plan:balance", {"global_batch": 96, "objective": "balance"}),
+                      ("plan:max", {"objective": "max_batch"})):
         plans = [out[r][label] for r in range(world)]
         assert all("error" not in p for p in plans), plans
         first = plans[0]["plan"]

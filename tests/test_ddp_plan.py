@@ -97,7 +97,8 @@ def test_max_batch_is_certified_and_exact():
 
 
 def test_balance_splits_the_global_batch_by_budget():
-    plan = ddp.plan(net, batch, optimizer=adamw, global_batch=4000, simulate=SPEC)
+    plan = ddp.plan(net, batch, optimizer=adamw, global_batch=4000, simulate=SPEC,
+                    objective="balance")
     assert plan.global_batch == 4000 and min(plan.batch_sizes) >= 1
     shares = [r.measured_peak_bytes / r.budget_bytes for r in plan.ranks]
     assert max(shares) - min(shares) < 0.01
@@ -297,7 +298,7 @@ def test_cli_plan_writes_and_prints_the_plan(tmp_path, capsys):
 
     out = tmp_path / "p.json"
     code = main(["plan", "--model", "dptune.examples.models:MLP", "--simulate", "32GB,24GB",
-                 "--batch-size", "96", "--out", str(out), "--json"])
+                 "--batch-size", "96", "--objective", "balance", "--out", str(out), "--json"])
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
     assert sum(printed["batch_sizes"]) == 96 and printed["world_size"] == 2

@@ -24,7 +24,8 @@ def vectors(n: int) -> torch.Tensor:
 def test_equal_cards_where_memory_does_not_bind_get_equal_batches():
     # the case: 'balance' gives [44, 45, 1] (shares of budget); the cards are the same
     # speed (both assumed) and the tiny MLP binds no memory, so equal batches are fastest
-    balance = ddp.plan(mlp(), vectors, optimizer=adamw, global_batch=90, simulate="2x24GB,12GB")
+    balance = ddp.plan(mlp(), vectors, optimizer=adamw, global_batch=90, simulate="2x24GB,12GB",
+                       objective="balance")
     assert balance.batch_sizes[2] < 5
     # every offline plan gives its estimated speed beside equal batches
     assert any(n.startswith("speed (estimated): this plan") and "equal batches [30, 30, 30]" in n

@@ -32,7 +32,7 @@ def _jobs(world: int) -> list:
         ("grad:unscaled", {"sizes": sizes, "scale": False}),
         ("grad:accumulate", {"sizes": sizes, "accumulate": 2}),
         ("epoch", {"sizes": sizes, "n": N_EPOCH[world]}),
-        ("plan:balance", {"spec": SPEC[world], "global_batch": 96}),
+        ("plan:balance", {"spec": SPEC[world], "global_batch": 96, "objective": "balance"}),
         ("plan:infeasible", {"spec": TOO_SMALL[world], "global_batch": 8}),
         ("user_error", {"spec": f"{world}x24GB"}),
         ("card_plan", {"totals": CARDS[world]}),
@@ -92,7 +92,7 @@ def test_ranks_agree_on_the_fsdp_plan_and_it_matches_the_offline_plan(job):
         assert p["plan"]["probes"] == first["probes"]
     assert sum(first["batch_sizes"]) == 96
     offline = ddp.plan(w._plan_stack, w._plan_sample, optimizer=w._adamw, simulate=SPEC[world],
-                       headroom=0, global_batch=96, strategy="fsdp")
+                       headroom=0, global_batch=96, strategy="fsdp", objective="balance")
     assert first["batch_sizes"] == offline.batch_sizes
     # in the job each rank simulates its own shards; offline every rank is simulated as rank 0,
     # whose shards are the largest (torch.chunk gives the first ranks the rounded-up rows):

@@ -83,7 +83,7 @@ def test_fsdp_balance_and_one_simulation_per_card_and_batch(monkeypatch):
 
     monkeypatch.setattr(SimulatedFSDPRank, "estimate", counted)
     plan = ddp.plan(mlp, seqs, optimizer=adamw, global_batch=30, simulate=SPEC, headroom=0,
-                    strategy="fsdp")
+                    strategy="fsdp", objective="balance")
     assert plan.global_batch == 30 and min(plan.batch_sizes) >= 1
     b = plan.batch_sizes
     assert abs(b[0] - b[1]) <= 1 and min(b[0], b[1]) > b[2]     # the same card: the same share

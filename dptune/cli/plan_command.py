@@ -21,7 +21,7 @@ __all__ = ["ddp_plan", "plan_parser"]
 
 
 def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
-             simulate: str = "4x24GB", objective: str = "balance",
+             simulate: str = "4x24GB", objective: Optional[str] = None,
              headroom_bytes: Optional[int] = None, bucket_cap_mb: Optional[float] = None,
              gradient_as_bucket_view: bool = False, budget_level: str = "allocated",
              allocator: Optional[str] = None, nccl_bytes: Optional[int] = None,
@@ -61,13 +61,13 @@ def plan_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "plan", help="per-rank batch sizes for DistributedDataParallel on unequal cards",
         description="Plan one local batch per DDP rank (one rank per card of a simulated\n"
-                    "cluster), so that every card uses the same share of its memory (or the\n"
-                    "global batch is as large as fits); print the plan and write plan.json.\n"
+                    "cluster): the fastest batches that fit (or the same share of memory on\n"
+                    "every card, or the largest global batch); print the plan and plan.json.\n"
                     "Inside a torchrun job, call dptune.ddp.plan(...) on every rank instead.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     workload_arguments(p, batch_default=None,
                        batch_help="the global batch (the sum of the ranks' batches) to split; "
-                                  "needed for --objective balance, an upper limit for max-batch")
+                                  "needed except with --objective max-batch, where it is an upper limit")
     step_arguments(p)
     c = p.add_argument_group("cards and DDP")
     c.add_argument("--simulate", metavar="SPEC", default=None,
@@ -88,9 +88,10 @@ def plan_parser(subparsers: Any) -> None:
     f.add_argument("--mp-param-dtype", choices=("bf16", "fp16"), default=None,
                    help="MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32)")
     t = p.add_argument_group("plan and output")
-    objective_argument(t, "balance: the same share of memory on every card at --batch-size "
-                           "(default); max-batch: the largest global batch; throughput: per-rank "
-                           "batches of --batch-size with the shortest step that fits")
+    objective_argument(t, "default: throughput, per-rank batches of --batch-size with the "
+                          "shortest step that fits; balance: the same share of memory on every "
+                          "card; max-batch: the largest global batch")
+    p.set_defaults(objective=None)   # the planner's default: the fastest batches that fit
     t.add_argument("--out", metavar="PATH", type=out_path,
                    help="a folder (plan.json + summary.md) or a .json file "
                         "(default reports/ddp-<Model>-<cluster>)")
@@ -110,9 +111,9 @@ def _plan_command(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"dptune: planning for the simulated cluster {DEFAULT_CLUSTER} "
                   "(choose cards with --simulate SPEC)", file=sys.stderr)
-    if args.objective in ("balance", "throughput") and args.batch_size is None:
-        raise UsageError(f"--objective {args.objective} splits a global batch: give --batch-size N "
-                         "(or --objective max-batch for the largest that fits)")
+    if args.objective != "max-batch" and args.batch_size is None:
+        raise UsageError(f"--objective {args.objective or 'throughput'} splits a global batch: "
+                         "give --batch-size N (or --objective max-batch for the largest that fits)")
     check_cards(simulate)
     check_level_flags(args)
     if args.out:  # checked before minutes of planning
@@ -121,7 +122,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     with redirect:
         result = ddp_plan(
             workload_spec(args), global_batch=args.batch_size, simulate=simulate,
-            objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
+            objective=args.objective, headroom_bytes=args.headroom,
             bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
             strategy=args.strategy, reshard_after_forward=not args.no_reshard_after_forward,
             mp_param_dtype=args.mp_param_dtype, **level_options(args))

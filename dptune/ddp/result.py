@@ -28,37 +28,27 @@ from dptune.backends.base import Device
 from dptune.backends.ddp_memory import DDPOptions
 from dptune.errors import OutputError, ReportError, UsageError
 from dptune.result import read_json
+from dptune.search.ranks import RankProbe
+from dptune.types import Objective, _StrEnum
 from dptune.solver import Fit
 from dptune.units import format_bytes
 
-__all__ = ["RankPlan", "RankProbe", "DDPPlan", "PLAN_KIND", "PLAN_VERSION", "is_plan_path"]
+__all__ = ["RankPlan", "RankProbe", "RankReason", "DDPPlan", "PLAN_KIND", "PLAN_VERSION",
+           "is_plan_path"]
 
 PLAN_KIND = "dptune-ddp-plan"
 PLAN_VERSION = 1
 
 
-@dataclass(frozen=True)
-class RankProbe:
-    """One measured step of one rank: its batch, its peak (bytes), whether it fitted its budget.
+class RankReason(_StrEnum):
+    """Why a rank got its batch (the plan's ``reason`` per rank, its "why" column)."""
 
-    ``peak_bytes`` is ``None`` when the step ran out of memory on a real card (then only the
-    fact is known)."""
-
-    rank: int
-    batch_size: int
-    peak_bytes: Optional[int]
-    fits: bool
-    round: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(rank=self.rank, batch_size=self.batch_size, peak_bytes=self.peak_bytes,
-                    fits=self.fits, round=self.round)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "RankProbe":
-        return cls(rank=int(d["rank"]), batch_size=int(d["batch_size"]),
-                   peak_bytes=None if d.get("peak_bytes") is None else int(d["peak_bytes"]),
-                   fits=bool(d["fits"]), round=int(d.get("round", 0)))
+    MEMORY_CAP = "memory cap"              # the largest batch that fits its budget
+    MEMORY_BALANCE = "memory balance"      # the same share of its budget as the other ranks
+    STEP_TIME = "sets the step time"       # the slowest rank: the step waits for it
+    TIME_BALANCE = "time balance"          # one more sample would make it the slowest
+    REST = "rest of the batch"             # what the others leave (the slowest is at its least)
+    EQUAL = "equal share"                  # ranks taken as equally fast: batches as equal as fits
 
 
 @dataclass(frozen=True)
@@ -83,6 +73,7 @@ class RankPlan:
     ddp_bytes: Optional[int] = None         # the Reducer's buckets on this rank
     fit: Optional[Fit] = None
     max_batch_size: Optional[int] = None    # largest batch measured to fit (max_batch plans)
+    reason: Optional[RankReason] = None     # why this rank got its batch (planned ranks)
 
     @property
     def share(self) -> Optional[float]:
@@ -98,7 +89,8 @@ class RankPlan:
                     budget_bytes=self.budget_bytes, predicted_peak_bytes=self.predicted_peak_bytes,
                     measured_peak_bytes=self.measured_peak_bytes, ddp_bytes=self.ddp_bytes,
                     fit=None if self.fit is None else self.fit.to_dict(),
-                    max_batch_size=self.max_batch_size)
+                    max_batch_size=self.max_batch_size,
+                    reason=None if self.reason is None else self.reason.value)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RankPlan":
@@ -112,7 +104,8 @@ class RankPlan:
                    predicted_peak_bytes=opt_int("predicted_peak_bytes"),
                    measured_peak_bytes=opt_int("measured_peak_bytes"), ddp_bytes=opt_int("ddp_bytes"),
                    fit=None if d.get("fit") is None else _fit(d["fit"]),
-                   max_batch_size=opt_int("max_batch_size"))
+                   max_batch_size=opt_int("max_batch_size"),
+                   reason=None if d.get("reason") is None else RankReason(d["reason"]))
 
 
 def _fit(d: Mapping[str, Any]) -> Fit:
@@ -145,7 +138,7 @@ class DDPPlan:
     """
 
     ranks: tuple[RankPlan, ...]
-    objective: str = "manual"                 # "balance", "max_batch" or "manual"
+    objective: str = "manual"                 # an Objective's value, or "manual"
     backend: str = "manual"                   # "simulated", "cuda" or "manual"
     cluster: str = ""
     model_name: str = ""
@@ -335,8 +328,12 @@ class DDPPlan:
 
     # ---- text -------------------------------------------------------------------------
     def table(self) -> str:
-        """One line per rank: batch, loss scale, card, budget, predicted and measured peak."""
+        """One line per rank: batch, loss scale, card, budget, predicted and measured peak,
+        and why the rank got its batch (when the planner said)."""
         head = ["rank", "batch", "loss scale", "card", "budget", "predicted", "measured", "share"]
+        why = any(r.reason is not None for r in self.ranks)
+        if why:
+            head.append("why")
         rows = []
         for r in self.ranks:
             card = "" if r.device is None else r.device.name
@@ -347,10 +344,11 @@ class DDPPlan:
                          format_bytes(r.budget_bytes) if r.budget_bytes is not None else "",
                          format_bytes(r.predicted_peak_bytes) if r.predicted_peak_bytes is not None else "",
                          format_bytes(r.measured_peak_bytes) if r.measured_peak_bytes is not None else "",
-                         "" if share is None else f"{100 * share:.1f}%"])
+                         "" if share is None else f"{100 * share:.1f}%"]
+                        + ([str(r.reason or "")] if why else []))
         from dptune.report.tables import Align, text_table
 
-        align = [Align.LEFT if i == 3 else Align.RIGHT for i in range(len(head))]   # card: left
+        align = [Align.LEFT if i in (3, 8) else Align.RIGHT for i in range(len(head))]   # card, why
         return "\n".join(text_table(head, rows, align, rule=True))
 
     def summary(self) -> str:
@@ -365,7 +363,7 @@ class DDPPlan:
                     if self.even_batch_size else "")
             lines.append(f"equal local batches fit a global batch of at most {self.even_batch_size}"
                          f"{gain}")
-        if self.objective == "max_batch":
+        if self.objective == Objective.MAX_BATCH:
             lines.append("certified: no rank fits one more sample" if self.certified else
                          "not certified: the search stopped before every rank's limit was closed")
         lines.append(f"DDP: {self.options.describe()}")

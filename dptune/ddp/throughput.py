@@ -13,8 +13,10 @@ The ranks' times are the simulator's estimates (:mod:`dptune.backends.timing`: F
 against each card's datasheet peaks); the all-reduce is a ring over the link
 (:func:`dptune.backends.timing.ddp_allreduce_seconds`), not overlapped with the backward.
 The plan says, per rank, why it got its batch (its memory cap, or an equal step time), and
-when leaving a rank out of the job would be faster. Planning offline only (``simulate=``
-without a process group): a job's ranks would have to exchange their times.
+when leaving a rank out of the job would be faster. Timed planning offline only (``simulate=``
+without a process group): a job's ranks would have to exchange their times. Where no time is
+estimated (inside a job, FSDP: the default objective there), :class:`EqualSpeed` takes the
+ranks as equally fast, and :func:`equal_split` gives batches as equal as the caps allow.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from dptune.ddp.result import RankReason
 from dptune.errors import NoFeasibleSplitError
+from dptune.search.ranks import beyond_the_ranks
 from dptune.throughput import SplitTime, TimeFit, fastest_split, fit_time
 
-__all__ = ["RankTimer", "ThroughputPlan", "plan_throughput", "speed_note"]
+__all__ = ["RankTimer", "EqualSpeed", "ThroughputPlan", "equal_split", "plan_throughput",
+           "speed_note"]
 
 
 class RankTimer:
@@ -82,21 +87,62 @@ class RankTimer:
         return lambda used: ddp_allreduce_seconds(grad_bytes, len(used), bw)
 
 
+class EqualSpeed:
+    """Where no step time is estimated (inside a job, FSDP), the ranks taken as equally fast:
+    one unit of time per sample, no fixed cost, no all-reduce. The fastest split is then the
+    one whose largest batch is smallest: batches as equal as the memory caps allow."""
+
+    estimated = False
+
+    def fit(self, r: int, batches: Sequence[int]) -> TimeFit:
+        return TimeFit(0.0, 1.0)
+
+    def allreduce(self, grad_bytes: int) -> Callable[[frozenset[int]], float]:
+        return lambda used: 0.0
+
+
+def equal_split(caps: Sequence[int], batch: int, min_batch: int = 1) -> Optional[SplitTime]:
+    """``batch`` over ranks capped at ``caps`` (each at least ``min_batch``) with the smallest
+    largest batch, as equal as the caps allow: every rank at ``min(cap, L)`` for the least
+    level ``L`` that holds the batch, one sample fewer on the last ranks at ``L`` for what is
+    over (the first ranks get the remainder, as equal batches do). ``None``: it does not fit.
+    Its ``step_seconds`` is the largest batch (one unit per sample, see :class:`EqualSpeed`)."""
+    if any(c < min_batch for c in caps) or sum(caps) < batch or batch < min_batch * len(caps):
+        return None
+    lo, hi = min_batch, max(caps)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sum(min(c, mid) for c in caps) >= batch:
+            hi = mid
+        else:
+            lo = mid + 1
+    sizes = [min(c, lo) for c in caps]
+    extra = sum(sizes) - batch
+    for r in reversed(range(len(sizes))):
+        if extra and sizes[r] == lo and lo > min_batch:
+            sizes[r] -= 1
+            extra -= 1
+    return SplitTime(tuple(sizes), float(max(sizes)))
+
+
 @dataclass(frozen=True)
 class ThroughputPlan:
     sizes: list[int]
     step: SplitTime                   # predicted by the fits
     reasons: tuple[str, ...]          # per rank, why it got its batch
     notes: tuple[str, ...]
+    labels: tuple[RankReason, ...] = ()   # per rank, the reason in short
 
 
-def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None], timer: RankTimer,
+def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
+                    timer: "RankTimer | EqualSpeed",
                     global_batch: int, max_rounds: int, grad_bytes: int,
                     cap_of: Callable[[Any, int], int]) -> ThroughputPlan:
     """Solve, probe, tighten caps until the batches are measured within every budget.
 
-    ``state``: the planner's ``_State`` after its first two rounds; ``run(sizes)`` probes one
-    round; ``cap_of(fit, budget)`` the planner's memory cap of a fit.
+    ``state``: the ranks' :class:`dptune.search.ranks.RankObservations` after the first two
+    rounds; ``run(sizes)`` probes one round; ``cap_of(fit, budget)`` the memory cap of a fit;
+    ``timer``: the ranks' estimated step times, or :class:`EqualSpeed` where there are none.
     """
     n, m = state.n, state.m
     overhead = timer.allreduce(grad_bytes)
@@ -109,8 +155,12 @@ def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None], 
                                        "objective='throughput' needs the simulated cluster",
                                        shortfall_bytes=None)
         curves = [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)]  # type: ignore[union-attr]
-        sol = fastest_split(curves, global_batch, overhead=overhead, min_chunk=m, every_card=True)
+        sol = (equal_split(caps, global_batch, m) if isinstance(timer, EqualSpeed) else
+               fastest_split(curves, global_batch, overhead=overhead, min_chunk=m, every_card=True))
         if sol is None:
+            known = [c for c in state.caps() if c is not None]
+            if len(known) == n and sum(known) < global_batch:    # more than the ranks hold
+                raise beyond_the_ranks(state, run, global_batch, max_rounds)
             raise NoFeasibleSplitError(
                 f"no per-rank batches of the global batch {global_batch} fit every rank's memory "
                 f"(largest per rank: {caps}); try a smaller global_batch", shortfall_bytes=None)
@@ -126,8 +176,31 @@ def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None], 
     caps = _caps(state, cap_of, global_batch)
     fits = [timer.fit(r, [p.batch_size for p in state.of(r)]) for r in range(n)]
     curves = [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)]  # type: ignore[union-attr]
-    return ThroughputPlan(sizes, sol, _reasons(sizes, caps, curves, sol),
-                          _notes(curves, sizes, global_batch, overhead, m, sol))
+    if isinstance(timer, EqualSpeed):
+        labels, lines = _equal_reasons(sizes, caps)
+        return ThroughputPlan(sizes, sol, lines, (EQUAL_NOTE,), labels)
+    labels, lines = _reasons(sizes, caps, curves)
+    return ThroughputPlan(sizes, sol, lines, _notes(curves, sizes, global_batch, overhead, m, sol),
+                          labels)
+
+
+EQUAL_NOTE = ("no step time is estimated here (inside a job, or FSDP): the ranks are taken as "
+              "equally fast, so the batches are as equal as the memory caps allow "
+              "(objective='balance' gives the same share of memory on every rank instead)")
+
+
+def _equal_reasons(sizes: Sequence[int], caps: Sequence[int]
+                   ) -> tuple[tuple[RankReason, ...], tuple[str, ...]]:
+    labels, lines = [], []
+    for r, b in enumerate(sizes):
+        if b >= caps[r] and b < max(sizes):
+            labels.append(RankReason.MEMORY_CAP)
+            lines.append(f"rank {r}: batch {b}: its memory cap (the largest batch that fits, "
+                         f"{caps[r]})")
+        else:
+            labels.append(RankReason.EQUAL)
+            lines.append(f"rank {r}: batch {b}: an equal share (the ranks taken as equally fast)")
+    return tuple(labels), tuple(lines)
 
 
 def _caps(state: Any, cap_of: Callable[[Any, int], int], global_batch: int) -> list[int]:
@@ -146,24 +219,29 @@ def _caps(state: Any, cap_of: Callable[[Any, int], int], global_batch: int) -> l
     return caps
 
 
-def _reasons(sizes: Sequence[int], caps: Sequence[int], curves: Sequence[Sequence[float]],
-             sol: SplitTime) -> tuple[str, ...]:
+def _reasons(sizes: Sequence[int], caps: Sequence[int], curves: Sequence[Sequence[float]]
+             ) -> tuple[tuple[RankReason, ...], tuple[str, ...]]:
+    """Per rank, why it got its batch: in short (the plan's column) and in full (a note)."""
     slowest = max(curves[r][b] for r, b in enumerate(sizes))
-    out = []
+    labels, out = [], []
     for r, b in enumerate(sizes):
         t = curves[r][b] * 1e3
         if b >= caps[r]:
+            label = RankReason.MEMORY_CAP
             why = f"its memory cap (the largest batch that fits, {caps[r]}); its step {t:.2f} ms"
         elif curves[r][b] >= slowest * (1 - 1e-9):
-            why = f"it sets the step time ({t:.2f} ms)"
+            label, why = RankReason.STEP_TIME, f"it sets the step time ({t:.2f} ms)"
         elif curves[r][b + 1] > slowest:
+            label = RankReason.TIME_BALANCE
             why = (f"one more sample would make it the slowest rank ({t:.2f} ms now, "
                    f"{slowest * 1e3:.2f} ms the step's slowest)")
         else:
+            label = RankReason.REST
             why = (f"the rest of the global batch ({t:.2f} ms): the slowest rank "
                    f"({slowest * 1e3:.2f} ms) is at its smallest batch")
+        labels.append(label)
         out.append(f"rank {r}: batch {b}: {why}")
-    return tuple(out)
+    return tuple(labels), tuple(out)
 
 
 def _notes(curves: Sequence[Sequence[float]], sizes: Sequence[int], batch: int,

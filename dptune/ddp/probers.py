@@ -1,0 +1,127 @@
+"""One rank's card for the DDP planner: a simulated card of the cluster, or this process's
+CUDA card. A prober gives the rank's facts (:class:`dptune.ddp.ranks.RankInfo`) and the peak
+of one step at a batch (``None``: out of memory)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Protocol
+
+from dptune.backends.ddp_memory import DDPOptions, bucket_bytes, params_of
+from dptune.backends.fixed_costs import FixedCosts
+from dptune.backends.reserved import BudgetLevel, ReservedModel, at_level
+from dptune.ddp.ranks import RankInfo, min_batch, step_settings
+from dptune.errors import BackendUnavailableError
+
+__all__ = ["Prober", "SimulatedProber", "CudaProber", "local_cuda_prober"]
+
+
+class Prober(Protocol):
+    def info(self) -> RankInfo: ...
+    def probe(self, batch_size: int) -> Optional[int]:
+        """Peak bytes of one step, or ``None`` when it ran out of memory."""
+        ...
+    def close(self) -> None: ...
+
+
+class SimulatedProber:
+    """Rank ``rank`` on card ``rank`` of a simulated cluster."""
+
+    def __init__(self, workload: Any, cluster: Any, rank: int, options: DDPOptions,
+                 headroom_bytes: int, host: Optional[str], shared: Optional[dict] = None,
+                 reserved: Optional[ReservedModel] = None):
+        from dptune.backends.simulated_ddp import SimulatedDDPRank, card_of
+        from dptune.workload import model_name
+
+        self.device = cluster.devices[rank]
+        # a rank's peak depends only on its card type: ranks simulated in one process share
+        # one simulator and its results per card type
+        shared = {} if shared is None else shared
+        card = cluster.names[rank]
+        if card not in shared:
+            # at the reserved level each rank's trace is replayed through the allocator model,
+            # NCCL's buffers as for a world of all the ranks (as SimulatedDDP(reserved=...))
+            model = None if reserved is None else dataclasses.replace(
+                reserved, fixed=FixedCosts(reserved.fixed.nccl_for(len(cluster))))
+            shared[card] = (SimulatedDDPRank(workload, card_of(cluster, rank), options, model), {})
+        self.backend, self._memo = shared[card]
+        self.workload, self.headroom, self.host = workload, headroom_bytes, host
+        self.name = model_name(workload.model)
+
+    def info(self) -> RankInfo:
+        ddp = self.backend.ddp_bytes()
+        return RankInfo(device=self.device, host=self.host,
+                         budget_bytes=self.device.budget_bytes(self.headroom), ddp_bytes=ddp,
+                         min_batch=min_batch(self.workload.model), model_name=self.name,
+                         settings=step_settings(self.workload))
+
+    def probe(self, batch_size: int) -> Optional[int]:
+        if batch_size not in self._memo:
+            self._memo[batch_size] = (
+                self.backend.estimate([batch_size]).peak_bytes[0] if self.backend.reserved is None
+                else at_level(self.backend.probe([batch_size]), [self.device],
+                              BudgetLevel.RESERVED).peak_bytes[0])
+        return self._memo[batch_size]
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+class CudaProber:
+    """This process's CUDA card: the single-card step measured, DDP's buckets counted."""
+
+    def __init__(self, workload: Any, device_index: int, options: DDPOptions, headroom_bytes: int,
+                 host: Optional[str], level: BudgetLevel = BudgetLevel.ALLOCATED):
+        from dptune.backends.cuda import CudaBackend
+        from dptune.workload import model_name
+
+        self.backend = CudaBackend(workload, device_ids=[device_index])
+        self.workload, self.options, self.headroom, self.host = workload, options, headroom_bytes, host
+        self.name = model_name(workload.model)
+        self._ddp: Optional[int] = None
+        self.level = level
+
+    def _ddp_bytes(self) -> int:
+        if self._ddp is None:
+            import torch
+
+            model = self.workload.model
+            if not isinstance(model, torch.nn.Module):
+                with torch.device("meta"):
+                    model = model()
+            self._ddp = bucket_bytes(params_of(model), self.options)
+        return self._ddp
+
+    def info(self) -> RankInfo:
+        device = self.backend.devices[0]
+        return RankInfo(device=device, host=self.host, budget_bytes=device.budget_bytes(self.headroom),
+                         ddp_bytes=self._ddp_bytes(), min_batch=min_batch(self.workload.model),
+                         model_name=self.name, settings=step_settings(self.workload))
+
+    def probe(self, batch_size: int) -> Optional[int]:
+        res = at_level(self.backend.probe([batch_size]), self.backend.devices, self.level)
+        if not res.feasible:
+            return None
+        return res.peak_bytes[0] + self._ddp_bytes()
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def local_cuda_prober(workload: Any, device: Optional[int], options: DDPOptions,
+                      headroom_bytes: int, host: Optional[str],
+                      level: BudgetLevel = BudgetLevel.ALLOCATED) -> Prober:
+    """This rank's CUDA card: ``device``, else ``LOCAL_RANK``'s, else the current device."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BackendUnavailableError(
+            "plan() inside a torch.distributed job probes each rank's CUDA card, but this rank "
+            "sees none; pass simulate='...' (one card per rank) to plan on virtual cards")
+    if device is None:
+        local = os.environ.get("LOCAL_RANK")
+        device = int(local) if local is not None and torch.cuda.device_count() > int(local) \
+            else torch.cuda.current_device()
+    return CudaProber(workload, device, options, headroom_bytes, host, level)
