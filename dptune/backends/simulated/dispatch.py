@@ -172,47 +172,60 @@ def _arg_tensors(args: Any) -> Iterator[torch.Tensor]:
                     yield from _arg_tensors(x)
 
 
+def _output_card(ledger: _Ledger, facts: _OpFacts, args: Any, kwargs: Any,
+                 cards: Optional[list[InputCard]]) -> int:
+    """The card an op's outputs land on: the card copies are forced to, else the card of its
+    first input on a card; the host if all its inputs are there; where code runs for a
+    factory op (lift_fresh: the data of torch.tensor) or an op without tensor inputs.
+    ``cards``: the inputs' cards, if looked up before the op (for the device check)."""
+    card = ledger.forced_card
+    if card is not None:
+        return card
+    card, inputs = HOST, False
+    if facts.lift:
+        pass
+    elif cards is not None:        # looked up before the op, for the device check
+        inputs = bool(cards)
+        card = next((c.card for c in cards if c.card != HOST), HOST)
+    else:
+        card_of = ledger.card_of
+        for t in chain(_arg_tensors(args), _arg_tensors(kwargs.values()) if kwargs else ()):
+            inputs = True
+            c = card_of(t)
+            if c != HOST:
+                card = c
+                break
+    if card != HOST:
+        ledger.last_card = card
+    elif not inputs:
+        card = ledger.running_card()
+    return card
+
+
+@_internal("the ledger (charging an op's outputs to a card)")
+def _account(ledger: _Ledger, func: Any, facts: _OpFacts, args: Any, kwargs: Any, out: Any,
+             cards: Optional[list[InputCard]]) -> None:
+    """Charge the new storages of an op's outputs to their card (:func:`_output_card`)."""
+    if facts.data_dependent or facts.reads_value:
+        _note_data_dependent(ledger, func, args, out)
+    card = _output_card(ledger, facts, args, kwargs, cards)
+    category = ledger.category
+    if isinstance(out, torch.Tensor):
+        ledger.charge(out, card, category)
+    elif isinstance(out, (list, tuple)):
+        for t in _arg_tensors(out):
+            ledger.charge(t, card, category)
+    if ledger.observer is not None:
+        ledger.observer(func, args, kwargs, out, card)
+
+
 def _make_accountant(ledger: _Ledger) -> Any:
+    """The dispatch mode that charges every new storage to a card of ``ledger`` (module
+    docstring)."""
     base = dispatch_mode_base()
     check = _internal("the device check (host and card tensors in one op)",
                       DeviceMismatchError)(check_devices)
     find_cards = _internal("the device check (host and card tensors in one op)")(input_cards)
-
-    @_internal("the ledger (charging an op's outputs to a card)")
-    def account(func: Any, facts: _OpFacts, args: Any, kwargs: Any, out: Any,
-                cards: Optional[list[InputCard]]) -> None:
-        if facts.data_dependent or facts.reads_value:
-            _note_data_dependent(ledger, func, args, out)
-        card = ledger.forced_card
-        if card is None:
-            # on the card of its first input on a card; on the host if all its inputs are
-            # there; a factory op (lift_fresh: the data of torch.tensor) where code runs
-            card, inputs = HOST, False
-            if facts.lift:
-                pass
-            elif cards is not None:        # looked up before the op, for the device check
-                inputs = bool(cards)
-                card = next((c.card for c in cards if c.card != HOST), HOST)
-            else:
-                card_of = ledger.card_of
-                for t in chain(_arg_tensors(args), _arg_tensors(kwargs.values()) if kwargs else ()):
-                    inputs = True
-                    c = card_of(t)
-                    if c != HOST:
-                        card = c
-                        break
-            if card != HOST:
-                ledger.last_card = card
-            elif not inputs:
-                card = ledger.running_card()
-        category = ledger.category
-        if isinstance(out, torch.Tensor):
-            ledger.charge(out, card, category)
-        elif isinstance(out, (list, tuple)):
-            for t in _arg_tensors(out):
-                ledger.charge(t, card, category)
-        if ledger.observer is not None:
-            ledger.observer(func, args, kwargs, out, card)
 
     class _Accountant(base):  # type: ignore[misc, valid-type]
         """Charges every new storage an op makes to a virtual card."""
@@ -233,7 +246,7 @@ def _make_accountant(ledger: _Ledger) -> Any:
                 check(func, args, kwargs, ledger, cards)
             out = _call_as_cuda(func, args, kwargs or {})
             # set_ gives its input another storage: where it is is looked up again
-            account(func, facts, args, kwargs, out, None if facts.sets_storage else cards)
+            _account(ledger, func, facts, args, kwargs, out, None if facts.sets_storage else cards)
             return out
 
     return _Accountant()
