@@ -105,7 +105,12 @@ def input_cards(args: Sequence[Any], kwargs: Optional[dict], where: Placement) -
     """Every tensor of an aten op's arguments (tensors and lists of them), in order, with its
     card: looked up once per op, for the check and for the charge of its outputs."""
     card_of = where.card_of
-    found = [InputCard(i, t, card_of(t)) for i, a in enumerate(args) for t in _tensors((a,))]
+    found = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            found.append(InputCard(i, a, card_of(a)))
+        elif isinstance(a, (list, tuple)):
+            found += [InputCard(i, t, card_of(t)) for t in _tensors(a)]
     if kwargs:
         found += [InputCard(-1, t, card_of(t)) for t in _tensors(kwargs.values())]
     return found

@@ -147,6 +147,7 @@ class _OpFacts(NamedTuple):
     reads_value: bool               # _local_scalar_dense: .item()
     same_dtype: Optional[tuple[int, int]]   # operands CUDA requires in one dtype
     sets_storage: bool              # set_: an input gets another storage
+    unlike_cuda: bool               # the fake kernel acts unlike CUDA's (_call_as_cuda)
 
 
 @functools.lru_cache(maxsize=None)
@@ -155,7 +156,9 @@ def _op_facts(func: Any) -> _OpFacts:
     packet = name.split(".")[0]
     return _OpFacts(name, packet in _LIFTS, packet in _DATA_DEPENDENT,
                     name.startswith("_local_scalar_dense"), _SAME_DTYPE.get(packet),
-                    packet in ("set_", "set", "swap_"))
+                    packet in ("set_", "set", "swap_"),
+                    func is torch.ops.aten._grouped_mm.default
+                    or func is torch.ops.aten._pack_padded_sequence.default)
 
 
 def _arg_tensors(args: Any) -> Iterator[torch.Tensor]:
@@ -219,18 +222,42 @@ def _account(ledger: _Ledger, func: Any, facts: _OpFacts, args: Any, kwargs: Any
         ledger.observer(func, args, kwargs, out, card)
 
 
+@_internal("the device check (host and card tensors in one op)", DeviceMismatchError)
+def _checked_cards(ledger: _Ledger, func: Any, args: Any, kwargs: Any) -> list[InputCard]:
+    """The cards of an op's tensor arguments, after CUDA's device check of them."""
+    cards = input_cards(args, kwargs, ledger)
+    check_devices(func, args, kwargs, ledger, cards)
+    return cards
+
+
+_DEVICE_QUERY = torch.ops.prim.device.default   # a tensor's .device, asked by C++ code
+
+
+@_internal("the ledger (a tensor's device asked)")
+def _device_query(ledger: _Ledger, func: Any, args: Any) -> Any:
+    """``prim.device`` (autograd and the dispatcher ask a fake tensor's device; most ops of a
+    step are these): what :func:`_account` does for it, without the rest of an op's path. It
+    makes no storage and no device check can fail on one tensor; only the card last computed
+    on follows the tensor asked (as :func:`_output_card` makes it)."""
+    if ledger.forced_card is None:
+        card = ledger.card_of(args[0])
+        if card != HOST:
+            ledger.last_card = card
+    with no_function_modes():
+        return func(*args)
+
+
 def _make_accountant(ledger: _Ledger) -> Any:
     """The dispatch mode that charges every new storage to a card of ``ledger`` (module
     docstring)."""
     base = dispatch_mode_base()
-    check = _internal("the device check (host and card tensors in one op)",
-                      DeviceMismatchError)(check_devices)
-    find_cards = _internal("the device check (host and card tensors in one op)")(input_cards)
 
     class _Accountant(base):  # type: ignore[misc, valid-type]
         """Charges every new storage an op makes to a virtual card."""
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is _DEVICE_QUERY and not kwargs and ledger.observer is None:
+                return _device_query(ledger, func, args)
             # below the torch-function modes (device rules, attention): every tensor method
             # that dptune's ledger or the fake mode calls here would pass through them
             with no_function_modes():
@@ -242,9 +269,8 @@ def _make_accountant(ledger: _Ledger) -> Any:
                 _check_dtypes_as_cuda(func, args)
             cards = None
             if ledger.as_cuda and ledger.forced_card is None:
-                cards = find_cards(args, kwargs, ledger)
-                check(func, args, kwargs, ledger, cards)
-            out = _call_as_cuda(func, args, kwargs or {})
+                cards = _checked_cards(ledger, func, args, kwargs)
+            out = _call_as_cuda(func, args, kwargs or {}) if facts.unlike_cuda else func(*args, **(kwargs or {}))
             # set_ gives its input another storage: where it is is looked up again
             _account(ledger, func, facts, args, kwargs, out, None if facts.sets_storage else cards)
             return out
