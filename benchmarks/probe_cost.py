@@ -8,11 +8,15 @@ For a model (``TinyGPT`` by default, or HF GPT-2 small), this measures in one pr
 - ``probe@N``: one probe of ``SimulatedBackend`` on ``N`` identical cards (the whole batch split
   evenly, ``per_card`` samples a card), after a first probe that builds the fake model.
 
-Each figure is the median of ``repeats`` runs. ``--against PATH`` runs the same measurement in
-a subprocess with ``PYTHONPATH=PATH`` (another checkout of dptune: today's code, say) and
-prints both with their ratios, so that both are measured on the same machine in the same run.
+Each figure is the median of ``repeats`` runs, in wall-clock seconds, or with ``--clock cpu``
+in CPU seconds of the process (``time.process_time``: steadier on a machine shared with other
+work, where the wall clock counts the time the process waits for a core). ``--against PATH``
+runs the same measurement in a subprocess with ``PYTHONPATH=PATH`` (another checkout of dptune:
+today's code, say) and prints both with their ratios, so that both are measured on the same
+machine in the same run.
 
     python -m benchmarks.probe_cost --model tinygpt --cards 4,64,256 --against /tmp/base
+    python -m benchmarks.probe_cost --model gpt2 --repeats 5 --clock cpu --against /tmp/base
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import time
 from typing import Any, Callable
 
 __all__ = ["measure", "main"]
+
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def _model(name: str) -> tuple[Any, Callable[[int], Any], int]:
@@ -61,7 +67,8 @@ def _loss(out: Any, batch: Any) -> Any:
     return out.float().sum()
 
 
-def _plain_step(model: Any, sample: Callable[[int], Any], batch: int, repeats: int) -> float:
+def _plain_step(model: Any, sample: Callable[[int], Any], batch: int, repeats: int,
+                clock: Callable[[], float] = time.perf_counter) -> float:
     import torch
 
     from dptune._torch_private import fake_tensor_mode
@@ -75,18 +82,18 @@ def _plain_step(model: Any, sample: Callable[[int], Any], batch: int, repeats: i
         fake.train()
         opt = torch.optim.AdamW([p for p in fake.parameters() if p.requires_grad], foreach=True)
         for i in range(repeats + 1):
-            t0 = time.perf_counter()
+            t0 = clock()
             args, kwargs = batch_to_args(sample(batch))
             _loss(fake(*args, **kwargs), None).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             if i:
-                times.append(time.perf_counter() - t0)
+                times.append(clock() - t0)
     return statistics.median(times)
 
 
 def _probe(model: Any, sample: Callable[[int], Any], cards: int, per_card: int, repeats: int,
-           **backend_kw: Any) -> float:
+           clock: Callable[[], float] = time.perf_counter, **backend_kw: Any) -> float:
     import torch
 
     from dptune.backends.simulated import SimulatedBackend
@@ -98,21 +105,22 @@ def _probe(model: Any, sample: Callable[[int], Any], cards: int, per_card: int, 
     backend.probe(split)                         # builds the fake model and optimizer state
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         backend.probe(split)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     backend.close()
     return statistics.median(times)
 
 
 def measure(model: str = "tinygpt", cards: tuple[int, ...] = (4,), repeats: int = 3,
-            per_card: int = 0) -> dict[str, float]:
-    """``{"plain": s, "probe@N": s, ...}``: median seconds (module docstring)."""
+            per_card: int = 0, clock: str = "wall") -> dict[str, float]:
+    """``{"plain": s, "probe@N": s, ...}``: median seconds on ``clock`` (module docstring)."""
     m, sample, default = _model(model)
     per_card = per_card or default
-    out = {"plain": _plain_step(m, sample, per_card * 4, repeats)}
+    tick = CLOCKS[clock]
+    out = {"plain": _plain_step(m, sample, per_card * 4, repeats, tick)}
     for n in cards:
-        out[f"probe@{n}"] = _probe(m, sample, n, per_card, repeats)
+        out[f"probe@{n}"] = _probe(m, sample, n, per_card, repeats, tick)
     return out
 
 
@@ -130,18 +138,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cards", default="4", help="comma-separated card counts (default 4)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--per-card", type=int, default=0)
+    p.add_argument("--clock", default="wall", choices=tuple(CLOCKS),
+                   help="wall-clock seconds (default) or CPU seconds of the process")
     p.add_argument("--against", help="another dptune checkout to measure in the same run")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     cards = tuple(int(c) for c in a.cards.split(","))
     own = ["--model", a.model, "--cards", a.cards, "--repeats", str(a.repeats),
-           "--per-card", str(a.per_card)]
+           "--per-card", str(a.per_card), "--clock", a.clock]
     other = _run_elsewhere(a.against, own) if a.against else None
-    mine = measure(a.model, cards, a.repeats, a.per_card)
+    mine = measure(a.model, cards, a.repeats, a.per_card, a.clock)
     if a.json:
         print(json.dumps(mine))
         return
-    print(f"{a.model}, {a.per_card or 'default'} samples a card, median of {a.repeats}")
+    print(f"{a.model}, {a.per_card or 'default'} samples a card, median of {a.repeats} "
+          f"({a.clock} seconds)")
     head = f"{'':>10} {'this':>9} {'/plain':>7}"
     if other:
         head += f" {'against':>9} {'/plain':>7} {'speed-up':>8}"

@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -165,76 +165,60 @@ def snapshot(model: Optional["torch.nn.Module"] = None, *,
     return snap
 
 
-def restore(snap: Snapshot, *, consume: bool = False) -> None:
-    """Put back everything ``snap`` recorded.
+def _restore_module_params(mod: Any, saved: dict) -> None:
+    mod._parameters.clear()
+    mod._parameters.update(saved)
 
-    Every part is attempted even when one fails; the first failure is raised at the end.
-    ``consume=True`` lets tensors that go back to the host take the snapshot's own copies
-    instead of new ones (no second host copy of a CPU model); ``snap`` must not be restored
-    again afterwards.
-    """
+
+def _restore_param(ps: _ParamSaved, consume: bool) -> None:
+    """The parameter's value, gradient and ``requires_grad``, in place where it can."""
     import torch
 
-    errors: list[BaseException] = []
+    p = ps.param
+    _put_back(p, ps.data, consume)
+    if ps.grad is None:
+        p.grad = None
+    elif (p.grad is not None and p.grad.device == ps.grad.device
+          and p.grad.dtype == ps.grad.dtype and p.grad.shape == ps.grad.value.shape):
+        with torch.no_grad():
+            p.grad.copy_(ps.grad.value)
+    else:
+        p.grad = _restored(ps.grad, consume)
+    p.requires_grad_(ps.data.requires_grad)
 
-    def attempt(fn: Any, *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception as exc:  # noqa: BLE001 - collected, first one re-raised below
-            errors.append(exc)
 
-    def restore_module_params(mod: Any, saved: dict) -> None:
-        mod._parameters.clear()
-        mod._parameters.update(saved)
+def _restore_buffers(mod: Any, bufs: dict, non_persistent: set, consume: bool) -> None:
+    mod._buffers.clear()
+    for name, (b, saved) in bufs.items():
+        if b is not None and saved is not None:
+            _put_back(b, saved, consume)
+        mod._buffers[name] = b
+    mod._non_persistent_buffers_set.clear()
+    mod._non_persistent_buffers_set.update(non_persistent)
 
-    def restore_param(ps: _ParamSaved) -> None:
-        p = ps.param
-        _put_back(p, ps.data, consume)
-        if ps.grad is None:
-            p.grad = None
-        elif (p.grad is not None and p.grad.device == ps.grad.device
-              and p.grad.dtype == ps.grad.dtype and p.grad.shape == ps.grad.value.shape):
-            with torch.no_grad():
-                p.grad.copy_(ps.grad.value)
-        else:
-            p.grad = _restored(ps.grad, consume)
-        p.requires_grad_(ps.data.requires_grad)
 
-    def restore_buffers(mod: Any, bufs: dict, non_persistent: set) -> None:
-        mod._buffers.clear()
-        for name, (b, saved) in bufs.items():
-            if b is not None and saved is not None:
-                _put_back(b, saved, consume)
-            mod._buffers[name] = b
-        mod._non_persistent_buffers_set.clear()
-        mod._non_persistent_buffers_set.update(non_persistent)
+def _restore_optimizer(os_: _OptSaved) -> None:
+    """The optimizer's param groups (the same dict objects) and its state."""
+    opt = os_.optimizer
+    groups = []
+    for g, params, other in os_.groups:
+        g.clear()
+        g.update(copy.deepcopy(other))
+        g["params"] = params
+        groups.append(g)
+    opt.param_groups[:] = groups
+    opt.state.clear()
+    for p, st in os_.state:
+        opt.state[p] = {
+            k: (v.value.to(device=v.device, dtype=v.dtype, copy=True)
+                if isinstance(v, _Saved) else copy.deepcopy(v))
+            for k, v in st.items()}
 
-    def restore_optimizer(os_: _OptSaved) -> None:
-        opt = os_.optimizer
-        groups = []
-        for g, params, other in os_.groups:
-            g.clear()
-            g.update(copy.deepcopy(other))
-            g["params"] = params
-            groups.append(g)
-        opt.param_groups[:] = groups
-        opt.state.clear()
-        for p, st in os_.state:
-            opt.state[p] = {
-                k: (v.value.to(device=v.device, dtype=v.dtype, copy=True)
-                    if isinstance(v, _Saved) else copy.deepcopy(v))
-                for k, v in st.items()}
 
-    for mod, saved in snap.module_params:
-        attempt(restore_module_params, mod, saved)
-    for ps in snap.params:
-        attempt(restore_param, ps)
-    for mod, bufs, non_persistent in snap.buffers:
-        attempt(restore_buffers, mod, bufs, non_persistent)
-    for mod, training in snap.modes:
-        attempt(setattr, mod, "training", training)
-    for os_ in snap.optimizers:
-        attempt(restore_optimizer, os_)
+def _restore_globals(snap: Snapshot, attempt: Callable[..., None]) -> None:
+    """The RNG states, cuDNN flags and grad mode, each part through ``attempt``."""
+    import torch
+
     if snap.python_rng is not None:
         attempt(random.setstate, snap.python_rng)
     if snap.numpy_rng is not None:
@@ -250,5 +234,34 @@ def restore(snap: Snapshot, *, consume: bool = False) -> None:
             attempt(setattr, torch.backends.cudnn, k, v)
     if snap.grad_enabled is not None:
         attempt(torch.set_grad_enabled, snap.grad_enabled)
+
+
+def restore(snap: Snapshot, *, consume: bool = False) -> None:
+    """Put back everything ``snap`` recorded.
+
+    Every part is attempted even when one fails; the first failure is raised at the end.
+    ``consume=True`` lets tensors that go back to the host take the snapshot's own copies
+    instead of new ones (no second host copy of a CPU model); ``snap`` must not be restored
+    again afterwards.
+    """
+    errors: list[BaseException] = []
+
+    def attempt(fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - collected, first one re-raised below
+            errors.append(exc)
+
+    for mod, saved in snap.module_params:
+        attempt(_restore_module_params, mod, saved)
+    for ps in snap.params:
+        attempt(_restore_param, ps, consume)
+    for mod, bufs, non_persistent in snap.buffers:
+        attempt(_restore_buffers, mod, bufs, non_persistent, consume)
+    for mod, training in snap.modes:
+        attempt(setattr, mod, "training", training)
+    for os_ in snap.optimizers:
+        attempt(_restore_optimizer, os_)
+    _restore_globals(snap, attempt)
     if errors:
         raise errors[0]

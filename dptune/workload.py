@@ -468,6 +468,16 @@ def run_step(wl: Workload, rt: StepRuntime) -> StepOutcome:
         del batch
         with rt.phase("backward"):
             (scaler.scale(loss) if scaler is not None else loss).backward()
+    _update(wl, rt, scaler)
+    del output, loss
+    return StepOutcome(unread_outputs=unread() if n else ())
+
+
+def _update(wl: Workload, rt: StepRuntime, scaler: Any) -> None:
+    """The end of the built-in step: gradient clipping (if asked) and the optimizer's step,
+    through the GradScaler under fp16 autocast."""
+    import torch
+
     params = [p for p in rt.model.parameters() if p.grad is not None]
     if wl.clip_grad_norm is not None:
         with rt.phase("clip"):
@@ -481,8 +491,6 @@ def run_step(wl: Workload, rt: StepRuntime) -> StepOutcome:
                 scaler.update()
             else:
                 rt.optimizer.step()
-    del output, loss
-    return StepOutcome(unread_outputs=unread() if n else ())
 
 
 def _loss(wl: Workload, output: Any, batch: Any, device_type: str, dtype: Any,

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.parallel.scatter_gather as sg
 
-import dptune.backends.simulated.ledger as ledger_module
+import dptune.backends.simulated.dataparallel as dp_module
 from dptune.backends.simulated import SimulatedBackend, estimate_memory
 from dptune.examples.hf import gpt2_batch, tiny_gpt2
 
@@ -31,7 +31,7 @@ def torchs_own_gather():
     class PerTensor:
         @staticmethod
         def apply(target, dim, *tensors):
-            return ledger_module._Gather.apply(state["ledger"], state["cards"], dim, target,
+            return dp_module._Gather.apply(state["ledger"], state["cards"], dim, target,
                                                None, *tensors)   # no owners: every card ran
 
     def gather(ledger, cards, outputs, dim=0, out=0, run=None):
@@ -40,13 +40,13 @@ def torchs_own_gather():
         state.update(ledger=ledger, cards=cards)
         return sg.gather(outputs, out, dim)
 
-    saved = ledger_module._gather, sg.Gather, SimulatedBackend._share_replicas
-    ledger_module._gather, sg.Gather = gather, PerTensor
+    saved = dp_module._gather, sg.Gather, SimulatedBackend._share_replicas
+    dp_module._gather, sg.Gather = gather, PerTensor
     SimulatedBackend._share_replicas = False
     try:
         yield
     finally:
-        ledger_module._gather, sg.Gather, SimulatedBackend._share_replicas = saved
+        dp_module._gather, sg.Gather, SimulatedBackend._share_replicas = saved
 
 
 def peaks(split, use_cache=True):

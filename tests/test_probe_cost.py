@@ -20,3 +20,32 @@ def test_probe_cost_measures_the_plain_step_and_each_card_count(capsys):
 def test_probe_cost_refuses_an_unknown_model():
     with pytest.raises(SystemExit):
         probe_cost.main(["--model", "nope"])
+
+
+def test_the_clock_is_the_same_for_this_checkout_and_the_other(monkeypatch, capsys):
+    """``--clock cpu`` measures both checkouts in CPU seconds: the other run is asked for it."""
+    calls = {}
+
+    def elsewhere(path, argv):
+        calls["argv"] = argv
+        return {"plain": 2.0, "probe@4": 6.0}
+
+    def measure(model, cards, repeats, per_card, clock):
+        calls["clock"] = clock
+        return {"plain": 1.0, "probe@4": 2.0}
+
+    monkeypatch.setattr(probe_cost, "_run_elsewhere", elsewhere)
+    monkeypatch.setattr(probe_cost, "measure", measure)
+    probe_cost.main(["--clock", "cpu", "--against", "/elsewhere"])
+    assert calls["clock"] == "cpu"
+    assert calls["argv"][calls["argv"].index("--clock") + 1] == "cpu"
+    out = capsys.readouterr().out
+    assert "cpu seconds" in out
+    probe_line = next(line for line in out.splitlines() if line.strip().startswith("probe@4"))
+    # this: 2.0 s, 2x its plain step; the other: 6.0 s, 3x its own; speed-up 6.0 / 2.0
+    assert probe_line.split() == ["probe@4", "2.000", "2.00", "6.000", "3.00", "3.00"]
+
+
+def test_probe_cost_refuses_an_unknown_clock():
+    with pytest.raises(SystemExit):
+        probe_cost.main(["--clock", "sundial"])

@@ -360,7 +360,7 @@ def test_a_loss_reading_the_batch_gets_it_on_the_output_card():
 @pytest.mark.parametrize("part, where", [("_target", "placing a new tensor"),
                                          ("check_devices", "the device check")])
 def test_a_failure_in_dptunes_device_rules_is_reported_as_dptunes(monkeypatch, part, where):
-    from dptune.backends.simulated import device_rules as _devices, ledger as simulated
+    from dptune.backends.simulated import device_rules as _devices, dispatch as simulated
     from dptune.errors import InternalError, UserCodeError
 
     def broken(*args, **kwargs):

@@ -9,7 +9,7 @@ and the Hugging Face integration parse a spec through it before anything is simu
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from dptune import timing
@@ -120,6 +120,79 @@ class Cluster:
                    context_bytes=context_bytes, spec=f"{n}x{name}", capabilities=caps)  # type: ignore[arg-type]
 
 
+@dataclass
+class _Options:
+    """The ``key=value`` items of a spec read so far."""
+
+    used: dict[int, int] = field(default_factory=dict)   # card -> bytes used by others
+    context: int = DEFAULT_CONTEXT_BYTES
+    cc: Optional[tuple[int, int]] = None
+
+
+def _read_option(spec: str, item: str, key: str, value: str, opts: _Options) -> None:
+    """Read one ``key=value`` item of ``spec`` into ``opts``."""
+    key = key.strip().lower()
+    try:
+        if key == "used":
+            card_text, colon, size = value.partition(":")
+            if not colon:
+                raise ValueError("missing ':'")
+            card_index = int(card_text)
+            opts.used[card_index] = opts.used.get(card_index, 0) + parse_bytes(size, gb_is_gib=True)
+        elif key == "context":
+            opts.context = parse_bytes(value, gb_is_gib=True)
+        elif key in ("cc", "sm"):
+            major, dot, minor = value.strip().partition(".")
+            opts.cc = (int(major), int(minor or 0))
+        elif key in timing.SPEED_OPTIONS:
+            timing.check_speed_option(key, value)
+        else:
+            raise ValueError(f"unknown option {key!r}")
+    except ValueError as e:
+        raise SpecError(f"bad item {item!r} in cluster spec {spec!r} ({e}); " + _SPEC_HELP) from None
+
+
+def _read_cards(spec: str, item: str) -> tuple[str, int, int]:
+    """``(name, total bytes, count)`` of a card item of ``spec`` (``'4x24GB'``, ``'A100'``)."""
+    m = re.fullmatch(r"(?:(\d+)\s*[xX×]\s*)?(.+)", item)
+    count = int(m.group(1)) if m and m.group(1) else 1
+    card = m.group(2).strip() if m else item
+    if count < 1:
+        raise SpecError(f"card count must be >= 1 in {item!r}; " + _SPEC_HELP)
+    known = _CARD_LOOKUP.get(_norm_card(card))
+    if known is not None:
+        return known, CARD_TYPES[known], count
+    try:
+        total = parse_bytes(card, gb_is_gib=True)
+    except ValueError:
+        raise SpecError(f"unknown card {card!r} in cluster spec {spec!r}; " + _SPEC_HELP) from None
+    if total <= 0:
+        raise SpecError(f"card size must be > 0 in {item!r}; " + _SPEC_HELP)
+    return card.replace(" ", ""), total, count
+
+
+def _check_room(spec: str, names: list[str], totals: list[int], opts: _Options) -> None:
+    """Every card keeps room after its CUDA context and what others use; the speed options
+    fit the cards."""
+    context = opts.context
+    for idx, total in enumerate(totals):
+        if context >= total:
+            raise SpecError(f"context={format_bytes(context)} leaves nothing of card {idx}'s "
+                            f"{format_bytes(total)}; the CUDA context takes a few hundred MiB "
+                            "(default 384MiB): give a smaller context= or larger cards; " + _SPEC_HELP)
+    for idx, b in opts.used.items():
+        if not 0 <= idx < len(names):
+            raise SpecError(f"used={idx}:... names card {idx}, but the cluster has cards "
+                            f"0..{len(names) - 1}; " + _SPEC_HELP)
+        if b + context >= totals[idx]:
+            raise SpecError(f"card {idx} has {format_bytes(totals[idx])} in all, "
+                            f"{format_bytes(b)} used by others leaves nothing; " + _SPEC_HELP)
+    try:
+        timing.ClusterSpeed.of(names, spec)
+    except ValueError as e:
+        raise SpecError(f"cluster spec {spec!r}: {e}; " + _SPEC_HELP) from None
+
+
 def parse_cluster(spec: Union[str, Cluster]) -> Cluster:
     """Parse a cluster spec such as ``'4x24GB'``, ``'2xA100-80GB,2x40GB,used=0:6GB'``.
 
@@ -132,74 +205,24 @@ def parse_cluster(spec: Union[str, Cluster]) -> Cluster:
         raise SpecError(f"empty cluster spec {spec!r}; " + _SPEC_HELP)
     names: list[str] = []
     totals: list[int] = []
-    used: dict[int, int] = {}
-    context = DEFAULT_CONTEXT_BYTES
-    cc: Optional[tuple[int, int]] = None
+    opts = _Options()
     for raw in spec.split(","):
         item = raw.strip()
         if not item:
             raise SpecError(f"empty item in cluster spec {spec!r}; " + _SPEC_HELP)
         key, eq, value = item.partition("=")
         if eq:
-            key = key.strip().lower()
-            try:
-                if key == "used":
-                    card_text, colon, size = value.partition(":")
-                    if not colon:
-                        raise ValueError("missing ':'")
-                    card_index = int(card_text)
-                    used[card_index] = used.get(card_index, 0) + parse_bytes(size, gb_is_gib=True)
-                elif key == "context":
-                    context = parse_bytes(value, gb_is_gib=True)
-                elif key in ("cc", "sm"):
-                    major, dot, minor = value.strip().partition(".")
-                    cc = (int(major), int(minor or 0))
-                elif key in timing.SPEED_OPTIONS:
-                    timing.check_speed_option(key, value)
-                else:
-                    raise ValueError(f"unknown option {key!r}")
-            except ValueError as e:
-                raise SpecError(f"bad item {item!r} in cluster spec {spec!r} ({e}); " + _SPEC_HELP) from None
+            _read_option(spec, item, key, value, opts)
             continue
-        m = re.fullmatch(r"(?:(\d+)\s*[xX×]\s*)?(.+)", item)
-        count = int(m.group(1)) if m and m.group(1) else 1
-        card = m.group(2).strip() if m else item
-        if count < 1:
-            raise SpecError(f"card count must be >= 1 in {item!r}; " + _SPEC_HELP)
-        known = _CARD_LOOKUP.get(_norm_card(card))
-        if known is not None:
-            name, total = known, CARD_TYPES[known]
-        else:
-            try:
-                total = parse_bytes(card, gb_is_gib=True)
-            except ValueError:
-                raise SpecError(f"unknown card {card!r} in cluster spec {spec!r}; " + _SPEC_HELP) from None
-            if total <= 0:
-                raise SpecError(f"card size must be > 0 in {item!r}; " + _SPEC_HELP)
-            name = card.replace(" ", "")
+        name, total, count = _read_cards(spec, item)
         names += [name] * count
         totals += [total] * count
     if not names:
         raise SpecError(f"cluster spec {spec!r} names no card; " + _SPEC_HELP)
-    for idx, total in enumerate(totals):
-        if context >= total:
-            raise SpecError(f"context={format_bytes(context)} leaves nothing of card {idx}'s "
-                            f"{format_bytes(total)}; the CUDA context takes a few hundred MiB "
-                            "(default 384MiB): give a smaller context= or larger cards; " + _SPEC_HELP)
-    for idx, b in used.items():
-        if not 0 <= idx < len(names):
-            raise SpecError(f"used={idx}:... names card {idx}, but the cluster has cards "
-                            f"0..{len(names) - 1}; " + _SPEC_HELP)
-        if b + context >= totals[idx]:
-            raise SpecError(f"card {idx} has {format_bytes(totals[idx])} in all, "
-                            f"{format_bytes(b)} used by others leaves nothing; " + _SPEC_HELP)
-    try:
-        timing.ClusterSpeed.of(names, spec)
-    except ValueError as e:
-        raise SpecError(f"cluster spec {spec!r}: {e}; " + _SPEC_HELP) from None
+    _check_room(spec, names, totals, opts)
     known_caps = [CARD_CAPABILITY.get(n) for n in names]
-    caps = tuple(c if c is not None else (cc or DEFAULT_CAPABILITY) for c in known_caps)
+    caps = tuple(c if c is not None else (opts.cc or DEFAULT_CAPABILITY) for c in known_caps)
     return Cluster(names=tuple(names), total_bytes=tuple(totals),
-                   used_bytes=tuple(used.get(i, 0) for i in range(len(names))),
-                   context_bytes=context, spec=spec.replace(" ", ""), capabilities=caps,
-                   assumed_capability=cc is None and None in known_caps)
+                   used_bytes=tuple(opts.used.get(i, 0) for i in range(len(names))),
+                   context_bytes=opts.context, spec=spec.replace(" ", ""), capabilities=caps,
+                   assumed_capability=opts.cc is None and None in known_caps)

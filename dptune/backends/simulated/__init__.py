@@ -9,8 +9,12 @@ to the virtual card that makes it; what is modelled and what is not is said in
   kernel choice, as the simulated step applies them;
 - :mod:`~dptune.backends.simulated.errors`: the user's exceptions mapped to dptune's;
 - :mod:`~dptune.backends.simulated.sharing`: one replica simulated per class of like cards;
-- :mod:`~dptune.backends.simulated.ledger`: the ledger, the dispatch that charges it, and
-  DataParallel's scatter, broadcast and gather between the virtual cards;
+- :mod:`~dptune.backends.simulated.ledger`: the ledger (which card holds each storage, live
+  bytes and peaks per card and category);
+- :mod:`~dptune.backends.simulated.dispatch`: the dispatch mode that charges every op's new
+  storages to a card under CUDA's rules;
+- :mod:`~dptune.backends.simulated.dataparallel`: DataParallel's scatter, broadcast and gather
+  between the virtual cards, and the wrapper a step gets as its model;
 - :mod:`~dptune.backends.simulated.fake_model`: the fake copy of the user's model;
 - :mod:`~dptune.backends.simulated.backend`: :class:`SimulatedBackend` and
   :func:`estimate_memory`;

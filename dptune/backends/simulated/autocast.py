@@ -130,70 +130,91 @@ def _tensors(args: Any) -> Iterator[Any]:
             yield from _tensors(a)
 
 
-def _kernels(casts: _Casts) -> dict[str, Callable[..., Any]]:
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run with the autocast key excluded, as the C++ wrapper runs the op below it."""
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        with exclude_dispatch_key(KEY):
+            return fn(*args, **kwargs)
+    return kernel
+
+
+def _lower(casts: _Casts, op: Any) -> Callable[..., Any]:
+    """``lower_precision_fp``: floating inputs cast to the autocast dtype."""
     import torch
 
-    def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def kernel(*args: Any, **kwargs: Any) -> Any:
-            with exclude_dispatch_key(KEY):
-                return fn(*args, **kwargs)
-        return kernel
+    def run(*args: Any, **kwargs: Any) -> Any:
+        to = torch.get_autocast_dtype("cuda")
+        return op(*casts.cast(to, args), **{k: casts.cast(to, v) for k, v in kwargs.items()})
+    return _guarded(run)
 
-    def lower(op: Any) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            to = torch.get_autocast_dtype("cuda")
-            return op(*casts.cast(to, args), **{k: casts.cast(to, v) for k, v in kwargs.items()})
-        return guarded(run)
 
-    def fp32(op: Any) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            to = torch.float32
-            return op(*casts.cast(to, args), **{k: casts.cast(to, v) for k, v in kwargs.items()})
-        return guarded(run)
+def _fp32(casts: _Casts, op: Any) -> Callable[..., Any]:
+    """``fp32``: floating inputs cast to float32."""
+    import torch
 
-    def set_opt_dtype(op: Any) -> Callable[..., Any]:
-        names = [a.name for a in op._schema.arguments]
-        kw_only = {a.name for a in op._schema.arguments if a.kwarg_only}
-        pos = names.index("dtype")
+    def run(*args: Any, **kwargs: Any) -> Any:
+        to = torch.float32
+        return op(*casts.cast(to, args), **{k: casts.cast(to, v) for k, v in kwargs.items()})
+    return _guarded(run)
 
-        def run(*args: Any, **kwargs: Any) -> Any:
-            if not (args and casts.eligible(args[0])):
-                return op(*args, **kwargs)
-            if "dtype" in kw_only or pos >= len(args):
-                if kwargs.get("dtype") is None:
-                    kwargs = {**kwargs, "dtype": torch.float32}
-            elif args[pos] is None:
-                args = (*args[:pos], torch.float32, *args[pos + 1:])
+
+def _set_opt_dtype(casts: _Casts, op: Any) -> Callable[..., Any]:
+    """``fp32_set_opt_dtype``: ``dtype=float32`` where the call gives none."""
+    import torch
+
+    names = [a.name for a in op._schema.arguments]
+    kw_only = {a.name for a in op._schema.arguments if a.kwarg_only}
+    pos = names.index("dtype")
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not (args and casts.eligible(args[0])):
             return op(*args, **kwargs)
-        return guarded(run)
+        if "dtype" in kw_only or pos >= len(args):
+            if kwargs.get("dtype") is None:
+                kwargs = {**kwargs, "dtype": torch.float32}
+        elif args[pos] is None:
+            args = (*args[:pos], torch.float32, *args[pos + 1:])
+        return op(*args, **kwargs)
+    return _guarded(run)
 
-    def append_dtype(target: Any) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            out = torch.float32 if casts.eligible(args[0]) else args[0].dtype
-            return target(*args, **kwargs, dtype=out)
-        return guarded(run)
 
-    def promote(op: Any) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            lower_dtype = torch.get_autocast_dtype("cuda")
-            to = lower_dtype
-            for t in _tensors((*args, *kwargs.values())):
-                if casts.eligible(t) and t.dtype != lower_dtype:
-                    to = torch.float32
-            return op(*casts.cast(to, args), **{k: casts.cast(to, v) for k, v in kwargs.items()})
-        return guarded(run)
+def _append_dtype(casts: _Casts, target: Any) -> Callable[..., Any]:
+    """``fp32_append_dtype``: redispatched to ``target``, the overload that takes a dtype."""
+    import torch
 
+    def run(*args: Any, **kwargs: Any) -> Any:
+        out = torch.float32 if casts.eligible(args[0]) else args[0].dtype
+        return target(*args, **kwargs, dtype=out)
+    return _guarded(run)
+
+
+def _promote(casts: _Casts, op: Any) -> Callable[..., Any]:
+    """``promote``: all to the autocast dtype, or all to float32 if any input is wider."""
+    import torch
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        lower_dtype = torch.get_autocast_dtype("cuda")
+        to = lower_dtype
+        for t in _tensors((*args, *kwargs.values())):
+            if casts.eligible(t) and t.dtype != lower_dtype:
+                to = torch.float32
+        return op(*casts.cast(to, args), **{k: casts.cast(to, v) for k, v in kwargs.items()})
+    return _guarded(run)
+
+
+def _kernels(casts: _Casts) -> dict[str, Callable[..., Any]]:
+    """The Python kernel of every op of CUDA's lists, by ``name`` or ``name.overload``."""
     out: dict[str, Callable[..., Any]] = {}
-    for names, make in ((LOWER_PRECISION_FP, lower), (FP32, fp32),
-                        (FP32_SET_OPT_DTYPE, set_opt_dtype), (PROMOTE, promote)):
+    for names, make in ((LOWER_PRECISION_FP, _lower), (FP32, _fp32),
+                        (FP32_SET_OPT_DTYPE, _set_opt_dtype), (PROMOTE, _promote)):
         for name in names:
             op = _overload(name)
             if op is not None:
-                out[name] = make(op)
+                out[name] = make(casts, op)
     for name, target in FP32_APPEND_DTYPE.items():
         op, to = _overload(name), _overload(target)
         if op is not None and to is not None:
-            out[name] = append_dtype(to)
+            out[name] = _append_dtype(casts, to)
     return out
 
 

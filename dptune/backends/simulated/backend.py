@@ -22,10 +22,11 @@ from dptune.timing import cluster_speeds
 from dptune.backends.simulated import sdpa as _sdpa
 from dptune.backends.simulated.autocast import cuda_autocast
 from dptune.backends.simulated.device_rules import HOST, device_mode
+from dptune.backends.simulated.dataparallel import _first_batch_size, _SimulatedDataParallel
+from dptune.backends.simulated.dispatch import _FunctionModes, _make_accountant
 from dptune.backends.simulated.errors import _user_error, _ValueReadingError
 from dptune.backends.simulated.fake_model import _eager, _fake_module, warmed_optimizer
-from dptune.backends.simulated.ledger import (_PHASES, _first_batch_size, _FunctionModes, _Ledger,
-                                             _make_accountant, _SimulatedDataParallel)
+from dptune.backends.simulated.ledger import _Ledger
 from dptune.backends.simulated.sharing import ReplicaPlan, plan_replicas
 from dptune.errors import DptuneError, InternalError, UsageError, UserCodeError
 from dptune.split import validate_chunk_sizes
@@ -34,6 +35,16 @@ from dptune.workload import (StepOutcome, StepRuntime, Workload, batch_to_args, 
                              has_batchnorm, run_step)
 
 __all__ = ["SimulatedBackend", "MemoryEstimate", "estimate_memory"]
+
+_PHASES = {  # step phase -> (category of what it allocates on card 0, where, for errors)
+    "forward": ("activations", "in the forward"),
+    "loss": ("outputs", "in the loss on virtual card 0"),
+    "backward": ("activations", "in the backward"),
+    "clip": ("other", "in clip_grad_norm_ on virtual card 0"),
+    "optimizer": ("optimizer", "in optimizer.step() on virtual card 0"),
+    "step": ("activations", "in the step function"),
+}
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:

@@ -105,7 +105,12 @@ def input_cards(args: Sequence[Any], kwargs: Optional[dict], where: Placement) -
     """Every tensor of an aten op's arguments (tensors and lists of them), in order, with its
     card: looked up once per op, for the check and for the charge of its outputs."""
     card_of = where.card_of
-    found = [InputCard(i, t, card_of(t)) for i, a in enumerate(args) for t in _tensors((a,))]
+    found = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            found.append(InputCard(i, a, card_of(a)))
+        elif isinstance(a, (list, tuple)):
+            found += [InputCard(i, t, card_of(t)) for t in _tensors(a)]
     if kwargs:
         found += [InputCard(-1, t, card_of(t)) for t in _tensors(kwargs.values())]
     return found
@@ -209,6 +214,49 @@ def _guarded(fn: Callable[..., Optional[_Placed]]) -> Callable[..., Optional[_Pl
     return run
 
 
+def _place_factory(where: Placement, args: list, kwargs: dict) -> Optional[_Placed]:
+    """Where a factory call (``torch.zeros``, ``arange``...) puts its tensor; ``None``: where
+    torch puts it (on the device of a tensor it is given, or a device that is no card)."""
+    device = kwargs.get("device", _NO_DEVICE)
+    if device is _NO_DEVICE or device is None:
+        if any(True for _ in _tree.leaves((args, kwargs))):
+            return None          # zeros_like(x), tensor(x): on x's device
+        default = torch.get_default_device()
+        return _Placed(HOST if default.type == "cpu" else where.running_card(), args, kwargs)
+    card = _target(where, device)
+    if card is None:
+        return None
+    return _Placed(card, args, {**kwargs, "device": _on_cpu(device)})
+
+
+def _place_copy(where: Placement, func: Any, args: list, kwargs: dict) -> Optional[_Placed]:
+    """Where ``t.cpu()``, ``t.cuda(...)`` or ``t.to(...)`` puts its copy; ``None``: not a move
+    between the host and a card (``.to(dtype)``, another device type)."""
+    t = args[0]
+    if func is _CPU:
+        return _Placed(HOST, [t], {}, t)
+    if func is _CUDA:
+        device = kwargs.get("device", args[1] if len(args) > 1 else None)
+        card = _target(where, "cuda" if device is None else device)
+        return None if card is None else _Placed(card, [t], {}, t)
+    spec = args[1] if len(args) > 1 else kwargs.get("device", kwargs.get("other"))
+    if isinstance(spec, torch.Tensor):       # to(other): other's device and dtype
+        return _Placed(where.card_of(spec), args, kwargs, t)
+    if spec is None or isinstance(spec, torch.dtype):
+        return None
+    card = _target(where, spec)
+    if card is None:
+        return None
+    if len(args) > 1:
+        args = [t, _on_cpu(spec), *args[2:]]
+    else:
+        kwargs = {**kwargs, "device": _on_cpu(spec)}
+    return _Placed(card, args, kwargs, t)
+
+
+_TO, _CUDA, _CPU = torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu
+
+
 def device_mode(where: Placement) -> Any:
     """A torch-function mode that places new tensors and copies as CUDA would (module docstring).
 
@@ -217,44 +265,16 @@ def device_mode(where: Placement) -> Any:
     """
     base = _torch_private.function_mode_base()
     factories = {getattr(torch, n) for n in _FACTORIES if hasattr(torch, n)}
-    to, cuda, cpu = torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu
+    to, cuda, cpu = _TO, _CUDA, _CPU
     changed = factories | {to, cuda, cpu}     # the functions place() may change
 
     @_guarded
     def place(func: Any, args: list, kwargs: dict) -> Optional[_Placed]:
         if func in factories:
-            device = kwargs.get("device", _NO_DEVICE)
-            if device is _NO_DEVICE or device is None:
-                if any(True for _ in _tree.leaves((args, kwargs))):
-                    return None          # zeros_like(x), tensor(x): on x's device
-                default = torch.get_default_device()
-                return _Placed(HOST if default.type == "cpu" else where.running_card(), args, kwargs)
-            card = _target(where, device)
-            if card is None:
-                return None
-            return _Placed(card, args, {**kwargs, "device": _on_cpu(device)})
+            return _place_factory(where, args, kwargs)
         if not (func is to or func is cuda or func is cpu) or not isinstance(args[0], torch.Tensor):
             return None
-        t = args[0]
-        if func is cpu:
-            return _Placed(HOST, [t], {}, t)
-        if func is cuda:
-            device = kwargs.get("device", args[1] if len(args) > 1 else None)
-            card = _target(where, "cuda" if device is None else device)
-            return None if card is None else _Placed(card, [t], {}, t)
-        spec = args[1] if len(args) > 1 else kwargs.get("device", kwargs.get("other"))
-        if isinstance(spec, torch.Tensor):       # to(other): other's device and dtype
-            return _Placed(where.card_of(spec), args, kwargs, t)
-        if spec is None or isinstance(spec, torch.dtype):
-            return None
-        card = _target(where, spec)
-        if card is None:
-            return None
-        if len(args) > 1:
-            args = [t, _on_cpu(spec), *args[2:]]
-        else:
-            kwargs = {**kwargs, "device": _on_cpu(spec)}
-        return _Placed(card, args, kwargs, t)
+        return _place_copy(where, func, args, kwargs)
 
     class _DeviceMode(base):  # type: ignore[misc, valid-type]
         def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),

@@ -1,17 +1,20 @@
 """The user's exceptions on the simulated cluster, mapped to dptune's: a step that reads
 tensor values (one line naming the user's line), a device mismatch, a failure in torch's fake
-kernels (said so), anything else as :class:`~dptune.errors.UserCodeError`."""
+kernels (said so), anything else as :class:`~dptune.errors.UserCodeError`; and a failure in
+dptune's own machinery around the user's code as :class:`~dptune.errors.InternalError`
+(:func:`_internal`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import traceback
-from typing import Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
 from dptune.backends.simulated.device_rules import DeviceMismatchError
-from dptune.errors import BackendUnavailableError, DptuneError, UserCodeError
+from dptune.errors import BackendUnavailableError, DptuneError, InternalError, UserCodeError
 
 
 class _ValueReadingError(BackendUnavailableError):
@@ -85,3 +88,27 @@ def _users_line(e: BaseException) -> str:
     f = frames[-1]
     code = f" ({f.line.strip()})" if f.line else ""
     return f" at {os.path.basename(f.filename)}:{f.lineno}{code}"
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _internal(part: str, *users: type[BaseException]) -> Callable[[_F], _F]:
+    """Report a failure inside ``part`` of dptune's machinery as dptune's, not the user's
+    (exceptions of the types ``users`` are the user's: they pass)."""
+    passing: tuple[type[BaseException], ...] = (DptuneError, *users)
+
+    def wrap(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except passing:
+                raise
+            except Exception as e:
+                raise InternalError(
+                    f"dptune's simulator failed in {part} ({type(e).__name__}: {e}); this is a bug "
+                    "in dptune, not in your model: please report it with the model that shows it"
+                ) from e
+        return run  # type: ignore[return-value]
+    return wrap
