@@ -19,15 +19,15 @@ from dptune.errors import ReportError, UsageError
 from dptune.result_figures import SplitFigures
 from dptune.search.observations import Bracket
 from dptune.solver import Fit
-from dptune.types import Device, ProbeResult
+from dptune.types import Device, Objective, ProbeResult
 from dptune.workload import StepSettings
 
 __all__ = ["REPORT_VERSION", "OBJECTIVES", "read_json", "result_fields"]
 
 REPORT_VERSION = 1
 
-#: What a search optimises: the same batch with memory evened out, or the largest batch.
-OBJECTIVES = ("balance", "max_batch")
+#: What a report's search optimised: every :class:`~dptune.types.Objective`.
+OBJECTIVES = tuple(o.value for o in Objective)
 
 _AGAIN = "re-run `dptune search` to write it again"
 

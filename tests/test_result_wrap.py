@@ -126,3 +126,24 @@ def test_wrap_moves_the_model_to_the_first_card(monkeypatch, tmp_path):
     w = load_result(folder).wrap(Spy())
     assert moved_to == [torch.device("cuda", 0)]
     assert w.seen == ([0, 1], 0, {"chunk_sizes": [3, 5]})
+
+
+def test_every_objective_a_search_writes_can_be_read_back(tmp_path):
+    """A throughput search writes ``objective: throughput``; reading its report (``dptune show``,
+    ``load_result(...).wrap``) refused it as invalid before."""
+    import warnings
+
+    from dptune import Tuner
+    from dptune.examples.models import TinyGPT
+    from dptune.report import write_report
+    from dptune.result import load_result
+
+    model = TinyGPT(vocab_size=256, d_model=32, n_layers=1, n_heads=2, seq_len=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = Tuner(model, model.sample, batch_size=16, objective="throughput",
+                       simulate="2x2GB", verbose=False).fit()
+    assert result.objective == "throughput"
+    write_report(result, tmp_path / "r", plots=False)
+    back = load_result(tmp_path / "r")
+    assert back.objective == "throughput" and back.chunk_sizes == result.chunk_sizes

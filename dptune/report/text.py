@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dptune.report.levels import budget_level, has_total, level_lines, split_memory
 from dptune.report.tables import Align, markdown_table, text_table
+from dptune.types import Objective
 from dptune.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,7 +28,7 @@ PLOT_KINDS = ("peaks", "fits", "max_batch")
 
 def plot_kinds(result: TuneResult) -> list[str]:
     """The plots that make sense for this result (``max_batch`` only for that objective)."""
-    return [k for k in PLOT_KINDS if k != "max_batch" or result.objective == "max_batch"]
+    return [k for k in PLOT_KINDS if k != "max_batch" or result.objective == Objective.MAX_BATCH]
 
 
 def device_label(result: TuneResult, i: int) -> str:
@@ -215,7 +216,7 @@ def _footer(result: TuneResult) -> list[str]:
     if result.card0_floor:
         lines.append("card 0 with no samples holds the largest share (a floor no split can "
                      "beat): the imbalance is among the cards that hold samples")
-    if result.objective == "max_batch":
+    if result.objective == Objective.MAX_BATCH:
         lines.append(f"max batch that fits: even {_even_batch(result)} -> balanced "
                      f"{result.batch_size}{_gain(result)}")
     if result.output_device != 0:
@@ -238,7 +239,7 @@ def _certificate(result: TuneResult) -> str:
         return "certified: no (no brackets recorded)"
     br = "; ".join(b.describe() for b in result.brackets)
     if result.certified:
-        why = ("one more sample does not fit" if result.objective == "max_batch"
+        why = ("one more sample does not fit" if result.objective == Objective.MAX_BATCH
                else "no split lowers the largest share")
         return f"certified: yes ({why}; brackets {br})"
     return f"certified: no (brackets {br})"
