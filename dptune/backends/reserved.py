@@ -6,7 +6,8 @@ The simulator's ledger calls a hook for every storage it charges to a card or fr
 probe's step is another. :meth:`ReservedModel.predict` replays, per card, set-up + the step
 as warm-up + the step measured (peaks reset before it, as ``reset_peak_memory_stats`` after a
 warm-up step) through :mod:`dptune.backends.allocator`, and adds the fixed costs
-(:mod:`dptune.backends.fixed_costs`).
+(:mod:`dptune.backends.fixed_costs`). The replay depends only on the trace and the capacity, so
+cards of one type given the same work (their traces alike up to the ids' names) share one.
 
 Streams: a DataParallel step runs each replica on its card's current (default) stream, so
 every allocation is on stream 0 except the input chunks of a batch that starts on the host:
@@ -85,6 +86,7 @@ class ReservedFigures:
     nccl_bytes: int
     expandable: Optional[tuple[AllocatorStats, ...]] = None   # when the gap is wide
     seconds: float = 0.0
+    replays: int = 0        # allocator replays run: one per distinct (capacity, trace), per mode
 
     @property
     def oom_card(self) -> Optional[int]:
@@ -122,13 +124,17 @@ class ReservedModel:
                 devices: Sequence[Device],
                 warmup: Optional[Sequence[Sequence[Sequence[Event]]]] = None) -> ReservedFigures:
         """Replay per card the set-up, the warm-up steps (``warmup``: per-card traces of each
-        step run before, in order; default: ``step`` once) and the measured ``step``."""
+        step run before, in order; default: ``step`` once) and the measured ``step``; once per
+        distinct (capacity, trace): like cards given like work share one replay."""
         t0 = time.perf_counter()
         nccl = self.fixed.nccl_for(len(devices))
         before = [step] if warmup is None else list(warmup)
 
-        def card(i: int, cap: int, cfg: AllocatorConfig) -> AllocatorStats:
-            traces = [setup[i], *(w[i] for w in before), step[i]]
+        replays = 0
+
+        def card(traces: Sequence[Sequence[Event]], cap: int, cfg: AllocatorConfig) -> AllocatorStats:
+            nonlocal replays
+            replays += 1
             s = replay(traces, cap, cfg, measure_from=len(traces) - 1)
             if not s.num_ooms:
                 return s
@@ -137,16 +143,32 @@ class ReservedModel:
             return dataclasses.replace(need, num_ooms=s.num_ooms, oom_event=s.oom_event,
                                        num_alloc_retries=s.num_alloc_retries)
 
+        # like cards (the same capacity, the same trace up to the ids' names) replay once
+        jobs = [(_canonical([setup[i], *(w[i] for w in before), step[i]]),
+                 max(0, d.available_bytes - nccl)) for i, d in enumerate(devices)]
+
         def run(cfg: AllocatorConfig) -> tuple[AllocatorStats, ...]:
-            return tuple(card(i, max(0, d.available_bytes - nccl), cfg)
-                         for i, d in enumerate(devices))
+            done: dict[tuple, AllocatorStats] = {}
+            for job in jobs:
+                if job not in done:
+                    done[job] = card(job[0], job[1], cfg)
+            return tuple(done[job] for job in jobs)
 
         stats = run(self.config)
         expandable = None
         if not self.config.expandable_segments and any(_wide(s) for s in stats):
             expandable = run(dataclasses.replace(self.config, expandable_segments=True))
         total = tuple(s.reserved_peak + d.context_bytes + nccl for s, d in zip(stats, devices))
-        return ReservedFigures(stats, total, nccl, expandable, time.perf_counter() - t0)
+        return ReservedFigures(stats, total, nccl, expandable, time.perf_counter() - t0, replays)
+
+
+def _canonical(traces: Sequence[Sequence[Event]]) -> tuple[tuple[Event, ...], ...]:
+    """The traces with their ids renamed 0, 1, 2, ... in order of first use: two cards whose
+    traces differ only in the ids' names (each card's storages have their own) replay alike,
+    as the replay uses an id only to pair a free with its malloc."""
+    names: dict[object, int] = {}
+    return tuple(tuple(Event(names.setdefault(ev.id, len(names)), ev.delta, ev.stream) for ev in t)
+                 for t in traces)
 
 
 # --------------------------------------------------------------------------------------------
