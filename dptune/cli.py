@@ -37,6 +37,7 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, Any, Iterator, NoReturn, Optional, Sequence, Union
 
+from dptune.backends.reserved import DEFAULT_LEVEL
 from dptune.cli_checks import (REPORT_TEMP_ROOM, accumulate_arg, batch_size_arg, card_or_auto,
                                check_cards, check_level_flags, check_out, check_plan_out,
                                device_ids_arg, headroom_arg, level_arguments, level_options,
@@ -121,7 +122,7 @@ def search(spec: WorkloadSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
            devices: Optional[Sequence[int]] = None, simulate: Optional[str] = None,
            objective: str = "balance", headroom_bytes: Optional[int] = None, max_probes: int = 12,
            verbose: bool = True, isolate: bool = False,
-           output_device: Union[int, str] = 0, budget_level: str = "allocated",
+           output_device: Union[int, str] = 0, budget_level: str = DEFAULT_LEVEL.value,
            allocator: Optional[str] = None, nccl_bytes: Optional[int] = None) -> "TuneResult":
     """``dptune search`` without the printing: :meth:`dptune.Tuner.from_spec`, then ``fit``.
     With neither ``devices`` nor ``simulate``, all visible GPUs are used, or the default
@@ -170,11 +171,8 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
     if not isinstance(trainer, transformers.Trainer):
         raise UsageError(f"--hf-trainer {make_trainer}() returned a {type(trainer).__name__}, "
                          "not a transformers.Trainer")
-    from dptune.backends.reserved import DEFAULT_HEADROOM, parse_level
     from dptune.integrations.transformers import tune_trainer
 
-    if headroom_bytes is None:   # the level's default (tune_trainer's own is the allocated one)
-        headroom_bytes = DEFAULT_HEADROOM[parse_level(levels.get("budget_level", "allocated"))]
     return tune_trainer(trainer, objective=objective, simulate=cluster, headroom=headroom_bytes,
                         batch_size=batch_size, device_ids=list(devices) if devices else None,
                         max_probes=max_probes, verbose=verbose, **levels)
@@ -250,8 +248,8 @@ def workload_arguments(p: argparse.ArgumentParser, *, batch_default: Optional[in
 
 def _headroom_argument(group: Any) -> None:
     group.add_argument("--headroom", type=headroom_arg, default=None, metavar="SIZE",
-                       help="memory kept free on every card, e.g. 512MiB (default 1GiB at "
-                            "--budget-level allocated, 256MiB at reserved)")
+                       help="memory kept free on every card, e.g. 512MiB (default 256MiB at "
+                            "--budget-level reserved, the default; 1GiB at allocated)")
 
 
 def _objective_argument(group: Any, help: str) -> None:
@@ -368,7 +366,7 @@ def _search_command(args: argparse.Namespace) -> int:
 def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
              simulate: str = "4x24GB", objective: str = "balance",
              headroom_bytes: Optional[int] = None, bucket_cap_mb: Optional[float] = None,
-             gradient_as_bucket_view: bool = False, budget_level: str = "allocated",
+             gradient_as_bucket_view: bool = False, budget_level: str = DEFAULT_LEVEL.value,
              allocator: Optional[str] = None, nccl_bytes: Optional[int] = None,
              strategy: str = "ddp", reshard_after_forward: bool = True,
              mp_param_dtype: Optional[str] = None) -> Any:

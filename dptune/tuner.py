@@ -25,6 +25,7 @@ from dptune.backends.allocator import AllocatorConfig
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
 from dptune.backends.reserved import (BudgetLevel, ReservedModel, advice_lines, at_level,
                                       level_settings, real_cards_measured)
+from dptune.backends.reserved import DEFAULT_LEVEL
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
 from dptune.split import MAX_BATCH_SIZE
@@ -142,13 +143,13 @@ class Tuner:
       cards. ``None``: real GPUs when there are any, else the simulated ``"4x24GB"`` (with a
       one-line notice on stderr when ``verbose``).
     - ``headroom``: memory left free on every card (bytes or a string such as ``"1GiB"``);
-      each card's budget is its memory minus what others use minus this. Default: 1 GiB at
-      ``budget_level="allocated"``, 256 MiB at ``"reserved"`` (why:
+      each card's budget is its memory minus what others use minus this. Default: 256 MiB at
+      ``budget_level="reserved"`` (the default), 1 GiB at ``"allocated"`` (why:
       :data:`dptune.backends.reserved.DEFAULT_HEADROOM`).
-    - ``budget_level``: the figure checked against each budget: ``"allocated"`` (the
-      allocator's allocated peak, the default) or ``"reserved"`` (the caching allocator's
-      reserved peak plus NCCL's buffers: on simulated cards predicted by the allocator model,
-      :mod:`dptune.backends.allocator`; on real cards ``max_memory_reserved``).
+    - ``budget_level``: the figure checked against each budget: ``"reserved"`` (the default:
+      the caching allocator's reserved peak plus NCCL's buffers, what runs out on a card; on
+      simulated cards predicted by the allocator model, :mod:`dptune.backends.allocator`; on
+      real cards ``max_memory_reserved``) or ``"allocated"`` (the allocated peak alone).
       ``allocator``: the allocator's options in ``PYTORCH_CUDA_ALLOC_CONF`` syntax for the
       model (default: that environment variable); ``nccl_bytes``: NCCL's buffers per card
       (default: :mod:`dptune.backends.fixed_costs`).
@@ -184,7 +185,7 @@ class Tuner:
                  accumulate: int = 1, clip_grad_norm: Optional[float] = None,
                  step: Optional[Callable[[Any, Any, Any], None]] = None,
                  output_device: Union[int, str] = 0, choice: Optional[BackendChoice] = None,
-                 budget_level: str = "allocated",
+                 budget_level: str = DEFAULT_LEVEL.value,
                  allocator: Union[str, AllocatorConfig, None] = None,
                  nccl_bytes: Union[int, str, None] = None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -397,7 +398,9 @@ class Tuner:
             advice.extend(throughput.advice(figs))
             return outcome
         m = 2 if self._has_batchnorm(backend) else 1
-        fast = throughput.fastest(backend.probe, budgets, self.batch_size, outcome.probes,
+        def probe(split: Sequence[int]) -> ProbeResult:     # at the budget level, as the search's
+            return at_level(backend.probe(split), backend.devices, self.budget_level)
+        fast = throughput.fastest(probe, budgets, self.batch_size, outcome.probes,
                                   outcome.fits, best, min_chunk=m,
                                   max_probes=max(3, self.max_probes - len(outcome.probes)))
         self.speed = fast.figures

@@ -38,7 +38,7 @@ from dptune.errors import BackendUnavailableError, UsageError
 from dptune.units import format_bytes
 
 __all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "BudgetLevel",
-           "DEFAULT_HEADROOM", "parse_level", "level_settings", "real_cards_measured", "at_level", "advice_lines", "merge_rank_probes",
+           "DEFAULT_LEVEL", "DEFAULT_HEADROOM", "parse_level", "level_settings", "real_cards_measured", "at_level", "advice_lines", "merge_rank_probes",
            "predict_steps"]
 
 #: reserved over allocated by this share (and by at least 256 MiB) calls for the advice
@@ -175,21 +175,28 @@ def _canonical(traces: Sequence[Sequence[Event]]) -> tuple[tuple[Event, ...], ..
 # The budget level: which figure the search checks against each card's budget
 # --------------------------------------------------------------------------------------------
 class BudgetLevel(str, Enum):
-    """``allocated``: the allocator's allocated peak (``max_memory_allocated``), the default.
-    ``reserved``: the reserved peak plus the fixed costs the budget does not already take out
-    (NCCL on the simulator; the CUDA context is in ``Device.context_bytes``), i.e. what runs
-    out on a card."""
+    """``reserved`` (the default, :data:`DEFAULT_LEVEL`): the caching allocator's reserved
+    peak plus the fixed costs the budget does not already take out (NCCL on the simulator;
+    the CUDA context is in ``Device.context_bytes``), i.e. what runs out on a card.
+    ``allocated``: the allocator's allocated peak (``max_memory_allocated``) alone, the
+    headroom covering the rest."""
 
     ALLOCATED = "allocated"
     RESERVED = "reserved"
 
 
+#: The level :class:`dptune.Tuner`, ``dptune search``, ``dptune plan`` (DDP and FSDP), the
+#: ``--lengths`` plans and the Hugging Face integration check by default: the one that runs
+#: out. ``budget_level="allocated"`` (``--budget-level allocated``) still checks the
+#: allocated peak.
+DEFAULT_LEVEL = BudgetLevel.RESERVED
+
 #: The headroom each level leaves by default. At ``allocated`` 1 GiB covers fragmentation
 #: (the reserved-but-free memory), NCCL's buffers and what else is not modelled. At
-#: ``reserved`` fragmentation and NCCL are predicted, so 768 MiB less is kept: 256 MiB for
-#: what is still not modelled (cuDNN's per-algorithm workspaces, DataParallel's 10 MiB
-#: coalesced broadcast/reduce buckets, blocks held back by record_stream on the scatter's
-#: side stream, the driver's own rounding).
+#: ``reserved`` (the default) fragmentation and NCCL are predicted, so the default shrinks
+#: by 768 MiB, to 256 MiB for what is still not modelled (cuDNN's per-algorithm workspaces,
+#: DataParallel's 10 MiB coalesced broadcast/reduce buckets, blocks held back by
+#: record_stream on the scatter's side stream, the driver's own rounding).
 DEFAULT_HEADROOM = {BudgetLevel.ALLOCATED: 1024 * 1024 * 1024, BudgetLevel.RESERVED: 256 * 1024 * 1024}
 
 
@@ -239,8 +246,9 @@ def at_level(r: ProbeResult, devices: Sequence[Device], level: BudgetLevel) -> P
         return r
     if r.reserved_bytes is None:
         raise BackendUnavailableError(
-            "budget level 'reserved' needs reserved figures, and this backend gave none; "
-            "use the default level 'allocated'")
+            "budget level 'reserved' (the default) needs reserved figures, and this backend gave "
+            "none: give budget_level='allocated' (--budget-level allocated), or build a simulated "
+            "backend with reserved=ReservedModel()")
     if r.total_bytes is not None:
         peaks = tuple(t - d.context_bytes for t, d in zip(r.total_bytes, devices))
     else:

@@ -42,6 +42,7 @@ from dptune.backends.ddp_memory import DDPOptions, bucket_bytes, params_of
 from dptune.backends.fixed_costs import FixedCosts
 from dptune.backends.reserved import (BudgetLevel, ReservedModel, at_level, level_settings,
                                       real_cards_measured)
+from dptune.backends.reserved import DEFAULT_LEVEL
 from dptune.ddp.ranks import RankInfo as _RankInfo
 from dptune.ddp.ranks import min_batch as _min_batch
 from dptune.ddp.ranks import step_settings as _settings
@@ -426,7 +427,7 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
          gradient_as_bucket_view: bool = False, max_rounds: int = 16,
          device: Optional[int] = None, strategy: str = "ddp", shard: Optional[Callable] = None,
          reshard_after_forward: bool = True, mp_policy: Any = None,
-         budget_level: str = "allocated", allocator: Union[str, AllocatorConfig, None] = None,
+         budget_level: str = DEFAULT_LEVEL.value, allocator: Union[str, AllocatorConfig, None] = None,
          nccl_bytes: Union[int, str, None] = None, **step_options: Any) -> DDPPlan:
     """Per-rank batch sizes for ``DistributedDataParallel`` on unequal cards.
 
@@ -441,15 +442,16 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
       process group the whole plan is made in this process; inside a ``torchrun`` job rank
       r simulates card r. Inside a job without ``simulate``, each rank probes its own CUDA
       card (``device``, default ``torch.cuda.current_device()``): call ``plan`` on every rank.
-    - ``headroom``: kept free on every card (default 1 GiB, 256 MiB at the reserved level);
+    - ``headroom``: kept free on every card (default 256 MiB at the reserved level, the
+      default; 1 GiB at ``budget_level="allocated"``);
       ``bucket_cap_mb``, ``gradient_as_bucket_view``: the DDP arguments you will use.
     - ``budget_level``, ``allocator``, ``nccl_bytes``: as :class:`dptune.Tuner`'s; at
-      ``"reserved"`` each rank's peak is the caching allocator's reserved peak plus NCCL's
+      ``"reserved"`` (the default) each rank's peak is the caching allocator's reserved peak plus NCCL's
       buffers (simulated ranks: the allocator model; real cards: ``max_memory_reserved``).
     - ``strategy="fsdp"``: the model is sharded with FSDP2 (``fully_shard``) instead, by
       ``shard(model, mesh)`` or by default each ``ModuleList`` block then the root with
       ``reshard_after_forward`` and ``mp_policy``; simulated cards only (see
-      :mod:`dptune.ddp.fsdp`); the allocated level only.
+      :mod:`dptune.ddp.fsdp`).
 
     Every rank returns the same :class:`DDPPlan`. Raises :class:`NoFeasibleSplitError` (on
     every rank) when some rank cannot fit its share.
@@ -514,10 +516,6 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     if objective == "throughput" and (in_job or cluster is None):
         raise UsageError("objective='throughput' plans offline on the simulated cluster for now "
                          "(simulate=... without a process group); inside a job use 'balance'")
-    if strategy == "fsdp" and reserved is not None:
-        raise UsageError("budget_level='reserved' is not available with strategy='fsdp' yet (the "
-                         "allocator model is not checked on FSDP2's resized storages): plan at the "
-                         "allocated level, with headroom for the allocator's cache")
     if strategy == "fsdp" and objective == "throughput":
         raise UsageError("objective='throughput' is not available with strategy='fsdp' (FSDP's "
                          "all-gathers and reduce-scatters are not timed); use 'balance' or 'max_batch'")
@@ -532,7 +530,8 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
         if strategy == "fsdp":
             from dptune.ddp.fsdp import SimulatedFSDPProber
 
-            probers[r] = SimulatedFSDPProber(workload, cluster, r, fsdp, headroom_bytes, host, shared)
+            probers[r] = SimulatedFSDPProber(workload, cluster, r, fsdp, headroom_bytes, host, shared,
+                                             reserved)
         elif cluster is not None:
             probers[r] = _SimulatedProber(workload, cluster, r, options, headroom_bytes, host, shared,
                                           reserved)
