@@ -526,7 +526,8 @@ def _advice(best: ProbeResult, even: SplitFigures, outcome: search.SearchOutcome
     out = []
     bd = even.breakdown if even.breakdown is not None else best.breakdown
     peaks = even.peak_bytes if even.breakdown is not None else best.peak_bytes
-    unread = unread_outputs_advice(best.unread_outputs, best.peak_bytes[0])
+    # a share of the allocated peak (at the reserved level peak_bytes holds NCCL's buffers too)
+    unread = unread_outputs_advice(best.unread_outputs, (best.allocated_peak_bytes or best.peak_bytes)[0])
     if unread is not None:   # names what to drop, so the general line below is not needed
         out.append(unread)
     elif bd is not None and peaks and peaks[0] > 0:
