@@ -90,7 +90,7 @@ def test_fsdp_plan_at_the_reserved_level_checks_reserved_plus_nccl():
     for r in (0, 2):          # one rank per card type, each checked by a fresh simulation
         sim = _fsdp_rank(FSDP_SPEC, r)
         try:
-            def need(b: int) -> int:
+            def need(b: int, sim: SimulatedFSDPRank = sim) -> int:
                 p = sim.probe([b])
                 assert p.reserved_bytes is not None
                 return p.reserved_bytes[0] + NCCL
@@ -157,7 +157,7 @@ def test_lengths_ddp_ranks_at_the_reserved_level():
         sim = SimulatedDDP(Workload(gpt, lambda n, L=bucket.length: gpt_sample(n, L)), LEN_SPEC,
                            reserved=MODEL)
 
-        def need(r: int, b: int) -> int:
+        def need(r: int, b: int, sim: SimulatedDDP = sim) -> int:
             p = sim.rank(r).probe([b])
             assert p.reserved_bytes is not None
             return p.reserved_bytes[0] + NCCL
