@@ -54,6 +54,7 @@ def measure(names: Sequence[str], cluster: str = "4x24GB", repeats: int = 3,
             "model": name, "split": split, "step_s": statistics.median(steps),
             "replay_s": statistics.median(replays),
             "events": sum(len(e) for e in b._step_trace), "replays": fig.replays,
+            "modes": 1 if fig.expandable is None else 2,
             "allocated": list(est.peak_bytes),
             "reserved": [s.reserved_peak for s in fig.stats],
             "total": list(fig.total_bytes),
@@ -72,8 +73,9 @@ def table(rows: list[dict[str, Any]]) -> str:
            "|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['model']} | {r['split']} | {r['step_s']:.2f} s | {r['replay_s'] * 1000:.1f} ms"
-                   f" | {r['events']} | {r['replays']} of {len(r['split'])} cards"
-                   f" | {r['replay_s'] / r['step_s']:.1%} |")
+                   f" | {r['events']} | {r['replays']} for {len(r['split'])} cards"
+                   + (f" x {r['modes']} modes" if r.get("modes", 1) > 1 else "")
+                   + f" | {r['replay_s'] / r['step_s']:.1%} |")
     out += ["", "| model | card | allocated peak | reserved peak | total use | retries "
             "| reserved with expandable_segments |", "|---|---|---|---|---|---|---|"]
     for r in rows:
