@@ -182,3 +182,22 @@ def test_lengths_allocator_options_on_real_cards_are_refused(monkeypatch):
     with pytest.raises(UsageError, match="allocator set the allocator model of simulated"):
         plan_lengths(gpt, gpt_sample, [8, 16], 2, device_ids=[0],
                      allocator="expandable_segments:True")
+
+
+# ---- the throughput objective -------------------------------------------------------------
+@pytest.mark.slow
+def test_throughput_search_probes_at_the_budget_level():
+    """The timed probes of objective="throughput" are checked at the reserved level too."""
+    from torch import nn
+
+    from dptune import Tuner
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+    r = Tuner(m, lambda b: torch.randn(b, 256), batch_size=64, simulate="2x24GB",
+              objective="throughput", nccl_bytes=NCCL, max_probes=4, verbose=False).fit()
+    assert any(p.time is not None for p in r.probes)
+    for p in r.probes:
+        assert p.allocated_peak_bytes is not None and p.reserved_bytes is not None
+        assert p.peak_bytes == tuple(x + NCCL for x in p.reserved_bytes)
+    assert all(p <= b for p, b in zip(r.peak_bytes, r.budget_bytes))
