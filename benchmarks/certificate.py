@@ -543,7 +543,7 @@ def auto_probes() -> list[str]:
             warnings.simplefilter("ignore")
             r = Tuner(model, model.sample, batch_size=32, optimizer=opt, objective="max_batch",
                       headroom=HEADROOM, verbose=False, backend=backend,
-                      output_device="auto").fit()
+                      output_device="auto", budget_level="allocated").fit()
         second = sum(p.purpose.startswith("output ") for p in r.probes)
         lines.append(f"| TinyGPT {spec} | {len(r.probes) - second} | {second} | "
                      f"{r.batch_size} on card {r.output_device} | "

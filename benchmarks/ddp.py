@@ -91,7 +91,7 @@ def run_case(model_name: str, cluster: str) -> DDPRow:
     caps = exact_caps(Workload(model, sample, None, config.optimizer), cluster, headroom)
     t0 = time.perf_counter()
     plan = ddp.plan(model, sample, optimizer=config.optimizer, objective="max_batch",
-                    simulate=cluster, headroom=headroom)
+                    simulate=cluster, headroom=headroom, budget_level="allocated")  # as the caps
     seconds = time.perf_counter() - t0
     return DDPRow(model=model_name, cluster=cluster, caps=caps, equal=len(caps) * min(caps),
                   planned=plan.batch_sizes, optimum=sum(caps), rounds=plan.rounds,

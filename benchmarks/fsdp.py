@@ -158,7 +158,7 @@ def run_case(case: Case) -> FSDPRow:
         t0 = time.perf_counter()
         plan = ddp.plan(model, sample, optimizer=config.optimizer, objective="max_batch",
                         simulate=case.cluster, headroom=headroom, strategy="fsdp",
-                        mp_policy=options.mp_policy)
+                        mp_policy=options.mp_policy, budget_level="allocated")   # as the caps
         seconds = time.perf_counter() - t0
     finally:
         SimulatedFSDPRank.estimate = estimate  # type: ignore[method-assign]

@@ -157,7 +157,7 @@ def run_one(name: str, dist: str, cluster: str) -> dict[str, Any]:
     model, sample, longest = MODELS[name]
     lengths = lengths_of(dist, N_SAMPLES, longest)
     common = dict(simulate=cluster, headroom=HEADROOM, optimizer=_adamw, amp="bf16",
-                  max_length=longest, batch_size=256)
+                  max_length=longest, batch_size=256, budget_level="allocated")   # as Sim
     t0 = time.perf_counter()
     plan = plan_lengths(model, sample, lengths, BUCKETS, **common)
     t_plan = time.perf_counter() - t0
@@ -215,7 +215,7 @@ def scale() -> dict[str, Any]:
     lengths = [min(4096, max(16, int(rng.lognormvariate(6, 0.9)))) for _ in range(20000)]
     t0, c0 = time.perf_counter(), time.process_time()
     plan = plan_lengths(gpt_1b, gpt_sample, lengths, 8, simulate="4x80GB", optimizer=_adamw,
-                        amp="bf16", headroom=HEADROOM)
+                        amp="bf16", headroom=HEADROOM, budget_level="allocated")
     return {"wall_seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
             "probes": plan.probes, "lines": plan.lines()}
 

@@ -2,7 +2,8 @@
 
 For each benchmark model, one even split on a simulated cluster: the probe's simulated step
 time, the time the allocator model's replay adds (set-up + warm-up step + measured step per
-card, :mod:`dptune.backends.reserved`), and per card the allocated peak (the ledger's, as
+card, :mod:`dptune.backends.reserved`; like cards with like traces share one replay, the
+``replays`` column), and per card the allocated peak (the ledger's, as
 ``max_memory_allocated``), the predicted reserved peak, the predicted total use (reserved +
 CUDA context + NCCL) and, where reserved exceeds allocated widely, the reserved peak predicted
 with ``expandable_segments:True``. Times are medians over ``repeats`` probes.
@@ -52,7 +53,8 @@ def measure(names: Sequence[str], cluster: str = "4x24GB", repeats: int = 3,
         rows.append({
             "model": name, "split": split, "step_s": statistics.median(steps),
             "replay_s": statistics.median(replays),
-            "events": sum(len(e) for e in b._step_trace),
+            "events": sum(len(e) for e in b._step_trace), "replays": fig.replays,
+            "modes": 1 if fig.expandable is None else 2,
             "allocated": list(est.peak_bytes),
             "reserved": [s.reserved_peak for s in fig.stats],
             "total": list(fig.total_bytes),
@@ -67,11 +69,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     """Markdown: the overhead per model, then the figures per card."""
     from dptune.units import format_bytes
 
-    out = ["| model | split | simulated step | replay | events (step) | replay / step |",
-           "|---|---|---|---|---|---|"]
+    out = ["| model | split | simulated step | replay | events (step) | replays | replay / step |",
+           "|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['model']} | {r['split']} | {r['step_s']:.2f} s | {r['replay_s'] * 1000:.1f} ms"
-                   f" | {r['events']} | {r['replay_s'] / r['step_s']:.1%} |")
+                   f" | {r['events']} | {r['replays']} for {len(r['split'])} cards"
+                   + (f" x {r['modes']} modes" if r.get("modes", 1) > 1 else "")
+                   + f" | {r['replay_s'] / r['step_s']:.1%} |")
     out += ["", "| model | card | allocated peak | reserved peak | total use | retries "
             "| reserved with expandable_segments |", "|---|---|---|---|---|---|---|"]
     for r in rows:

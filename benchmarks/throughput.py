@@ -87,7 +87,8 @@ def run_case(model_name: str, cluster: str) -> ThroughputRow:
     batch = spec.hint_per_card * len(parse_cluster(cluster))
     t0 = time.perf_counter()
     tuner = Tuner(model, sample, batch_size=batch, optimizer=config.optimizer, simulate=cluster,
-                  objective="throughput", headroom=config.HEADROOM, verbose=False, amp=spec.amp)
+                  objective="throughput", headroom=config.HEADROOM, verbose=False, amp=spec.amp,
+                  budget_level="allocated")
     result = tuner.fit()
     seconds = time.perf_counter() - t0
     even, balanced, fastest = tuner.speed

@@ -22,6 +22,7 @@ import argparse
 import os
 from typing import Any, Optional, Union
 
+from dptune.backends.reserved import DEFAULT_LEVEL
 from dptune.errors import OutputError, UsageError
 from dptune.split import MAX_BATCH_SIZE
 from dptune.units import format_bytes, parse_bytes
@@ -118,8 +119,8 @@ def budget_level_arg(text: str) -> str:
     """``--budget-level``: ``allocated`` or ``reserved`` (:class:`dptune.backends.reserved.BudgetLevel`)."""
     if text not in ("allocated", "reserved"):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a budget level: give 'allocated' (the allocator's allocated peak, "
-            "the default) or 'reserved' (the caching allocator's reserved peak plus NCCL)")
+            f"{text!r} is not a budget level: give 'reserved' (the caching allocator's reserved "
+            "peak plus NCCL, the default) or 'allocated' (the allocator's allocated peak)")
     return text
 
 
@@ -148,17 +149,19 @@ def nccl_bytes_arg(text: str) -> int:
 def level_arguments(p: argparse.ArgumentParser) -> None:
     """``--budget-level``, ``--allocator`` and ``--nccl-bytes`` (``search`` and ``plan``)."""
     g = p.add_argument_group("budget level (what is checked against each card's budget)")
-    g.add_argument("--budget-level", type=budget_level_arg, default="allocated",
-                   metavar="allocated|reserved",
-                   help="allocated: the allocator's allocated peak (max_memory_allocated, the "
-                        "default); reserved: the caching allocator's reserved peak plus NCCL's "
-                        "buffers, what runs out on a card (on simulated cards predicted by a "
-                        "model of the allocator)")
+    g.add_argument("--budget-level", type=budget_level_arg, default=DEFAULT_LEVEL.value,
+                   metavar="reserved|allocated",
+                   help="reserved (the default): the caching allocator's reserved peak plus "
+                        "NCCL's buffers, what runs out on a card (on simulated cards predicted by "
+                        "a model of the allocator, not yet checked on hardware); allocated: the "
+                        "allocator's allocated peak (max_memory_allocated), the headroom "
+                        "covering the rest")
     g.add_argument("--allocator", type=allocator_arg, default=None, metavar="CONF",
                    help="the caching allocator's options for the reserved level, in "
                         "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. "
                         "'expandable_segments:True,max_split_size_mb:128' (default: "
-                        "PYTORCH_CUDA_ALLOC_CONF, read only at --budget-level reserved)")
+                        "PYTORCH_CUDA_ALLOC_CONF, read only at --budget-level reserved, the "
+                        "default)")
     g.add_argument("--nccl-bytes", type=nccl_bytes_arg, default=None, metavar="SIZE",
                    help="NCCL's buffers per card at the reserved level, e.g. 1600MB (default: "
                         "1.6 GB per card on runs of more than one card, 0 on one card)")
@@ -171,8 +174,9 @@ def check_level_flags(args: argparse.Namespace) -> None:
                  if v is not None]
         if given:
             verb = "apply" if len(given) > 1 else "applies"
-            raise UsageError(f"{' and '.join(given)} {verb} only at --budget-level reserved; add "
-                             "--budget-level reserved or drop it")
+            raise UsageError(f"{' and '.join(given)} {verb} only at --budget-level reserved (the "
+                             f"default); drop --budget-level {args.budget_level} or "
+                             f"{' and '.join(given)}")
 
 
 def level_options(args: argparse.Namespace) -> dict[str, Any]:

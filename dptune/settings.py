@@ -141,10 +141,6 @@ class Settings:
             raise UsageError(f"strategy must be 'ddp' or 'fsdp', got {strategy!r}")
         how = Strategy(strategy)
         if how is Strategy.FSDP:
-            if budget.reserved is not None:
-                raise UsageError("budget_level='reserved' is not available with strategy='fsdp' yet "
-                                 "(the allocator model is not checked on FSDP2's resized storages): "
-                                 "plan at the allocated level, with headroom for the allocator's cache")
             if goal is Objective.THROUGHPUT:
                 raise UsageError("objective='throughput' is not available with strategy='fsdp' "
                                  "(FSDP's all-gathers and reduce-scatters are not timed); use "

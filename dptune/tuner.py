@@ -23,7 +23,7 @@ from dptune import search
 from dptune.advice import unread_outputs_advice
 from dptune.backends.allocator import AllocatorConfig
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
-from dptune.backends.reserved import BudgetLevel, ReservedModel, advice_lines, at_level
+from dptune.backends.reserved import DEFAULT_LEVEL, BudgetLevel, ReservedModel, advice_lines, at_level
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
 from dptune.search.messages import card0_holdings
@@ -147,13 +147,13 @@ class Tuner:
       cards. ``None``: real GPUs when there are any, else the simulated ``"4x24GB"`` (with a
       one-line notice on stderr when ``verbose``).
     - ``headroom``: memory left free on every card (bytes or a string such as ``"1GiB"``);
-      each card's budget is its memory minus what others use minus this. Default: 1 GiB at
-      ``budget_level="allocated"``, 256 MiB at ``"reserved"`` (why:
+      each card's budget is its memory minus what others use minus this. Default: 256 MiB at
+      ``budget_level="reserved"`` (the default), 1 GiB at ``"allocated"`` (why:
       :data:`dptune.backends.reserved.DEFAULT_HEADROOM`).
-    - ``budget_level``: the figure checked against each budget: ``"allocated"`` (the
-      allocator's allocated peak, the default) or ``"reserved"`` (the caching allocator's
-      reserved peak plus NCCL's buffers: on simulated cards predicted by the allocator model,
-      :mod:`dptune.backends.allocator`; on real cards ``max_memory_reserved``).
+    - ``budget_level``: the figure checked against each budget: ``"reserved"`` (the default:
+      the caching allocator's reserved peak plus NCCL's buffers, what runs out on a card; on
+      simulated cards predicted by the allocator model, :mod:`dptune.backends.allocator`; on
+      real cards ``max_memory_reserved``) or ``"allocated"`` (the allocated peak alone).
       ``allocator``: the allocator's options in ``PYTORCH_CUDA_ALLOC_CONF`` syntax for the
       model (default: that environment variable); ``nccl_bytes``: NCCL's buffers per card
       (default: :mod:`dptune.backends.fixed_costs`).
@@ -194,7 +194,7 @@ class Tuner:
                  accumulate: int = 1, clip_grad_norm: Optional[float] = None,
                  step: Optional[Callable[[Any, Any, Any], None]] = None,
                  output_device: Union[int, str] = 0, choice: Optional[BackendChoice] = None,
-                 budget_level: str = "allocated",
+                 budget_level: str = DEFAULT_LEVEL.value,
                  allocator: Union[str, AllocatorConfig, None] = None,
                  nccl_bytes: Union[int, str, None] = None, global_batch: Optional[int] = None):
         #: every setting, checked once (:class:`dptune.settings.Settings`)
@@ -400,7 +400,9 @@ class Tuner:
             advice.extend(throughput.advice(figs))
             return outcome
         m = 2 if self._has_batchnorm(backend) else 1
-        fast = throughput.fastest(backend.probe, budgets, self.batch_size, outcome.probes,
+        def probe(split: Sequence[int]) -> ProbeResult:     # at the budget level, as the search's
+            return at_level(backend.probe(split), backend.devices, self.budget_level)
+        fast = throughput.fastest(probe, budgets, self.batch_size, outcome.probes,
                                   outcome.fits, best, min_chunk=m,
                                   max_probes=max(3, self.settings.max_probes - len(outcome.probes)),
                                   global_batch=self.global_batch)
@@ -527,7 +529,8 @@ def _advice(best: ProbeResult, even: SplitFigures, outcome: search.SearchOutcome
     out = []
     bd = even.breakdown if even.breakdown is not None else best.breakdown
     peaks = even.peak_bytes if even.breakdown is not None else best.peak_bytes
-    unread = unread_outputs_advice(best.unread_outputs, best.peak_bytes[0])
+    # a share of the allocated peak (at the reserved level peak_bytes holds NCCL's buffers too)
+    unread = unread_outputs_advice(best.unread_outputs, (best.allocated_peak_bytes or best.peak_bytes)[0])
     if unread is not None:   # names what to drop, so the general line below is not needed
         out.append(unread)
     elif bd is not None and peaks and peaks[0] > 0:

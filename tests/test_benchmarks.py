@@ -190,7 +190,8 @@ def test_ddp_benchmark_exact_caps_agree_with_the_plan():
 
     spec = "32GB,24GB,used=1:20GB"
     caps = exact_caps(Workload(net, batch), spec, 1 << 30)
-    plan = ddp.plan(net, batch, objective="max_batch", simulate=spec)
+    plan = ddp.plan(net, batch, objective="max_batch", simulate=spec,
+                    budget_level="allocated")    # exact_caps bisects on allocated peaks
     assert plan.batch_sizes == caps and plan.certified and caps[0] > caps[1]
     row = DDPRow(model="net", cluster=spec, caps=caps, equal=2 * min(caps), planned=plan.batch_sizes,
                  optimum=sum(caps), rounds=plan.rounds, probes=len(plan.probes),

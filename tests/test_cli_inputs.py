@@ -89,7 +89,7 @@ def test_plan_out_refuses_a_search_report_folder(tmp_path, capsys):
 
 def test_search_out_refuses_a_plan_folder_and_plan_rewrites_its_own(model, tmp_path, capsys):
     args = ["--model", f"{model}:Net", "--input-shape", "16", "--batch-size", "8",
-            "--simulate", "2x2GB"]
+            "--simulate", "2x2GB", "--budget-level", "allocated"]   # 2 GB cards: no room for NCCL
     code, _, err = run(capsys, "plan", *args, "--out", "pl", "-q")
     assert code == EXIT_OK, err
     assert sorted(p.name for p in (tmp_path / "pl").iterdir()) == ["plan.json", "summary.md"]
@@ -105,7 +105,7 @@ def test_plan_default_folder_holding_something_else_is_refused(model, tmp_path, 
     other.mkdir(parents=True)
     (other / "notes.txt").write_text("mine")
     code, _, err = run(capsys, "plan", "--model", f"{model}:Net", "--input-shape", "16",
-                       "--batch-size", "8", "--simulate", "2x2GB", "-q")
+                       "--batch-size", "8", "--simulate", "2x2GB", "-q", "--budget-level", "allocated")
     one_line(code, err, EXIT_USAGE, "the default folder 'reports/ddp-Net-2x2GB' already holds "
              "files that are not a dptune plan (notes.txt)", "give a new or empty folder with --out")
     assert [p.name for p in other.iterdir()] == ["notes.txt"]
@@ -142,7 +142,8 @@ def test_plan_beyond_the_cards_says_what_they_take(model, capsys):
     """Issue 22: 'at most 99999996' for 100000000 and 99999992 for 99999996 (batch - 4)."""
     cap = _rank_capacity()
     code, _, err = run(capsys, "plan", "--model", f"{model}:Net", "--input-shape", "16",
-                       "--batch-size", "100000000", "--simulate", "2x2GB", "-q")
+                       "--batch-size", "100000000", "--simulate", "2x2GB", "-q",
+                       "--budget-level", "allocated")     # the oracle's figures are allocated
     line = one_line(code, err, EXIT_NO_FIT, "global batch 100000000",
                     f"the ranks take at most {2 * cap} samples together",
                     f"(rank 0: {cap}, rank 1: {cap})", f"at most {2 * cap} (--batch-size)")
@@ -157,11 +158,11 @@ def test_plan_bound_is_the_same_for_another_batch_and_a_range_when_rounds_run_ou
     cap = _rank_capacity()
     with pytest.raises(NoFeasibleSplitError, match=f"at most {2 * cap} samples together"):
         plan(lambda: nn.Linear(16, 16), lambda b: torch.randn(b, 16), optimizer=adamw,
-             global_batch=99999996, simulate="2x2GB")
+             global_batch=99999996, simulate="2x2GB", budget_level="allocated")
     # too few rounds to bracket the ranks: a range that holds the true figure
     with pytest.raises(NoFeasibleSplitError) as e:
         plan(lambda: nn.Linear(16, 16), lambda b: torch.randn(b, 16), optimizer=adamw,
-             global_batch=10**8, simulate="2x2GB", max_rounds=3)
+             global_batch=10**8, simulate="2x2GB", max_rounds=3, budget_level="allocated")
     m = re.search(r"at most (\d+) samples together \((\d+) measured to fit; not every rank "
                   r"bracketed in 3 rounds\)", str(e.value))
     assert m is not None, str(e.value)

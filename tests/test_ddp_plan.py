@@ -84,7 +84,8 @@ def exact_cap(spec: str, rank: int, headroom: int) -> int:
 
 
 def test_max_batch_is_certified_and_exact():
-    plan = ddp.plan(net, batch, optimizer=adamw, objective="max_batch", simulate=SPEC)
+    plan = ddp.plan(net, batch, optimizer=adamw, objective="max_batch", simulate=SPEC,
+                    budget_level="allocated")     # exact_cap's peaks are allocated peaks
     caps = [exact_cap(SPEC, r, 1 << 30) for r in range(4)]
     assert plan.batch_sizes == caps and plan.certified
     assert plan.even_batch_size == 4 * min(caps) < plan.global_batch
@@ -97,15 +98,16 @@ def test_max_batch_is_certified_and_exact():
 
 
 def test_balance_splits_the_global_batch_by_budget():
+    # the allocated level: its peaks grow smoothly with the batch (reserved ones in segments)
     plan = ddp.plan(net, batch, optimizer=adamw, global_batch=4000, simulate=SPEC,
-                    objective="balance")
+                    objective="balance", budget_level="allocated")
     assert plan.global_batch == 4000 and min(plan.batch_sizes) >= 1
     shares = [r.measured_peak_bytes / r.budget_bytes for r in plan.ranks]
     assert max(shares) - min(shares) < 0.01
     assert plan.batch_sizes[0] == plan.batch_sizes[1] > plan.batch_sizes[2] > plan.batch_sizes[3]
     # limited max_batch: the largest that fits is more than asked, so the asked batch is balanced
     capped = ddp.plan(net, batch, optimizer=adamw, objective="max_batch", global_batch=4000,
-                      simulate=SPEC)
+                      simulate=SPEC, budget_level="allocated")
     assert capped.batch_sizes == plan.batch_sizes
 
 

@@ -57,7 +57,7 @@ def test_a_memory_cap_binds_and_is_named():
     wide = nn.Sequential(nn.Linear(64, 4096), nn.ReLU(), nn.Linear(4096, 10))
     spec = "2x24GB,24GB,used=2:23.5GB"
     fast = ddp.plan(wide, vectors, optimizer=adamw, global_batch=9000, simulate=spec,
-                    objective="throughput", headroom=0)
+                    objective="throughput", headroom=0, budget_level="allocated")  # 0.5 GB: no NCCL
     b = fast.batch_sizes
     assert sum(b) == 9000 and b[2] < b[0]
     rank2 = next(n for n in fast.notes if n.startswith("rank 2"))

@@ -55,7 +55,7 @@ def test_default_sharding_takes_the_outermost_module_list():
 @pytest.mark.slow
 def test_fsdp_max_batch_is_certified_per_rank():
     plan = ddp.plan(mlp, seqs, optimizer=adamw, objective="max_batch", simulate=SPEC, headroom=0,
-                    strategy="fsdp")
+                    strategy="fsdp", budget_level="allocated")
     assert plan.certified and plan.world_size == 3
     b = plan.batch_sizes
     assert b[0] == b[1] > b[2] >= 1
@@ -83,7 +83,7 @@ def test_fsdp_balance_and_one_simulation_per_card_and_batch(monkeypatch):
 
     monkeypatch.setattr(SimulatedFSDPRank, "estimate", counted)
     plan = ddp.plan(mlp, seqs, optimizer=adamw, global_batch=30, simulate=SPEC, headroom=0,
-                    strategy="fsdp", objective="balance")
+                    strategy="fsdp", objective="balance", budget_level="allocated")
     assert plan.global_batch == 30 and min(plan.batch_sizes) >= 1
     b = plan.batch_sizes
     assert abs(b[0] - b[1]) <= 1 and min(b[0], b[1]) > b[2]     # the same card: the same share
@@ -107,9 +107,10 @@ def test_fsdp_fits_a_model_that_ddp_cannot():
         return torch.randn(b, 16, 512)
 
     with pytest.raises(NoFeasibleSplitError, match="rank 0"):
-        ddp.plan(wide, x, optimizer=adamw, objective="max_batch", simulate=big, headroom=0)
+        ddp.plan(wide, x, optimizer=adamw, objective="max_batch", simulate=big, headroom=0,
+                 budget_level="allocated")
     plan = ddp.plan(wide, x, optimizer=adamw, objective="max_batch", simulate=big, headroom=0,
-                    strategy="fsdp")
+                    strategy="fsdp", budget_level="allocated")
     assert min(plan.batch_sizes) >= 1 and plan.certified
 
 
@@ -125,8 +126,6 @@ def test_fsdp_arguments_are_checked():
                  shard=lambda m, mesh: m, reshard_after_forward=False)
     with pytest.raises(UsageError, match="not available with strategy='fsdp'"):
         ddp.plan(mlp, seqs, global_batch=8, simulate=SPEC, strategy="fsdp", objective="throughput")
-    with pytest.raises(UsageError, match="budget_level='reserved' is not available with strategy='fsdp'"):
-        ddp.plan(mlp, seqs, global_batch=8, simulate=SPEC, strategy="fsdp", budget_level="reserved")
     with pytest.raises(UsageError, match="MixedPrecisionPolicy"):
         ddp.plan(mlp, seqs, global_batch=8, simulate=SPEC, strategy="fsdp", mp_policy="bf16")
 
@@ -169,7 +168,7 @@ def test_fsdp_benchmark_exact_caps_agree_with_the_plan():
     options = FSDPOptions()
     caps = exact_caps(Workload(case.model(), case.sample(), None, adamw), case.cluster, 0, options)
     plan = ddp.plan(case.model(), case.sample(), optimizer=adamw, objective="max_batch",
-                    simulate=case.cluster, headroom=0, strategy="fsdp")
+                    simulate=case.cluster, headroom=0, strategy="fsdp", budget_level="allocated")
     assert plan.certified and plan.batch_sizes == caps
     assert caps[0] == caps[1] > caps[2] >= 1
     assert not torch.distributed.is_initialized()

@@ -66,6 +66,7 @@ def real_step_peaks(trainer, split, cluster) -> list:
 def test_label_smoothing_trainer_is_tuned_for_the_step_it_runs(tmp_path):
     trainer = lm_trainer(tmp_path, label_smoothing_factor=0.1)
     result = tune_trainer(trainer, simulate="3x1GB", objective="max_batch", headroom=0,
+                          budget_level="allocated",     # compared with allocated peaks
                           verbose=False, max_probes=8)
     split = result.chunk_sizes
     real = real_step_peaks(trainer, split, "3x1GB")
@@ -93,7 +94,7 @@ def test_a_subclass_compute_loss_is_the_one_probed(tmp_path):
     trainer = lm_trainer(tmp_path)
     trainer.__class__ = Extra
     result = tune_trainer(trainer, simulate="2x24GB", batch_size=12, verbose=False,
-                          max_probes=3)
+                          max_probes=3, budget_level="allocated")   # compared with allocated peaks
     real = real_step_peaks(trainer, result.chunk_sizes, "2x24GB")
     for tuned, truth in zip(result.peak_bytes, real):
         assert tuned == pytest.approx(truth, rel=0.005), (result.peak_bytes, real)

@@ -10,7 +10,8 @@ from dptune.cli import main
 from dptune.errors import EXIT_NO_FIT, EXIT_OK, EXIT_USAGE
 
 BASE = ["search", "--model", "tests.lengths_models:gpt", "--simulate",
-        "2x394MB,context=384MiB", "--headroom", "0", "--optimizer", "none"]
+        "2x394MB,context=384MiB", "--headroom", "0", "--optimizer", "none",
+        "--budget-level", "allocated"]     # budgets of ~10 MB, checked against allocated peaks
 SHAPE = ["--input-shape", "128", "--dtype", "long", "--vocab-size", "500"]
 
 
@@ -87,16 +88,19 @@ def test_nothing_fits_at_the_longest_exits_3(tmp_path, capsys):
 
 
 def test_the_default_headroom_plans(tmp_path, lengths_file, capsys):
-    """No --headroom: the allocated level's default (1 GiB), as the single-shape search takes
-    it; found by running the README's command without the flag."""
-    base = [a for a in BASE if a not in ("--headroom", "0")]
-    base[base.index("2x394MB,context=384MiB")] = "2x2GB"
-    out = tmp_path / "rep"
-    code = main(base + SHAPE + ["--lengths", str(lengths_file), "--buckets", "64",
-                                "--out", str(out), "-q"])
-    assert code == EXIT_OK, capsys.readouterr().err
-    plan = json.loads((out / "lengths.json").read_text())
-    assert plan["headroom_bytes"] == 2**30
+    """No --headroom, no --budget-level: the reserved level and its default headroom (256 MiB),
+    as the single-shape search takes them; found by running the README's command without the
+    flags. With --budget-level allocated: that level's 1 GiB."""
+    base = [a for a in BASE if a not in ("--headroom", "0", "--budget-level", "allocated")]
+    base[base.index("2x394MB,context=384MiB")] = "2x4GB"
+    for extra, headroom in (([], 256 * 2**20), (["--budget-level", "allocated"], 2**30)):
+        out = tmp_path / f"rep{headroom}"
+        code = main(base + SHAPE + extra + ["--lengths", str(lengths_file), "--buckets", "64",
+                                            "--out", str(out), "-q"])
+        assert code == EXIT_OK, capsys.readouterr().err
+        plan = json.loads((out / "lengths.json").read_text())
+        assert plan["headroom_bytes"] == headroom
+        assert any("reserved level" in n for n in plan["notes"]) == (not extra)
 
 
 def test_a_sample_function_without_length_is_one_line(tmp_path, lengths_file, capsys):

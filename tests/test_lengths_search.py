@@ -144,7 +144,8 @@ def _fits_all(r: ProbeResult, budgets) -> bool:
 @pytest.mark.parametrize("spec", ["2x394MB,context=384MiB", "1x394MB,1x395MB,context=384MiB"],
                          ids=["identical", "mixed"])
 def test_simulated_buckets_equal_exhaustive(model, sample, spec):
-    plan = plan_lengths(model, sample, LENGTHS, [32, 64], simulate=spec, headroom=0)
+    plan = plan_lengths(model, sample, LENGTHS, [32, 64], simulate=spec, headroom=0,
+                        budget_level="allocated")      # the oracle's peaks are allocated
     assert plan.edges == [32, 64, 128]
     assert [b.samples for b in plan.buckets] == [9, 4, 2]
     for bucket in plan.buckets:
@@ -172,7 +173,7 @@ def test_a_length_where_nothing_fits_names_it():
     with pytest.raises(NoFeasibleSplitError, match="at length 128"):
         # budgets of 9.1 MB: one sequence of 8 tokens fits, one of 128 does not
         plan_lengths(gpt, gpt_sample, [8, 128], [8], simulate="2x393MB,context=384MiB",
-                     headroom=9 * 2**20 - 9_100_000)
+                     headroom=9 * 2**20 - 9_100_000, budget_level="allocated")
 
 
 def test_lengths_beyond_the_model_are_refused():
@@ -182,9 +183,10 @@ def test_lengths_beyond_the_model_are_refused():
 
 def test_neighbour_and_scratch_agree_on_the_simulator():
     spec = "1x394MB,1x395MB,context=384MiB"
-    a = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate=spec, headroom=0)
+    a = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate=spec, headroom=0,
+                     budget_level="allocated")
     b = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate=spec, headroom=0,
-                     from_neighbour=False)
+                     from_neighbour=False, budget_level="allocated")
     assert [x.batch_size for x in a.buckets] == [x.batch_size for x in b.buckets]
     assert all(x.certified for x in itertools.chain(a.buckets, b.buckets))
 
@@ -194,7 +196,8 @@ def test_ddp_buckets_each_rank_at_its_own_largest_batch():
     from dptune.backends.simulated_ddp import SimulatedDDP
 
     spec = "1x394MB,1x395MB,context=384MiB"
-    plan = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate=spec, headroom=0, ddp=True)
+    plan = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate=spec, headroom=0, ddp=True,
+                        budget_level="allocated")
     assert plan.ddp and plan.certified
     for bucket in plan.buckets:
         sim = SimulatedDDP(Workload(gpt, lambda n, L=bucket.length: gpt_sample(n, L)), spec)

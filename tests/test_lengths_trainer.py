@@ -89,7 +89,8 @@ def test_plan_per_bucket_from_the_trainer(tmp_path):
     batch = sample(3, 7)
     assert tuple(batch["input_ids"].shape) == (3, 7) and batch["attention_mask"].all()
     # cards of 12 MiB each: batches of tens (the probes collate real examples)
-    plan = plan_trainer_lengths(t, [4, 8], simulate="2x396MB,context=384MiB", headroom=0)
+    plan = plan_trainer_lengths(t, [4, 8], simulate="2x396MB,context=384MiB", headroom=0,
+                                budget_level="allocated")   # 12 MiB cards: no room for NCCL
     assert plan.edges == [4, 8, 11]
     assert [b.samples for b in plan.buckets] == [12, 16, 12]
     assert plan.certified

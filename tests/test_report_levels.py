@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from dptune.backends.base import ProbeResult
+from dptune.backends.fixed_costs import NCCL_COMMUNICATOR_BYTES
 from dptune.cli import main
 from dptune.errors import EXIT_OK, EXIT_USAGE
 from dptune.report import (budget_level, memory_stats, plot_result, probes_table, read_report,
@@ -220,10 +221,12 @@ NOWHERE = ["--model", "no_such_module_anywhere:Net", "--input-shape", "16"]
     (["--budget-level", "reserved", "--nccl-bytes", "lots"], ["--nccl-bytes", "'lots'"]),
     (["--budget-level", "reserved", "--nccl-bytes", "-1GB"], ["--nccl-bytes"]),
     (["--budget-level", "reserved", "--nccl-bytes", str(10**30)], ["--nccl-bytes", "more than"]),
-    (["--allocator", "expandable_segments:True"],
-     ["--allocator applies only at --budget-level reserved"]),
-    (["--nccl-bytes", "1GB", "--allocator", "expandable_segments:True"],
+    (["--budget-level", "allocated", "--allocator", "expandable_segments:True"],
+     ["--allocator applies only at --budget-level reserved", "drop --budget-level allocated"]),
+    (["--budget-level", "allocated", "--nccl-bytes", "1GB", "--allocator", "expandable_segments:True"],
      ["--allocator and --nccl-bytes apply only at --budget-level reserved"]),
+    # the reserved level is the default: the model's options need no --budget-level
+    (["--allocator", "max_split_size_mb:4"], ["--allocator", "max_split_size_mb"]),
 ])
 def test_bad_level_flags_are_one_line_before_any_work(capsys, command, flags, fragments):
     one_line(capsys, [command, *NOWHERE, "--batch-size", "8", "--simulate", "2x24GB", *flags],
@@ -234,9 +237,11 @@ def test_allocator_environment_is_read_only_at_the_reserved_level(model, capsys,
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "no_such_option:1")
     argv = ["search", "--model", f"{model}:Net", "--input-shape", "256", "--batch-size", "16",
             "--simulate", "2x24GB", "--max-probes", "3", "-q", "--no-plots"]
-    assert main(argv + ["--out", "a"]) == EXIT_OK
+    assert main(argv + ["--out", "a", "--budget-level", "allocated"]) == EXIT_OK
     capsys.readouterr()
     one_line(capsys, argv + ["--out", "b", "--budget-level", "reserved"], "no_such_option")
+    one_line(capsys, argv + ["--out", "c"], "PYTORCH_CUDA_ALLOC_CONF", "no_such_option",  # default
+             "--budget-level allocated")
 
 
 def test_search_at_the_reserved_level_writes_the_three_figures(model, capsys):
@@ -255,8 +260,14 @@ def test_search_at_the_reserved_level_writes_the_three_figures(model, capsys):
         assert d["peak_bytes"][i] == ms["reserved_bytes.all.peak"] + 100 * MiB
         context = d["devices"][i]["context_bytes"]
         assert ms["total_bytes"] == ms["reserved_bytes.all.peak"] + 100 * MiB + context
-    # the default level: only the allocated peak, as before
-    assert main(argv[:-6] + ["--out", "a"]) == EXIT_OK
+    # no level flags: the reserved level is the default, NCCL's buffers by default
+    assert main(argv[:-6] + ["--out", "d"]) == EXIT_OK
+    d = json.loads(open("d/report.json").read())
+    assert d["budget_level"] == "reserved" and d["headroom_bytes"] == 256 * MiB
+    for i, ms in enumerate(d["memory_stats"]):
+        assert d["peak_bytes"][i] == ms["reserved_bytes.all.peak"] + NCCL_COMMUNICATOR_BYTES
+    # asked for: the allocated level, only the allocated peak and the 1 GiB headroom
+    assert main(argv[:-6] + ["--out", "a", "--budget-level", "allocated"]) == EXIT_OK
     d = json.loads(open("a/report.json").read())
     assert d["budget_level"] == "allocated" and d["memory_stats"] is None
     assert d["headroom_bytes"] == GiB
@@ -320,7 +331,7 @@ def test_plan_at_the_reserved_level_checks_reserved_plus_nccl():
         assert r.measured_peak_bytes == need(r.rank, r.batch_size) <= r.budget_bytes
         assert need(r.rank, r.batch_size + 1) > r.budget_bytes     # one more is over, at this level
     plain = ddp.plan(net, batch, optimizer=adamw, objective="max_batch", simulate=spec,
-                     headroom="256MiB")
+                     headroom="256MiB", budget_level="allocated")
     assert plain.headroom_bytes == 256 * MiB
     assert plan.batch_sizes[1] < plain.batch_sizes[1]      # NCCL and caching cost card 1 samples
     sim.close()

@@ -127,12 +127,15 @@ def test_tuner_reserved_level_checks_reserved_plus_nccl():
 
     wl = mlp_workload()
     kw = dict(simulate="2x1GB,context=0MiB", objective="max_batch", verbose=False, max_probes=6)
-    plain = Tuner(wl.model, wl.sample, 64, optimizer=wl.optimizer, headroom="64MiB", **kw)
+    plain = Tuner(wl.model, wl.sample, 64, optimizer=wl.optimizer, headroom="64MiB",
+                  budget_level="allocated", **kw)
     res = Tuner(wl.model, wl.sample, 64, optimizer=wl.optimizer, headroom="64MiB",
-                budget_level="reserved", nccl_bytes="100MiB", **kw)
+                nccl_bytes="100MiB", **kw)                  # the reserved level is the default
     assert plain.headroom_bytes == 64 * MiB and plain.reserved_model is None
-    assert Tuner(wl.model, wl.sample, 8).headroom_bytes == DEFAULT_HEADROOM[BudgetLevel.ALLOCATED]
-    assert Tuner(wl.model, wl.sample, 8, budget_level="reserved").headroom_bytes == 256 * MiB
+    assert res.budget_level is BudgetLevel.RESERVED and res.reserved_model is not None
+    assert Tuner(wl.model, wl.sample, 8).headroom_bytes == 256 * MiB
+    assert Tuner(wl.model, wl.sample, 8, budget_level="allocated").headroom_bytes == \
+        DEFAULT_HEADROOM[BudgetLevel.ALLOCATED] == 1024 * MiB
     a, r = plain.fit(), res.fit()
     for p in r.probes:
         assert p.allocated_peak_bytes is not None and p.reserved_bytes is not None
@@ -323,9 +326,11 @@ def test_allocator_environment_read_only_at_the_reserved_level(monkeypatch):
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")
     m = nn.Linear(2, 2)
-    assert Tuner(m, lambda b: torch.randn(b, 2), 8).reserved_model is None   # default level
-    with pytest.raises(SpecError, match="native"):
-        Tuner(m, lambda b: torch.randn(b, 2), 8, budget_level="reserved")
+    low = Tuner(m, lambda b: torch.randn(b, 2), 8, budget_level="allocated")
+    assert low.reserved_model is None                          # not read at the allocated level
+    for level in ({}, {"budget_level": "reserved"}):          # the reserved level is the default
+        with pytest.raises(SpecError, match="PYTORCH_CUDA_ALLOC_CONF: .*native.*--budget-level allocated"):
+            Tuner(m, lambda b: torch.randn(b, 2), 8, **level)
     t = Tuner(m, lambda b: torch.randn(b, 2), 8, budget_level="reserved",
               allocator="expandable_segments:True")
     assert t.reserved_model is not None and t.reserved_model.config.expandable_segments

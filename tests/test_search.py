@@ -506,7 +506,8 @@ def test_the_headline_gives_an_open_even_bracket_as_a_range():
     shape = workspace_jump()
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
     r = Tuner(model, lambda b: None, batch_size=256, objective="max_batch", max_probes=6,
-              backend=CurveBackend(shape), headroom=HEAD, verbose=False).fit()
+              backend=CurveBackend(shape), headroom=HEAD, verbose=False,
+              budget_level="allocated").fit()   # CurveBackend's peaks are allocated peaks
     calls = [list(p.chunk_sizes) for p in r.probes]
     lo = proven_even(shape, calls)
     assert r.even.open_bracket and r.even.batch_size == lo > 256
@@ -528,7 +529,7 @@ def test_no_even_split_known_to_fit_is_not_a_headline_figure():
     shape = workspace_jump(14 * GiB)
     r = Tuner(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), lambda b: None,
               batch_size=40000, objective="max_batch", max_probes=3, backend=CurveBackend(shape),
-              headroom=HEAD, verbose=False).fit()
+              headroom=HEAD, verbose=False, budget_level="allocated").fit()
     assert proven_even(shape, [list(p.chunk_sizes) for p in r.probes]) == 0
     assert r.even.open_bracket and not r.even.feasible
     assert r.even.at_most is not None and r.even.at_most >= best_even(shape)

@@ -69,7 +69,7 @@ def test_largest_batch_is_the_exhaustive_optimum(name, optimizer, start):
         warnings.simplefilter("ignore")
         r = Tuner(model, model.sample, batch_size=start * len(backend.devices),
                   optimizer=optimizer, objective="max_batch", headroom=HEADROOM, verbose=False,
-                  backend=backend).fit()
+                  backend=backend, budget_level="allocated").fit()   # the oracle's level
     m = 2 if has_batchnorm(model) else 1
     curves = brute.Curves(wl, m)
     budgets = r.budget_bytes
@@ -100,7 +100,7 @@ def test_balance_is_optimal_and_certified(name):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         r = Tuner(model, model.sample, batch_size=batch, optimizer=adamw, headroom=HEADROOM,
-                  verbose=False, backend=backend).fit()
+                  verbose=False, backend=backend, budget_level="allocated").fit()
     curves = brute.Curves(wl, 2 if has_batchnorm(model) else 1)
     opt = brute.balance_optimum(curves, r.budget_bytes, batch, r.chunk_sizes)
     assert brute.max_share(r.peak_bytes, r.budget_bytes) == pytest.approx(opt.max_share, rel=1e-9)
@@ -123,7 +123,8 @@ def test_output_device_auto_keeps_a_card_that_raises_the_largest_batch():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         r = Tuner(model, model.sample, batch_size=32, optimizer=adamw, objective="max_batch",
-                  headroom=HEADROOM, verbose=False, backend=backend, output_device="auto").fit()
+                  headroom=HEADROOM, verbose=False, backend=backend, output_device="auto",
+                  budget_level="allocated").fit()
     assert r.output_device == 1 and r.card0_output_batch_size is not None
     assert r.output_device_gain == r.batch_size - r.card0_output_batch_size > 0
     assert any("come back on card 1" in a and "targets.to(output.device)" in a for a in r.advice)

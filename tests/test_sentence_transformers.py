@@ -121,7 +121,8 @@ def test_sentence_transformers_trainer_is_tunable(tmp_path, bert_dir):
     trainer = make(SentenceTransformerTrainer, bert_dir, tmp_path, per_device=4)
     model, loss = trainer.model, trainer.loss
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    result = tune_trainer(trainer, simulate="2x24GB", verbose=False, max_probes=3)
+    result = tune_trainer(trainer, simulate="2x24GB", verbose=False, max_probes=3,
+                          budget_level="allocated")   # compared with the step's allocated peaks
     assert result.batch_size == 8 and len(result.chunk_sizes) == 2
     assert any("sgd (SGD)" in n for n in result.notes)
     # the Trainer, its loss and its model are as they were

@@ -79,7 +79,7 @@ def test_no_sample_message_is_the_same_for_cli_and_api(capsys):
 
 def test_from_spec_tunes_the_step_the_spec_describes():
     spec = WorkloadSpec(GPT, model_kwargs=SMALL, loss="cross_entropy", amp="bf16", accumulate=2)
-    result = Tuner.from_spec(spec, 8, simulate="2x2GB", verbose=False, max_probes=4).fit()
+    result = Tuner.from_spec(spec, 8, simulate="2x24GB", verbose=False, max_probes=4).fit()
     assert result.model_name == "TinyGPT" and sum(result.chunk_sizes) == 8
     assert (result.settings.amp, result.settings.accumulate) == ("bf16", 2)
     assert result.model is None          # a factory on the simulated cluster: nothing built

@@ -69,6 +69,7 @@ class SyntheticBackend:
 def tune(backend, batch_size=256, **kw) -> TuneResult:
     model = torch.nn.Linear(4, 2)
     kw.setdefault("verbose", False)
+    kw.setdefault("budget_level", "allocated")    # the synthetic peaks are allocated peaks
     return Tuner(model, lambda n: torch.randn(n, 4), batch_size=batch_size, backend=backend,
                  **kw).fit()
 

@@ -71,9 +71,17 @@ class AllocatorConfig:
 
     @classmethod
     def from_env(cls) -> "AllocatorConfig":
-        """From ``PYTORCH_ALLOC_CONF`` or, as torch also reads it, ``PYTORCH_CUDA_ALLOC_CONF``."""
-        return cls.parse(os.environ.get("PYTORCH_ALLOC_CONF")
-                         or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "")
+        """From ``PYTORCH_ALLOC_CONF`` or, as torch also reads it, ``PYTORCH_CUDA_ALLOC_CONF``;
+        options the model cannot follow raise :class:`SpecError` naming the variable and the
+        two ways on (the options to model given explicitly, or the allocated level)."""
+        name = "PYTORCH_ALLOC_CONF" if os.environ.get("PYTORCH_ALLOC_CONF") else "PYTORCH_CUDA_ALLOC_CONF"
+        try:
+            return cls.parse(os.environ.get(name) or "")
+        except SpecError as e:
+            raise SpecError(f"{name}: {e}; the reserved budget level (the default) models the "
+                            "allocator from it: give the options to model with allocator= "
+                            "(--allocator), or check the allocated peak with "
+                            "budget_level='allocated' (--budget-level allocated)") from None
 
     def to_conf(self) -> str:
         """Back to ``PYTORCH_CUDA_ALLOC_CONF`` syntax (defaults left out)."""

@@ -6,7 +6,8 @@ The simulator's ledger calls a hook for every storage it charges to a card or fr
 probe's step is another. :meth:`ReservedModel.predict` replays, per card, set-up + the step
 as warm-up + the step measured (peaks reset before it, as ``reset_peak_memory_stats`` after a
 warm-up step) through :mod:`dptune.backends.allocator`, and adds the fixed costs
-(:mod:`dptune.backends.fixed_costs`).
+(:mod:`dptune.backends.fixed_costs`). The replay depends only on the trace and the capacity, so
+cards of one type given the same work (their traces alike up to the ids' names) share one.
 
 Streams: a DataParallel step runs each replica on its card's current (default) stream, so
 every allocation is on stream 0 except the input chunks of a batch that starts on the host:
@@ -37,7 +38,7 @@ from dptune.errors import BackendUnavailableError, UsageError
 from dptune.units import format_bytes
 
 __all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "BudgetLevel",
-           "DEFAULT_HEADROOM", "parse_level", "level_settings", "real_cards_measured", "at_level", "advice_lines", "merge_rank_probes",
+           "DEFAULT_LEVEL", "DEFAULT_HEADROOM", "parse_level", "level_settings", "real_cards_measured", "at_level", "advice_lines", "merge_rank_probes",
            "predict_steps"]
 
 #: reserved over allocated by this share (and by at least 256 MiB) calls for the advice
@@ -85,6 +86,7 @@ class ReservedFigures:
     nccl_bytes: int
     expandable: Optional[tuple[AllocatorStats, ...]] = None   # when the gap is wide
     seconds: float = 0.0
+    replays: int = 0        # allocator replays run: one per distinct (capacity, trace), per mode
 
     @property
     def oom_card(self) -> Optional[int]:
@@ -122,13 +124,17 @@ class ReservedModel:
                 devices: Sequence[Device],
                 warmup: Optional[Sequence[Sequence[Sequence[Event]]]] = None) -> ReservedFigures:
         """Replay per card the set-up, the warm-up steps (``warmup``: per-card traces of each
-        step run before, in order; default: ``step`` once) and the measured ``step``."""
+        step run before, in order; default: ``step`` once) and the measured ``step``; once per
+        distinct (capacity, trace): like cards given like work share one replay."""
         t0 = time.perf_counter()
         nccl = self.fixed.nccl_for(len(devices))
         before = [step] if warmup is None else list(warmup)
 
-        def card(i: int, cap: int, cfg: AllocatorConfig) -> AllocatorStats:
-            traces = [setup[i], *(w[i] for w in before), step[i]]
+        replays = 0
+
+        def card(traces: Sequence[Sequence[Event]], cap: int, cfg: AllocatorConfig) -> AllocatorStats:
+            nonlocal replays
+            replays += 1
             s = replay(traces, cap, cfg, measure_from=len(traces) - 1)
             if not s.num_ooms:
                 return s
@@ -137,37 +143,60 @@ class ReservedModel:
             return dataclasses.replace(need, num_ooms=s.num_ooms, oom_event=s.oom_event,
                                        num_alloc_retries=s.num_alloc_retries)
 
+        # like cards (the same capacity, the same trace up to the ids' names) replay once
+        jobs = [(_canonical([setup[i], *(w[i] for w in before), step[i]]),
+                 max(0, d.available_bytes - nccl)) for i, d in enumerate(devices)]
+
         def run(cfg: AllocatorConfig) -> tuple[AllocatorStats, ...]:
-            return tuple(card(i, max(0, d.available_bytes - nccl), cfg)
-                         for i, d in enumerate(devices))
+            done: dict[tuple, AllocatorStats] = {}
+            for job in jobs:
+                if job not in done:
+                    done[job] = card(job[0], job[1], cfg)
+            return tuple(done[job] for job in jobs)
 
         stats = run(self.config)
         expandable = None
         if not self.config.expandable_segments and any(_wide(s) for s in stats):
             expandable = run(dataclasses.replace(self.config, expandable_segments=True))
         total = tuple(s.reserved_peak + d.context_bytes + nccl for s, d in zip(stats, devices))
-        return ReservedFigures(stats, total, nccl, expandable, time.perf_counter() - t0)
+        return ReservedFigures(stats, total, nccl, expandable, time.perf_counter() - t0, replays)
+
+
+def _canonical(traces: Sequence[Sequence[Event]]) -> tuple[tuple[Event, ...], ...]:
+    """The traces with their ids renamed 0, 1, 2, ... in order of first use: two cards whose
+    traces differ only in the ids' names (each card's storages have their own) replay alike,
+    as the replay uses an id only to pair a free with its malloc."""
+    names: dict[object, int] = {}
+    return tuple(tuple(Event(names.setdefault(ev.id, len(names)), ev.delta, ev.stream) for ev in t)
+                 for t in traces)
 
 
 # --------------------------------------------------------------------------------------------
 # The budget level: which figure the search checks against each card's budget
 # --------------------------------------------------------------------------------------------
 class BudgetLevel(str, Enum):
-    """``allocated``: the allocator's allocated peak (``max_memory_allocated``), the default.
-    ``reserved``: the reserved peak plus the fixed costs the budget does not already take out
-    (NCCL on the simulator; the CUDA context is in ``Device.context_bytes``), i.e. what runs
-    out on a card."""
+    """``reserved`` (the default, :data:`DEFAULT_LEVEL`): the caching allocator's reserved
+    peak plus the fixed costs the budget does not already take out (NCCL on the simulator;
+    the CUDA context is in ``Device.context_bytes``), i.e. what runs out on a card.
+    ``allocated``: the allocator's allocated peak (``max_memory_allocated``) alone, the
+    headroom covering the rest."""
 
     ALLOCATED = "allocated"
     RESERVED = "reserved"
 
 
+#: The level :class:`dptune.Tuner`, ``dptune search``, ``dptune plan`` (DDP and FSDP), the
+#: ``--lengths`` plans and the Hugging Face integration check by default: the one that runs
+#: out. ``budget_level="allocated"`` (``--budget-level allocated``) still checks the
+#: allocated peak.
+DEFAULT_LEVEL = BudgetLevel.RESERVED
+
 #: The headroom each level leaves by default. At ``allocated`` 1 GiB covers fragmentation
 #: (the reserved-but-free memory), NCCL's buffers and what else is not modelled. At
-#: ``reserved`` fragmentation and NCCL are predicted, so 768 MiB less is kept: 256 MiB for
-#: what is still not modelled (cuDNN's per-algorithm workspaces, DataParallel's 10 MiB
-#: coalesced broadcast/reduce buckets, blocks held back by record_stream on the scatter's
-#: side stream, the driver's own rounding).
+#: ``reserved`` (the default) fragmentation and NCCL are predicted, so the default shrinks
+#: by 768 MiB, to 256 MiB for what is still not modelled (cuDNN's per-algorithm workspaces,
+#: DataParallel's 10 MiB coalesced broadcast/reduce buckets, blocks held back by
+#: record_stream on the scatter's side stream, the driver's own rounding).
 DEFAULT_HEADROOM = {BudgetLevel.ALLOCATED: 1024 * 1024 * 1024, BudgetLevel.RESERVED: 256 * 1024 * 1024}
 
 
@@ -217,8 +246,9 @@ def at_level(r: ProbeResult, devices: Sequence[Device], level: BudgetLevel) -> P
         return r
     if r.reserved_bytes is None:
         raise BackendUnavailableError(
-            "budget level 'reserved' needs reserved figures, and this backend gave none; "
-            "use the default level 'allocated'")
+            "budget level 'reserved' (the default) needs reserved figures, and this backend gave "
+            "none: give budget_level='allocated' (--budget-level allocated), or build a simulated "
+            "backend with reserved=ReservedModel()")
     if r.total_bytes is not None:
         peaks = tuple(t - d.context_bytes for t, d in zip(r.total_bytes, devices))
     else:

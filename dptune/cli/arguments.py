@@ -126,8 +126,8 @@ def workload_arguments(p: argparse.ArgumentParser, *, batch_default: Optional[in
 
 def headroom_argument(group: Any) -> None:
     group.add_argument("--headroom", type=headroom_arg, default=None, metavar="SIZE",
-                       help="memory kept free on every card, e.g. 512MiB (default 1GiB at "
-                            "--budget-level allocated, 256MiB at reserved)")
+                       help="memory kept free on every card, e.g. 512MiB (default 256MiB at "
+                            "--budget-level reserved, the default; 1GiB at allocated)")
 
 
 def objective_argument(group: Any, help: str) -> None:

@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any, Optional
 
+from dptune.backends.reserved import DEFAULT_LEVEL
 from dptune.cli.arguments import (EPILOG, headroom_argument, objective_argument, step_arguments,
                                   workload_arguments, workload_spec)
 from dptune.cli_checks import (check_cards, check_level_flags, check_plan_out, level_arguments,
@@ -23,7 +24,7 @@ __all__ = ["ddp_plan", "plan_parser"]
 def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
              simulate: str = "4x24GB", objective: Optional[str] = None,
              headroom_bytes: Optional[int] = None, bucket_cap_mb: Optional[float] = None,
-             gradient_as_bucket_view: bool = False, budget_level: str = "allocated",
+             gradient_as_bucket_view: bool = False, budget_level: str = DEFAULT_LEVEL.value,
              allocator: Optional[str] = None, nccl_bytes: Optional[int] = None,
              strategy: str = "ddp", reshard_after_forward: bool = True,
              mp_param_dtype: Optional[str] = None) -> Any:

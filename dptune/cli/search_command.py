@@ -12,6 +12,7 @@ import pathlib
 import sys
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
+from dptune.backends.reserved import DEFAULT_LEVEL
 from dptune.cli.arguments import (DEFAULT_BATCH_SIZE, EPILOG, headroom_argument,
                                   objective_argument, step_arguments, workload_arguments,
                                   workload_spec)
@@ -31,7 +32,7 @@ def search(spec: WorkloadSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
            devices: Optional[Sequence[int]] = None, simulate: Optional[str] = None,
            objective: str = "balance", headroom_bytes: Optional[int] = None, max_probes: int = 12,
            verbose: bool = True, isolate: bool = False,
-           output_device: Union[int, str] = 0, budget_level: str = "allocated",
+           output_device: Union[int, str] = 0, budget_level: str = DEFAULT_LEVEL.value,
            allocator: Optional[str] = None, nccl_bytes: Optional[int] = None,
            global_batch: Optional[int] = None) -> "TuneResult":
     """``dptune search`` without the printing: :meth:`dptune.Tuner.from_spec`, then ``fit``.
@@ -81,11 +82,8 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
     if not isinstance(trainer, transformers.Trainer):
         raise UsageError(f"--hf-trainer {make_trainer}() returned a {type(trainer).__name__}, "
                          "not a transformers.Trainer")
-    from dptune.backends.reserved import DEFAULT_HEADROOM, parse_level
     from dptune.integrations.transformers import tune_trainer
 
-    if headroom_bytes is None:   # the level's default (tune_trainer's own is the allocated one)
-        headroom_bytes = DEFAULT_HEADROOM[parse_level(levels.get("budget_level", "allocated"))]
     return tune_trainer(trainer, objective=objective, simulate=cluster, headroom=headroom_bytes,
                         batch_size=batch_size, device_ids=list(devices) if devices else None,
                         max_probes=max_probes, verbose=verbose, **levels)

@@ -21,9 +21,12 @@ one, :func:`default_shard` shards every block of the model's outermost ``ModuleL
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from dptune.backends.fixed_costs import FixedCosts
+from dptune.backends.reserved import BudgetLevel, at_level
 from dptune.errors import UsageError
 
 __all__ = ["FSDPOptions", "default_shard", "repeated_blocks", "mixed_precision", "SimulatedFSDPProber",
@@ -114,7 +117,7 @@ class SimulatedFSDPProber:
     _GROUP = "fsdp-group"
 
     def __init__(self, workload: Any, cluster: Any, rank: int, options: FSDPOptions,
-                 headroom_bytes: int, host: Optional[str], shared: dict):
+                 headroom_bytes: int, host: Optional[str], shared: dict, reserved: Any = None):
         import torch.distributed as dist
 
         from dptune.backends.simulated.ddp import card_of
@@ -131,8 +134,12 @@ class SimulatedFSDPProber:
         card = ("fsdp", cluster.names[rank])
         try:
             if card not in shared:
+                # at the reserved level NCCL's buffers as for a world of all the ranks
+                model = None if reserved is None else dataclasses.replace(
+                    reserved, fixed=FixedCosts(reserved.fixed.nccl_for(len(cluster))))
                 shared[card] = (SimulatedFSDPRank(workload, card_of(cluster, rank), len(cluster),
-                                                  options.shard_fn(), group=shared[self._GROUP][0]), {})
+                                                  options.shard_fn(), group=shared[self._GROUP][0],
+                                                  reserved=model), {})
         except BaseException:
             self._release()
             raise
@@ -151,7 +158,10 @@ class SimulatedFSDPProber:
 
     def probe(self, batch_size: int) -> Optional[int]:
         if batch_size not in self._memo:
-            self._memo[batch_size] = self.backend.estimate([batch_size]).peak_bytes[0]
+            self._memo[batch_size] = (
+                self.backend.estimate([batch_size]).peak_bytes[0] if self.backend.reserved is None
+                else at_level(self.backend.probe([batch_size]), [self.device],
+                              BudgetLevel.RESERVED).peak_bytes[0])
         return self._memo[batch_size]
 
     def close(self) -> None:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 from dptune.backends.allocator_config import AllocatorConfig
-from dptune.backends.reserved import BudgetLevel
+from dptune.backends.reserved import DEFAULT_LEVEL, BudgetLevel
 from dptune.ddp.group import Group, LocalGroup, TorchGroup
 from dptune.ddp.probers import Prober, SimulatedProber, local_cuda_prober
 from dptune.ddp.ranks import RankInfo
@@ -95,7 +95,7 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
          gradient_as_bucket_view: bool = False, max_rounds: int = 16,
          device: Optional[int] = None, strategy: str = "ddp", shard: Optional[Callable] = None,
          reshard_after_forward: bool = True, mp_policy: Any = None,
-         budget_level: str = "allocated", allocator: Union[str, AllocatorConfig, None] = None,
+         budget_level: str = DEFAULT_LEVEL.value, allocator: Union[str, AllocatorConfig, None] = None,
          nccl_bytes: Union[int, str, None] = None, **step_options: Any) -> DDPPlan:
     """Per-rank batch sizes for ``DistributedDataParallel`` on unequal cards.
 
@@ -112,10 +112,11 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
       process group the whole plan is made in this process; inside a ``torchrun`` job rank
       r simulates card r. Inside a job without ``simulate``, each rank probes its own CUDA
       card (``device``, default ``torch.cuda.current_device()``): call ``plan`` on every rank.
-    - ``headroom``: kept free on every card (default 1 GiB, 256 MiB at the reserved level);
+    - ``headroom``: kept free on every card (default 256 MiB at the reserved level, the
+      default; 1 GiB at ``budget_level="allocated"``);
       ``bucket_cap_mb``, ``gradient_as_bucket_view``: the DDP arguments you will use.
     - ``budget_level``, ``allocator``, ``nccl_bytes``: as :class:`dptune.Tuner`'s; at
-      ``"reserved"`` each rank's peak is the caching allocator's reserved peak plus NCCL's
+      ``"reserved"`` (the default) each rank's peak is the caching allocator's reserved peak plus NCCL's
       buffers (simulated ranks: the allocator model; real cards: ``max_memory_reserved``).
     - ``strategy="fsdp"``: the model is sharded with FSDP2 (``fully_shard``) instead, by
       ``shard(model, mesh)`` or by default each ``ModuleList`` block then the root with
@@ -215,7 +216,7 @@ def _prober(workload: Any, settings: Settings, job: _Job, r: int, fsdp: Any, sha
         from dptune.ddp.fsdp import SimulatedFSDPProber
 
         return SimulatedFSDPProber(workload, job.cluster, r, fsdp, budget.headroom_bytes, job.host,
-                                   shared)
+                                   shared, budget.reserved)
     if job.cluster is not None:
         return SimulatedProber(workload, job.cluster, r, settings.ddp, budget.headroom_bytes,
                                job.host, shared, budget.reserved)

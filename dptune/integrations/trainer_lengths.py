@@ -49,7 +49,7 @@ class TrainerLengthSample:
 
 
 def plan_trainer_lengths(trainer: Any, buckets: Any = 8, *, simulate: Any = None,
-                         headroom: Any = "1GiB", **options: Any) -> Any:
+                         headroom: Any = None, **options: Any) -> Any:
     """A :class:`dptune.lengths.LengthPlan` for a ``transformers.Trainer``: the train
     dataset's lengths, batches from its own examples and collator at each bucket's length,
     its model, optimizer and step settings (as :func:`tune_trainer` reads them). ``options``

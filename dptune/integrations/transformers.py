@@ -370,7 +370,7 @@ def _entered(modes: list, amp_dtype: Any) -> Iterator[None]:
 
 
 def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = None,
-                 headroom: Union[int, str] = "1GiB", batch_size: Optional[int] = None,
+                 headroom: Union[int, str, None] = None, batch_size: Optional[int] = None,
                  **tuner_options: Any) -> "TuneResult":
     """Tune the DataParallel split of a ``transformers.Trainer``'s own training step.
 
@@ -388,7 +388,8 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
       (:class:`TrainerLoss`), with label smoothing, ``compute_loss_func`` or a subclass's
       ``compute_loss``; ``loss_fn=`` or ``step=`` replaces it.
     - ``tuner_options`` go to :class:`dptune.Tuner` (``device_ids``, ``max_probes``,
-      ``verbose``, ``loss_fn``, ``optimizer``, ...).
+      ``verbose``, ``loss_fn``, ``optimizer``, ``budget_level``, ...); ``headroom`` ``None``:
+      the budget level's default (256 MiB at the default level, reserved).
 
     Returns a :class:`~dptune.TuneResult`; pass it to :class:`BalancedTrainer` as ``tuned=``.
     The Trainer, its model and its arguments are left as they were.

@@ -104,12 +104,10 @@ def run(args: argparse.Namespace, spec: Any) -> int:
         raise UsageError("--lengths gathers the outputs on card 0; drop --output-device")
     if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
         raise UsageError(f"--pad-to-multiple-of must be >= 1, got {args.pad_to_multiple_of}")
-    if getattr(args, "budget_level", "allocated") != "allocated":
-        raise UsageError("--lengths plans at the allocated level only for now; drop --budget-level "
-                         "(the headroom covers the allocator's cache)")
-    from dptune.backends.reserved import DEFAULT_HEADROOM, BudgetLevel
-
-    headroom = DEFAULT_HEADROOM[BudgetLevel.ALLOCATED] if args.headroom is None else args.headroom
+    # the budget level and its default headroom as for search (each bucket's probe replayed)
+    levels = {k: getattr(args, k) for k in ("budget_level", "allocator", "nccl_bytes")
+              if getattr(args, k, None) is not None}
+    headroom = args.headroom
     lengths = _read(args.lengths)
     wl = spec.build()
     sample, longest = length_sample(wl.sample, args.length_axis)
@@ -121,7 +119,8 @@ def run(args: argparse.Namespace, spec: Any) -> int:
                         batch_size=args.batch_size or 256, max_probes=max(args.max_probes, 16),
                         amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
                         step=wl.step, ddp=args.ddp, verbose=not args.quiet,
-                        objective="throughput" if args.objective == "throughput" else "max_batch")
+                        objective="throughput" if args.objective == "throughput" else "max_batch",
+                        **levels)
     folder = pathlib.Path(args.out) if args.out else _default_dir(plan.model_name, plan.cluster)
     write_plan_report(plan, str(folder), lengths, plots=not args.no_plots)
     if args.json:

@@ -24,11 +24,11 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from dptune import search
 from dptune.backends.base import Backend, ProbeResult
+from dptune.backends.reserved import DEFAULT_LEVEL, BudgetLevel, at_level, level_settings
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.lengths.buckets import Buckets, assign, bucket_edges
 from dptune.lengths.plan import BucketPlan, LengthPlan
 from dptune.split import scale_split
-from dptune.units import parse_bytes
 
 __all__ = ["LengthSample", "BucketSearch", "search_buckets", "plan_lengths", "next_split"]
 
@@ -174,26 +174,40 @@ class _DDPRanks:
     """The probe interface over DDP ranks on the simulated cluster, for
     :func:`dptune.search.run`: rank ``r`` runs its own step at ``split[r]`` (nothing gathered,
     so no rank depends on the batch); a rank given no samples costs nothing here (DDP needs
-    every rank: an answer with an empty rank is refused by the caller)."""
+    every rank: an answer with an empty rank is refused by the caller). With ``reserved``
+    (an allocator model) each rank's peak is at the reserved level: its own probe's trace
+    replayed, NCCL's buffers as for a world of all the ranks; the allocated peaks are kept in
+    ``allocated_peak_bytes``, as :func:`dptune.backends.reserved.at_level` does."""
 
     kind = "simulated"
 
-    def __init__(self, workload: Any, cluster: Any):
+    def __init__(self, workload: Any, cluster: Any, reserved: Any = None):
         from dptune.backends.simulated_ddp import SimulatedDDP
 
-        self.sim = SimulatedDDP(workload, cluster)
+        self.sim = SimulatedDDP(workload, cluster, reserved=reserved)
         self.devices = self.sim.devices
 
     def describe(self) -> str:
         return self.sim.describe()
 
+    def _peaks(self, r: int, b: int) -> tuple[int, int]:
+        """Rank ``r``'s (allocated, budget-level) peaks at local batch ``b``."""
+        if b <= 0:
+            return 0, 0
+        if self.sim.reserved is None:
+            peak = self.sim.rank(r).estimate([b]).peak_bytes[0]
+            return peak, peak
+        p = at_level(self.sim.rank(r).probe([b]), [self.devices[r]], BudgetLevel.RESERVED)
+        return p.allocated_peak_bytes[0], p.peak_bytes[0]     # type: ignore[index]
+
     def probe(self, split: Sequence[int]) -> ProbeResult:
-        peaks = [self.sim.rank(r).estimate([b]).peak_bytes[0] if b > 0 else 0
-                 for r, b in enumerate(split)]
+        both = [self._peaks(r, b) for r, b in enumerate(split)]
+        peaks = [p for _, p in both]
         over = [(p - d.available_bytes) / d.available_bytes for p, d in zip(peaks, self.devices)]
         worst = max(range(len(over)), key=lambda i: over[i])
         return ProbeResult(tuple(split), tuple(peaks), oom_device=worst if over[worst] > 0 else None,
-                           note="simulated DDP")
+                           note="simulated DDP", allocated_peak_bytes=(
+                               None if self.sim.reserved is None else tuple(a for a, _ in both)))
 
     def close(self) -> None:
         self.sim.close()
@@ -233,17 +247,35 @@ def _min_chunk(workload: Any) -> int:
         return 1
 
 
+def _level_notes(level: BudgetLevel, simulated: bool, allocator: Any, nccl_bytes: Any) -> list[str]:
+    """The note saying which level the budgets were checked against (and the refusal of
+    allocator-model options where real cards are measured)."""
+    from dptune.backends.reserved import real_cards_measured
+
+    given = [n for n, v in (("allocator", allocator), ("nccl_bytes", nccl_bytes)) if v is not None]
+    if given and not simulated:
+        raise UsageError(real_cards_measured(given))
+    if level is BudgetLevel.ALLOCATED:
+        return []
+    return ["budgets checked against the reserved level: each bucket's peaks are the caching "
+            "allocator's reserved peak plus NCCL's buffers" + (
+                ", predicted by a model of the allocator, not yet checked on hardware"
+                if simulated else " (max_memory_reserved)")]
+
+
 def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterable[int],
                  buckets: Buckets = 8, *, loss_fn: Optional[Callable[[Any, Any], Any]] = None,
                  optimizer: Optional[Callable[..., Any]] = None, simulate: Any = None,
-                 device_ids: Optional[Sequence[int]] = None, headroom: Union[int, str] = "1GiB",
+                 device_ids: Optional[Sequence[int]] = None, headroom: Union[int, str, None] = None,
                  pad_to_multiple_of: Optional[int] = None, length_axis: int = 1,
                  max_length: Optional[int] = None, batch_size: int = 256, max_probes: int = 16,
                  tolerance: float = 0.02, amp: Optional[str] = None, accumulate: int = 1,
                  clip_grad_norm: Optional[float] = None,
                  step: Optional[Callable[[Any, Any, Any], None]] = None,
                  from_neighbour: bool = True, ddp: bool = False,
-                 verbose: bool = False, objective: str = "max_batch") -> LengthPlan:
+                 verbose: bool = False, objective: str = "max_batch",
+                 budget_level: str = DEFAULT_LEVEL.value,
+                 allocator: Any = None, nccl_bytes: Union[int, str, None] = None) -> LengthPlan:
     """For every bucket of ``lengths``, the largest DataParallel batch that fits each card at
     the bucket's longest (padded) length, and its per-card split (a :class:`LengthPlan`).
 
@@ -258,6 +290,9 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     Where the backend times its steps, the plan's notes give each bucket's tokens per second
     and the epoch's (:mod:`dptune.lengths.speed`); ``objective="throughput"`` splits each
     bucket's batch for the shortest step that fits.
+    ``budget_level``, ``allocator``, ``nccl_bytes`` and the default ``headroom`` are as for
+    :class:`dptune.Tuner`: at ``"reserved"`` (the default) each bucket's probe is replayed
+    through the allocator model (simulated cards) or measured (``max_memory_reserved``).
     """
     from dptune.lengths.speed import plan_speed
     from dptune.tuner import _build_backend, _timed, choose_backend
@@ -269,10 +304,7 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     counts = [0] * len(edges)
     for k in assign(data, edges, pad_to_multiple_of):
         counts[k] += 1
-    try:
-        headroom_bytes = parse_bytes(headroom)
-    except ValueError as e:
-        raise UsageError(f"headroom: {e}") from None
+    level, headroom_bytes, reserved = level_settings(budget_level, headroom, allocator, nccl_bytes)
     ls = LengthSample(sample, length_axis, edges[0])
     wl = Workload(model=model, sample=ls, loss_fn=loss_fn, optimizer=optimizer, amp=amp,
                   accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step)
@@ -283,13 +315,16 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     if objective not in ("max_batch", "throughput") or (ddp and objective == "throughput"):
         raise UsageError(f"objective={objective!r}: a length plan takes 'max_batch' (the largest "
                          "batch per bucket) or 'throughput' (its fastest split; DataParallel only)")
-    backend: Backend = _DDPRanks(wl, choice.cluster) if ddp else _timed(_build_backend(wl, choice))
+    notes = ([choice.notice] if choice.notice else []) + _level_notes(
+        level, choice.simulated, allocator, nccl_bytes)
+    backend: Backend = (_DDPRanks(wl, choice.cluster, reserved) if ddp
+                        else _timed(_build_backend(wl, choice, reserved=reserved)))
     budgets = [d.budget_bytes(headroom_bytes) for d in backend.devices]
-    notes = [choice.notice] if choice.notice else []
 
     def probe_at(length: int, split: Sequence[int]) -> ProbeResult:
         ls.length = length
-        return backend.probe(split)
+        r = backend.probe(split)
+        return r if ddp else at_level(r, backend.devices, level)
 
     def said(s: BucketSearch) -> None:
         if verbose:

@@ -1,7 +1,7 @@
 """The three memory figures of a card in a report, and the budget level the search checked.
 
-A probe's ``peak_bytes`` is the figure checked against each budget: the allocated peak at the
-default level ``allocated``, the reserved peak plus NCCL's buffers at ``reserved``
+A probe's ``peak_bytes`` is the figure checked against each budget: the reserved peak plus
+NCCL's buffers at ``reserved`` (the default), the allocated peak at ``allocated``
 (:func:`dptune.backends.reserved.at_level`, which then keeps the allocated peak in
 ``allocated_peak_bytes``). Where the probe also carries the allocator's figures (the
 allocator model on simulated cards at the reserved level; ``max_memory_reserved`` and NVML

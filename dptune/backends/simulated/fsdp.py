@@ -111,19 +111,23 @@ class SimulatedFSDPRank(SimulatedBackend):
     shards each block of a ``ModuleList`` then the root). ``estimate([b])`` and
     ``probe([b])`` work as for a one-card :class:`SimulatedBackend`, ``b`` being this
     rank's local batch. ``group`` is a :class:`FakeGroup` to use (default: one made on
-    first use and closed by :meth:`close`).
+    first use and closed by :meth:`close`). ``reserved`` (a
+    :class:`~dptune.backends.reserved.ReservedModel`): ``probe`` also replays the rank's trace
+    through the allocator model (a storage FSDP2 resizes is a free and a new block there);
+    FSDP2's all-gather and reduce-scatter streams are not modelled (every block on stream 0).
     """
 
     supports_output_device = False
 
     def __init__(self, workload: Workload, card: Union[str, Cluster], world_size: int,
-                 shard: ShardFn, *, rank: int = 0, group: Optional[FakeGroup] = None):
+                 shard: ShardFn, *, rank: int = 0, group: Optional[FakeGroup] = None,
+                 reserved: Any = None):
         cluster = parse_cluster(card)
         if len(cluster) != 1:
             raise UsageError(f"an FSDP rank runs on one card; {cluster.describe()!r} has {len(cluster)}")
         if not callable(shard):
             raise UsageError(f"shard must be a function shard(model, mesh), got {type(shard).__name__}")
-        super().__init__(workload, cluster)
+        super().__init__(workload, cluster, reserved=reserved)   # reserved: a ReservedModel
         self.world_size, self.rank, self.shard = world_size, rank, shard
         self._group, self._owns_group = group, group is None
 
