@@ -232,6 +232,11 @@ class Tuner:
     def budget_level(self) -> BudgetLevel:
         return self.settings.budget.level
 
+    @property
+    def reserved_model(self) -> Optional[ReservedModel]:
+        """The allocator model at the reserved level on simulated cards (else ``None``)."""
+        return self.settings.budget.reserved
+
     @classmethod
     def from_spec(cls, spec: WorkloadSpec, batch_size: int = 256, *, isolate: bool = False,
                   device_ids: Optional[Sequence[int]] = None, simulate: Any = None,

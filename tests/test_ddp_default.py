@@ -84,7 +84,9 @@ def _exact_cap(model, spec: str, rank: int, headroom: int) -> int:
 
 def test_default_where_memory_binds_caps_that_rank_and_says_so():
     spec = "2x24GB,24GB,used=2:23.5GB"      # rank 2 has 0.5 GB: the batch does not fit there
-    plan = ddp.plan(wide(), vectors, optimizer=adamw, global_batch=9000, simulate=spec, headroom=0)
+    # the allocated level: the cap's oracle bisects the simulator's allocated peaks
+    plan = ddp.plan(wide(), vectors, optimizer=adamw, global_batch=9000, simulate=spec, headroom=0,
+                    budget_level="allocated")
     b = plan.batch_sizes
     cap = _exact_cap(wide, spec, 2, 0)
     assert sum(b) == 9000 and cap < 3000

@@ -142,7 +142,7 @@ def test_every_objective_a_search_writes_can_be_read_back(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = Tuner(model, model.sample, batch_size=16, objective="throughput",
-                       simulate="2x2GB", verbose=False).fit()
+                       simulate="2x8GB", verbose=False).fit()
     assert result.objective == "throughput"
     write_report(result, tmp_path / "r", plots=False)
     back = load_result(tmp_path / "r")
