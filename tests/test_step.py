@@ -234,7 +234,7 @@ def test_attention_under_autocast_is_chosen_on_the_cast_inputs():
 
 # ---- the same step on the real-GPU backend (against the fake CUDA runtime) ---------------------
 def _cuda_probe(wl, sizes=(4, 4)):
-    from test_cuda_backend import FakeRuntime
+    from tests.backends.cuda.test_cuda_backend import FakeRuntime
 
     from dptune.backends.cuda import CudaBackend
 

@@ -12,8 +12,8 @@ import pytest
 from dptune.report import render_summary, render_table
 from dptune.search.observations import Bracket
 from golden_check import assert_golden
-from test_report import make_result
-from test_report_levels import reserved_result
+from tests.report.test_report import make_result
+from tests.report.test_report_levels import reserved_result
 
 
 def certified(r):

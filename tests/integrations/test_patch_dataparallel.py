@@ -124,7 +124,7 @@ def test_a_users_subclass_of_the_stand_in_builds_itself():
 
 
 def test_accepts_a_result_a_report_folder_or_a_list(tmp_path):
-    from test_result_wrap import write_report  # the shared report fixture
+    from tests.test_result_wrap import write_report  # the shared report fixture
 
     from dptune.result import TuneResult
 

@@ -4,7 +4,7 @@ memory does not change keep their brackets, and the even baseline is not asked a
 from __future__ import annotations
 
 import pytest
-from test_search import HARD, TYPICAL, CurveBackend, best_batch, budgets, measured_within
+from tests.search.test_search import HARD, TYPICAL, CurveBackend, best_batch, budgets, measured_within
 
 from dptune import search
 
@@ -32,7 +32,7 @@ def test_prior_probes_and_no_baseline_still_exact_and_cheaper(shape):
 def test_prior_points_never_imply_an_even_split():
     """Points from another search narrow brackets but are not this search's evidence for the
     even baseline (fit_witness names this search's probes only)."""
-    from test_search import mlp
+    from tests.search.test_search import mlp
 
     from dptune.search.observations import Observations
 

@@ -17,7 +17,7 @@ from dptune.report import (plot_kinds, plot_result, probes_table, read_report, r
 from dptune.result import Fit, SplitFigures, TuneResult, imbalance
 from dptune.units import GiB
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A synthetic DataParallel step on 4 x 24 GiB cards: every card holds a replica's weights and
 # gradients and pays ACT bytes per sample; card 0 also holds the optimizer state and the

@@ -12,7 +12,7 @@ from dptune.backends.base import Device
 from dptune.report import figure_dpi, highest_peak, plot_kinds, plot_result
 from dptune.result import TuneResult
 from plot_check import text_problems
-from test_report import make_result
+from tests.report.test_report import make_result
 
 
 def scaled(r: TuneResult, k: int) -> TuneResult:

@@ -17,7 +17,7 @@ from sentence_transformers import (
 from sentence_transformers.base.modules.transformer import Transformer
 from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 from sentence_transformers.sentence_transformer.modules import Pooling
-from test_hf_trainer import fake_gpus  # noqa: F401  (the fixture)
+from tests.integrations.test_hf_trainer import fake_gpus  # noqa: F401  (the fixture)
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import datasets

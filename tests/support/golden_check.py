@@ -1,7 +1,7 @@
-"""Golden text files (tests/golden/*): the renderers' whole output, compared line by line.
+"""Golden text files (tests/report/golden/*): the renderers' whole output, compared line by line.
 
-``DPTUNE_UPDATE_GOLDEN=1 pytest tests/test_golden.py`` rewrites them from the current code;
-read the diff (``git diff tests/golden``) before committing it.
+``DPTUNE_UPDATE_GOLDEN=1 pytest tests/report/test_golden.py`` rewrites them from the current code;
+read the diff (``git diff tests/report/golden``) before committing it.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import difflib
 import os
 from pathlib import Path
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "report" / "golden"
 UPDATE = os.environ.get("DPTUNE_UPDATE_GOLDEN") == "1"
 
 
 def assert_golden(name: str, text: str) -> None:
-    """``text`` equals tests/golden/``name`` (or rewrites it when DPTUNE_UPDATE_GOLDEN=1)."""
+    """``text`` equals tests/report/golden/``name`` (or rewrites it when DPTUNE_UPDATE_GOLDEN=1)."""
     path = GOLDEN / name
     if UPDATE:
         path.write_text(text, encoding="utf-8")

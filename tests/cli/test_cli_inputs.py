@@ -24,7 +24,7 @@ from dptune.errors import EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, NoFeasibleSplitError
 from dptune.report import write_report
 from dptune.units import parse_bytes
 
-from test_report import make_result
+from tests.report.test_report import make_result
 
 MODEL = '''
 import torch
@@ -297,7 +297,7 @@ def test_argparse_errors_are_one_line(argv, fragment, where, capsys):
 
 TRAINER_MODULE = '''
 import transformers
-from test_hf_trainer import TokenData, tiny_gpt2
+from tests.integrations.test_hf_trainer import TokenData, tiny_gpt2
 
 
 class OwnLoss(transformers.Trainer):

@@ -22,9 +22,9 @@ from dptune.errors import UsageError
 from dptune.report import report_dict, write_report
 from dptune.result import TuneResult
 
-from test_report import make_result
+from tests.report.test_report import make_result
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # dptune's own source folder: no frame of it may show in a user's traceback (the checkout's own
 # folder may well be called dptune, and hold the venv whose torch frames are shown)
 PACKAGE_DIR = str(Path(cli.__file__).resolve().parent) + os.sep

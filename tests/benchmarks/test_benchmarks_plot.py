@@ -10,7 +10,7 @@ import pytest
 
 from plot_check import text_problems
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "reports" / "benchmarks" / "results.csv"
 
 

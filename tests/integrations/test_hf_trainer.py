@@ -296,7 +296,7 @@ def test_a_split_for_other_cards_is_refused(tmp_path):
 
 
 def test_report_folder_as_tuned(tmp_path, fake_gpus):
-    from test_result_wrap import write_report
+    from tests.test_result_wrap import write_report
 
     folder = write_report(tmp_path / "rep", [1, 3, 3, 3])
     t = make_trainer(BalancedTrainer, MeanLossNet(), four_gpu_args(tmp_path, max_grad_norm=0.0),
@@ -375,7 +375,7 @@ def test_tune_trainer_batch_size_and_errors(tmp_path):
 
 TRAINER_MODULE = '''
 import torch, transformers
-from test_hf_trainer import TokenData, tiny_gpt2
+from tests.integrations.test_hf_trainer import TokenData, tiny_gpt2
 
 def make_trainer():
     args = transformers.TrainingArguments(
@@ -470,7 +470,7 @@ def test_real_gpus_balanced_trainer_matches_one_device(tmp_path):
 def _report_with(tmp_path, name, settings):
     import dataclasses
 
-    from test_result_wrap import write_report
+    from tests.test_result_wrap import write_report
 
     from dptune.result import TuneResult
 

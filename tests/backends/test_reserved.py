@@ -287,7 +287,7 @@ def test_real_card_probe_reports_torch_key_names_and_the_reserved_level():
     # the CUDA backend on test_cuda_backend's fake runtime: its measured figures under
     # torch.cuda.memory_stats()'s names, and the reserved level checks max_memory_reserved
     from dptune.backends.reserved import BudgetLevel, at_level
-    from test_cuda_backend import FakeRuntime, backend as cuda_backend
+    from tests.backends.cuda.test_cuda_backend import FakeRuntime, backend as cuda_backend
 
     rt = FakeRuntime()
     b = cuda_backend(rt)

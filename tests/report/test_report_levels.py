@@ -30,7 +30,7 @@ from dptune.result import TuneResult, imbalance
 from dptune.units import GiB, MiB, format_bytes
 
 from plot_check import text_problems
-from test_report import make_result
+from tests.report.test_report import make_result
 
 NCCL = GiB
 CONTEXT = 300 * MiB

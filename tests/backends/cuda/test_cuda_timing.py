@@ -12,7 +12,7 @@ from dptune.backends.cuda import CudaBackend
 from dptune.timing import TimeSource
 from dptune.units import GiB, MiB
 
-from test_cuda_backend import FakeRuntime, MemStep, tiny_workload
+from tests.backends.cuda.test_cuda_backend import FakeRuntime, MemStep, tiny_workload
 
 
 class SlowStep(MemStep):

@@ -9,7 +9,7 @@ import pytest
 from dptune.cli import main
 from dptune.errors import EXIT_NO_FIT, EXIT_OK, EXIT_USAGE
 
-BASE = ["search", "--model", "tests.lengths_models:gpt", "--simulate",
+BASE = ["search", "--model", "tests.support.lengths_models:gpt", "--simulate",
         "2x394MB,context=384MiB", "--headroom", "0", "--optimizer", "none"]
 SHAPE = ["--input-shape", "128", "--dtype", "long", "--vocab-size", "500"]
 
@@ -41,7 +41,7 @@ def test_table_and_report(tmp_path, lengths_file, capsys):
 
 
 def test_printed_lines_one_per_bucket(tmp_path, lengths_file, capsys):
-    code = main(BASE + ["--sample", "tests.lengths_models:batch", "--lengths", str(lengths_file),
+    code = main(BASE + ["--sample", "tests.support.lengths_models:batch", "--lengths", str(lengths_file),
                         "--buckets", "2", "--out", str(tmp_path / "r"), "--no-plots"])
     assert code == EXIT_OK
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("length <= ")]
@@ -61,7 +61,7 @@ def test_bad_lengths_exit_2(tmp_path, capsys, content, match):
 
 
 def test_sample_ignoring_the_length_exits_2(tmp_path, lengths_file, capsys):
-    code = main(BASE + ["--sample", "tests.lengths_models:ignores_length",
+    code = main(BASE + ["--sample", "tests.support.lengths_models:ignores_length",
                         "--lengths", str(lengths_file), "--out", str(tmp_path / "r")])
     assert code == EXIT_USAGE
     assert "must build its batch at the length" in capsys.readouterr().err
