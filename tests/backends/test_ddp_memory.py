@@ -13,6 +13,7 @@ from dptune.backends.simulated import estimate_memory, parse_cluster
 from dptune.backends.simulated_ddp import SimulatedDDP, estimate_ddp_memory
 from dptune.errors import UsageError
 from dptune.workload import Workload
+from tiny_models import HID, IN, OUT, mlp, sample  # the hand-counted MLP (tests/support)
 
 R = 512
 
@@ -73,20 +74,11 @@ def test_options_are_checked():
 
 
 # ---- the simulated rank, counted by hand ---------------------------------------------------
-IN, HID, OUT = 1000, 2000, 10
 W1, W2 = IN * HID * 4, HID * OUT * 4          # bytes of each weight (and of its gradient)
 W = rnd(W1) + rnd(W2)
 WS = parse_cluster("24GB").workspace_bytes(0)
 SCALAR = R
 
-
-def mlp() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(IN, HID, bias=False), nn.ReLU(), nn.Linear(HID, OUT, bias=False))
-
-
-def sample(b: int) -> torch.Tensor:
-    return torch.randn(b, IN)
 
 
 def x_bytes(b: int) -> int:

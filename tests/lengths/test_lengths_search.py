@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from dptune.backends.base import ProbeResult
 from dptune.backends.simulated import SimulatedBackend
 from dptune.errors import NoFeasibleSplitError, UsageError
-from dptune.examples.models import BertClassifier, TinyGPT
+from dptune.examples.models import BertClassifier
 from dptune.lengths import plan_lengths
 from dptune.lengths.search import search_buckets
 from dptune.workload import Workload
@@ -109,11 +109,7 @@ def test_neighbour_spends_fewer_probes_on_a_smooth_surface():
 
 
 # ---- the simulated cluster, probed exhaustively -------------------------------------------
-V = 500
-
-
-def gpt():
-    return TinyGPT(vocab_size=V, d_model=32, n_layers=1, n_heads=2, seq_len=128)
+from lengths_models import V, gpt  # noqa: E402  (tests/support: the CLI tests' model)
 
 
 def gpt_sample(n, length):

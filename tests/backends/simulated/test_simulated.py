@@ -14,6 +14,7 @@ from dptune.backends.simulated import (CARD_TYPES, DEFAULT_CONTEXT_BYTES, Cluste
 from dptune.errors import SpecError, UsageError, UserCodeError
 from dptune.units import GiB, MiB
 from dptune.workload import Workload
+from tiny_models import HID, IN, OUT, mlp, sample  # the hand-counted MLP (tests/support)
 
 R = 512  # the caching allocator's rounding
 
@@ -61,18 +62,6 @@ def test_hopper_workspace_is_larger():
 
 
 # ---- hand-counted figures -------------------------------------------------------------------
-IN, HID, OUT = 1000, 2000, 10
-
-
-def mlp() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(IN, HID, bias=False), nn.ReLU(), nn.Linear(HID, OUT, bias=False))
-
-
-def sample(b: int) -> torch.Tensor:
-    return torch.randn(b, IN)
-
-
 W = rnd(HID * IN * 4) + rnd(OUT * HID * 4)   # weights, per copy
 WS = parse_cluster("1x24GB").workspace_bytes(0)  # cuBLAS workspace per busy card
 SCALAR = R                                    # a 0-dim float32 tensor
