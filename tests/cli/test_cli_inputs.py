@@ -297,7 +297,7 @@ def test_argparse_errors_are_one_line(argv, fragment, where, capsys):
 
 TRAINER_MODULE = '''
 import transformers
-from tests.integrations.test_hf_trainer import TokenData, tiny_gpt2
+from hf_models import TokenData, tiny_gpt2
 
 
 class OwnLoss(transformers.Trainer):

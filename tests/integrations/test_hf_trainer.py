@@ -9,8 +9,6 @@ wrapping, the batch drawn and the loss combination are the real code.
 
 from __future__ import annotations
 
-import copy
-import importlib
 import json
 
 import pytest
@@ -22,39 +20,9 @@ from dptune.errors import UsageError
 from dptune.integrations.transformers import (
     BalancedTrainer, TrainerSample, trainer_optimizer, trainer_sample, trainer_step_settings,
 )
-from dptune.parallel import BalancedDataParallel, find_batch_size, narrow_scatter
+from dptune.parallel import BalancedDataParallel
 from dptune.workload import StepSettings
-
-VOCAB, SEQ = 64, 12
-
-
-def tiny_gpt2() -> nn.Module:
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB,
-                                  n_positions=SEQ, resid_pdrop=0.0, embd_pdrop=0.0,
-                                  attn_pdrop=0.0, use_cache=False, bos_token_id=0,
-                                  eos_token_id=0)
-    return transformers.GPT2LMHeadModel(cfg)
-
-
-class TokenData(torch.utils.data.Dataset):
-    """Token ids and labels; example i has its last ``i % 5`` labels masked (-100), so
-    examples carry different numbers of loss items."""
-
-    def __init__(self, n: int = 24):
-        g = torch.Generator().manual_seed(1)
-        self.ids = torch.randint(0, VOCAB, (n, SEQ), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict:
-        labels = self.ids[i].clone()
-        masked = i % 5
-        if masked:
-            labels[-masked:] = -100
-        return {"input_ids": self.ids[i], "labels": labels, "unused_column": "text"}
-
+from hf_models import SEQ, VOCAB, TokenData, tiny_gpt2, training_args
 
 class MeanLossNet(nn.Module):
     """A model whose forward returns the mean loss over its own samples (no loss kwargs);
@@ -70,14 +38,6 @@ class MeanLossNet(nn.Module):
         logits = self.head(self.emb(input_ids))
         loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten())
         return {"loss": loss, "logits": logits}
-
-
-def training_args(tmp_path, **kw) -> transformers.TrainingArguments:
-    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=3,
-                learning_rate=1e-2, logging_steps=1, save_strategy="no", report_to=[],
-                use_cpu=True, seed=0, disable_tqdm=True, dataloader_pin_memory=False)
-    base.update(kw)
-    return transformers.TrainingArguments(**base)
 
 
 def make_trainer(cls, model, args, data=None, **kw):
@@ -187,53 +147,6 @@ def test_without_tuned_it_is_the_trainer_and_says_nothing(tmp_path, recwarn):
 
 
 # ---- BalancedTrainer on (fake) several GPUs ------------------------------------------------
-
-def _cpu_gather(outputs, dim=0):
-    """torch's gather on the CPU: 0-dim tensors become a vector, others are concatenated,
-    containers are rebuilt with their own type."""
-    first = outputs[0]
-    if isinstance(first, torch.Tensor):
-        if first.dim() == 0:
-            return torch.stack(list(outputs))
-        return torch.cat(list(outputs), dim=dim)
-    if first is None:
-        return None
-    if isinstance(first, dict):
-        return type(first)((k, _cpu_gather([o[k] for o in outputs], dim)) for k in first)
-    return type(first)(map(lambda xs: _cpu_gather(list(xs), dim), zip(*outputs)))
-
-
-@pytest.fixture
-def fake_gpus(monkeypatch):
-    """4 'GPUs' for DataParallel and BalancedDataParallel, all of them this CPU."""
-    dp_module = importlib.import_module("torch.nn.parallel.data_parallel")
-    monkeypatch.setattr(dp_module, "_get_available_device_type", lambda: "cuda")
-    monkeypatch.setattr(dp_module, "_get_all_device_indices", lambda: [0, 1, 2, 3])
-    monkeypatch.setattr(dp_module, "_check_balance", lambda ids: None)
-    runs: list = []
-
-    def parallel_apply(self, replicas, inputs, kwargs, device_ids):
-        runs.append([find_batch_size(a, k)[0] for a, k in zip(inputs, kwargs)])
-        return [r(*a, **k) for r, a, k in zip(replicas, inputs, kwargs)]
-
-    B = BalancedDataParallel
-    monkeypatch.setattr(B, "_check_module_device", lambda self: None)
-    monkeypatch.setattr(B, "_scatter_tensor", lambda self, t, ids, sizes, dim:
-                        narrow_scatter(t, ids, sizes, dim))
-    def replicate(self, module, ids):
-        # with autograd on, replicate's copies are differentiable views of the weights: the
-        # module itself stands for them; with it off (card 0 gets no samples), detached copies
-        if torch.is_grad_enabled():
-            return [module] * len(ids)
-        return [copy.deepcopy(module) for _ in ids]
-
-    monkeypatch.setattr(B, "replicate", replicate)
-    monkeypatch.setattr(B, "_reduce_onto", lambda self, per_device, destination:
-                        [sum(gs) for gs in zip(*per_device)])
-    monkeypatch.setattr(B, "_parallel_apply", parallel_apply)
-    monkeypatch.setattr(B, "gather", lambda self, outputs, device: _cpu_gather(outputs, self.dim))
-    return runs
-
 
 def four_gpu_args(tmp_path, **kw):
     args = training_args(tmp_path, **kw)
@@ -375,7 +288,7 @@ def test_tune_trainer_batch_size_and_errors(tmp_path):
 
 TRAINER_MODULE = '''
 import torch, transformers
-from tests.integrations.test_hf_trainer import TokenData, tiny_gpt2
+from hf_models import TokenData, tiny_gpt2
 
 def make_trainer():
     args = transformers.TrainingArguments(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from tests.integrations.test_hf_trainer import training_args
+from hf_models import training_args
 
 from dptune.backends.simulated import estimate_memory
 from dptune.examples.hf import tiny_gpt2

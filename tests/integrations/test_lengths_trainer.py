@@ -11,7 +11,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from dptune.errors import DptuneWarning  # noqa: E402
 from dptune.lengths.trainer import length_check, trainer_lengths  # noqa: E402
-from tests.integrations.test_hf_trainer import VOCAB, tiny_gpt2, training_args  # noqa: E402
+from hf_models import VOCAB, tiny_gpt2, training_args  # noqa: E402
 
 
 class PadWithLabels(transformers.DataCollatorWithPadding):

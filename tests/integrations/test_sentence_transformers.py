@@ -1,7 +1,7 @@
 """sentence-transformers' trainer (a transformers.Trainer subclass) takes the same path.
 
 A tiny BERT with a word-level tokenizer is written to a temporary folder (no download);
-``fake_gpus`` (from test_hf_trainer) makes the arguments report 4 GPUs and runs
+``fake_gpus`` (tests/integrations/conftest.py) makes the arguments report 4 GPUs and runs
 BalancedDataParallel's replicas in turn on the CPU.
 """
 
@@ -17,7 +17,6 @@ from sentence_transformers import (
 from sentence_transformers.base.modules.transformer import Transformer
 from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 from sentence_transformers.sentence_transformer.modules import Pooling
-from tests.integrations.test_hf_trainer import fake_gpus  # noqa: F401  (the fixture)
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import datasets
@@ -71,7 +70,7 @@ def make(cls, bert_dir, tmp_path, per_device, n_gpu=None, **kw):
 
 
 def test_sentence_transformers_trainer_takes_the_balanced_path(tmp_path, bert_dir,
-                                                             fake_gpus):  # noqa: F811
+                                                             fake_gpus):
     ref = make(SentenceTransformerTrainer, bert_dir, tmp_path, per_device=12)
     bal = make(BalancedSentenceTransformerTrainer, bert_dir, tmp_path, per_device=3, n_gpu=4,
                tuned=[0, 4, 4, 4])
@@ -88,7 +87,7 @@ def test_sentence_transformers_trainer_takes_the_balanced_path(tmp_path, bert_di
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=n)
 
 
-def test_its_own_batch_rule_is_said(tmp_path, bert_dir, fake_gpus):  # noqa: F811
+def test_its_own_batch_rule_is_said(tmp_path, bert_dir, fake_gpus):
     """sentence-transformers draws per_device_train_batch_size x n_gpu itself: with a tuned
     total of 10 and 3 x 4 = 12 drawn, the user is told how 12 is split."""
     bal = make(BalancedSentenceTransformerTrainer, bert_dir, tmp_path, per_device=3, n_gpu=4,
