@@ -1,6 +1,6 @@
 """DDP with per-rank batch sizes in real processes: gloo on the CPU, 2 and 3 ranks.
 
-One job per world size runs every scenario (``tests/ddp_workers.py``), so torch is imported
+One job per world size runs every scenario (``tests/support/ddp_workers.py``), so torch is imported
 once per rank. The NCCL versions need one GPU per rank (one card cannot run two NCCL ranks:
 NCCL refuses two ranks on the same device), so they are marked ``cuda`` and run only where
 several cards are visible.

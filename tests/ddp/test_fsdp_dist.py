@@ -1,6 +1,6 @@
 """FSDP2 with per-rank batch sizes in real processes: gloo on the CPU, 2 and 3 ranks.
 
-One job per world size runs every scenario (``tests/fsdp_workers.py``): a step with unequal
+One job per world size runs every scenario (``tests/support/fsdp_workers.py``): a step with unequal
 local batches whose gathered gradients must equal the single-process full-batch gradient
 (FSDP2's reduce-scatter averages the ranks with equal weights; ``scale_loss`` corrects it),
 the same with gradient accumulation, an epoch with the uneven sampler, and

@@ -1,7 +1,7 @@
 """The text renderers' whole output for fixed hand-made results (test_report.make_result):
 the terminal table and summary.md, for both objectives, with an even split implied by a
 probe and one that ran out of memory, and a balance at the reserved budget level (the
-three figures per card). Rewrite with DPTUNE_UPDATE_GOLDEN=1 (tests/golden_check.py)."""
+three figures per card). Rewrite with DPTUNE_UPDATE_GOLDEN=1 (tests/support/golden_check.py)."""
 
 from __future__ import annotations
 

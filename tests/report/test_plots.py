@@ -1,5 +1,5 @@
 """The report's plots at the size they are written: no clipped or overlapping text (checked
-with matplotlib's own text extents, tests/plot_check.py), and one "highest peak" per report."""
+with matplotlib's own text extents, tests/support/plot_check.py), and one "highest peak" per report."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Real multi-process DDP jobs for the length tests (gloo on the CPU), as
-``tests/ddp_workers.py`` runs them: each rank runs every scenario and reports by label."""
+``tests/support/ddp_workers.py`` runs them: each rank runs every scenario and reports by label."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Check a plot at the size it is written: no text clipped at the figure's edge, no two texts
-overlapping. Used by tests/test_plots.py (report plots) and tests/test_benchmarks_plot.py.
+overlapping. Used by tests/report/test_plots.py (report plots) and
+tests/benchmarks/test_benchmarks_plot.py.
 
 The figure is drawn at the resolution it is saved with; every ``Text`` that matplotlib
 actually draws (titles, labels, tick labels, legend entries, notes) is recorded with its
