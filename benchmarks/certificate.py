@@ -371,7 +371,7 @@ def _affine(name: str, family: str, n: int, w: int, a: int, extra0: int, per_bat
 
 
 def synthetic() -> list[Surface]:
-    """The shapes of ``tests/test_search.py`` (typical and hard), at 2-4 cards."""
+    """The shapes of ``tests/search/test_search.py`` (typical and hard), at 2-4 cards."""
     w, a = 2 * GiB, 30 * MiB
     out = [_affine(f"mlp{n}", "typical", n, w, a, 4 * GiB, 4096) for n in (2, 3, 4)]
     out.append(_affine("mlp4-mixed", "typical", 4, w, a, 4 * GiB, 4096,
@@ -400,7 +400,7 @@ def synthetic() -> list[Surface]:
 
 
 def staircase(seed: int) -> Surface:
-    """Monotone staircases (as in ``tests/test_search.py``): nothing affine to fit."""
+    """Monotone staircases (as in ``tests/search/test_search.py``): nothing affine to fit."""
     rng = random.Random(seed)
     n = rng.choice([2, 3, 4])
     steps = [[rng.randint(1, 9) * 37 * MiB for _ in range(400)] for _ in range(n)]
@@ -430,7 +430,7 @@ def random_affine(seed: int) -> Surface:
 
 
 #: Small models on the simulator (2 cards: the brute force is cheap there), 8 samples per
-#: card to start, as in ``tests/test_search_models.py``.
+#: card to start, as in ``tests/search/test_search_models.py``.
 MODELS = {
     "causal-lm": ("TinyGPT", dict(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32), "2x1GB"),
     "encoder": ("BertClassifier", dict(vocab_size=1000, d_model=64, n_layers=1, n_heads=2, seq_len=32), "2x1GB"),
@@ -522,7 +522,7 @@ def measure(s: Surface, max_probes: int = 12) -> Row:
 
 def auto_probes() -> list[str]:
     """``output_device="auto"``: the probes of each of its two searches (TinyGPT, 3x1GB, as
-    in ``tests/test_search_models.py``)."""
+    in ``tests/search/test_search_models.py``)."""
     import warnings
 
     import torch

@@ -432,7 +432,7 @@ def summary_figure(rows: list[Row]) -> Any:
     """Largest batch per cluster (even / dptune / optimum) per model, and probes per method.
 
     Drawn on a bare Figure at the size and resolution ``plot_summary`` writes
-    (``SUMMARY_DPI``); tests/test_benchmarks_plot.py checks it has no overlapping text."""
+    (``SUMMARY_DPI``); tests/benchmarks/test_benchmarks_plot.py checks it has no overlapping text."""
     import textwrap
 
     from matplotlib.figure import Figure

@@ -1,7 +1,7 @@
 """The baselines a user would run instead of dptune, and the exact optimum, on the simulator.
 
 The exact optimum rests on a property of the simulated step (checked in
-``tests/test_benchmarks.py``): card ``i >= 1``'s peak depends only on its own chunk ``c``
+``tests/benchmarks/test_benchmarks.py``): card ``i >= 1``'s peak depends only on its own chunk ``c``
 (``f(c)``, 0 when it gets no samples) and card 0's peak only on its own chunk and the whole
 batch (``g(c0, B)``: the master weights, the reduced gradients and the gathered outputs live
 there), not on how the other cards share the rest, nor on how many cards there are. Both

@@ -12,7 +12,7 @@ nothing (``m_i(0, B) = 0``); card 0 always holds the master weights, so it pays 
 A card's *share* is its memory over its budget (card memory - memory taken by others -
 headroom). :func:`solve_balance` finds the integer split of a batch that minimises the largest
 share. (The largest batch some split fits, and the even split's, are searched by probes in
-:mod:`dptune.search`; the closed-form versions only tests use live in ``tests/oracles.py``.)
+:mod:`dptune.search`; the closed-form versions only tests use live in ``tests/support/oracles.py``.)
 
 ``min_chunk_nonzero=2`` is the BatchNorm rule: a chunk of exactly 1 sample cannot be trained
 through BatchNorm, so each card gets 0 or at least 2. ``caps[i]`` is the largest chunk card i

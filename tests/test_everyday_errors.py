@@ -25,7 +25,7 @@ from dptune.report import files as report_mod
 from dptune.report import plot_result, write_report
 from dptune.result import TuneResult, load_result
 
-from test_report import make_result
+from tests.report.test_report import make_result
 
 MODEL = '''
 import torch

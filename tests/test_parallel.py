@@ -23,6 +23,7 @@ from dptune.parallel import (
     weighted_reduce,
 )
 from dptune.split import even_split
+from tiny_models import SmallMLP as MLP  # tests/support
 
 Pair = namedtuple("Pair", "x y")
 
@@ -78,19 +79,6 @@ def make_cpu(module, n, *, output_device=0, **kw):
         w.chunk_sizes = w.chunk_sizes  # validate against the n devices
     w.scattered = []
     return w
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
-
-    def forward(self, x, mask=None, scale=1.0):
-        y = self.net(x) * scale
-        if mask is not None:
-            y = y * mask
-        return y
 
 
 class LossModel(nn.Module):

@@ -1,17 +1,20 @@
-"""Every code block of the README's "Use it" part (down to "Real GPUs") runs as printed.
+"""Every code block of the README from "Use it" down to "Layout" runs as printed.
 
 Each ```python block runs as a script in a fresh interpreter, each ```bash block in bash with
-``dptune`` on the PATH (this checkout's ``python -m dptune``), both in a temporary folder that
-holds a copy of the committed example report (``reports/TinyGPT-4x24GB``, which the commands
-show and plot). A block that reads a report an earlier block writes (``"reports/mynet"``) runs
-after that block, in the same folder. Without a GPU, dptune falls back to the simulated
-cluster, as the README says.
+``dptune`` on the PATH (this checkout's ``python -m dptune``), and each ```console block's
+commands (its ``$`` lines, the output shown is not compared) in bash too, all in a temporary
+folder that holds a copy of the committed example report (``reports/TinyGPT-4x24GB``, which the
+commands show and plot), a small stand-in for the user's ``mymodels.py``
+(tests/support/readme_mymodels.py: ``Net``, ``GPT``, ``make_batch``) and a ``lengths.txt``
+(one length per line, as the variable-length section reads it). A block that reads a report
+an earlier block writes (``"reports/mynet"``) runs after that block, in the same folder.
+Without a GPU, dptune falls back to the simulated cluster, as the README says.
 
-A block preceded by ``<!-- no-run: reason -->`` is not run (it needs GPUs, or code that is not
-in this project); it is reported as skipped with its reason, and there are few of them. Each
-block starts an interpreter with torch and runs a search or an estimate (15 to 45 s on two
-busy cores), so running them is marked slow: CI runs them, ``make test`` checks only that the
-blocks are found and few are left unrun.
+A block preceded by ``<!-- no-run: reason -->`` is not run (it needs GPUs or torchrun, or code
+that is not in this project); it is reported as skipped with its reason, and there are few of
+them. Each block starts an interpreter with torch and runs a search or an estimate (15 to 45 s
+on two busy cores), so running them is marked slow: CI runs them, ``make test`` checks only
+that the blocks are found and few are left unrun.
 """
 
 from __future__ import annotations
@@ -28,14 +31,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-FIRST, LAST = "## Use it", "## When you outgrow one process"
-#: the most blocks the "Use it" part may leave unrun
-MAX_NO_RUN = 7
+FIRST, LAST = "## Use it", "## Layout"
+#: the most blocks the README may leave unrun (those needing GPUs, torchrun or someone else's code)
+MAX_NO_RUN = 11
+#: the user's files the README's blocks name, as a user would have them in the working directory
+MYMODELS = Path(__file__).resolve().parent / "support" / "readme_mymodels.py"
+LENGTHS = [20 + (i * 37) % 1000 for i in range(400)]
 
 
 class Block(NamedTuple):
     line: int               # the line of its opening fence
-    lang: str               # "python" or "bash"
+    lang: str               # "python", "bash" or "console"
     code: str
     no_run: Optional[str]   # why it is not run, or None
 
@@ -86,15 +92,31 @@ def _run(block: Block, folder: Path, bin_dir: Path) -> subprocess.CompletedProce
         script.write_text(block.code, encoding="utf-8")
         cmd = [sys.executable, str(script)]
     else:
-        cmd = ["bash", "-e", "-o", "pipefail", "-c", block.code]
+        code = _commands(block.code) if block.lang == "console" else block.code
+        cmd = ["bash", "-e", "-o", "pipefail", "-c", code]
     return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _commands(console: str) -> str:
+    """The commands of a console transcript: each ``$ `` line and the lines it continues
+    (ending with a backslash); the output lines are left out."""
+    out: list[str] = []
+    going_on = False
+    for line in console.splitlines():
+        if line.startswith("$ ") or going_on:
+            out.append(line[2:] if line.startswith("$ ") and not going_on else line)
+            going_on = line.endswith("\\")
+    return "\n".join(out) + "\n"
 
 
 @pytest.fixture
 def workdir(tmp_path):
-    """A folder like a checkout's working directory: the committed example report, and a
-    ``dptune`` command that runs this checkout's code."""
+    """A folder like a checkout's working directory: the committed example report, the
+    user's ``mymodels.py`` and ``lengths.txt``, and a ``dptune`` command that runs this
+    checkout's code."""
     shutil.copytree(ROOT / "reports" / "TinyGPT-4x24GB", tmp_path / "reports" / "TinyGPT-4x24GB")
+    shutil.copy(MYMODELS, tmp_path / "mymodels.py")
+    (tmp_path / "lengths.txt").write_text("".join(f"{n}\n" for n in LENGTHS), encoding="utf-8")
     bin_dir = tmp_path / ".bin"
     bin_dir.mkdir()
     shim = bin_dir / "dptune"
@@ -125,9 +147,11 @@ def test_readme_block_runs_as_printed(block, workdir):
 
 def test_readme_blocks_are_found_and_few_are_left_unrun():
     langs = {b.lang for b in BLOCKS}
-    assert langs == {"python", "bash"}, langs
+    assert langs == {"python", "bash", "console"}, langs
     unrun = [b for b in BLOCKS if b.no_run is not None]
-    assert len(BLOCKS) >= 14 and len(unrun) <= MAX_NO_RUN, [b.name for b in unrun]
+    assert len(BLOCKS) >= 25 and len(unrun) <= MAX_NO_RUN, [b.name for b in unrun]
+    consoles = [b for b in BLOCKS if b.lang == "console"]
+    assert all(_commands(b.code).startswith("dptune ") for b in consoles), consoles
     assert all(b.no_run.strip() for b in unrun)
     # a block that reads a report some block writes runs after it
     reads = [b for b in BLOCKS if b.no_run is None and "load_result" in b.code]

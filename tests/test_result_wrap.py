@@ -15,16 +15,7 @@ from dptune.errors import UsageError
 from dptune.parallel import BalancedDataParallel
 from dptune.result import Fit, SplitFigures, TuneResult, load_result
 from dptune.split import even_split
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
-
-    def forward(self, x):
-        return self.net(x)
+from tiny_models import SmallMLP as MLP  # tests/support
 
 
 def write_report(folder, chunk_sizes):

@@ -17,7 +17,7 @@ from dptune.backends.reserved import BudgetLevel
 from dptune.errors import UsageError
 from dptune.settings import Settings
 from dptune.types import Objective, Strategy
-from test_layers import imports
+from tests.test_layers import imports
 
 ROOT = Path(__file__).resolve().parents[1]
 

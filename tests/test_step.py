@@ -15,6 +15,7 @@ from dptune.errors import UsageError
 from dptune.report import plot_result, render_table, write_report
 from dptune.result import TuneResult
 from dptune.workload import StepSettings, Workload
+from tiny_models import HID, IN, OUT, mlp, sample  # the hand-counted MLP (tests/support)
 
 R = 512  # the caching allocator's rounding
 
@@ -23,18 +24,10 @@ def rnd(n: int) -> int:
     return -(-n // R) * R
 
 
-IN, HID, OUT = 1000, 2000, 10
 W = rnd(HID * IN * 4) + rnd(OUT * HID * 4)          # fp32 weights, per copy
 WS = parse_cluster("1x24GB").workspace_bytes(0)      # cuBLAS workspace per busy card
 SCALAR = R
 
-
-def mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(IN, HID, bias=False), nn.ReLU(), nn.Linear(HID, OUT, bias=False))
-
-
-def sample(b: int) -> torch.Tensor:
-    return torch.randn(b, IN)
 
 
 # ---- settings ------------------------------------------------------------------------------
@@ -234,7 +227,7 @@ def test_attention_under_autocast_is_chosen_on_the_cast_inputs():
 
 # ---- the same step on the real-GPU backend (against the fake CUDA runtime) ---------------------
 def _cuda_probe(wl, sizes=(4, 4)):
-    from test_cuda_backend import FakeRuntime
+    from tests.backends.cuda.test_cuda_backend import FakeRuntime
 
     from dptune.backends.cuda import CudaBackend
 

@@ -2,7 +2,7 @@
 
 Read from ``torch/nn/parallel/distributed.py`` and the C++ ``Reducer``
 (``torch/csrc/distributed/c10d/reducer.cpp``), and checked against a real DDP model on the
-gloo backend (``tests/test_ddp_memory.py`` compares with ``_get_ddp_logging_data()``):
+gloo backend (``tests/backends/test_ddp_memory.py`` compares with ``_get_ddp_logging_data()``):
 
 - **Buckets.** The Reducer keeps one flat tensor per bucket (``bucket.gradients``) on the
   parameters' card, allocated when DDP is built and kept for its whole life. Every parameter

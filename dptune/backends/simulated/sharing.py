@@ -23,7 +23,7 @@ Exact, not approximate: the per-card peak and breakdown equal those of the simul
 every replica, and the allocator trace equals it event for event (sizes, frees, streams, in
 order); only the events' ids, the global allocation numbers, differ (the replay of
 :mod:`dptune.backends.reserved` uses them only to pair a free with its malloc, so its figures
-are identical too). ``tests/test_sharing.py`` checks this against the full simulation on mixed
+are identical too). ``tests/backends/simulated/test_sharing.py`` checks this against the full simulation on mixed
 clusters.
 
 Where the events of one card depend on the number of replicas, the step is simulated again
