@@ -181,6 +181,10 @@ class MaxBatch:
                 guess = int((budget - line.intercept) / line.slope)
                 if upper is None:   # a secant far from its points is not trusted far
                     top = max([p.chunk for p in obs.points[i]] + [br.lo, 1])
+                    # nor a flat step of a staircase: a chord from a point well below lo too
+                    wide = fits.card_line(i, 2 * max(br.lo, 1))
+                    if wide is not None:
+                        guess = min(guess, int((budget - wide.intercept) / wide.slope))
                     guess = min(guess, GROWTH * top)
             elif pts:   # one point: in proportion (undershoots, since the intercept is >= 0)
                 p = pts[-1]
@@ -280,9 +284,9 @@ class MaxBatch:
             lo_line = self._line(caps_lo)
             lo, _ = self._line_bracket(lo_line)
             b0 = self._line_target(lo_line, fits)
-            if b0 is not None and b0 > lo + 1:
-                s0 = lo_line.split(b0)
-                if s0 is not None and s0 not in obs.by_split and valid_split(s0, self.m):
+            s0 = lo_line.split(b0) if b0 is not None and b0 > lo else None
+            if s0 is not None and (b0 > lo + 1 or self._predicted_fit(s0, fits)):
+                if s0 not in obs.by_split and valid_split(s0, self.m):
                     self._last_t = tuple(caps_lo)
                     return Proposal(s0, "max")
         line = self._line(t)
@@ -467,6 +471,8 @@ class MaxBatch:
             q_max = lo_line.split(lo + 1)
             if q_max is None or not self._card0_question(q_max):
                 return None
+            if self._predicted_fit(q_max, fits):
+                return None          # a candidate answer: it must be measured whole, no tests
         q_even = even.split if even is not None and self._card0_question(even.split) else None
         even_fits = q_even is not None and self._predicted_fit(q_even, fits)
         covered = q_max is not None and q_even is not None and not even_fits \
