@@ -283,8 +283,8 @@ class MaxBatch:
             # known to fit) before the cards' one-more tests
             lo_line = self._line(caps_lo)
             lo, _ = self._line_bracket(lo_line)
-            b0 = self._line_target(lo_line, fits)
-            s0 = lo_line.split(b0) if b0 is not None and b0 > lo else None
+            b0 = self._line_target(lo_line, fits) or 0
+            s0 = lo_line.split(b0) if b0 > lo else None
             if s0 is not None and (b0 > lo + 1 or self._predicted_fit(s0, fits)):
                 if s0 not in obs.by_split and valid_split(s0, self.m):
                     self._last_t = tuple(caps_lo)
@@ -447,19 +447,11 @@ class MaxBatch:
         Used only when every card is measured in every probe (the simulator) and when the
         card 0 questions left can carry every open card (otherwise one probe that raises
         every open card at once is cheaper)."""
-        obs, m, n = self.obs, self.m, self.n
+        obs, n = self.obs, self.n
         if not obs.exact_on_oom or n < 3 or not obs.fit_points(0):
             return None
         fits = CardFits(obs)
-        tests: dict[int, int] = {}
-        for i in range(1, n):
-            br = obs.bracket(i)
-            if br.closed:
-                continue
-            x = self._target(i, fits)
-            if br.lo <= 0 or x != next_chunk(br.lo, m):
-                return None          # the fits do not yet put this card's cap at lo
-            tests[i] = x
+        tests = self._card_tests(fits)
         if not tests:
             return None
         lo_line = self._line(self._caps_lo())
@@ -487,6 +479,30 @@ class MaxBatch:
             base, purpose = q_max, "max"
         else:
             return None
+        split = self._raise_cards(base, tests)
+        if split is None or split in obs.by_split or not valid_split(split, self.m):
+            return None
+        return Proposal(split, f"{purpose}+cards")
+
+    def _card_tests(self, fits: CardFits) -> Optional[dict[int, int]]:
+        """Each open card ``i >= 1``'s one-more-sample test chunk, when the fits put every
+        open card's cap at its ``lo`` (``None`` otherwise)."""
+        tests: dict[int, int] = {}
+        for i in range(1, self.n):
+            br = self.obs.bracket(i)
+            if br.closed:
+                continue
+            x = self._target(i, fits)
+            if br.lo <= 0 or x != next_chunk(br.lo, self.m):
+                return None          # the fits do not yet put this card's cap at lo
+            tests[i] = x
+        return tests
+
+    def _raise_cards(self, base: Sequence[int], tests: dict[int, int]) -> Optional[tuple[int, ...]]:
+        """``base`` with the tested cards raised to their test chunks, the samples taken from
+        the other cards (untested ones first) down to ``min_chunk``; ``None`` when no card
+        could be raised."""
+        n, m = self.n, self.m
         s = list(base)
         raised: list[int] = []
         for i in sorted(tests):
@@ -505,7 +521,4 @@ class MaxBatch:
                     break
             s[i] = tests[i]
             raised.append(i)
-        split = tuple(s)
-        if not raised or split in obs.by_split or not valid_split(split, m):
-            return None
-        return Proposal(split, f"{purpose}+cards")
+        return tuple(s) if raised else None
