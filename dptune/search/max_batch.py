@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence
 
 from dptune.search.loop import Proposal, fill, valid_split
-from dptune.search.models import CardFits, chord_cap
+from dptune.search.models import MIN_SLOPE_BYTES, CardFits, chord_cap
 from dptune.search.observations import Bracket, Observations, next_chunk
 from dptune.solver import bisect_last
 from dptune.split import even_split
@@ -177,10 +177,14 @@ class MaxBatch:
         else:
             line = fits.card_line(i, br.lo)
             pts = [p for p in obs.points[i] if p.exact and p.chunk > 0]
-            if line is not None and len({p.chunk for p in pts}) >= 2:
+            if line is not None and (len({p.chunk for p in pts}) >= 2 or
+                                     (fits.median_slope or 0) > MIN_SLOPE_BYTES):
                 guess = int((budget - line.intercept) / line.slope)
                 if upper is None:   # a secant far from its points is not trusted far
                     top = max([p.chunk for p in obs.points[i]] + [br.lo, 1])
+                    if len({p.chunk for p in pts}) < 2:    # the cards' pooled slope
+                        top = max([top] + [p.chunk for j in range(1, self.n)
+                                           for p in obs.points[j]])
                     # nor a flat step of a staircase: a chord from a point well below lo too
                     wide = fits.card_line(i, 2 * max(br.lo, 1))
                     if wide is not None:
@@ -265,7 +269,7 @@ class MaxBatch:
         obs = self.obs
         fits = CardFits(obs)
         t = [self._target(i, fits) for i in range(1, self.n)]
-        if fits.g is None and self.g_tries < 2:
+        if fits.g is None and self.g_tries < 2 and not self._g_from_slope(t, fits):
             # card 0's cost per sample of the whole batch: card 0's chunk as in an earlier
             # probe, the others moved
             ref = next((p for p in reversed(obs.points[0]) if p.exact), None)
@@ -307,6 +311,25 @@ class MaxBatch:
                 (best is None or lo > best.batch_size):
             return Proposal(known, "max")
         return None
+
+    def _card0_predicted_over(self, split: Sequence[int], fits: CardFits) -> bool:
+        """The fits put card 0 over its budget in ``split`` (unknown counts as over)."""
+        p = fits.predict0(split[0], sum(split))
+        return p is None or p > self.obs.budgets[0]
+
+    def _g_from_slope(self, t: list[int], fits: CardFits) -> bool:
+        """With the cards' slope known (a spread first probe, or a prior search's points) and
+        card 0 measured once, the
+        answer's guess along ``t`` (card 0's batch term taken as 0) gives card 0 a second point
+        from which its batch term follows (:class:`CardFits`): no probe of its own for it,
+        as long as that guess gives card 0 samples."""
+        if fits.median_slope is None or len(self.obs.fit_points(0)) + \
+                len(self.obs.over_points(0)) != 1:
+            return False
+        line = self._line(t)
+        b = self._line_target(line, fits)
+        s = None if b is None else line.split(b)
+        return s is not None and s[0] > 0
 
     def _predicted_fit(self, split: Sequence[int], fits: CardFits) -> bool:
         """The fits say every card of ``split`` is within budget (a guess, never an answer)."""
@@ -407,7 +430,8 @@ class MaxBatch:
             s = even_split(self.hint, self.n)
             if not valid_split(s, self.m):
                 s = fill(self.hint, [self.hint] * self.n, self.m) or s
-            return Proposal(tuple(s), "even")
+            spread = self._spread(s)
+            return Proposal(spread, "spread") if spread is not None else Proposal(tuple(s), "even")
         self._record_widths()
         even = None if not self.compare_even or self.even_certified() else self._even_step()
         if not self.max_certified():
@@ -417,7 +441,7 @@ class MaxBatch:
             prop = self._max_step()
             if prop is not None:
                 if even is not None and self._even_covers(even.split, prop.split) \
-                        and not self._predicted_fit(even.split, CardFits(self.obs)):
+                        and self._card0_predicted_over(even.split, CardFits(self.obs)):
                     # the even split's next probe puts card 0 at no more samples and no larger
                     # batch: over there means over here too (one probe for both questions)
                     return Proposal(even.split, "even-max")
@@ -431,6 +455,19 @@ class MaxBatch:
         if not self._card0_question(prop):
             return False
         return even[0] <= prop[0] and sum(even) <= sum(prop)
+
+    def _spread(self, even: Sequence[int]) -> Optional[tuple[int, ...]]:
+        """The first probe with the cards ``i >= 1`` at different chunks (half to one and a
+        half times their even share), card 0 at its even share: the cards run the same
+        replica, so one probe samples their curve at several chunks (3 cards or more)."""
+        n, m = self.n, self.m
+        if n < 3 or not self.obs.exact_on_oom or any(self.obs.points[1:]):
+            return None     # (points from a prior search already give the cards' slopes)
+        e = sum(even[1:]) / (n - 1)
+        out = [int(even[0])] + [max(m, int(e * (0.5 + k / (n - 2)))) for k in range(n - 1)]
+        out[0] += sum(even) - sum(out)
+        split = tuple(out)
+        return split if out[0] >= 0 and valid_split(split, m) and len(set(out[1:])) > 1 else None
 
     def _card0_question(self, split: Sequence[int]) -> bool:
         """Every card ``i >= 1`` is known to fit ``split``: a probe of it asks about card 0."""

@@ -69,9 +69,10 @@ class CardFits:
     def __init__(self, obs: Observations):
         self.obs = obs
         self.n = obs.n
-        self.g = self._batch_slope()
         others = [s for s in (self._slope(i) for i in range(1, self.n)) if s is not None]
-        self.median_slope: Optional[float] = sorted(others)[len(others) // 2] if others else None
+        self.median_slope: Optional[float] = sorted(others)[len(others) // 2] if others else \
+            self._pooled_slope()
+        self.g = self._batch_slope()
 
     # ---- card 0's cost per sample of the whole batch ------------------------------------
     def _batch_slope(self) -> Optional[float]:
@@ -87,7 +88,31 @@ class CardFits:
                     s = (p.peak_bytes - q.peak_bytes) / (p.batch - q.batch)
                     if best is None or abs(p.batch - q.batch) >= best[0]:
                         best = (abs(p.batch - q.batch), s)
+        if best is None and self.median_slope is not None:
+            # no two probes gave card 0 the same chunk: its own chunk taken as costing what
+            # the other cards' chunks cost (the same replica), the rest is the batch's
+            s = self.median_slope
+            for k, p in enumerate(pts):
+                for q in pts[:k]:
+                    if q.batch != p.batch and q.chunk > 0 and p.chunk > 0:
+                        g = (p.peak_bytes - q.peak_bytes - s * (p.chunk - q.chunk)) / (p.batch - q.batch)
+                        if best is None or abs(p.batch - q.batch) >= best[0]:
+                            best = (abs(p.batch - q.batch), g)
         return None if best is None else max(0.0, best[1])
+
+    def _pooled_slope(self) -> Optional[float]:
+        """With no card measured at two chunks yet: the slope through the cards' points
+        together (each card runs the same replica, so at different chunks in one probe they
+        sample one curve; a guess for the next probe only). ``None`` when two cards measured at
+        the same chunk disagree by more than 1%, or fewer than two chunks were measured."""
+        pts = [(p.chunk, float(p.peak_bytes)) for i in range(1, self.n) for p in self._exact(i)]
+        for c, m in pts:
+            if any(c == c2 and abs(m - m2) > 0.01 * max(m, m2) for c2, m2 in pts):
+                return None
+        if len({c for c, _ in pts}) < 2:
+            return None
+        lo, hi = min(pts), max(pts)
+        return max(0.0, (hi[1] - lo[1]) / (hi[0] - lo[0]))
 
     # ---- cards >= 1 -------------------------------------------------------------------
     def _exact(self, i: int) -> list[Point]:
@@ -136,6 +161,11 @@ class CardFits:
             line = Line(near[1] - s * near[0], s)
         if line is None:
             return None
+        if self.median_slope is not None and line.slope < self.median_slope:
+            # card 0's own chunk runs the same replica as the others: a flatter secant spans a
+            # plateau (card 0's fixed holdings), and would send its cap too far
+            near = min(adj, key=lambda a: abs(a[0] - target))
+            line = Line(near[1] - self.median_slope * near[0], self.median_slope)
         return Line(line.intercept + g * batch, max(line.slope, MIN_SLOPE_BYTES))
 
     def predict0(self, c: int, batch: int) -> Optional[float]:
