@@ -55,6 +55,10 @@ __all__ = ["MaxBatch"]
 GROWTH = 64
 
 
+#: The spread first probe only when the cards' even share is at least this many samples.
+SPREAD_MIN = 32
+
+
 def largest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int:
     """Largest ``x`` in ``[lo, hi]`` with ``pred(x)`` (``pred`` true then false); ``lo - 1``
     when none."""
@@ -143,6 +147,9 @@ class MaxBatch:
             return
         for i in range(1, self.n):
             self.widths.setdefault(f"card{i}", []).append(self.obs.bracket(i).width)
+        last = self.obs.probes[-1]
+        if not (last.purpose.startswith("max") and self._card0_question(last.chunk_sizes)):
+            return      # a probe that asked card 0 nothing does not count against its bracket
         for t in {tuple(self._caps_lo()), self._last_t}:
             line = self._line(list(t))
             lo, hi = self._line_bracket(line)
@@ -312,10 +319,17 @@ class MaxBatch:
             return Proposal(known, "max")
         return None
 
-    def _card0_predicted_over(self, split: Sequence[int], fits: CardFits) -> bool:
-        """The fits put card 0 over its budget in ``split`` (unknown counts as over)."""
+    def _card0_predicted_over(self, split: Sequence[int], fits: CardFits,
+                              clearly: bool = False) -> bool:
+        """The fits put card 0 over its budget in ``split`` (unknown counts as over);
+        ``clearly``: by at least half of what one more sample of its own costs it (nearer the
+        budget than that, the allocator's rounding decides: a coin toss)."""
         p = fits.predict0(split[0], sum(split))
-        return p is None or p > self.obs.budgets[0]
+        if p is None:
+            return True
+        line = fits.card0_line(max(split[0], 1), sum(split)) if clearly else None
+        half = 0.0 if line is None else line.slope / 2
+        return p > self.obs.budgets[0] + half
 
     def _g_from_slope(self, t: list[int], fits: CardFits) -> bool:
         """With the cards' slope known (a spread first probe, or a prior search's points) and
@@ -464,6 +478,8 @@ class MaxBatch:
         if n < 3 or not self.obs.exact_on_oom or any(self.obs.points[1:]):
             return None     # (points from a prior search already give the cards' slopes)
         e = sum(even[1:]) / (n - 1)
+        if e < SPREAD_MIN:
+            return None     # a few samples apart, a step of the allocator passes for a slope
         out = [int(even[0])] + [max(m, int(e * (0.5 + k / (n - 2)))) for k in range(n - 1)]
         out[0] += sum(even) - sum(out)
         split = tuple(out)
@@ -505,7 +521,8 @@ class MaxBatch:
         q_even = even.split if even is not None and self._card0_question(even.split) else None
         even_fits = q_even is not None and self._predicted_fit(q_even, fits)
         covered = q_max is not None and q_even is not None and not even_fits \
-            and self._even_covers(q_even, q_max)
+            and self._even_covers(q_even, q_max) and \
+            self._card0_predicted_over(q_even, fits, clearly=True)
         questions = int(q_max is not None and not covered) + int(q_even is not None) \
             + int(even_fits)
         if len(tests) > questions * (n - 2):

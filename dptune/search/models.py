@@ -37,15 +37,23 @@ class Line:
 
 
 def secant(pts: Sequence[tuple[int, float]], target: int) -> Optional[Line]:
-    """The line through the point nearest ``target`` and the next nearest with another x
-    (None if fewer). When ``target`` lies far from both, the second point is taken at least
-    a quarter of that distance away (a slope over a sample or two, extrapolated far, turns
-    the allocator's rounding into a large error)."""
+    """Between measured points: the chord of the nearest point on each side of ``target``.
+    Otherwise the line through the point nearest ``target`` and the next nearest with another
+    x (None if fewer), that second point at least as far from the first as ``target`` is (a
+    slope over a sample or two, extrapolated far, turns the allocator's rounding into a large
+    error)."""
     if not pts:
         return None
+    below = [p for p in pts if p[0] <= target]
+    above = [p for p in pts if p[0] > target]
+    if below and above:   # between measured points: the chord of the nearest two
+        left = max(below, key=lambda p: (p[0], -p[1]))
+        right = min(above, key=lambda p: (p[0], p[1]))
+        slope = (right[1] - left[1]) / (right[0] - left[0])
+        return Line(left[1] - slope * left[0], slope)
     order = sorted(pts, key=lambda p: (abs(p[0] - target), -p[0]))
     a = order[0]
-    reach = abs(target - a[0]) // 4
+    reach = abs(target - a[0])
     b = next((p for p in order if abs(p[0] - a[0]) >= max(reach, 1)), None)
     if b is None:
         b = next((p for p in order if p[0] != a[0]), None)
@@ -161,11 +169,6 @@ class CardFits:
             line = Line(near[1] - s * near[0], s)
         if line is None:
             return None
-        if self.median_slope is not None and line.slope < self.median_slope:
-            # card 0's own chunk runs the same replica as the others: a flatter secant spans a
-            # plateau (card 0's fixed holdings), and would send its cap too far
-            near = min(adj, key=lambda a: abs(a[0] - target))
-            line = Line(near[1] - self.median_slope * near[0], self.median_slope)
         return Line(line.intercept + g * batch, max(line.slope, MIN_SLOPE_BYTES))
 
     def predict0(self, c: int, batch: int) -> Optional[float]:
