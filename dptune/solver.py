@@ -34,7 +34,7 @@ from dptune.errors import NoFeasibleSplitError
 from dptune.units import format_bytes
 
 __all__ = [
-    "Fit", "fit_affine", "predict", "shares_of", "max_share",
+    "Fit", "fit_affine", "predict", "shares_of",
     "solve_balance", "over_budget", "bisect_last",
 ]
 
@@ -194,12 +194,6 @@ def shares_of(peaks: Sequence[float], budgets: Sequence[int], split: Sequence[in
     return out
 
 
-def max_share(fits: Sequence[Fit], budgets: Sequence[int], split: Sequence[int],
-              batch_size: Optional[int] = None) -> float:
-    """The largest predicted share of budget over the cards in use."""
-    return max(shares_of(predict(fits, split, batch_size), budgets, split))
-
-
 # ---- errors ----------------------------------------------------------------------------
 
 def over_budget(card: int, shortfall_bytes: float, batch_size: int) -> NoFeasibleSplitError:
@@ -313,8 +307,23 @@ def solve_balance(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, 
     if budgets[0] <= 0:
         raise over_budget(0, -budgets[0] + max(0.0, _card_bytes(fits[0], 0, 0, batch_size)),
                           batch_size)
+    hi = _top_level(fits, budgets, batch_size, caps, m, every_card)
+    level = _lowest_level(fits, budgets, batch_size, caps, m, every_card, hi)
+    cmax = _cmax_at(fits, budgets, level, batch_size, caps, m, every_card)
+    assert cmax is not None
+    split = _construct(fits, budgets, cmax, batch_size, m)
+    assert split is not None and sum(split) == batch_size
+    if strict:
+        _check_within(fits, budgets, split, batch_size)
+    return split
+
+
+def _top_level(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, caps: Caps,
+               m: int, every_card: bool) -> float:
+    """A share level at which some split is possible (every card at its cap); raises
+    :class:`NoFeasibleSplitError` when no split is possible at any level."""
+    n = len(fits)
     top = [_cap(caps, i, batch_size) for i in range(n)]
-    # every level share reachable: all cards at their caps
     hi = max([_card_bytes(fits[i], i, top[i], batch_size) / budgets[i]
               for i in range(n) if budgets[i] > 0 and (i == 0 or top[i] > 0)] + [0.0])
     hi = max(hi, 0.0) * (1 + 1e-12) + 1e-300
@@ -334,6 +343,13 @@ def solve_balance(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, 
         raise NoFeasibleSplitError(
             f"no split of batch size {batch_size} is possible: {why}. Try a smaller batch_size "
             "or more cards.", shortfall_bytes=None)
+    return hi
+
+
+def _lowest_level(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, caps: Caps,
+                  m: int, every_card: bool, hi: float) -> float:
+    """Bisection on the share level: the lowest at which the cards' largest allowed chunks
+    still add up to the batch (``hi`` is known to)."""
     lo = min([0.0] + [_card_bytes(fits[0], 0, 0, batch_size) / budgets[0]]) - 1.0
     for _ in range(400):
         mid = (lo + hi) / 2
@@ -344,15 +360,15 @@ def solve_balance(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, 
             hi = mid
         else:
             lo = mid
-    cmax = _cmax_at(fits, budgets, hi, batch_size, caps, m, every_card)
-    assert cmax is not None
-    split = _construct(fits, budgets, cmax, batch_size, m)
-    assert split is not None and sum(split) == batch_size
-    if strict:
-        peaks = predict(fits, split, batch_size)
-        over = [(p - b) if (i == 0 or split[i] > 0) else -math.inf
-                for i, (p, b) in enumerate(zip(peaks, budgets))]
-        worst = max(range(n), key=lambda i: over[i])
-        if over[worst] > 0:
-            raise over_budget(worst, over[worst], batch_size)
-    return split
+    return hi
+
+
+def _check_within(fits: Sequence[Fit], budgets: Sequence[int], split: Sequence[int],
+                  batch_size: int) -> None:
+    """Raise :func:`over_budget` for the card furthest over its budget, if any is."""
+    peaks = predict(fits, split, batch_size)
+    over = [(p - b) if (i == 0 or split[i] > 0) else -math.inf
+            for i, (p, b) in enumerate(zip(peaks, budgets))]
+    worst = max(range(len(fits)), key=lambda i: over[i])
+    if over[worst] > 0:
+        raise over_budget(worst, over[worst], batch_size)

@@ -11,11 +11,17 @@ from hypothesis import strategies as st
 
 from dptune.errors import NoFeasibleSplitError
 from dptune.solver import Fit
-from dptune.solver import fit_affine, max_share, predict, solve_balance
+from dptune.solver import fit_affine, predict, shares_of, solve_balance
 from oracles import max_even_batch, solve_max_batch
 from dptune.split import even_split
 
 # ---- helpers ------------------------------------------------------------------------------
+
+
+def max_share(fits, budgets, split, batch_size=None):
+    """The largest predicted share of budget over the cards in use (the objective the
+    brute force below minimises; only tests need it, so it lives here, not in the solver)."""
+    return max(shares_of(predict(fits, split, batch_size), budgets, split))
 
 
 def splits(batch: int, n: int, m: int = 1, caps=None):

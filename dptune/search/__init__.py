@@ -14,7 +14,7 @@ measured within every budget are ever returned).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, cast
+from typing import Callable, NamedTuple, Optional, Sequence
 
 from dptune.backends.base import ProbeResult
 from dptune.search.balance import Balance
@@ -132,64 +132,84 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         obs.add_bound(r)
     for r in prior:
         obs.add_prior(r, prior_cards)
-    n = obs.n
-    even_implied_by: tuple[int, ...] = ()
-    even_open, even_at_most = False, cast(Optional[int], None)
     notes: list[str] = []
     if objective == "balance":
         bal = Balance(obs, batch_size, max_probes, tolerance, notes)
         refine(probe, bal, obs, max_probes, on_probe)
-        best = obs.best_within(batch_size)
-        if best is None:
-            raise bal.no_split()
-        certified = bal.certified(best)
-        brackets = bal.brackets(best)
-        floor = bal.floor(best)
-        even_s = tuple(even_split(batch_size, n))
-        even = obs.by_split.get(even_s)
-        if floor:
-            notes.append("card 0 with no samples already holds the largest share (its "
-                         f"{card0_holdings(obs.probes)}): no "
-                         "split can do better; the imbalance is given among the cards that "
-                         "hold samples")
+        found = _balance_found(obs, bal, batch_size, notes)
     else:
         mb = MaxBatch(obs, batch_size, max_probes, compare_even, first_split)
         refine(probe, mb, obs, max_probes, on_probe)
-        best = obs.best_within()
-        if best is None:
-            card = next((r.oom_device for r in reversed(obs.probes) if not r.feasible), None)
-            raise infeasible_error(card, None, min_chunk,
-                                   f"not even the smallest batch was measured within budget "
-                                   f"in {len(obs.probes)} probes", probes=obs.probes,
-                                   budgets=obs.budgets)
-        certified = mb.max_certified()
-        brackets = mb.brackets()
-        floor = False
-        lo, hi = mb.even_bracket() if compare_even else (0, None)
-        even_s = tuple(even_split(lo, n)) if lo > 0 else tuple(even_split(batch_size, n))
-        even = obs.by_split.get(even_s) if lo > 0 else None
-        if even is not None and not obs.within_budget(even):
-            even = None
-        if even is None and lo > 0:
-            imp = _implied(obs, even_s)
-            if imp is not None:
-                even, even_implied_by = imp
-        even_open = compare_even and not mb.even_certified()
-        if even_open:
-            even_at_most = None if hi is None else hi - 1
-            known = ", ".join([f"at least {lo}"] * (lo > 0) + [f"at most {even_at_most}"] *
-                              (even_at_most is not None)) or "not known"
-            notes.append(f"the even split's largest batch was not bracketed to one sample "
-                         f"within the probes: {known}")
-        if even is not None and even.batch_size > best.batch_size:  # pragma: no cover - guard
-            best = even
-    if not certified:
-        open_ = [b.describe() for b in brackets if not b.closed]
+        found = _max_batch_found(obs, mb, batch_size, min_chunk, compare_even, notes)
+    if not found.certified:
+        open_ = [b.describe() for b in found.brackets if not b.closed]
         notes.append(f"not certified: {len(obs.probes)} of {max_probes} probes run and "
                      f"{len(open_)} bracket(s) still open ({'; '.join(open_)}); the best split "
                      "measured within every budget is returned")
-    return SearchOutcome(best=best, even=even, even_split=even_s, even_implied_by=even_implied_by,
-                         probes=tuple(obs.probes),
-                         fits=_fits(obs, best.chunk_sizes), brackets=tuple(brackets),
-                         certified=certified, card0_floor=floor, notes=tuple(notes),
-                         even_open=even_open, even_at_most=even_at_most)
+    return SearchOutcome(best=found.best, even=found.even, even_split=found.even_split,
+                         even_implied_by=found.even_implied_by, probes=tuple(obs.probes),
+                         fits=_fits(obs, found.best.chunk_sizes), brackets=tuple(found.brackets),
+                         certified=found.certified, card0_floor=found.floor, notes=tuple(notes),
+                         even_open=found.even_open, even_at_most=found.even_at_most)
+
+
+class _Found(NamedTuple):
+    """What one objective's strategy left: the answer, the even baseline, the certificate."""
+
+    best: ProbeResult
+    even: Optional[ProbeResult]
+    even_split: tuple[int, ...]
+    certified: bool
+    brackets: list[Bracket]
+    floor: bool = False
+    even_implied_by: tuple[int, ...] = ()
+    even_open: bool = False
+    even_at_most: Optional[int] = None
+
+
+def _balance_found(obs: Observations, bal: Balance, batch_size: int, notes: list[str]) -> _Found:
+    best = obs.best_within(batch_size)
+    if best is None:
+        raise bal.no_split()
+    floor = bal.floor(best)
+    even_s = tuple(even_split(batch_size, obs.n))
+    if floor:
+        notes.append("card 0 with no samples already holds the largest share (its "
+                     f"{card0_holdings(obs.probes)}): no "
+                     "split can do better; the imbalance is given among the cards that "
+                     "hold samples")
+    return _Found(best, obs.by_split.get(even_s), even_s, bal.certified(best),
+                  bal.brackets(best), floor)
+
+
+def _max_batch_found(obs: Observations, mb: MaxBatch, batch_size: int, min_chunk: int,
+                     compare_even: bool, notes: list[str]) -> _Found:
+    best = obs.best_within()
+    if best is None:
+        card = next((r.oom_device for r in reversed(obs.probes) if not r.feasible), None)
+        raise infeasible_error(card, None, min_chunk,
+                               f"not even the smallest batch was measured within budget "
+                               f"in {len(obs.probes)} probes", probes=obs.probes,
+                               budgets=obs.budgets)
+    lo, hi = mb.even_bracket() if compare_even else (0, None)
+    even_s = tuple(even_split(lo, obs.n)) if lo > 0 else tuple(even_split(batch_size, obs.n))
+    even = obs.by_split.get(even_s) if lo > 0 else None
+    if even is not None and not obs.within_budget(even):
+        even = None
+    implied_by: tuple[int, ...] = ()
+    if even is None and lo > 0:
+        imp = _implied(obs, even_s)
+        if imp is not None:
+            even, implied_by = imp
+    even_open = compare_even and not mb.even_certified()
+    at_most = None
+    if even_open:
+        at_most = None if hi is None else hi - 1
+        known = ", ".join([f"at least {lo}"] * (lo > 0) + [f"at most {at_most}"] *
+                          (at_most is not None)) or "not known"
+        notes.append(f"the even split's largest batch was not bracketed to one sample "
+                     f"within the probes: {known}")
+    if even is not None and even.batch_size > best.batch_size:  # pragma: no cover - guard
+        best = even
+    return _Found(best, even, even_s, mb.max_certified(), mb.brackets(), False, implied_by,
+                  even_open, at_most)

@@ -8,6 +8,13 @@ probe puts each open card inside its bracket (where a local fit says the cap is;
 midpoint when the bracket has not halved in two probes) and card 0 at the largest batch its
 fit allows inside its own bracket, so every probe shrinks a bracket.
 
+The first probe, at the caller's batch, spreads the cards ``i >= 1`` over half to one and a
+half times their even share (3 cards or more, 32 samples a card or more, the simulator): they
+run the same replica, so that one probe gives their slope, and the next probe is already the
+answer's guess (card 0's cost per sample of the whole batch taken as 0 there; that probe gives
+card 0 a second point, from which the cost follows). Otherwise the even split is probed first,
+then a probe that holds card 0's chunk and moves the others (card 0's batch term).
+
 The answer is the largest batch measured within every budget. It is *certified* when one
 more sample is measured not to fit: with each card ``i >= 1`` at most ``hi_i - 1``, every
 split of ``B + 1`` leaves card 0 at least a chunk where it was measured over budget.
@@ -43,7 +50,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence
 
 from dptune.search.loop import Proposal, fill, valid_split
-from dptune.search.models import CardFits, chord_cap
+from dptune.search.models import MIN_SLOPE_BYTES, CardFits, chord_cap
 from dptune.search.observations import Bracket, Observations, next_chunk
 from dptune.solver import bisect_last
 from dptune.split import even_split
@@ -53,6 +60,10 @@ __all__ = ["MaxBatch"]
 #: Largest step up a secant may take from the largest measured chunk when nothing above was
 #: measured (x this); a single point scales in proportion, which undershoots.
 GROWTH = 64
+
+
+#: The spread first probe only when the cards' even share is at least this many samples.
+SPREAD_MIN = 32
 
 
 def largest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int:
@@ -143,6 +154,9 @@ class MaxBatch:
             return
         for i in range(1, self.n):
             self.widths.setdefault(f"card{i}", []).append(self.obs.bracket(i).width)
+        last = self.obs.probes[-1]
+        if not (last.purpose.startswith("max") and self._card0_question(last.chunk_sizes)):
+            return      # a probe that asked card 0 nothing does not count against its bracket
         for t in {tuple(self._caps_lo()), self._last_t}:
             line = self._line(list(t))
             lo, hi = self._line_bracket(line)
@@ -177,10 +191,18 @@ class MaxBatch:
         else:
             line = fits.card_line(i, br.lo)
             pts = [p for p in obs.points[i] if p.exact and p.chunk > 0]
-            if line is not None and len({p.chunk for p in pts}) >= 2:
+            if line is not None and (len({p.chunk for p in pts}) >= 2 or
+                                     (fits.median_slope or 0) > MIN_SLOPE_BYTES):
                 guess = int((budget - line.intercept) / line.slope)
                 if upper is None:   # a secant far from its points is not trusted far
                     top = max([p.chunk for p in obs.points[i]] + [br.lo, 1])
+                    if len({p.chunk for p in pts}) < 2:    # the cards' pooled slope
+                        top = max([top] + [p.chunk for j in range(1, self.n)
+                                           for p in obs.points[j]])
+                    # nor a flat step of a staircase: a chord from a point well below lo too
+                    wide = fits.card_line(i, 2 * max(br.lo, 1))
+                    if wide is not None:
+                        guess = min(guess, int((budget - wide.intercept) / wide.slope))
                     guess = min(guess, GROWTH * top)
             elif pts:   # one point: in proportion (undershoots, since the intercept is >= 0)
                 p = pts[-1]
@@ -261,7 +283,7 @@ class MaxBatch:
         obs = self.obs
         fits = CardFits(obs)
         t = [self._target(i, fits) for i in range(1, self.n)]
-        if fits.g is None and self.g_tries < 2:
+        if fits.g is None and self.g_tries < 2 and not self._g_from_slope(t, fits):
             # card 0's cost per sample of the whole batch: card 0's chunk as in an earlier
             # probe, the others moved
             ref = next((p for p in reversed(obs.points[0]) if p.exact), None)
@@ -279,10 +301,10 @@ class MaxBatch:
             # known to fit) before the cards' one-more tests
             lo_line = self._line(caps_lo)
             lo, _ = self._line_bracket(lo_line)
-            b0 = self._line_target(lo_line, fits)
-            if b0 is not None and b0 > lo + 1:
-                s0 = lo_line.split(b0)
-                if s0 is not None and s0 not in obs.by_split and valid_split(s0, self.m):
+            b0 = self._line_target(lo_line, fits) or 0
+            s0 = lo_line.split(b0) if b0 > lo else None
+            if s0 is not None and (b0 > lo + 1 or self._predicted_fit(s0, fits)):
+                if s0 not in obs.by_split and valid_split(s0, self.m):
                     self._last_t = tuple(caps_lo)
                     return Proposal(s0, "max")
         line = self._line(t)
@@ -303,6 +325,31 @@ class MaxBatch:
                 (best is None or lo > best.batch_size):
             return Proposal(known, "max")
         return None
+
+    def _card0_predicted_over(self, split: Sequence[int], fits: CardFits,
+                              clearly: bool = False) -> bool:
+        """The fits put card 0 over its budget in ``split`` (unknown counts as over);
+        ``clearly``: by at least half of what one more sample of its own costs it (nearer the
+        budget than that, the allocator's rounding decides: a coin toss)."""
+        p = fits.predict0(split[0], sum(split))
+        if p is None:
+            return True
+        line = fits.card0_line(max(split[0], 1), sum(split)) if clearly else None
+        half = 0.0 if line is None else line.slope / 2
+        return p > self.obs.budgets[0] + half
+
+    def _g_from_slope(self, t: list[int], fits: CardFits) -> bool:
+        """With the cards' slope known (a spread first probe, or a prior search's points) and
+        card 0 measured once, the answer's guess along ``t`` (card 0's batch term taken as 0)
+        gives card 0 a second point from which its batch term follows (:class:`CardFits`): no
+        probe of its own for it, as long as that guess gives card 0 samples."""
+        if fits.median_slope is None or len(self.obs.fit_points(0)) + \
+                len(self.obs.over_points(0)) != 1:
+            return False
+        line = self._line(t)
+        b = self._line_target(line, fits)
+        s = None if b is None else line.split(b)
+        return s is not None and s[0] > 0
 
     def _predicted_fit(self, split: Sequence[int], fits: CardFits) -> bool:
         """The fits say every card of ``split`` is within budget (a guess, never an answer)."""
@@ -403,7 +450,8 @@ class MaxBatch:
             s = even_split(self.hint, self.n)
             if not valid_split(s, self.m):
                 s = fill(self.hint, [self.hint] * self.n, self.m) or s
-            return Proposal(tuple(s), "even")
+            spread = self._spread(s)
+            return Proposal(spread, "spread") if spread is not None else Proposal(tuple(s), "even")
         self._record_widths()
         even = None if not self.compare_even or self.even_certified() else self._even_step()
         if not self.max_certified():
@@ -413,7 +461,7 @@ class MaxBatch:
             prop = self._max_step()
             if prop is not None:
                 if even is not None and self._even_covers(even.split, prop.split) \
-                        and not self._predicted_fit(even.split, CardFits(self.obs)):
+                        and self._card0_predicted_over(even.split, CardFits(self.obs)):
                     # the even split's next probe puts card 0 at no more samples and no larger
                     # batch: over there means over here too (one probe for both questions)
                     return Proposal(even.split, "even-max")
@@ -427,6 +475,21 @@ class MaxBatch:
         if not self._card0_question(prop):
             return False
         return even[0] <= prop[0] and sum(even) <= sum(prop)
+
+    def _spread(self, even: Sequence[int]) -> Optional[tuple[int, ...]]:
+        """The first probe with the cards ``i >= 1`` at different chunks (half to one and a
+        half times their even share), card 0 at its even share: the cards run the same
+        replica, so one probe samples their curve at several chunks (3 cards or more)."""
+        n, m = self.n, self.m
+        if n < 3 or not self.obs.exact_on_oom or any(self.obs.points[1:]):
+            return None     # (points from a prior search already give the cards' slopes)
+        e = sum(even[1:]) / (n - 1)
+        if e < SPREAD_MIN:
+            return None     # a few samples apart, a step of the allocator passes for a slope
+        out = [int(even[0])] + [max(m, int(e * (0.5 + k / (n - 2)))) for k in range(n - 1)]
+        out[0] += sum(even) - sum(out)
+        split = tuple(out)
+        return split if out[0] >= 0 and valid_split(split, m) and len(set(out[1:])) > 1 else None
 
     def _card0_question(self, split: Sequence[int]) -> bool:
         """Every card ``i >= 1`` is known to fit ``split``: a probe of it asks about card 0."""
@@ -443,19 +506,11 @@ class MaxBatch:
         Used only when every card is measured in every probe (the simulator) and when the
         card 0 questions left can carry every open card (otherwise one probe that raises
         every open card at once is cheaper)."""
-        obs, m, n = self.obs, self.m, self.n
+        obs, n = self.obs, self.n
         if not obs.exact_on_oom or n < 3 or not obs.fit_points(0):
             return None
         fits = CardFits(obs)
-        tests: dict[int, int] = {}
-        for i in range(1, n):
-            br = obs.bracket(i)
-            if br.closed:
-                continue
-            x = self._target(i, fits)
-            if br.lo <= 0 or x != next_chunk(br.lo, m):
-                return None          # the fits do not yet put this card's cap at lo
-            tests[i] = x
+        tests = self._card_tests(fits)
         if not tests:
             return None
         lo_line = self._line(self._caps_lo())
@@ -467,10 +522,13 @@ class MaxBatch:
             q_max = lo_line.split(lo + 1)
             if q_max is None or not self._card0_question(q_max):
                 return None
+            if self._predicted_fit(q_max, fits):
+                return None          # a candidate answer: it must be measured whole, no tests
         q_even = even.split if even is not None and self._card0_question(even.split) else None
         even_fits = q_even is not None and self._predicted_fit(q_even, fits)
         covered = q_max is not None and q_even is not None and not even_fits \
-            and self._even_covers(q_even, q_max)
+            and self._even_covers(q_even, q_max) and \
+            self._card0_predicted_over(q_even, fits, clearly=True)
         questions = int(q_max is not None and not covered) + int(q_even is not None) \
             + int(even_fits)
         if len(tests) > questions * (n - 2):
@@ -481,6 +539,30 @@ class MaxBatch:
             base, purpose = q_max, "max"
         else:
             return None
+        split = self._raise_cards(base, tests)
+        if split is None or split in obs.by_split or not valid_split(split, self.m):
+            return None
+        return Proposal(split, f"{purpose}+cards")
+
+    def _card_tests(self, fits: CardFits) -> Optional[dict[int, int]]:
+        """Each open card ``i >= 1``'s one-more-sample test chunk, when the fits put every
+        open card's cap at its ``lo`` (``None`` otherwise)."""
+        tests: dict[int, int] = {}
+        for i in range(1, self.n):
+            br = self.obs.bracket(i)
+            if br.closed:
+                continue
+            x = self._target(i, fits)
+            if br.lo <= 0 or x != next_chunk(br.lo, self.m):
+                return None          # the fits do not yet put this card's cap at lo
+            tests[i] = x
+        return tests
+
+    def _raise_cards(self, base: Sequence[int], tests: dict[int, int]) -> Optional[tuple[int, ...]]:
+        """``base`` with the tested cards raised to their test chunks, the samples taken from
+        the other cards (untested ones first) down to ``min_chunk``; ``None`` when no card
+        could be raised."""
+        n, m = self.n, self.m
         s = list(base)
         raised: list[int] = []
         for i in sorted(tests):
@@ -499,7 +581,4 @@ class MaxBatch:
                     break
             s[i] = tests[i]
             raised.append(i)
-        split = tuple(s)
-        if not raised or split in obs.by_split or not valid_split(split, m):
-            return None
-        return Proposal(split, f"{purpose}+cards")
+        return tuple(s) if raised else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import certificate as cert
+from benchmarks import certificate_cases as cases
 
 
 def test_hand_count_two_cards():
@@ -13,7 +14,7 @@ def test_hand_count_two_cards():
     of B* + 1 (in a probe of its own: with card 1 at its cap + 1 as well the batch is B* + 2,
     too large to prove anything of B* + 1). The even split at E + 1 puts card 0 at fewer
     samples in a smaller batch, over there means over at B* + 1: 3 in all."""
-    s = cert.synthetic()[0]
+    s = cases.synthetic()[0]
     ans = cert.answer(s)
     assert s.name == "mlp2" and ans.best == 1296 and ans.caps == (716,) and ans.even == 1160
     assert cert.minimum(s, ans, with_even=False) == 3
@@ -22,7 +23,7 @@ def test_hand_count_two_cards():
 
 @pytest.mark.parametrize("k", [0, 1, 3, 5])
 def test_minimum_never_above_a_proof_dptune_found(k):
-    s = cert.random_affine(k)
+    s = cases.random_affine(k)
     row = cert.measure(s)
     assert row.ok
     assert row.minimum is not None and row.own_min is not None
@@ -32,7 +33,7 @@ def test_minimum_never_above_a_proof_dptune_found(k):
 def test_even_answer_skips_batchnorm_batches_and_the_torch_chunk_dips():
     """affine5 is BatchNorm on 3 cards: even(7) = [3, 3, 1] is skipped, as a user would."""
     for k in (3, 5):
-        s = cert.random_affine(k)
+        s = cases.random_affine(k)
         ans = cert.answer(s)
         n, last = s.n, 0
         b = cert.even_start(s)
