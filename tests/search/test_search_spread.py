@@ -4,7 +4,7 @@ card 0's batch term without a probe of its own, and the fits behind them."""
 from __future__ import annotations
 
 import pytest
-from test_search import TYPICAL, CurveBackend, best_batch, budgets, measured_within
+from tests.search.test_search import TYPICAL, CurveBackend, best_batch, budgets, measured_within
 
 from dptune import search
 from dptune.backends.base import ProbeResult
