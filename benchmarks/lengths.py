@@ -9,7 +9,7 @@ mixed cards, with the training step of the other benchmarks (AdamW, bf16 autocas
   bucket, split as planned), drawn at random: what users do today;
 - (b) **token budget, even split**: one global budget ``count x longest <= T``, with ``T`` the
   largest even-split batch at the longest length times that length (found by bisection on
-  the simulator), batches packed greedily from length-sorted chunks, split evenly;
+  the simulator), batches packed greedily from the samples sorted by length (fairseq-style), shuffled, split evenly;
 - (c) **per-bucket plan**: :func:`dptune.lengths.plan_lengths` with
   :class:`~dptune.lengths.BucketBatchSampler` and each batch's planned split.
 
@@ -41,7 +41,9 @@ from dptune.units import parse_bytes
 from dptune.workload import Workload
 
 HEADROOM = "1GiB"
-N_SAMPLES = 1500
+#: samples per case: the encoder fits batches of thousands, so it needs tens of thousands
+#: of samples for the batch of the longest length to take more than a few steps an epoch
+N_SAMPLES = {"GPT": 1500, "BERT": 40_000}
 BUCKETS = 6
 CLUSTERS = ("4x24GB", "40GB,24GB,2x16GB")
 
@@ -89,22 +91,22 @@ def epoch_longest(lengths: list[int], batch: int, seed: int = 0) -> list[list[in
     return [idx[i:i + batch] for i in range(0, len(idx), batch)]
 
 
-def epoch_token_budget(lengths: list[int], budget: int, seed: int = 0,
-                       chunk: int = 200) -> list[list[int]]:
-    """fairseq-style: shuffle, sort chunks by length, pack while count x longest <= budget."""
-    idx = list(range(len(lengths)))
-    random.Random(seed).shuffle(idx)
+def epoch_token_budget(lengths: list[int], budget: int, seed: int = 0) -> list[list[int]]:
+    """fairseq-style: every sample sorted by length (ties in a random order), packed while
+    count x longest <= budget, the batches then shuffled."""
+    rng = random.Random(seed)
+    keys = [rng.random() for _ in lengths]
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], keys[i]))
     out: list[list[int]] = []
-    for start in range(0, len(idx), chunk):
-        part = sorted(idx[start:start + chunk], key=lambda i: lengths[i])
-        cur: list[int] = []
-        for i in part:
-            if cur and (len(cur) + 1) * max(lengths[i], max(lengths[j] for j in cur)) > budget:
-                out.append(cur)
-                cur = []
-            cur.append(i)
-        if cur:
+    cur: list[int] = []
+    for i in order:   # sorted: the newest sample is the longest
+        if cur and (len(cur) + 1) * lengths[i] > budget:
             out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    rng.shuffle(out)
     return out
 
 
@@ -147,15 +149,21 @@ class Sim:
 
     def replay(self, lengths: list[int], batches: list[list[int]],
                split: Callable[[int, int], list[int]]) -> tuple[int, int]:
-        """(distinct shapes replayed, those over a budget)."""
-        shapes = {(len(b), max(lengths[i] for i in b)) for b in batches}
-        over = sum(not self.fits(L, split(L, c)) for c, L in sorted(shapes))
-        return len(shapes), over
+        """(shapes replayed, those over a budget): every batch's split, each at the longest
+        padded length any batch of the epoch has with that split (at the same split a longer
+        batch only uses more memory, so it stands for the shorter ones)."""
+        longest: dict[tuple[int, ...], int] = {}
+        for b in batches:
+            L = max(lengths[i] for i in b)
+            key = tuple(split(L, len(b)))
+            longest[key] = max(longest.get(key, 0), L)
+        over = sum(not self.fits(L, list(key)) for key, L in sorted(longest.items()))
+        return len(longest), over
 
 
 def run_one(name: str, dist: str, cluster: str) -> dict[str, Any]:
     model, sample, longest = MODELS[name]
-    lengths = lengths_of(dist, N_SAMPLES, longest)
+    lengths = lengths_of(dist, N_SAMPLES[name], longest)
     common = dict(simulate=cluster, headroom=HEADROOM, optimizer=_adamw, amp="bf16",
                   max_length=longest, batch_size=256)
     t0 = time.perf_counter()
@@ -173,6 +181,7 @@ def run_one(name: str, dist: str, cluster: str) -> dict[str, Any]:
     c = epoch_plan(lengths, plan)
     row: dict[str, Any] = {
         "model": name, "lengths": dist, "cluster": cluster, "buckets": len(plan.buckets),
+        "samples": len(lengths),
         "plan": [bk.to_dict() for bk in plan.buckets], "plan_seconds": t_plan,
         "probes_neighbour": plan.probes, "probes_scratch": scratch.probes, "same_answers": same,
         "certified": plan.certified, "token_budget_even": budget,
@@ -246,21 +255,25 @@ def main(argv: Any = None) -> int:
     p.add_argument("--quick", action="store_true", help="one model, one distribution, one cluster")
     p.add_argument("--scale", action="store_true",
                    help="only the 1B-parameter decoder over 8 buckets: the time it takes")
+    p.add_argument("--models", default=",".join(MODELS), help="which models, e.g. BERT")
     p.add_argument("--out", default="benchmarks/lengths.json")
     args = p.parse_args(argv)
     if args.scale:
         print(json.dumps(scale(), indent=2))
         return 0
-    combos = [(m, d, c) for m in MODELS for d in ("lognormal", "bimodal") for c in CLUSTERS]
+    models = [m for m in args.models.split(",") if m]
+    combos = [(m, d, c) for m in models for d in ("lognormal", "bimodal") for c in CLUSTERS]
     if args.quick:
         combos = combos[:1]
     rows = []
     for m, d, c in combos:
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         rows.append(run_one(m, d, c))
-        print(f"{m} {d} {c}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(rows, f, indent=2)
+        rows[-1]["seconds"] = time.perf_counter() - t
+        rows[-1]["cpu_seconds"] = time.process_time() - cpu
+        print(f"{m} {d} {c}: {rows[-1]['seconds']:.0f} s", file=sys.stderr)
+        with open(args.out, "w", encoding="utf-8") as f:   # each row as it comes
+            json.dump(rows, f, indent=2)
     print(table(rows))
     return 0
 

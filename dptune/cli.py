@@ -156,6 +156,19 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
                          f"settings from the Trainer and its TrainingArguments; drop "
                          f"{', '.join(ignored)}")
     cluster = parse_cluster(simulate) if simulate is not None else None
+    trainer = load_trainer(make_trainer)
+    from dptune.backends.reserved import DEFAULT_HEADROOM, parse_level
+    from dptune.integrations.transformers import tune_trainer
+
+    if headroom_bytes is None:   # the level's default (tune_trainer's own is the allocated one)
+        headroom_bytes = DEFAULT_HEADROOM[parse_level(levels.get("budget_level", "allocated"))]
+    return tune_trainer(trainer, objective=objective, simulate=cluster, headroom=headroom_bytes,
+                        batch_size=batch_size, device_ids=list(devices) if devices else None,
+                        max_probes=max_probes, verbose=verbose, **levels)
+
+
+def load_trainer(make_trainer: str) -> Any:
+    """``--hf-trainer mymod:make_trainer``: the ``transformers.Trainer`` it returns."""
     try:
         import transformers
     except ImportError:
@@ -170,14 +183,7 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
     if not isinstance(trainer, transformers.Trainer):
         raise UsageError(f"--hf-trainer {make_trainer}() returned a {type(trainer).__name__}, "
                          "not a transformers.Trainer")
-    from dptune.backends.reserved import DEFAULT_HEADROOM, parse_level
-    from dptune.integrations.transformers import tune_trainer
-
-    if headroom_bytes is None:   # the level's default (tune_trainer's own is the allocated one)
-        headroom_bytes = DEFAULT_HEADROOM[parse_level(levels.get("budget_level", "allocated"))]
-    return tune_trainer(trainer, objective=objective, simulate=cluster, headroom=headroom_bytes,
-                        batch_size=batch_size, device_ids=list(devices) if devices else None,
-                        max_probes=max_probes, verbose=verbose, **levels)
+    return trainer
 
 
 def _model_only_flags(args: argparse.Namespace) -> list[str]:
@@ -335,7 +341,7 @@ def _search_command(args: argparse.Namespace) -> int:
     if args.lengths is not None:   # a plan per length bucket
         from dptune.lengths import cli as lengths_cli
 
-        return lengths_cli.run(args, workload_spec(args))
+        return lengths_cli.run(args, None if args.hf_trainer else workload_spec(args))
 
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()

@@ -244,3 +244,82 @@ def test_a_saved_plan_is_taken_by_its_path(tmp_path):
     assert t.length_plan.edges == list(EDGES)
     sizes = [b["input_ids"].shape[0] for b in t.get_train_dataloader()]
     assert sorted(sizes) == sorted([5, 5, 2] + [3] * 5 + [1] + [2] * 6)
+
+
+# ---- the command line: --hf-trainer --lengths -------------------------------------------------
+
+TRAINER_MODULE = '''
+import transformers
+from tests.test_hf_trainer import tiny_gpt2, training_args
+from tests.test_lengths_trainer import Texts, pad_collator
+import pathlib
+
+def make_trainer():
+    return transformers.Trainer(model=tiny_gpt2(), args=training_args(pathlib.Path(".")),
+                                train_dataset=Texts(), data_collator=pad_collator())
+'''
+
+
+@pytest.fixture
+def trainer_module(tmp_path, monkeypatch):
+    import sys
+    import uuid
+
+    name = f"lentrainer_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(TRAINER_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path)] + list(sys.path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--model", "x:y", "--lengths"], "--lengths needs a FILE"),
+    (["--hf-trainer", "{m}:make_trainer", "--lengths", "lengths.txt"], "give --lengths without a FILE"),
+    (["--hf-trainer", "{m}:make_trainer", "--lengths", "--input-shape", "8"], "drop --input-shape"),
+])
+def test_cli_hf_trainer_lengths_errors(trainer_module, capsys, argv, fragment):
+    from dptune.cli import main
+
+    rc = main(["search", *[a.format(m=trainer_module) for a in argv], "--simulate", "1x24GB"])
+    assert rc == 2
+    assert fragment in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_hf_trainer_lengths_writes_the_trainers_plan(trainer_module, tmp_path, capsys):
+    """The plan from the Trainer's own dataset (lengths 2..11, 4 each), and the line that
+    trains with it; the saved plan is what BalancedTrainer(plan=folder) takes."""
+    from dptune.cli import main
+
+    code = main(["search", "--hf-trainer", f"{trainer_module}:make_trainer", "--lengths",
+                 "--buckets", "4,8", "--simulate", "1x396MB,context=384MiB", "--headroom", "0",
+                 "--out", str(tmp_path / "rep"), "--no-plots"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    plan = LengthPlan.load(str(tmp_path / "rep"))
+    assert plan.edges == [4, 8, 11] and [b.samples for b in plan.buckets] == [12, 16, 12]
+    assert plan.certified and len(plan.devices) == 1
+    assert "length <= 11: batch" in out
+    assert f"with_length_plan(make_trainer(), {str(tmp_path / 'rep')!r})" in out
+
+
+@pytest.mark.slow
+def test_tune_trainer_lengths_hands_back_a_trainer_that_trains_with_the_plan(tmp_path):
+    """Planned on one simulated card small enough that the buckets' batches are below their
+    samples (cards of 396 MB less 384 MiB of context), then one epoch: each bucket's batches of
+    its planned size but for one tail, every sample once."""
+    from dptune.integrations.trainer_lengths import tune_trainer_lengths
+
+    collator = recording_collator()
+    plain = transformers.Trainer(model=tiny_gpt2(), args=training_args(
+        tmp_path, max_steps=-1, num_train_epochs=1), train_dataset=Texts(), data_collator=collator)
+    t = tune_trainer_lengths(plain, [4, 8], simulate="1x396MB,context=384MiB", headroom=0)
+    planned = [b.batch_size for b in t.length_plan.buckets]
+    assert t.length_plan.edges == list(EDGES) and t.length_plan.certified
+    assert any(b < n for b, n in zip(planned, [12, 16, 12]))   # some bucket takes several steps
+    collator.batches.clear()                    # the probes' batches went through it too
+    t.train()
+    check_epoch(collator.batches, planned)
+    hand = sum(-(-n // b) for n, b in zip([12, 16, 12], planned))
+    assert t.state.global_step == len(collator.batches) == hand

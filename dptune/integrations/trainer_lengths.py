@@ -34,12 +34,14 @@ import os
 from typing import Any, Mapping
 
 from dptune.errors import UsageError
-from dptune.integrations.trainer_workload import trainer_optimizer, trainer_sample, trainer_step_settings
+from dptune.integrations.trainer_workload import (
+    checkpointing, trainer_optimizer, trainer_sample, trainer_step_settings,
+)
 from dptune.lengths.plan import LengthPlan
 from dptune.lengths.trainer import _length, trainer_lengths
 
 __all__ = ["TrainerLengthSample", "plan_trainer_lengths", "tune_trainer_lengths",
-           "with_length_plan", "bucket_dataloader", "trainer_plan"]
+           "with_length_plan", "bucket_dataloader", "trainer_plan", "all_lengths"]
 
 
 def _resized(example: Mapping[str, Any], key: str, length: int) -> dict[str, Any]:
@@ -79,31 +81,43 @@ class TrainerLengthSample:
 
 
 def plan_trainer_lengths(trainer: Any, buckets: Any = 8, *, simulate: Any = None,
-                         headroom: Any = "1GiB", **options: Any) -> Any:
+                         headroom: Any = "1GiB", lengths: Any = None, **options: Any) -> Any:
     """A :class:`dptune.lengths.LengthPlan` for a ``transformers.Trainer``: the train
     dataset's lengths, batches from its own examples and collator at each bucket's length,
     its model, optimizer and step settings (as :func:`tune_trainer` reads them). ``options``
-    go to :func:`dptune.lengths.plan_lengths` (``pad_to_multiple_of``, ``max_probes``, ...)."""
+    go to :func:`dptune.lengths.plan_lengths` (``pad_to_multiple_of``, ``max_probes``, ...);
+    ``max_length`` is the model's ``max_position_embeddings`` (or ``n_positions``) by default.
+    ``lengths``: the dataset's, when read already (:func:`all_lengths`)."""
     from dptune.lengths.search import plan_lengths
 
-    key, lengths = _all_lengths(trainer)
+    if lengths is None:
+        key, lengths = all_lengths(trainer)
+    else:
+        key = all_lengths(trainer, limit=1)[0]
+    config = getattr(trainer.model, "config", None)
+    longest = (getattr(config, "max_position_embeddings", None)
+               or getattr(config, "n_positions", None))
+    if isinstance(longest, int):
+        options.setdefault("max_length", longest)
     settings = trainer_step_settings(trainer.args)
     pad = getattr(trainer.data_collator, "pad_to_multiple_of", None)
     options.setdefault("pad_to_multiple_of", pad)
-    return plan_lengths(trainer.model, TrainerLengthSample(trainer, key), lengths, buckets,
-                        optimizer=options.pop("optimizer", None) or trainer_optimizer(trainer),
-                        simulate=simulate, headroom=headroom, amp=settings.amp,
-                        accumulate=settings.accumulate, clip_grad_norm=settings.clip_grad_norm,
-                        **options)
+    optimizer = options.pop("optimizer", None) or trainer_optimizer(trainer)
+    with checkpointing(trainer.model, trainer.args):   # as the Trainer turns it on
+        return plan_lengths(trainer.model, TrainerLengthSample(trainer, key), lengths, buckets,
+                            optimizer=optimizer, simulate=simulate, headroom=headroom,
+                            amp=settings.amp, accumulate=settings.accumulate,
+                            clip_grad_norm=settings.clip_grad_norm, **options)
 
 
-def _all_lengths(trainer: Any) -> tuple[str, list[int]]:
-    """Every train example's length (the plan's last edge must cover the longest)."""
+def all_lengths(trainer: Any, limit: Any = None) -> tuple[str, list[int]]:
+    """The length field and every train example's length (the plan's last edge must cover the
+    longest), or the first ``limit``."""
     ds = trainer.train_dataset
     if ds is None or not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")):
         raise UsageError("planning per length bucket needs a map-style train_dataset (one with "
                          "len() and indexing); an iterable dataset's lengths cannot be read ahead")
-    key, lengths = trainer_lengths(trainer, limit=len(ds))
+    key, lengths = trainer_lengths(trainer, limit=len(ds) if limit is None else limit)
     if not lengths:
         raise UsageError("the Trainer's train dataset has no input_ids (or other sequence) "
                          "lengths dptune can read; pass the lengths to plan_lengths yourself")
@@ -176,7 +190,7 @@ def bucket_dataloader(trainer: Any, plan: LengthPlan) -> Any:
 
     from dptune.lengths.sampler import BucketBatchSampler
 
-    _, lengths = _all_lengths(trainer)
+    _, lengths = all_lengths(trainer)
     sample = trainer_sample(trainer)
     args = trainer.args
     seed = args.data_seed if args.data_seed is not None else args.seed
