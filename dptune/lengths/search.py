@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
@@ -256,47 +257,30 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     shortest bucket's search starts. ``ddp=True`` (simulated cards only): each card is a
     DDP rank with its own batch (nothing gathered); every rank must fit at least one sequence.
     """
-    from dptune.tuner import _build_backend, choose_backend
     from dptune.workload import Workload, model_name
 
     t0 = time.perf_counter()
     data = list(lengths)
     edges = bucket_edges(data, buckets, pad_to_multiple_of=pad_to_multiple_of, max_length=max_length)
-    counts = [0] * len(edges)
-    for k in assign(data, edges, pad_to_multiple_of):
-        counts[k] += 1
-    try:
-        headroom_bytes = parse_bytes(headroom)
-    except ValueError as e:
-        raise UsageError(f"headroom: {e}") from None
+    tally = Counter(assign(data, edges, pad_to_multiple_of))
+    counts = [tally[k] for k in range(len(edges))]
+    headroom_bytes = _headroom_bytes(headroom)
     ls = LengthSample(sample, length_axis, edges[0])
     wl = Workload(model=model, sample=ls, loss_fn=loss_fn, optimizer=optimizer, amp=amp,
                   accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step)
-    choice = choose_backend(device_ids, simulate)
-    if ddp and not choice.simulated:
-        raise UsageError("ddp=True plans on simulated cards (simulate=...); planning inside a "
-                         "torchrun job per bucket is not supported yet")
-    backend: Backend = _DDPRanks(wl, choice.cluster) if ddp else _build_backend(wl, choice)
+    backend, notes = _backend(wl, device_ids, simulate, ddp)
     budgets = [d.budget_bytes(headroom_bytes) for d in backend.devices]
-    notes = [choice.notice] if choice.notice else []
 
     def probe_at(length: int, split: Sequence[int]) -> ProbeResult:
         ls.length = length
         return backend.probe(split)
-
-    def said(s: BucketSearch) -> None:
-        if verbose:
-            import sys
-
-            r = s.best
-            print(f"dptune: length <= {s.length}: batch {r.batch_size} = {list(r.chunk_sizes)} "
-                  f"({len(s.outcome.probes)} probes)", file=sys.stderr)
     try:
         found = search_buckets(probe_at, budgets, edges, start=batch_size,
                                min_chunk=_min_chunk(wl), max_probes=max_probes,
                                tolerance=tolerance,
                                exact_on_oom=getattr(backend, "kind", "") == "simulated",
-                               from_neighbour=from_neighbour, on_bucket=said)
+                               from_neighbour=from_neighbour,
+                               on_bucket=_say if verbose else lambda s: None)
     finally:
         backend.close()
     plans = _bucket_plans(found, counts, budgets, ddp)
@@ -307,3 +291,32 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
                       model_name=model_name(wl.model), headroom_bytes=headroom_bytes,
                       seconds=time.perf_counter() - t0, notes=tuple(notes), ddp=ddp)
 
+
+def _headroom_bytes(headroom: Union[int, str]) -> int:
+    try:
+        return parse_bytes(headroom)
+    except ValueError as e:
+        raise UsageError(f"headroom: {e}") from None
+
+
+def _backend(wl: Any, device_ids: Optional[Sequence[int]], simulate: Any,
+             ddp: bool) -> tuple[Backend, list[str]]:
+    """The cards to plan on (DDP ranks on simulated cards with ``ddp``), and the notice on
+    how they were chosen."""
+    from dptune.tuner import _build_backend, choose_backend
+
+    choice = choose_backend(device_ids, simulate)
+    if ddp and not choice.simulated:
+        raise UsageError("ddp=True plans on simulated cards (simulate=...); planning inside a "
+                         "torchrun job per bucket is not supported yet")
+    backend: Backend = _DDPRanks(wl, choice.cluster) if ddp else _build_backend(wl, choice)
+    return backend, [choice.notice] if choice.notice else []
+
+
+def _say(s: BucketSearch) -> None:
+    """``verbose``: each bucket's answer on stderr as it is found."""
+    import sys
+
+    r = s.best
+    print(f"dptune: length <= {s.length}: batch {r.batch_size} = {list(r.chunk_sizes)} "
+          f"({len(s.outcome.probes)} probes)", file=sys.stderr)
