@@ -244,7 +244,7 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
                  clip_grad_norm: Optional[float] = None,
                  step: Optional[Callable[[Any, Any, Any], None]] = None,
                  from_neighbour: bool = True, ddp: bool = False,
-                 verbose: bool = False) -> LengthPlan:
+                 verbose: bool = False, choice: Any = None) -> LengthPlan:
     """For every bucket of ``lengths``, the largest DataParallel batch that fits each card at
     the bucket's longest (padded) length, and its per-card split (a :class:`LengthPlan`).
 
@@ -256,6 +256,7 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     bucket) and ``tolerance`` are as for :class:`dptune.Tuner`; ``batch_size`` is where the
     shortest bucket's search starts. ``ddp=True`` (simulated cards only): each card is a
     DDP rank with its own batch (nothing gathered); every rank must fit at least one sequence.
+    ``choice``: the cards, already chosen (a :class:`dptune.tuner.BackendChoice`).
     """
     from dptune.workload import Workload, model_name
 
@@ -268,7 +269,7 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     ls = LengthSample(sample, length_axis, edges[0])
     wl = Workload(model=model, sample=ls, loss_fn=loss_fn, optimizer=optimizer, amp=amp,
                   accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step)
-    backend, notes = _backend(wl, device_ids, simulate, ddp)
+    backend, notes = _backend(wl, choice or _choose(device_ids, simulate), ddp)
     budgets = [d.budget_bytes(headroom_bytes) for d in backend.devices]
 
     def probe_at(length: int, split: Sequence[int]) -> ProbeResult:
@@ -299,13 +300,17 @@ def _headroom_bytes(headroom: Union[int, str]) -> int:
         raise UsageError(f"headroom: {e}") from None
 
 
-def _backend(wl: Any, device_ids: Optional[Sequence[int]], simulate: Any,
-             ddp: bool) -> tuple[Backend, list[str]]:
+def _choose(device_ids: Optional[Sequence[int]], simulate: Any) -> Any:
+    from dptune.tuner import choose_backend
+
+    return choose_backend(device_ids, simulate)
+
+
+def _backend(wl: Any, choice: Any, ddp: bool) -> tuple[Backend, list[str]]:
     """The cards to plan on (DDP ranks on simulated cards with ``ddp``), and the notice on
     how they were chosen."""
-    from dptune.tuner import _build_backend, choose_backend
+    from dptune.tuner import _build_backend
 
-    choice = choose_backend(device_ids, simulate)
     if ddp and not choice.simulated:
         raise UsageError("ddp=True plans on simulated cards (simulate=...); planning inside a "
                          "torchrun job per bucket is not supported yet")
