@@ -307,14 +307,14 @@ def test_cli_hf_trainer_lengths_writes_the_trainers_plan(trainer_module, tmp_pat
 @pytest.mark.slow
 def test_tune_trainer_lengths_hands_back_a_trainer_that_trains_with_the_plan(tmp_path):
     """Planned on one simulated card small enough that the buckets' batches are below their
-    samples (cards of 396 MB less 384 MiB of context), then one epoch: each bucket's batches of
+    samples (cards of 393 MB less 384 MiB of context), then one epoch: each bucket's batches of
     its planned size but for one tail, every sample once."""
     from dptune.integrations.trainer_lengths import tune_trainer_lengths
 
     collator = recording_collator()
     plain = transformers.Trainer(model=tiny_gpt2(), args=training_args(
         tmp_path, max_steps=-1, num_train_epochs=1), train_dataset=Texts(), data_collator=collator)
-    t = tune_trainer_lengths(plain, [4, 8], simulate="1x396MB,context=384MiB", headroom=0)
+    t = tune_trainer_lengths(plain, [4, 8], simulate="1x393MB,context=384MiB", headroom=0)
     planned = [b.batch_size for b in t.length_plan.buckets]
     assert t.length_plan.edges == list(EDGES) and t.length_plan.certified
     assert any(b < n for b, n in zip(planned, [12, 16, 12]))   # some bucket takes several steps
