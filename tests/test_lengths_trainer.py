@@ -323,3 +323,18 @@ def test_tune_trainer_lengths_hands_back_a_trainer_that_trains_with_the_plan(tmp
     check_epoch(collator.batches, planned)
     hand = sum(-(-n // b) for n, b in zip([12, 16, 12], planned))
     assert t.state.global_step == len(collator.batches) == hand
+
+
+def test_training_wraps_with_the_plan_and_evaluation_as_the_trainer_does(
+        tmp_path, fake_gpus):  # noqa: F811
+    from dptune.integrations.transformers import BalancedTrainer
+    from dptune.parallel import BalancedDataParallel
+
+    plan = hand_plan([[1, 2, 2, 2], [0, 2, 2, 1], [0, 1, 1, 1]])
+    t = BalancedTrainer(model=tiny_gpt2(), args=four_gpu_args(tmp_path), train_dataset=Texts(),
+                        data_collator=pad_collator(), plan=plan)
+    assert t.balanced and t._train_batch_size == 7           # the largest planned batch
+    wrapped = t._wrap_model(t.model, training=True)
+    assert isinstance(wrapped, BalancedDataParallel) and wrapped.plan is plan
+    evaluating = t._wrap_model(t.model, training=False)
+    assert type(evaluating) is torch.nn.DataParallel

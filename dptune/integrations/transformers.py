@@ -214,7 +214,8 @@ class BalancedTrainerMixin:
     :class:`dptune.lengths.BucketBatchSampler` (each within one length bucket, of that bucket's
     planned size; an epoch covers every sample once) and, with several GPUs, the model is
     wrapped in ``BalancedDataParallel(plan=plan)``, which splits each batch as its bucket's plan
-    says. On one GPU or the CPU the plan must be for one card.
+    says (evaluation stays the Trainer's: ``nn.DataParallel``, even split). On one GPU or the
+    CPU the plan must be for one card.
     """
 
     def __init__(self, *args: Any, tuned: Optional[Tuned] = None, plan: Any = None,
@@ -291,7 +292,9 @@ class BalancedTrainerMixin:
 
     # ---- Trainer hooks ---------------------------------------------------------------------
     def _wrap_model(self, model: Any, training: bool = True, dataloader: Any = None) -> Any:
-        if not self.balanced:
+        # a length plan is for the training step and its buckets: evaluation batches
+        # (per_device_eval_batch_size x n_gpu, no gradients) are split as the Trainer splits them
+        if not self.balanced or (self.length_plan is not None and not training):
             return super()._wrap_model(model, training, dataloader)  # type: ignore[misc]
         with patch_dataparallel(self.length_plan or self.tuned_chunk_sizes):
             return super()._wrap_model(model, training, dataloader)  # type: ignore[misc]
