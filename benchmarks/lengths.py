@@ -1,23 +1,26 @@
 """Variable lengths: tokens per step over one epoch, three ways, and the probes it costs.
 
-``python -m benchmarks.lengths [--quick]`` (a few minutes on 2 cores; ``--quick``: one model,
-one distribution, one cluster). For a GPT-style decoder and a BERT-style encoder, a
-long-tailed (log-normal, like SFT data) and a bimodal length distribution, on 4x24GB and on
-mixed cards, with the training step of the other benchmarks (AdamW, bf16 autocast):
+``python -m benchmarks.lengths [--quick] [--models GPT,BERT]`` (tens of minutes on 2 shared
+cores; ``--quick``: one model, one distribution, one cluster). For a GPT-style decoder (20,000
+samples) and a BERT-style encoder (400,000: its short buckets plan batches of tens of
+thousands), a long-tailed (log-normal, like SFT data) and a bimodal length distribution, on
+4x24GB and on mixed cards, with the training step of the other benchmarks (AdamW, bf16
+autocast):
 
 - (a) **longest**: the largest batch that fits the longest length (dptune's plan for the last
   bucket, split as planned), drawn at random: what users do today;
 - (b) **token budget, even split**: one global budget ``count x longest <= T``, with ``T`` the
   largest even-split batch at the longest length times that length (found by bisection on
-  the simulator), batches packed greedily from the samples sorted by length (fairseq-style), shuffled, split evenly;
+  the simulator), batches packed greedily from all samples sorted by length (fairseq-style),
+  then shuffled, each split evenly;
 - (c) **per-bucket plan**: :func:`dptune.lengths.plan_lengths` with
   :class:`~dptune.lengths.BucketBatchSampler` and each batch's planned split.
 
 Reported: optimizer steps per epoch and real (unpadded) tokens per step; the probes of the
 per-bucket search, seeded from each neighbour, against searching every bucket on its own from
-the same start; and a replay of every distinct batch shape of the epoch (count, padded length)
-through the simulator at the split its wrapper uses: the number of batches over a card's
-budget (0 is safe).
+the same start; and a replay of the epoch through the simulator: every split its batches are
+given, at the longest padded length any batch with that split has (at one split a longer batch
+only uses more memory), counted over a card's budget or not (0 is safe).
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ from dptune.units import parse_bytes
 from dptune.workload import Workload
 
 HEADROOM = "1GiB"
-#: samples per case: the encoder fits batches of thousands, so it needs tens of thousands
-#: of samples for the batch of the longest length to take more than a few steps an epoch
-N_SAMPLES = {"GPT": 1500, "BERT": 40_000}
+#: samples per case: enough that every bucket holds several of its planned batches (the
+#: encoder's short buckets plan batches of tens of thousands), else each bucket is one short
+#: batch and the comparison measures how the buckets cut the data, not the batches
+N_SAMPLES = {"GPT": 20_000, "BERT": 400_000}
 BUCKETS = 6
 CLUSTERS = ("4x24GB", "40GB,24GB,2x16GB")
 
@@ -195,14 +199,15 @@ def run_one(name: str, dist: str, cluster: str) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| model | lengths | cards | (a) longest: steps, tok/step | (b) token budget even: "
+    head = ("| model | samples | lengths | cards | (a) longest: steps, tok/step | (b) token budget even: "
             "steps, tok/step | (c) per-bucket plan: steps, tok/step | (c)/(a) | probes: neighbour "
             "/ scratch | replay over budget (a/b/c) |")
-    out = [head, "|" + "---|" * 9]
+    out = [head, "|" + "---|" * 10]
     for r in rows:
         a, b, c = r["a"], r["b"], r["c"]
         out.append(
-            f"| {r['model']} | {r['lengths']} | {r['cluster']} | {a['steps']}, "
+            f"| {r['model']} | {r.get('samples', 1500):,} | {r['lengths']} | {r['cluster']} | "
+            f"{a['steps']}, "
             f"{a['tokens_per_step']:,.0f} | {b['steps']}, {b['tokens_per_step']:,.0f} | "
             f"{c['steps']}, {c['tokens_per_step']:,.0f} | "
             f"{c['tokens_per_step'] / a['tokens_per_step']:.1f}x | "
