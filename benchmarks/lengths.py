@@ -1,23 +1,26 @@
 """Variable lengths: tokens per step over one epoch, three ways, and the probes it costs.
 
-``python -m benchmarks.lengths [--quick]`` (a few minutes on 2 cores; ``--quick``: one model,
-one distribution, one cluster). For a GPT-style decoder and a BERT-style encoder, a
-long-tailed (log-normal, like SFT data) and a bimodal length distribution, on 4x24GB and on
-mixed cards, with the training step of the other benchmarks (AdamW, bf16 autocast):
+``python -m benchmarks.lengths [--quick] [--models GPT,BERT]`` (tens of minutes on 2 shared
+cores; ``--quick``: one model, one distribution, one cluster). For a GPT-style decoder (20,000
+samples) and a BERT-style encoder (400,000: its short buckets plan batches of tens of
+thousands), a long-tailed (log-normal, like SFT data) and a bimodal length distribution, on
+4x24GB and on mixed cards, with the training step of the other benchmarks (AdamW, bf16
+autocast):
 
 - (a) **longest**: the largest batch that fits the longest length (dptune's plan for the last
   bucket, split as planned), drawn at random: what users do today;
 - (b) **token budget, even split**: one global budget ``count x longest <= T``, with ``T`` the
   largest even-split batch at the longest length times that length (found by bisection on
-  the simulator), batches packed greedily from length-sorted chunks, split evenly;
+  the simulator), batches packed greedily from all samples sorted by length (fairseq-style),
+  then shuffled, each split evenly;
 - (c) **per-bucket plan**: :func:`dptune.lengths.plan_lengths` with
   :class:`~dptune.lengths.BucketBatchSampler` and each batch's planned split.
 
 Reported: optimizer steps per epoch and real (unpadded) tokens per step; the probes of the
 per-bucket search, seeded from each neighbour, against searching every bucket on its own from
-the same start; and a replay of every distinct batch shape of the epoch (count, padded length)
-through the simulator at the split its wrapper uses: the number of batches over a card's
-budget (0 is safe).
+the same start; and a replay of the epoch through the simulator: every split its batches are
+given, at the longest padded length any batch with that split has (at one split a longer batch
+only uses more memory), counted over a card's budget or not (0 is safe).
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ from dptune.units import parse_bytes
 from dptune.workload import Workload
 
 HEADROOM = "1GiB"
-N_SAMPLES = 1500
+#: samples per case: enough that every bucket holds several of its planned batches (the
+#: encoder's short buckets plan batches of tens of thousands), else each bucket is one short
+#: batch and the comparison measures how the buckets cut the data, not the batches
+N_SAMPLES = {"GPT": 20_000, "BERT": 400_000}
 BUCKETS = 6
 CLUSTERS = ("4x24GB", "40GB,24GB,2x16GB")
 
@@ -89,22 +95,22 @@ def epoch_longest(lengths: list[int], batch: int, seed: int = 0) -> list[list[in
     return [idx[i:i + batch] for i in range(0, len(idx), batch)]
 
 
-def epoch_token_budget(lengths: list[int], budget: int, seed: int = 0,
-                       chunk: int = 200) -> list[list[int]]:
-    """fairseq-style: shuffle, sort chunks by length, pack while count x longest <= budget."""
-    idx = list(range(len(lengths)))
-    random.Random(seed).shuffle(idx)
+def epoch_token_budget(lengths: list[int], budget: int, seed: int = 0) -> list[list[int]]:
+    """fairseq-style: every sample sorted by length (ties in a random order), packed while
+    count x longest <= budget, the batches then shuffled."""
+    rng = random.Random(seed)
+    keys = [rng.random() for _ in lengths]
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], keys[i]))
     out: list[list[int]] = []
-    for start in range(0, len(idx), chunk):
-        part = sorted(idx[start:start + chunk], key=lambda i: lengths[i])
-        cur: list[int] = []
-        for i in part:
-            if cur and (len(cur) + 1) * max(lengths[i], max(lengths[j] for j in cur)) > budget:
-                out.append(cur)
-                cur = []
-            cur.append(i)
-        if cur:
+    cur: list[int] = []
+    for i in order:   # sorted: the newest sample is the longest
+        if cur and (len(cur) + 1) * lengths[i] > budget:
             out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    rng.shuffle(out)
     return out
 
 
@@ -147,15 +153,21 @@ class Sim:
 
     def replay(self, lengths: list[int], batches: list[list[int]],
                split: Callable[[int, int], list[int]]) -> tuple[int, int]:
-        """(distinct shapes replayed, those over a budget)."""
-        shapes = {(len(b), max(lengths[i] for i in b)) for b in batches}
-        over = sum(not self.fits(L, split(L, c)) for c, L in sorted(shapes))
-        return len(shapes), over
+        """(shapes replayed, those over a budget): every batch's split, each at the longest
+        padded length any batch of the epoch has with that split (at the same split a longer
+        batch only uses more memory, so it stands for the shorter ones)."""
+        longest: dict[tuple[int, ...], int] = {}
+        for b in batches:
+            L = max(lengths[i] for i in b)
+            key = tuple(split(L, len(b)))
+            longest[key] = max(longest.get(key, 0), L)
+        over = sum(not self.fits(L, list(key)) for key, L in sorted(longest.items()))
+        return len(longest), over
 
 
 def run_one(name: str, dist: str, cluster: str) -> dict[str, Any]:
     model, sample, longest = MODELS[name]
-    lengths = lengths_of(dist, N_SAMPLES, longest)
+    lengths = lengths_of(dist, N_SAMPLES[name], longest)
     common = dict(simulate=cluster, headroom=HEADROOM, optimizer=_adamw, amp="bf16",
                   max_length=longest, batch_size=256, budget_level="allocated")   # as Sim
     t0 = time.perf_counter()
@@ -173,6 +185,7 @@ def run_one(name: str, dist: str, cluster: str) -> dict[str, Any]:
     c = epoch_plan(lengths, plan)
     row: dict[str, Any] = {
         "model": name, "lengths": dist, "cluster": cluster, "buckets": len(plan.buckets),
+        "samples": len(lengths),
         "plan": [bk.to_dict() for bk in plan.buckets], "plan_seconds": t_plan,
         "probes_neighbour": plan.probes, "probes_scratch": scratch.probes, "same_answers": same,
         "certified": plan.certified, "token_budget_even": budget,
@@ -186,14 +199,15 @@ def run_one(name: str, dist: str, cluster: str) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| model | lengths | cards | (a) longest: steps, tok/step | (b) token budget even: "
+    head = ("| model | samples | lengths | cards | (a) longest: steps, tok/step | (b) token budget even: "
             "steps, tok/step | (c) per-bucket plan: steps, tok/step | (c)/(a) | probes: neighbour "
             "/ scratch | replay over budget (a/b/c) |")
-    out = [head, "|" + "---|" * 9]
+    out = [head, "|" + "---|" * 10]
     for r in rows:
         a, b, c = r["a"], r["b"], r["c"]
         out.append(
-            f"| {r['model']} | {r['lengths']} | {r['cluster']} | {a['steps']}, "
+            f"| {r['model']} | {r.get('samples', 1500):,} | {r['lengths']} | {r['cluster']} | "
+            f"{a['steps']}, "
             f"{a['tokens_per_step']:,.0f} | {b['steps']}, {b['tokens_per_step']:,.0f} | "
             f"{c['steps']}, {c['tokens_per_step']:,.0f} | "
             f"{c['tokens_per_step'] / a['tokens_per_step']:.1f}x | "
@@ -210,14 +224,36 @@ def gpt_1b() -> torch.nn.Module:
 
 def scale() -> dict[str, Any]:
     """8 buckets of log-normal lengths (20,000 samples up to 4096) for the 1B decoder on 4
-    simulated 80 GB cards, AdamW and bf16: wall and CPU seconds, probes."""
+    simulated 80 GB cards, AdamW and bf16: wall and CPU seconds, probes, and each probe's wall
+    and CPU seconds (the machine may be shared: CPU time is what the search itself costs)."""
+    from dptune.backends.simulated import backend as sim_backend
+
     rng = random.Random(0)
     lengths = [min(4096, max(16, int(rng.lognormvariate(6, 0.9)))) for _ in range(20000)]
-    t0, c0 = time.perf_counter(), time.process_time()
-    plan = plan_lengths(gpt_1b, gpt_sample, lengths, 8, simulate="4x80GB", optimizer=_adamw,
-                        amp="bf16", headroom=HEADROOM, budget_level="allocated")
-    return {"wall_seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
-            "probes": plan.probes, "lines": plan.lines()}
+    timed: list[tuple[float, float]] = []
+    probe = sim_backend.SimulatedBackend.probe
+
+    def timed_probe(self: Any, *a: Any, **k: Any) -> Any:   # the benchmark's stopwatch only
+        w, c = time.perf_counter(), time.process_time()
+        try:
+            return probe(self, *a, **k)
+        finally:
+            timed.append((time.perf_counter() - w, time.process_time() - c))
+    sim_backend.SimulatedBackend.probe = timed_probe  # type: ignore[method-assign]
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        plan = plan_lengths(gpt_1b, gpt_sample, lengths, 8, simulate="4x80GB", optimizer=_adamw,
+                            amp="bf16", headroom=HEADROOM,
+                            budget_level="allocated")
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        sim_backend.SimulatedBackend.probe = probe  # type: ignore[method-assign]
+    return {"wall_seconds": wall, "cpu_seconds": cpu, "probes": plan.probes,
+            "probes_per_bucket": [b.probes for b in plan.buckets],
+            "probe_wall_seconds": [round(w, 2) for w, _ in timed],
+            "probe_cpu_seconds": [round(c, 2) for _, c in timed],
+            "outside_probes_cpu_seconds": cpu - sum(c for _, c in timed),
+            "lines": plan.lines()}
 
 
 def main(argv: Any = None) -> int:
@@ -225,21 +261,25 @@ def main(argv: Any = None) -> int:
     p.add_argument("--quick", action="store_true", help="one model, one distribution, one cluster")
     p.add_argument("--scale", action="store_true",
                    help="only the 1B-parameter decoder over 8 buckets: the time it takes")
+    p.add_argument("--models", default=",".join(MODELS), help="which models, e.g. BERT")
     p.add_argument("--out", default="benchmarks/lengths.json")
     args = p.parse_args(argv)
     if args.scale:
         print(json.dumps(scale(), indent=2))
         return 0
-    combos = [(m, d, c) for m in MODELS for d in ("lognormal", "bimodal") for c in CLUSTERS]
+    models = [m for m in args.models.split(",") if m]
+    combos = [(m, d, c) for m in models for d in ("lognormal", "bimodal") for c in CLUSTERS]
     if args.quick:
         combos = combos[:1]
     rows = []
     for m, d, c in combos:
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         rows.append(run_one(m, d, c))
-        print(f"{m} {d} {c}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(rows, f, indent=2)
+        rows[-1]["seconds"] = time.perf_counter() - t
+        rows[-1]["cpu_seconds"] = time.process_time() - cpu
+        print(f"{m} {d} {c}: {rows[-1]['seconds']:.0f} s", file=sys.stderr)
+        with open(args.out, "w", encoding="utf-8") as f:   # each row as it comes
+            json.dump(rows, f, indent=2)
     print(table(rows))
     return 0
 

@@ -265,6 +265,13 @@ class Tuner:
         tuner._isolated = spec if isolate else None
         return tuner
 
+    def fit_lengths(self, lengths: Any, buckets: Any = 8, **options: Any) -> Any:
+        """A batch per length bucket for this step and these cards: a
+        :class:`dptune.lengths.LengthPlan` (see :func:`dptune.lengths.fit.fit_lengths`)."""
+        from dptune.lengths.fit import fit_lengths
+
+        return fit_lengths(self, lengths, buckets, **options)
+
     def fit(self) -> TuneResult:
         """Run the search and return a :class:`TuneResult` (``result.model`` is wrapped).
 

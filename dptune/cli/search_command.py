@@ -68,6 +68,16 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
                          f"settings from the Trainer and its TrainingArguments; drop "
                          f"{', '.join(ignored)}")
     cluster = parse_cluster(simulate) if simulate is not None else None
+    trainer = load_trainer(make_trainer)
+    from dptune.integrations.transformers import tune_trainer
+
+    return tune_trainer(trainer, objective=objective, simulate=cluster, headroom=headroom_bytes,
+                        batch_size=batch_size, device_ids=list(devices) if devices else None,
+                        max_probes=max_probes, verbose=verbose, **levels)
+
+
+def load_trainer(make_trainer: str) -> Any:
+    """``--hf-trainer mymod:make_trainer``: the ``transformers.Trainer`` it returns."""
     try:
         import transformers
     except ImportError:
@@ -82,11 +92,7 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
     if not isinstance(trainer, transformers.Trainer):
         raise UsageError(f"--hf-trainer {make_trainer}() returned a {type(trainer).__name__}, "
                          "not a transformers.Trainer")
-    from dptune.integrations.transformers import tune_trainer
-
-    return tune_trainer(trainer, objective=objective, simulate=cluster, headroom=headroom_bytes,
-                        batch_size=batch_size, device_ids=list(devices) if devices else None,
-                        max_probes=max_probes, verbose=verbose, **levels)
+    return trainer
 
 
 def model_only_flags(args: argparse.Namespace) -> list[str]:
@@ -175,7 +181,7 @@ def _search_command(args: argparse.Namespace) -> int:
     if args.lengths is not None:   # a plan per length bucket
         from dptune.lengths import cli as lengths_cli
 
-        return lengths_cli.run(args, workload_spec(args))
+        return lengths_cli.run(args, None if args.hf_trainer else workload_spec(args))
 
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()

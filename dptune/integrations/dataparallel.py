@@ -78,6 +78,7 @@ class _PatchedMeta(type):
 
     _dptune_original: type
     _dptune_chunk_sizes: list[int]
+    _dptune_plan: Any
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if "_dptune_original" not in cls.__dict__:  # a user's subclass of the stand-in
@@ -87,6 +88,8 @@ class _PatchedMeta(type):
         if "chunk_sizes" in kwargs or "gpu0_bsz" in kwargs:
             raise UsageError("torch.nn.DataParallel takes no chunk_sizes or gpu0_bsz; under "
                              "dptune.patch_dataparallel the split comes from the tuned result")
+        if cls._dptune_plan is not None:
+            return BalancedDataParallel(*args, plan=cls._dptune_plan, **kwargs)
         return BalancedDataParallel(*args, chunk_sizes=list(cls._dptune_chunk_sizes), **kwargs)
 
     def __instancecheck__(cls, obj: Any) -> bool:
@@ -102,18 +105,26 @@ class _PatchedMeta(type):
     def __repr__(cls) -> str:
         if "_dptune_original" in cls.__dict__:
             return (f"<torch.nn.DataParallel patched by dptune: BalancedDataParallel with "
-                    f"chunk_sizes={cls._dptune_chunk_sizes}>")
+                    f"{_what(cls._dptune_chunk_sizes, cls._dptune_plan)}>")
         return super().__repr__()
 
 
-def _stand_in(original: type, sizes: list[int]) -> type:
+def _what(sizes: list[int], plan: Any) -> str:
+    if plan is not None:
+        return f"a length plan for lengths <= {plan.edges}"
+    return f"chunk_sizes={sizes}"
+
+
+def _stand_in(original: type, sizes: list[int], plan: Any = None) -> type:
     return _PatchedMeta(original.__name__, (original,), {
         "_dptune_original": original,
         "_dptune_chunk_sizes": list(sizes),
+        "_dptune_plan": plan,
         "__module__": original.__module__,
         "__qualname__": original.__qualname__,
         "__doc__": (f"torch.nn.DataParallel, patched by dptune.patch_dataparallel: builds a "
-                    f"BalancedDataParallel with chunk_sizes={sizes}.\n\n{original.__doc__ or ''}"),
+                    f"BalancedDataParallel with {_what(sizes, plan)}.\n\n"
+                    f"{original.__doc__ or ''}"),
     })
 
 
@@ -121,11 +132,12 @@ def _stand_in(original: type, sizes: list[int]) -> type:
 def patch_dataparallel(tuned: Tuned) -> Iterator[list[int]]:
     """Under this context, ``torch.nn.DataParallel(...)`` builds a ``BalancedDataParallel``.
 
-    ``tuned`` is a :class:`~dptune.TuneResult`, a report folder written by ``dptune search``, or
-    a list of chunk sizes (one non-negative int per device). The wrapper gets that split and the
+    ``tuned`` is a :class:`~dptune.TuneResult`, a report folder written by ``dptune search``, a
+    list of chunk sizes (one non-negative int per device), or a
+    :class:`dptune.lengths.LengthPlan` (each batch split as its length bucket's plan says). The wrapper gets that split and the
     call's own arguments (``device_ids``, ``output_device``, ``dim``); when ``device_ids`` names
     another number of devices than the split has entries, building it raises a
-    :class:`~dptune.UsageError` that says so. The block's value is the split.
+    :class:`~dptune.UsageError` that says so. The block's value is the split (empty for a plan).
 
     The original class is restored on exit, also after an exception; blocks nest (the innermost
     split applies). See the module docstring for an example and the known limitations.
@@ -135,12 +147,15 @@ def patch_dataparallel(tuned: Tuned) -> Iterator[list[int]]:
 
     import dptune.parallel  # noqa: F401  (BalancedDataParallel subclasses the real class)
 
-    sizes = chunk_sizes_of(tuned)
+    from dptune.lengths.plan import LengthPlan
+
+    plan = tuned if isinstance(tuned, LengthPlan) else None
+    sizes = [] if plan is not None else chunk_sizes_of(tuned)
     homes = (torch.nn, torch.nn.parallel)
     saved = [(home, home.__dict__[_NAME]) for home in homes]
     current = torch.nn.DataParallel
     original = current.__dict__.get("_dptune_original", current)
-    stand_in = _stand_in(original, sizes)
+    stand_in = _stand_in(original, sizes, plan)
     try:
         for home, _ in saved:
             setattr(home, _NAME, stand_in)

@@ -9,7 +9,9 @@
     loader = DataLoader(ds, batch_sampler=BucketBatchSampler(lengths, plan), collate_fn=pad)
     model = BalancedDataParallel(model, plan=plan)   # each batch's chunks from its length
 
-``sample(batch_size, length)`` builds a batch padded to ``length``. Imports stay light: the
+``sample(batch_size, length)`` builds a batch padded to ``length``. A :class:`dptune.Tuner`
+plans the same for its own step and cards: ``tuner.fit_lengths(lengths, buckets=8)``
+(:func:`dptune.lengths.fit.fit_lengths`). Imports stay light: the
 heavy parts load on first use.
 """
 
@@ -18,13 +20,14 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["plan_lengths", "search_buckets", "LengthPlan", "BucketPlan", "BucketBatchSampler",
-           "bucket_edges", "check_lengths", "read_lengths", "token_budgets", "LengthSample"]
+           "bucket_edges", "check_lengths", "read_lengths", "token_budgets", "LengthSample",
+           "fit_lengths"]
 
 _HOMES = {
     "plan_lengths": "search", "search_buckets": "search", "LengthSample": "search",
     "LengthPlan": "plan", "BucketPlan": "plan", "BucketBatchSampler": "sampler",
     "bucket_edges": "buckets", "check_lengths": "buckets", "read_lengths": "buckets",
-    "token_budgets": "budget",
+    "token_budgets": "budget", "fit_lengths": "fit",
 }
 
 

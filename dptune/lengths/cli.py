@@ -1,8 +1,11 @@
 """``dptune search ... --lengths FILE --buckets 8|128,256,...``: a plan per length bucket.
 
 The flags are added to ``search`` by :func:`length_arguments`; :func:`run` does the work
-when ``--lengths`` is given. The batch is the one ``search`` would build, at each bucket's
-length: ``--input-shape`` with the entry at ``--length-axis`` replaced by the length (that
+when ``--lengths`` is given. With ``--hf-trainer`` (``--lengths`` without a file) the plan is
+the Trainer's (:func:`dptune.integrations.trainer_lengths.plan_trainer_lengths`: its train
+dataset's lengths, its examples resized to each bucket's length through its collator, its
+model, optimizer and step settings). Otherwise the batch is the one ``search`` would build, at
+each bucket's length: ``--input-shape`` with the entry at ``--length-axis`` replaced by the length (that
 entry is the longest length the model takes), or ``--sample MODULE:FUNC`` called as
 ``fn(batch_size, length=L)`` (a model's ``.method`` the same way).
 """
@@ -22,12 +25,17 @@ from dptune.errors import EXIT_OK, UsageError
 
 __all__ = ["length_arguments", "run", "length_sample"]
 
+#: ``--lengths`` given without a file: the lengths of ``--hf-trainer``'s train dataset.
+FROM_TRAINER = ""
+
 
 def length_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("variable lengths (a batch per length bucket)")
-    g.add_argument("--lengths", metavar="FILE[:COLUMN]", default=None,
+    g.add_argument("--lengths", metavar="FILE[:COLUMN]", default=None, nargs="?",
+                   const=FROM_TRAINER,
                    help="the training samples' lengths: one integer per line, or a column of a "
-                        "CSV/Parquet file; plans the largest batch of every length bucket")
+                        "CSV/Parquet file; plans the largest batch of every length bucket. With "
+                        "--hf-trainer give no FILE: the train dataset's lengths")
     g.add_argument("--buckets", default="8", metavar="K|E1,E2,...",
                    help="with --lengths: K quantile buckets (default 8) or the edges, e.g. "
                         "128,256,512,1024 (the last edge is always the longest length)")
@@ -87,16 +95,8 @@ def _read(spec: str) -> list[int]:
     return read_lengths(path, column)
 
 
-def run(args: argparse.Namespace, spec: Any) -> int:
-    """``dptune search --lengths``: plan, print one line per bucket, write the report
-    (``spec``: the :class:`dptune.spec.WorkloadSpec` the CLI made of the flags)."""
-    from dptune.lengths.budget import token_budgets
-    from dptune.lengths.render import render_text, write_plan_report
-    from dptune.lengths.search import plan_lengths
-
-    if args.hf_trainer:
-        raise UsageError("--lengths with --hf-trainer is not supported yet: use --model with "
-                         "--input-shape or --sample, or dptune.integrations.tune_trainer")
+def _check_flags(args: argparse.Namespace) -> Any:
+    """One line for each flag that does not apply; the headroom to plan with."""
     if args.objective not in ("balance", "max-batch", "throughput"):
         raise UsageError(f"--lengths plans the largest batch of every bucket; --objective "
                          f"{args.objective} does not apply to it")
@@ -104,23 +104,75 @@ def run(args: argparse.Namespace, spec: Any) -> int:
         raise UsageError("--lengths gathers the outputs on card 0; drop --output-device")
     if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
         raise UsageError(f"--pad-to-multiple-of must be >= 1, got {args.pad_to_multiple_of}")
-    # the budget level and its default headroom as for search (each bucket's probe replayed)
-    levels = {k: getattr(args, k) for k in ("budget_level", "allocator", "nccl_bytes")
-              if getattr(args, k, None) is not None}
-    headroom = args.headroom
+    if args.hf_trainer is None and args.lengths == FROM_TRAINER:
+        raise UsageError("--lengths needs a FILE (one integer per line, or FILE.csv:COLUMN); "
+                         "only with --hf-trainer are the lengths read from the train dataset")
+    if args.hf_trainer is not None and args.lengths != FROM_TRAINER:
+        raise UsageError("with --hf-trainer the lengths are the Trainer's train dataset's: give "
+                         "--lengths without a FILE")
+    return args.headroom      # None: the budget level's default, as for search
+
+
+def run(args: argparse.Namespace, spec: Any) -> int:
+    """``dptune search --lengths``: plan, print one line per bucket, write the report
+    (``spec``: the :class:`dptune.spec.WorkloadSpec` the CLI made of the flags; ``None`` with
+    ``--hf-trainer``)."""
+    from dptune.lengths.search import plan_lengths
+
+    headroom = _check_flags(args)
+    if args.hf_trainer is not None:
+        return _run_trainer(args, headroom)
     lengths = _read(args.lengths)
     wl = spec.build()
     sample, longest = length_sample(wl.sample, args.length_axis)
-    out = sys.stderr if args.json else sys.stdout
     plan = plan_lengths(wl.model, sample, lengths, args.buckets, loss_fn=wl.loss_fn,
                         optimizer=wl.optimizer, simulate=args.simulate, device_ids=args.devices,
                         headroom=headroom, pad_to_multiple_of=args.pad_to_multiple_of,
                         length_axis=args.length_axis, max_length=longest,
                         batch_size=args.batch_size or 256, max_probes=max(args.max_probes, 16),
                         amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
-                        step=wl.step, ddp=args.ddp, verbose=not args.quiet,
-                        objective="throughput" if args.objective == "throughput" else "max_batch",
-                        **levels)
+                        step=wl.step, ddp=args.ddp, verbose=not args.quiet, **_options(args))
+    return _report(args, plan, lengths)
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The objective and the budget level's flags, as for search (each bucket's probe replayed
+    through the allocator model at the reserved level)."""
+    levels = {k: getattr(args, k) for k in ("budget_level", "allocator", "nccl_bytes")
+              if getattr(args, k, None) is not None}
+    return {"objective": "throughput" if args.objective == "throughput" else "max_batch", **levels}
+
+
+def _run_trainer(args: argparse.Namespace, headroom: Any) -> int:
+    """``--hf-trainer MODULE:FUNC --lengths``: the Trainer's own plan per bucket."""
+    from dptune.cli.search_command import load_trainer, model_only_flags
+
+    ignored = model_only_flags(args) + (
+        ["--length-axis"] if args.length_axis != 1 else [])
+    if ignored:
+        raise UsageError(f"--hf-trainer takes the model, batch, loss, optimizer and step "
+                         f"settings from the Trainer and its TrainingArguments; drop "
+                         f"{', '.join(ignored)}")
+    trainer = load_trainer(args.hf_trainer)
+    from dptune.integrations.trainer_lengths import all_lengths, plan_trainer_lengths
+
+    _, lengths = all_lengths(trainer)
+    options: dict[str, Any] = {}
+    if args.pad_to_multiple_of is not None:   # else the collator's
+        options["pad_to_multiple_of"] = args.pad_to_multiple_of
+    plan = plan_trainer_lengths(trainer, args.buckets, simulate=args.simulate,
+                                device_ids=args.devices, headroom=headroom, lengths=lengths,
+                                batch_size=args.batch_size or 256,
+                                max_probes=max(args.max_probes, 16), ddp=args.ddp,
+                                verbose=not args.quiet, **options, **_options(args))
+    return _report(args, plan, lengths, trainer=args.hf_trainer)
+
+
+def _report(args: argparse.Namespace, plan: Any, lengths: list[int], trainer: str = "") -> int:
+    from dptune.lengths.budget import token_budgets
+    from dptune.lengths.render import render_text, write_plan_report
+
+    out = sys.stderr if args.json else sys.stdout
     folder = pathlib.Path(args.out) if args.out else _default_dir(plan.model_name, plan.cluster)
     write_plan_report(plan, str(folder), lengths, plots=not args.no_plots)
     if args.json:
@@ -129,6 +181,11 @@ def run(args: argparse.Namespace, spec: Any) -> int:
     elif not args.quiet:
         print(render_text(plan))
     print(f"report written to {folder}/", file=out)
+    if trainer and not args.quiet and not plan.ddp:
+        module, _, func = trainer.partition(":")
+        print(f"train with it: from {module} import {func}; from dptune.integrations."
+              f"trainer_lengths import with_length_plan; "
+              f"with_length_plan({func}(), {str(folder)!r}).train()", file=out)
     return EXIT_OK
 
 

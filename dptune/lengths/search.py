@@ -275,7 +275,8 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
                  from_neighbour: bool = True, ddp: bool = False,
                  verbose: bool = False, objective: str = "max_batch",
                  budget_level: str = DEFAULT_LEVEL.value,
-                 allocator: Any = None, nccl_bytes: Union[int, str, None] = None) -> LengthPlan:
+                 allocator: Any = None, nccl_bytes: Union[int, str, None] = None,
+                 choice: Any = None) -> LengthPlan:
     """For every bucket of ``lengths``, the largest DataParallel batch that fits each card at
     the bucket's longest (padded) length, and its per-card split (a :class:`LengthPlan`).
 
@@ -293,66 +294,89 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     ``budget_level``, ``allocator``, ``nccl_bytes`` and the default ``headroom`` are as for
     :class:`dptune.Tuner`: at ``"reserved"`` (the default) each bucket's probe is replayed
     through the allocator model (simulated cards) or measured (``max_memory_reserved``).
+    ``choice``: the cards, already chosen (a :class:`dptune.tuner.BackendChoice`).
     """
-    from dptune.lengths.speed import plan_speed
-    from dptune.tuner import _build_backend, _timed, choose_backend
     from dptune.workload import Workload, model_name
 
     t0 = time.perf_counter()
     data = list(lengths)
     edges = bucket_edges(data, buckets, pad_to_multiple_of=pad_to_multiple_of, max_length=max_length)
-    counts = [0] * len(edges)
-    for k in assign(data, edges, pad_to_multiple_of):
+    bucket_of = assign(data, edges, pad_to_multiple_of)
+    counts, tokens = [0] * len(edges), [0] * len(edges)
+    for k, x in zip(bucket_of, data):
         counts[k] += 1
+        tokens[k] += x
+    if objective not in ("max_batch", "throughput") or (ddp and objective == "throughput"):
+        raise UsageError(f"objective={objective!r}: a length plan takes 'max_batch' (the largest "
+                         "batch per bucket) or 'throughput' (its fastest split; DataParallel only)")
     level, headroom_bytes, reserved = level_settings(budget_level, headroom, allocator, nccl_bytes)
     ls = LengthSample(sample, length_axis, edges[0])
     wl = Workload(model=model, sample=ls, loss_fn=loss_fn, optimizer=optimizer, amp=amp,
                   accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step)
-    choice = choose_backend(device_ids, simulate)
-    if ddp and not choice.simulated:
-        raise UsageError("ddp=True plans on simulated cards (simulate=...); planning inside a "
-                         "torchrun job per bucket is not supported yet")
-    if objective not in ("max_batch", "throughput") or (ddp and objective == "throughput"):
-        raise UsageError(f"objective={objective!r}: a length plan takes 'max_batch' (the largest "
-                         "batch per bucket) or 'throughput' (its fastest split; DataParallel only)")
+    choice = choice or _choose(device_ids, simulate)
+    backend = _backend(wl, choice, ddp, reserved)
     notes = ([choice.notice] if choice.notice else []) + _level_notes(
         level, choice.simulated, allocator, nccl_bytes)
-    backend: Backend = (_DDPRanks(wl, choice.cluster, reserved) if ddp
-                        else _timed(_build_backend(wl, choice, reserved=reserved)))
     budgets = [d.budget_bytes(headroom_bytes) for d in backend.devices]
 
     def probe_at(length: int, split: Sequence[int]) -> ProbeResult:
         ls.length = length
         r = backend.probe(split)
         return r if ddp else at_level(r, backend.devices, level)
-
-    def said(s: BucketSearch) -> None:
-        if verbose:
-            import sys
-
-            r = s.best
-            print(f"dptune: length <= {s.length}: batch {r.batch_size} = {list(r.chunk_sizes)} "
-                  f"({len(s.outcome.probes)} probes)", file=sys.stderr)
     try:
         found = search_buckets(probe_at, budgets, edges, start=batch_size,
                                min_chunk=_min_chunk(wl), max_probes=max_probes,
                                tolerance=tolerance,
                                exact_on_oom=getattr(backend, "kind", "") == "simulated",
-                               from_neighbour=from_neighbour, on_bucket=said)
-        tokens = [0] * len(edges)
-        for k, x in zip(assign(data, edges, pad_to_multiple_of), data):
-            tokens[k] += x
-        found, speed, speed_notes = plan_speed(found, probe_at, budgets, counts, tokens,
-                                               fastest=objective == "throughput",
-                                               min_chunk=_min_chunk(wl))
+                               from_neighbour=from_neighbour,
+                               on_bucket=_say if verbose else lambda s: None)
+        found, speed_notes = _speed(found, probe_at, budgets, counts, tokens, objective, wl, ddp)
     finally:
         backend.close()
     plans = _bucket_plans(found, counts, budgets, ddp)
     notes.extend(f"length <= {s.length}: {n}" for s in found for n in s.outcome.notes)
-    notes.extend(speed_notes + (speed.lines() if not ddp else []))
     return LengthPlan(buckets=tuple(plans), devices=tuple(d.name for d in backend.devices),
                       budget_bytes=tuple(budgets), length_axis=length_axis,
                       pad_to_multiple_of=pad_to_multiple_of, cluster=backend.describe(),
                       model_name=model_name(wl.model), headroom_bytes=headroom_bytes,
-                      seconds=time.perf_counter() - t0, notes=tuple(notes), ddp=ddp)
+                      seconds=time.perf_counter() - t0, notes=tuple(notes + speed_notes), ddp=ddp)
 
+
+def _speed(found: list, probe_at: Callable[[int, Sequence[int]], ProbeResult], budgets: list[int],
+           counts: list[int], tokens: list[int], objective: str, wl: Any,
+           ddp: bool) -> tuple[list, list[str]]:
+    """Each bucket's tokens per second and the epoch's (the fastest split with
+    ``objective="throughput"``): :func:`dptune.lengths.speed.plan_speed`."""
+    from dptune.lengths.speed import plan_speed
+
+    found, speed, notes = plan_speed(found, probe_at, budgets, counts, tokens,
+                                     fastest=objective == "throughput", min_chunk=_min_chunk(wl))
+    return found, list(notes) + (speed.lines() if not ddp else [])
+
+
+def _choose(device_ids: Optional[Sequence[int]], simulate: Any) -> Any:
+    from dptune.tuner import choose_backend
+
+    return choose_backend(device_ids, simulate)
+
+
+def _backend(wl: Any, choice: Any, ddp: bool, reserved: Any) -> Backend:
+    """The cards to plan on: DDP ranks on simulated cards with ``ddp``, else the chosen
+    cards, timed (for tokens per second); ``reserved``: the allocator model, or ``None``."""
+    from dptune.tuner import _build_backend, _timed
+
+    if ddp and not choice.simulated:
+        raise UsageError("ddp=True plans on simulated cards (simulate=...); planning inside a "
+                         "torchrun job per bucket is not supported yet")
+    if ddp:
+        return _DDPRanks(wl, choice.cluster, reserved)
+    return _timed(_build_backend(wl, choice, reserved=reserved))
+
+
+def _say(s: BucketSearch) -> None:
+    """``verbose``: each bucket's answer on stderr as it is found."""
+    import sys
+
+    r = s.best
+    print(f"dptune: length <= {s.length}: batch {r.batch_size} = {list(r.chunk_sizes)} "
+          f"({len(s.outcome.probes)} probes)", file=sys.stderr)

@@ -5,7 +5,8 @@ and the like, or ``group_by_length``) trains at many lengths; a split tuned on t
 examples of the dataset holds at their length only. :func:`length_check` reads the train
 dataset's lengths and says so (never silently): ``tune_trainer`` warns with it, and
 :func:`trainer_lengths` hands the lengths to :func:`dptune.lengths.plan_lengths`
-(:func:`dptune.integrations.trainer_lengths.plan_trainer_lengths` does it all for a Trainer).
+(:func:`dptune.integrations.trainer_lengths.tune_trainer_lengths` plans for a Trainer and
+hands back one that trains with the plan).
 This module reads data only: nothing here imports the integrations above it.
 """
 
@@ -40,9 +41,9 @@ class LengthCheck:
         return (f"the train dataset's {self.key} lengths vary from {lo} to {hi} and the collator "
                 f"pads each batch to its longest, but the probes' batches were {self.probe_length} "
                 f"long: the split holds at that length only, and a batch of longer examples can run "
-                f"out of memory. Plan a batch per length bucket: "
-                "dptune.integrations.trainer_lengths.plan_trainer_lengths(trainer, buckets=8, ...) or "
-                "`dptune search --lengths FILE`")
+                f"out of memory. Plan a batch per length bucket and train with it: "
+                "trainer = dptune.integrations.trainer_lengths.tune_trainer_lengths(trainer, "
+                "buckets=8, ...), or `dptune search --hf-trainer MODULE:FUNC --lengths`")
 
 
 def _length(example: Any) -> Optional[tuple[str, int]]:
