@@ -27,6 +27,7 @@ from dptune.backends.reserved import DEFAULT_LEVEL, BudgetLevel, ReservedModel, 
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
 from dptune.search.messages import card0_holdings
+from dptune.search.output_card import reuse, swapped, swapped_outcome
 from dptune.search.throughput import check_global_batch
 from dptune.settings import Settings
 from dptune.spec import WorkloadSpec
@@ -377,7 +378,7 @@ class Tuner:
             real = [split[perm[i]] for i in range(len(split))]
             r = at_level(backend.probe(real, output_device=output_device),  # type: ignore[call-arg]
                          devices, level)
-            return dataclasses.replace(_swapped(r, perm), purpose=r.purpose)
+            return dataclasses.replace(swapped(r, perm), purpose=r.purpose)
         from tqdm.auto import tqdm
 
         # The total is the most probes the search may run, and stays so: a search that
@@ -390,8 +391,8 @@ class Tuner:
                              self.batch_size, min_chunk=m, max_probes=self.settings.max_probes,
                              tolerance=self.settings.tolerance,
                              exact_on_oom=capabilities(backend).exact_on_oom,
-                             on_probe=lambda: bar.update(1), **_reuse(first, perm, self.objective))
-            return out if not output_device else _swapped_outcome(out, perm, output_device)
+                             on_probe=lambda: bar.update(1), **reuse(first, perm, self.objective))
+            return out if not output_device else swapped_outcome(out, perm, output_device)
         finally:
             bar.close()
 
@@ -567,40 +568,3 @@ def _advice(best: ProbeResult, even: SplitFigures, outcome: search.SearchOutcome
             "forward, a larger card 0" + (", or a smaller optimizer state" if "optimizer"
                                           in holds else "") + " would help")
     return out
-
-
-def _swapped(r: ProbeResult, perm: list[int]) -> ProbeResult:
-    """A probe with its cards reordered by ``perm`` (a swap, its own inverse)."""
-    def per_card(xs: Any) -> Any:
-        return None if xs is None else tuple(xs[perm[i]] for i in range(len(perm)))
-    return dataclasses.replace(
-        r, chunk_sizes=per_card(r.chunk_sizes), peak_bytes=per_card(r.peak_bytes),
-        oom_device=None if r.oom_device is None else perm[r.oom_device],
-        breakdown=per_card(r.breakdown), reserved_bytes=per_card(r.reserved_bytes),
-        nvml_used_bytes=per_card(r.nvml_used_bytes), alloc_retries=per_card(r.alloc_retries),
-        repeat_spread_bytes=per_card(r.repeat_spread_bytes), total_bytes=per_card(r.total_bytes),
-        memory_stats=per_card(r.memory_stats),
-        expandable_reserved_bytes=per_card(r.expandable_reserved_bytes),
-        allocated_peak_bytes=per_card(r.allocated_peak_bytes))
-
-
-def _reuse(first: Optional[search.SearchOutcome], perm: list[int],
-           objective: Objective) -> dict[str, Any]:
-    """What a search gathering on another card takes from the first search (max_batch)."""
-    if first is None or objective is not Objective.MAX_BATCH:
-        return {}
-    return dict(prior=[_swapped(r, perm) for r in first.probes], compare_even=False,
-                prior_cards=[i for i in range(len(perm)) if perm[i] == i])
-
-
-def _swapped_outcome(out: search.SearchOutcome, perm: list[int], k: int) -> search.SearchOutcome:
-    """A search run with cards 0 and ``k`` swapped, back in the cards' own order."""
-    def probe(r: ProbeResult) -> ProbeResult:
-        return dataclasses.replace(_swapped(r, perm), purpose=f"output {k}: {r.purpose}")
-    return dataclasses.replace(
-        out, best=probe(out.best), even=None if out.even is None else probe(out.even),
-        even_split=tuple(out.even_split[perm[i]] for i in range(len(perm))),
-        probes=tuple(probe(r) for r in out.probes),
-        fits=tuple(out.fits[perm[i]] for i in range(len(perm))),
-        brackets=tuple(dataclasses.replace(b, card=perm[b.card]) for b in out.brackets))
-

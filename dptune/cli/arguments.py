@@ -13,11 +13,11 @@ from typing import Any, Optional
 from dptune.cli_checks import accumulate_arg, batch_size_arg, headroom_arg, positive_float, positive_int
 from dptune.errors import (EXIT_BACKEND, EXIT_INTERNAL, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            UsageError)
-from dptune.spec import DTYPES, WorkloadSpec
+from dptune.spec import DTYPES, WorkloadSpec, import_users, users_code
 
 __all__ = ["EPILOG", "EXIT_INTERRUPTED", "DEFAULT_BATCH_SIZE", "parse_model_kwargs", "parse_shape",
            "workload_spec", "workload_arguments", "step_arguments", "headroom_argument",
-           "objective_argument"]
+           "objective_argument", "load_trainer", "model_only_flags"]
 
 EXIT_INTERRUPTED = 130
 
@@ -151,3 +151,34 @@ def step_arguments(p: argparse.ArgumentParser) -> Any:
                     help="your own step(model, batch, optimizer), replacing the built-in step "
                          "(model: already wrapped; optimizer: built from --optimizer)")
     return st
+
+
+def load_trainer(make_trainer: str) -> Any:
+    """``--hf-trainer mymod:make_trainer``: the ``transformers.Trainer`` it returns."""
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError("--hf-trainer needs the transformers package: "
+                         "pip install 'dptune[hf]'") from None
+    factory = import_users(make_trainer, "--hf-trainer")
+    if not callable(factory):
+        raise UsageError(f"--hf-trainer {make_trainer!r} names a {type(factory).__name__}; give "
+                         "a function that returns a configured transformers.Trainer")
+    with users_code(f"building the Trainer with {make_trainer}()"):
+        trainer = factory()
+    if not isinstance(trainer, transformers.Trainer):
+        raise UsageError(f"--hf-trainer {make_trainer}() returned a {type(trainer).__name__}, "
+                         "not a transformers.Trainer")
+    return trainer
+
+
+def model_only_flags(args: argparse.Namespace) -> list[str]:
+    """Flags given that describe a model and its batch (meaningless with --hf-trainer)."""
+    given = [("--model-kwargs", args.model_kwargs is not None), ("--sample", args.sample is not None),
+             ("--input-shape", args.input_shape is not None), ("--dtype", args.dtype is not None),
+             ("--vocab-size", args.vocab_size is not None), ("--loss", args.loss != "default"),
+             ("--optimizer", args.optimizer != "adamw"), ("--isolate", args.isolate),
+             ("--amp", args.amp is not None), ("--accumulate", args.accumulate != 1),
+             ("--clip-grad-norm", args.clip_grad_norm is not None), ("--step", args.step is not None),
+             ("--output-device", args.output_device != 0)]
+    return [flag for flag, on in given if on]

@@ -1,5 +1,5 @@
 """``dptune search``: the flags, the command, and :func:`search` / :func:`search_trainer`
-(the work without the printing). ``--lengths`` hands over to :mod:`dptune.lengths.cli`.
+(the work without the printing). ``--lengths`` hands over to :mod:`dptune.cli.lengths_command`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import sys
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from dptune.backends.reserved import DEFAULT_LEVEL
-from dptune.cli.arguments import (DEFAULT_BATCH_SIZE, EPILOG, headroom_argument,
+from dptune.cli.arguments import (DEFAULT_BATCH_SIZE, load_trainer, model_only_flags, EPILOG, headroom_argument,
                                   objective_argument, step_arguments, workload_arguments,
                                   workload_spec)
 from dptune.cli_checks import (REPORT_TEMP_ROOM, card_or_auto, check_cards, check_level_flags,
                                check_out, device_ids_arg, level_arguments, level_options,
                                out_path, positive_int)
 from dptune.errors import EXIT_OK, UsageError
-from dptune.spec import WorkloadSpec, import_users, users_code
+from dptune.spec import WorkloadSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from dptune.result import TuneResult
@@ -76,37 +76,6 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
                         max_probes=max_probes, verbose=verbose, **levels)
 
 
-def load_trainer(make_trainer: str) -> Any:
-    """``--hf-trainer mymod:make_trainer``: the ``transformers.Trainer`` it returns."""
-    try:
-        import transformers
-    except ImportError:
-        raise UsageError("--hf-trainer needs the transformers package: "
-                         "pip install 'dptune[hf]'") from None
-    factory = import_users(make_trainer, "--hf-trainer")
-    if not callable(factory):
-        raise UsageError(f"--hf-trainer {make_trainer!r} names a {type(factory).__name__}; give "
-                         "a function that returns a configured transformers.Trainer")
-    with users_code(f"building the Trainer with {make_trainer}()"):
-        trainer = factory()
-    if not isinstance(trainer, transformers.Trainer):
-        raise UsageError(f"--hf-trainer {make_trainer}() returned a {type(trainer).__name__}, "
-                         "not a transformers.Trainer")
-    return trainer
-
-
-def model_only_flags(args: argparse.Namespace) -> list[str]:
-    """Flags given that describe a model and its batch (meaningless with --hf-trainer)."""
-    given = [("--model-kwargs", args.model_kwargs is not None), ("--sample", args.sample is not None),
-             ("--input-shape", args.input_shape is not None), ("--dtype", args.dtype is not None),
-             ("--vocab-size", args.vocab_size is not None), ("--loss", args.loss != "default"),
-             ("--optimizer", args.optimizer != "adamw"), ("--isolate", args.isolate),
-             ("--amp", args.amp is not None), ("--accumulate", args.accumulate != 1),
-             ("--clip-grad-norm", args.clip_grad_norm is not None), ("--step", args.step is not None),
-             ("--output-device", args.output_device != 0)]
-    return [flag for flag, on in given if on]
-
-
 def default_report_dir(result: "TuneResult") -> pathlib.Path:
     """``reports/<Model>-<cluster>``, e.g. ``reports/TinyGPT-4x24GB`` (the cluster's
     description without its parenthesised remark, in characters safe for a file name)."""
@@ -160,7 +129,7 @@ def search_parser(subparsers: Any) -> None:
                    help="print the result as JSON on stdout, and nothing else there")
     t.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar and no table; only where the report went")
-    from dptune.lengths.cli import length_arguments   # --lengths, --buckets, --length-axis
+    from dptune.cli.lengths_command import length_arguments   # --lengths, --buckets, --length-axis
 
     length_arguments(p)
     p.set_defaults(func=_search_command)
@@ -179,7 +148,7 @@ def _search_command(args: argparse.Namespace) -> int:
         raise UsageError("--global-batch needs --objective throughput, with the model flags "
                          "(not with --hf-trainer or --lengths)")
     if args.lengths is not None:   # a plan per length bucket
-        from dptune.lengths import cli as lengths_cli
+        from dptune.cli import lengths_command as lengths_cli
 
         return lengths_cli.run(args, None if args.hf_trainer else workload_spec(args))
 

@@ -62,22 +62,25 @@ def fit_lengths(tuner: Any, lengths: Iterable[Any], buckets: Buckets = 8, *,
     if tuner.backend is not None:
         raise UsageError("fit_lengths plans on the tuner's cards (device_ids=, simulate=), not "
                          "on a backend given to it")
-    if getattr(tuner.budget_level, "value", tuner.budget_level) != "allocated":
-        raise UsageError("fit_lengths plans at the allocated level only for now; build the "
-                         "Tuner without budget_level (the headroom covers the allocator's cache)")
-    if tuner.output_device != 0:
+    settings = tuner.settings
+    if settings.output_device != 0:
         raise UsageError("fit_lengths gathers the outputs on card 0; drop output_device")
     if wl.compute_loss is not None:
         raise UsageError("fit_lengths runs the step's loss_fn/step; a compute_loss (the "
                          "Trainer's) is planned with dptune.integrations.trainer_lengths")
+    budget = settings.budget
+    reserved = budget.reserved          # the tuner's allocator model, as it will plan with it
     given: dict[str, Any] = dict(
         loss_fn=wl.loss_fn, optimizer=wl.optimizer, amp=wl.amp, accumulate=wl.accumulate,
-        clip_grad_norm=wl.clip_grad_norm, step=wl.step, headroom=tuner.headroom_bytes,
-        batch_size=tuner.batch_size, tolerance=tuner.tolerance, verbose=tuner.verbose,
-        max_probes=max(tuner.max_probes, 16))
+        clip_grad_norm=wl.clip_grad_norm, step=wl.step, headroom=budget.headroom_bytes,
+        budget_level=budget.level.value,
+        allocator=reserved.config if reserved is not None else None,
+        nccl_bytes=reserved.fixed.nccl_bytes if reserved is not None else None,
+        batch_size=tuner.batch_size, tolerance=settings.tolerance, verbose=settings.verbose,
+        max_probes=max(settings.max_probes, 16))
     if tuner.choice is not None:
         given["choice"] = tuner.choice
     else:
-        given.update(device_ids=tuner.device_ids, simulate=tuner.simulate)
+        given.update(device_ids=settings.device_ids, simulate=settings.simulate)
     given.update(options)
     return plan_lengths(wl.model, fn, lengths, buckets, **given)

@@ -314,9 +314,9 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     wl = Workload(model=model, sample=ls, loss_fn=loss_fn, optimizer=optimizer, amp=amp,
                   accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step)
     choice = choice or _choose(device_ids, simulate)
-    backend = _backend(wl, choice, ddp, reserved)
-    notes = ([choice.notice] if choice.notice else []) + _level_notes(
+    notes = ([choice.notice] if choice.notice else []) + _level_notes(   # checks them first
         level, choice.simulated, allocator, nccl_bytes)
+    backend = _backend(wl, choice, ddp, reserved)
     budgets = [d.budget_bytes(headroom_bytes) for d in backend.devices]
 
     def probe_at(length: int, split: Sequence[int]) -> ProbeResult:

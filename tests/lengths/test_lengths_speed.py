@@ -48,9 +48,11 @@ def test_throughput_per_bucket_is_faster_than_the_largest_batch_and_fits():
     from tests.lengths.test_lengths_search import LENGTHS, gpt, gpt_sample
 
     spec = "2x1GB,context=384MiB,tflops=0:100,tflops=1:2,bandwidth=1:50GB/s"
-    largest = plan_lengths(gpt, gpt_sample, LENGTHS, [128], simulate=spec, headroom=0)
+    # the allocated level: 1 GB cards (no room for NCCL), and the oracle's budgets are allocated
+    largest = plan_lengths(gpt, gpt_sample, LENGTHS, [128], simulate=spec, headroom=0,
+                           budget_level="allocated")
     fast = plan_lengths(gpt, gpt_sample, LENGTHS, [128], simulate=spec, headroom=0,
-                        objective="throughput")
+                        objective="throughput", budget_level="allocated")
     assert any(n.startswith("epoch: ") and "estimated" in n for n in fast.notes)
     backend = TimedBackend(SimulatedBackend(Workload(gpt, lambda n: gpt_sample(n, 128)), spec))
     budgets = [d.budget_bytes(0) for d in backend.devices]
@@ -79,6 +81,7 @@ def test_the_command_line_plans_lengths_for_throughput(tmp_path):
     out = tmp_path / "rep"
     code = main(["search", "--model", "tests.support.lengths_models:gpt", "--simulate",
                  "2x1GB,context=384MiB,tflops=1:2", "--headroom", "0", "--optimizer", "none",
+                 "--budget-level", "allocated",
                  "--sample", "tests.support.lengths_models:batch", "--lengths", str(lengths),
                  "--buckets", "32", "--objective", "throughput", "--out", str(out), "-q",
                  "--no-plots"])

@@ -145,7 +145,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run_trainer(args: argparse.Namespace, headroom: Any) -> int:
     """``--hf-trainer MODULE:FUNC --lengths``: the Trainer's own plan per bucket."""
-    from dptune.cli.search_command import load_trainer, model_only_flags
+    from dptune.cli.arguments import load_trainer, model_only_flags
 
     ignored = model_only_flags(args) + (
         ["--length-axis"] if args.length_axis != 1 else [])
