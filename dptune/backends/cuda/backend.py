@@ -33,11 +33,10 @@ How a probe measures, in order:
    end of the step) and the number of allocation retries during the step.
 4. Figures are the maximum over the repeats; ``repeat_spread_bytes`` is max - min of the
    peaks per card. ``seconds`` is the wall time of the whole probe (warm-up included).
-   **Time** (``ProbeResult.time``, marked measured): the median over the measured steps of
-   the step's wall time (between synchronisations of every card) and of each card's own
-   forward and backward time, from CUDA events on that card's stream recorded by hooks on
-   the model in DataParallel's replica threads
-   (:mod:`~dptune.backends.cuda.card_timer`; none when the step never calls the model).
+   **Time** (``ProbeResult.time``, measured): the median over the measured steps of the
+   step's wall time (between synchronisations of every card) and of each card's forward and
+   backward time, from CUDA events on its stream recorded by hooks in DataParallel's replica
+   threads (:mod:`~dptune.backends.cuda.card_timer`; none when the step never calls the model).
 5. After the step (also after a failure): gradients dropped, ``gc.collect()``,
    ``empty_cache()``, peaks reset; the per-probe state is restored.
 
@@ -71,17 +70,16 @@ used by others); ``Device.used_bytes`` = ``(total - free) - memory_reserved - co
 memory taken by others.
 
 **Isolation.** ``isolate=True`` runs each probe in a spawned child process (so a sticky CUDA
-error, e.g. an illegal memory access, costs only that child; :mod:`dptune.backends.cuda.isolated`). The child must rebuild the
-workload, so isolation needs a picklable :class:`~dptune.spec.WorkloadSpec` (import strings, as
-the command line has); a model object or closure given to ``Tuner(model=...)`` does not pickle
+error costs only that child; :mod:`dptune.backends.cuda.isolated`). The child rebuilds the
+workload: isolation needs a picklable :class:`~dptune.spec.WorkloadSpec` (import strings, as the
+command line has); a model object or closure given to ``Tuner(model=...)`` does not pickle
 reliably (lambdas, local classes, a model on a card) and is refused with a
 :class:`~dptune.errors.UsageError`. In the child every probe warms up (a fresh process), and
 the parent's CUDA context stays on the cards while the child runs, so isolated probes are a
 little pessimistic at the edge.
 
-**Testability.** Every ``torch.cuda`` and NVML call goes through a :class:`CudaRuntime`;
-the step itself is ``step_fn(ctx, chunk_sizes)`` (:func:`default_step` by default). Tests
-pass a fake runtime with a memory model and a step that allocates from it.
+**Testability.** ``torch.cuda`` and NVML are called through a :class:`CudaRuntime`, the step is
+``step_fn(ctx, chunk_sizes)``: tests give a fake runtime and a step that allocates from it.
 """
 
 from __future__ import annotations
@@ -97,7 +95,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from dptune.backends.base import Capabilities, Device, ModelFacts, ProbeResult
 from dptune.backends.cuda.card_timer import CardTimer, measured_time
 from dptune.backends.cuda.isolated import IsolatedProbe, probe_in_child
-from dptune.backends.cuda.runtime import CudaRuntime, check_devices
+from dptune.backends.cuda.runtime import CudaRuntime, alloc_retries, check_devices
 from dptune.backends.cuda.step import StepContext, default_step
 from dptune.errors import DptuneError, UsageError, UserCodeError
 from dptune.oom import is_oom, oom_device, oom_summary, replica_where
@@ -146,10 +144,6 @@ class _Steps:
     failure: Optional[_Failure] = None
     failed_figures: Optional[_Figures] = None
     failed_in: str = ""
-
-
-def _alloc_retries(rt: CudaRuntime, device: int, default: int) -> int:
-    return int(rt.memory_stats(device).get("num_alloc_retries", default))
 
 
 class CudaBackend:
@@ -427,7 +421,7 @@ class CudaBackend:
         peak = [int(safe(functools.partial(rt.max_memory_allocated, d), 0)) for d in self.device_ids]
         reserved = [int(safe(functools.partial(rt.max_memory_reserved, d), 0)) for d in self.device_ids]
         nvml = [safe(functools.partial(rt.nvml_used, d), None) for d in self.device_ids]
-        retries = [max(0, int(safe(functools.partial(_alloc_retries, rt, d, r0), r0)) - r0)
+        retries = [max(0, int(safe(functools.partial(alloc_retries, rt, d, r0), r0)) - r0)
                    for d, r0 in zip(self.device_ids, baseline_retries)]
         return _Figures(peak, reserved, nvml, retries)
 

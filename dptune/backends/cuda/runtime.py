@@ -248,3 +248,8 @@ def check_devices(device_ids: Optional[Sequence[int]], runtime: Any = None) -> l
             f"{'is' if count == 1 else 'are'} visible ({cvd_text}); torch numbers the visible "
             f"cards 0..{count - 1}{hint}")
     return ids
+
+
+def alloc_retries(rt: Any, device: int, default: int) -> int:
+    """The allocator's ``num_alloc_retries`` counter on ``device`` (``default`` when absent)."""
+    return int(rt.memory_stats(device).get("num_alloc_retries", default))
