@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 FIRST, LAST = "## Use it", "## Layout"
 #: the most blocks the README may leave unrun (those needing GPUs, torchrun or someone else's code)
-MAX_NO_RUN = 11
+MAX_NO_RUN = 13
 #: the user's files the README's blocks name, as a user would have them in the working directory
 MYMODELS = Path(__file__).resolve().parent / "support" / "readme_mymodels.py"
 LENGTHS = [20 + (i * 37) % 1000 for i in range(400)]
