@@ -16,23 +16,22 @@ user's own ``step(model, batch, optimizer)`` with the wrapper as ``model``. Grad
 
 How a probe measures, in order:
 
-1. Per-probe state is saved (RNGs, cuDNN flags, grad mode; see :mod:`dptune.state`),
-   ``torch.backends.cudnn.benchmark`` is turned off (cuDNN itself is left as the user set it)
-   and grad mode on.
+1. Per-probe state is saved (RNGs, cuDNN flags, grad mode; :mod:`dptune.state`), grad mode
+   on, ``torch.backends.cudnn.benchmark`` off (cuDNN itself as the user set it).
 2. **Warm-up.** One unmeasured step creates what a training loop creates once and keeps:
    the optimizer's state, cuBLAS/cuDNN handles and workspaces, lazily loaded kernels. It runs
    on the first probe, and again on any later probe that gives samples to a card that has
    not run a step yet (each card's cuBLAS workspace is made by its first step). The
    optimizer (built from the workload's factory) lives as long as the backend, so its state
    is created once.
-3. For each of ``repeats`` measured steps: gradients dropped, ``gc.collect()``, every card
-   synchronised, ``torch.cuda.empty_cache()``, ``reset_peak_memory_stats`` on every card, a
-   baseline read (``memory_allocated`` and the ``num_alloc_retries`` counter) on every card,
-   the step, a synchronise, then per card: ``max_memory_allocated`` (``peak_bytes``, the
-   primary figure), ``max_memory_reserved``, NVML's used bytes for the whole card (at the
-   end of the step) and the number of allocation retries during the step.
-4. Figures are the maximum over the repeats; ``repeat_spread_bytes`` is max - min of the
-   peaks per card. ``seconds`` is the wall time of the whole probe (warm-up included).
+3. Each measured step: gradients dropped, ``gc.collect()``, every card synchronised,
+   ``torch.cuda.empty_cache()`` before the probe's first step only (later ones start from the
+   cache the step before left, as in training: ``max_memory_reserved`` is the steady state),
+   ``reset_peak_memory_stats`` and a baseline (``memory_allocated``, ``num_alloc_retries``) on
+   every card, the step, a synchronise, then per card ``max_memory_allocated`` (``peak_bytes``),
+   ``max_memory_reserved``, NVML's used bytes and the allocation retries during the step.
+4. Figures: the maximum over the repeats; ``repeat_spread_bytes``: max - min of the peaks per
+   card; ``seconds``: the whole probe's wall time (warm-up included).
    **Time** (``ProbeResult.time``, measured): the median over the measured steps of the
    step's wall time (between synchronisations of every card) and of each card's forward and
    backward time, from CUDA events on its stream recorded by hooks in DataParallel's replica
@@ -372,13 +371,14 @@ class CudaBackend:
                 warnings.warn(f"dptune could not restore the RNG/cuDNN state after a failed probe: "
                               f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3)
 
-    def _reset_and_baseline(self, ctx: StepContext) -> tuple[list[int], list[int]]:
+    def _reset_and_baseline(self, ctx: StepContext, first: bool) -> tuple[list[int], list[int]]:
         rt = self.runtime
         ctx.zero_grad()
         rt.gc_collect()
         for d in self.device_ids:
             rt.synchronize(d)
-        rt.empty_cache()
+        if first:                     # later steps keep the cache the one before left
+            rt.empty_cache()
         for d in self.device_ids:
             rt.reset_peak_memory_stats(d)
         baseline = [rt.memory_allocated(d) for d in self.device_ids]
@@ -488,8 +488,8 @@ class CudaBackend:
         clock_of = getattr(self.runtime, "event_clock", None)     # optional in a fake runtime
         timer = CardTimer(clock_of(), self.device_ids) if clock_of is not None else None
         out = _Steps()
-        for what in plan:
-            out.baseline, retries0 = self._reset_and_baseline(ctx)
+        for i, what in enumerate(plan):
+            out.baseline, retries0 = self._reset_and_baseline(ctx, first=i == 0)
             timing = timer is not None and what == "measure" and ctx.model is not None
             with timer.attached(ctx.model) if timing and timer is not None else contextlib.nullcontext():
                 started = time.perf_counter()
