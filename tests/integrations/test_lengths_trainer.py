@@ -294,6 +294,7 @@ def test_cli_hf_trainer_lengths_writes_the_trainers_plan(trainer_module, tmp_pat
 
     code = main(["search", "--hf-trainer", f"{trainer_module}:make_trainer", "--lengths",
                  "--buckets", "4,8", "--simulate", "1x396MB,context=384MiB", "--headroom", "0",
+                 "--budget-level", "allocated",     # 12 MiB cards: smaller than one segment
                  "--out", str(tmp_path / "rep"), "--no-plots"])
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -314,7 +315,8 @@ def test_tune_trainer_lengths_hands_back_a_trainer_that_trains_with_the_plan(tmp
     collator = recording_collator()
     plain = transformers.Trainer(model=tiny_gpt2(), args=training_args(
         tmp_path, max_steps=-1, num_train_epochs=1), train_dataset=Texts(), data_collator=collator)
-    t = tune_trainer_lengths(plain, [4, 8], simulate="1x393MB,context=384MiB", headroom=0)
+    t = tune_trainer_lengths(plain, [4, 8], simulate="1x393MB,context=384MiB", headroom=0,
+                             budget_level="allocated")     # 9 MiB: smaller than one segment
     planned = [b.batch_size for b in t.length_plan.buckets]
     assert t.length_plan.edges == list(EDGES) and t.length_plan.certified
     assert any(b < n for b, n in zip(planned, [12, 16, 12]))   # some bucket takes several steps
