@@ -22,6 +22,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from dptune.errors import EXIT_OK, UsageError
+from dptune.types import Objective
 
 __all__ = ["length_arguments", "run", "length_sample"]
 
@@ -97,7 +98,7 @@ def _read(spec: str) -> list[int]:
 
 def _check_flags(args: argparse.Namespace) -> Any:
     """One line for each flag that does not apply; the headroom to plan with."""
-    if args.objective not in ("balance", "max-batch", "throughput"):
+    if args.objective not in tuple(o.flag for o in Objective):
         raise UsageError(f"--lengths plans the largest batch of every bucket; --objective "
                          f"{args.objective} does not apply to it")
     if args.output_device not in (0, "0"):
@@ -140,7 +141,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     through the allocator model at the reserved level)."""
     levels = {k: getattr(args, k) for k in ("budget_level", "allocator", "nccl_bytes")
               if getattr(args, k, None) is not None}
-    return {"objective": "throughput" if args.objective == "throughput" else "max_batch", **levels}
+    goal = Objective.THROUGHPUT if args.objective == Objective.THROUGHPUT.flag else Objective.MAX_BATCH
+    return {"objective": goal.value, **levels}
 
 
 def _run_trainer(args: argparse.Namespace, headroom: Any) -> int:

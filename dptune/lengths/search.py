@@ -29,6 +29,7 @@ from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.lengths.buckets import Buckets, assign, bucket_edges
 from dptune.lengths.plan import BucketPlan, LengthPlan
 from dptune.split import scale_split
+from dptune.types import Objective
 
 __all__ = ["LengthSample", "BucketSearch", "search_buckets", "plan_lengths", "next_split"]
 
@@ -141,7 +142,7 @@ def search_buckets(probe_at: Callable[[int, Sequence[int]], ProbeResult], budget
         def probe(split: Sequence[int], length: int = length) -> ProbeResult:
             return probe_at(length, split)
         try:
-            outcome = search.run(probe, budgets, "max_batch", sum(first) if first else start,
+            outcome = search.run(probe, budgets, Objective.MAX_BATCH, sum(first) if first else start,
                                  min_chunk=min_chunk, first_split=first,
                                  max_probes=max_probes, tolerance=tolerance,
                                  exact_on_oom=exact_on_oom, compare_even=False,
@@ -306,7 +307,8 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     for k, x in zip(bucket_of, data):
         counts[k] += 1
         tokens[k] += x
-    if objective not in ("max_batch", "throughput") or (ddp and objective == "throughput"):
+    goal = Objective.parse(objective)
+    if goal is Objective.BALANCE or (ddp and goal is Objective.THROUGHPUT):
         raise UsageError(f"objective={objective!r}: a length plan takes 'max_batch' (the largest "
                          "batch per bucket) or 'throughput' (its fastest split; DataParallel only)")
     level, headroom_bytes, reserved = level_settings(budget_level, headroom, allocator, nccl_bytes)
@@ -350,7 +352,8 @@ def _speed(found: list, probe_at: Callable[[int, Sequence[int]], ProbeResult], b
     from dptune.lengths.speed import plan_speed
 
     found, speed, notes = plan_speed(found, probe_at, budgets, counts, tokens,
-                                     fastest=objective == "throughput", min_chunk=_min_chunk(wl))
+                                     fastest=objective == Objective.THROUGHPUT,
+                                     min_chunk=_min_chunk(wl))
     return found, list(notes) + (speed.lines() if not ddp else [])
 
 

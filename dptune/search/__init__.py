@@ -25,6 +25,7 @@ from dptune.search.models import CardFits
 from dptune.search.observations import Bracket, Observations
 from dptune.solver import Fit
 from dptune.split import even_split
+from dptune.types import Objective
 
 __all__ = ["SearchOutcome", "run", "Bracket", "Observations", "Proposal", "IMPLIED"]
 
@@ -133,7 +134,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     for r in prior:
         obs.add_prior(r, prior_cards)
     notes: list[str] = []
-    if objective == "balance":
+    if Objective.parse(objective) is Objective.BALANCE:
         bal = Balance(obs, batch_size, max_probes, tolerance, notes)
         refine(probe, bal, obs, max_probes, on_probe)
         found = _balance_found(obs, bal, batch_size, notes)
