@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from dptune.backends.fixed_costs import FixedCosts
-from dptune.backends.reserved import BudgetLevel, at_level
+from dptune.backends.reserved import at_level
+from dptune.ddp.ranks import simulated_peak
 from dptune.errors import UsageError
 
 __all__ = ["FSDPOptions", "default_shard", "repeated_blocks", "mixed_precision", "SimulatedFSDPProber",
@@ -158,10 +159,7 @@ class SimulatedFSDPProber:
 
     def probe(self, batch_size: int) -> Optional[int]:
         if batch_size not in self._memo:
-            self._memo[batch_size] = (
-                self.backend.estimate([batch_size]).peak_bytes[0] if self.backend.reserved is None
-                else at_level(self.backend.probe([batch_size]), [self.device],
-                              BudgetLevel.RESERVED).peak_bytes[0])
+            self._memo[batch_size] = simulated_peak(self.backend, self.device, batch_size)
         return self._memo[batch_size]
 
     def close(self) -> None:
@@ -218,7 +216,6 @@ class CudaFSDPProber:
                         settings=step_settings(self.workload))
 
     def probe(self, batch_size: int) -> Optional[int]:
-        from dptune.backends.reserved import at_level
 
         res = at_level(self.backend.probe([batch_size]), self.backend.devices, self.level)
         return res.peak_bytes[0] if res.feasible else None

@@ -10,7 +10,7 @@ from typing import Any, Optional, Protocol
 from dptune.backends.ddp_memory import DDPOptions, bucket_bytes, params_of
 from dptune.backends.fixed_costs import FixedCosts
 from dptune.backends.reserved import BudgetLevel, ReservedModel, at_level
-from dptune.ddp.ranks import RankInfo, min_batch, step_settings
+from dptune.ddp.ranks import RankInfo, local_card, min_batch, simulated_peak, step_settings
 from dptune.errors import BackendUnavailableError
 
 __all__ = ["Prober", "SimulatedProber", "CudaProber", "local_cuda_prober"]
@@ -57,10 +57,7 @@ class SimulatedProber:
 
     def probe(self, batch_size: int) -> Optional[int]:
         if batch_size not in self._memo:
-            self._memo[batch_size] = (
-                self.backend.estimate([batch_size]).peak_bytes[0] if self.backend.reserved is None
-                else at_level(self.backend.probe([batch_size]), [self.device],
-                              BudgetLevel.RESERVED).peak_bytes[0])
+            self._memo[batch_size] = simulated_peak(self.backend, self.device, batch_size)
         return self._memo[batch_size]
 
     def close(self) -> None:
@@ -112,16 +109,10 @@ def local_cuda_prober(workload: Any, device: Optional[int], options: DDPOptions,
                       headroom_bytes: int, host: Optional[str],
                       level: BudgetLevel = BudgetLevel.ALLOCATED) -> Prober:
     """This rank's CUDA card: ``device``, else ``LOCAL_RANK``'s, else the current device."""
-    import os
-
     import torch
 
     if not torch.cuda.is_available():
         raise BackendUnavailableError(
             "plan() inside a torch.distributed job probes each rank's CUDA card, but this rank "
             "sees none; pass simulate='...' (one card per rank) to plan on virtual cards")
-    if device is None:
-        local = os.environ.get("LOCAL_RANK")
-        device = int(local) if local is not None and torch.cuda.device_count() > int(local) \
-            else torch.cuda.current_device()
-    return CudaProber(workload, device, options, headroom_bytes, host, level)
+    return CudaProber(workload, local_card(device, torch.cuda), options, headroom_bytes, host, level)

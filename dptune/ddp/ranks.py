@@ -8,7 +8,7 @@ from typing import Any, Optional
 from dptune.backends.base import Device
 from dptune.errors import UserCodeError
 
-__all__ = ["RankInfo", "min_batch", "step_settings", "local_card"]
+__all__ = ["RankInfo", "min_batch", "step_settings", "local_card", "simulated_peak"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +63,13 @@ def local_card(device: Optional[int], runtime: Any) -> int:
     import torch
 
     return torch.cuda.current_device()
+
+
+def simulated_peak(backend: Any, device: Any, batch_size: int) -> int:
+    """A simulated rank's peak at its budget level: the ledger's allocated peak, or, with the
+    allocator model (``backend.reserved``), the reserved peak plus the fixed costs."""
+    if backend.reserved is None:
+        return int(backend.estimate([batch_size]).peak_bytes[0])
+    from dptune.backends.reserved import BudgetLevel, at_level
+
+    return int(at_level(backend.probe([batch_size]), [device], BudgetLevel.RESERVED).peak_bytes[0])
