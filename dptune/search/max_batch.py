@@ -8,13 +8,6 @@ probe puts each open card inside its bracket (where a local fit says the cap is;
 midpoint when the bracket has not halved in two probes) and card 0 at the largest batch its
 fit allows inside its own bracket, so every probe shrinks a bracket.
 
-The first probe, at the caller's batch, spreads the cards ``i >= 1`` over half to one and a
-half times their even share (3 cards or more, 32 samples a card or more, the simulator): they
-run the same replica, so that one probe gives their slope, and the next probe is already the
-answer's guess (card 0's cost per sample of the whole batch taken as 0 there; that probe gives
-card 0 a second point, from which the cost follows). Otherwise the even split is probed first,
-then a probe that holds card 0's chunk and moves the others (card 0's batch term).
-
 The answer is the largest batch measured within every budget. It is *certified* when one
 more sample is measured not to fit: with each card ``i >= 1`` at most ``hi_i - 1``, every
 split of ``B + 1`` leaves card 0 at least a chunk where it was measured over budget.
@@ -340,9 +333,10 @@ class MaxBatch:
 
     def _g_from_slope(self, t: list[int], fits: CardFits) -> bool:
         """With the cards' slope known (a spread first probe, or a prior search's points) and
-        card 0 measured once, the answer's guess along ``t`` (card 0's batch term taken as 0)
-        gives card 0 a second point from which its batch term follows (:class:`CardFits`): no
-        probe of its own for it, as long as that guess gives card 0 samples."""
+        card 0 measured once, the
+        answer's guess along ``t`` (card 0's batch term taken as 0) gives card 0 a second point
+        from which its batch term follows (:class:`CardFits`): no probe of its own for it,
+        as long as that guess gives card 0 samples."""
         if fits.median_slope is None or len(self.obs.fit_points(0)) + \
                 len(self.obs.over_points(0)) != 1:
             return False

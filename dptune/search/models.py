@@ -39,9 +39,9 @@ class Line:
 def secant(pts: Sequence[tuple[int, float]], target: int) -> Optional[Line]:
     """Between measured points: the chord of the nearest point on each side of ``target``.
     Otherwise the line through the point nearest ``target`` and the next nearest with another
-    x (None if fewer), that second point at least as far from the first as ``target`` is, or
-    the farthest when none is (a slope over a sample or two, extrapolated far, turns the
-    allocator's rounding into a large error)."""
+    x (None if fewer), that second point at least as far from the first as ``target`` is (a
+    slope over a sample or two, extrapolated far, turns the allocator's rounding into a large
+    error)."""
     if not pts:
         return None
     below = [p for p in pts if p[0] <= target]
@@ -56,7 +56,7 @@ def secant(pts: Sequence[tuple[int, float]], target: int) -> Optional[Line]:
     reach = abs(target - a[0])
     b = next((p for p in order if abs(p[0] - a[0]) >= max(reach, 1)), None)
     if b is None:
-        b = max((p for p in order if p[0] != a[0]), key=lambda p: abs(p[0] - a[0]), default=None)
+        b = next((p for p in order if p[0] != a[0]), None)
     if b is None:
         return None
     slope = (b[1] - a[1]) / (b[0] - a[0])
