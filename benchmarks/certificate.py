@@ -444,9 +444,8 @@ def table(rows: Sequence[Row]) -> str:
 
 def summary(rows: Sequence[Row]) -> str:
     good = [r for r in rows if r.minimum]
-    lines = ["| family | cases | dptune probes | minimum | mean ratio | worst ratio | even-max "
-             "| over the minimum | in no certificate of its own |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| family | cases | dptune probes | minimum | mean ratio | worst ratio | even-max |",
+             "|---|---|---|---|---|---|---|"]
     for fam in sorted({r.family for r in good}) + ["all"]:
         sub = [r for r in good if fam in ("all", r.family)]
         worst = max(sub, key=lambda r: r.ratio)
@@ -454,17 +453,8 @@ def summary(rows: Sequence[Row]) -> str:
                      f"{sum(r.minimum or 0 for r in sub)} | "
                      f"{statistics.mean(r.ratio for r in sub):.2f} | "
                      f"{worst.ratio:.2f} ({worst.name}) | "
-                     f"{statistics.mean(r.even_probes for r in sub):.2f} | "
-                     f"{statistics.mean(r.probes - (r.minimum or 0) for r in sub):.2f} | "
-                     f"{_unused(sub)} |")
+                     f"{statistics.mean(r.even_probes for r in sub):.2f} |")
     return "\n".join(lines)
-
-
-def _unused(rows: Sequence[Row]) -> str:
-    """Per case on average, the probes that play no part in the fewest of dptune's own probes
-    that prove its answer (``n/a`` where that proof was not found)."""
-    own = [r.probes - r.own_min for r in rows if r.own_min is not None]
-    return f"{statistics.mean(own):.2f}" if own else "n/a"
 
 
 def cases(quick: bool, models: bool) -> list[Surface]:

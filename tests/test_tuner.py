@@ -244,9 +244,9 @@ def test_max_batch_affine():
     # card 0's gathered outputs (0.011 GiB a sample of the whole batch) put its even-split
     # chunk above its chunk at the largest batch: three questions left for card 0, and the
     # cards' one-more tests ride along on two of them
-    assert [p.purpose for p in r.probes] == ["spread", "max", "max", "max+cards",
-                                             "even-max+cards", "even-max"]
-    assert be.calls[:3] == [[64, 32, 64, 96], [152, 225, 225, 225], [92, 225, 225, 225]]
+    assert [p.purpose for p in r.probes] == ["even", "fit", "max", "max+cards", "even-max+cards",
+                                             "even-max"]
+    assert be.calls[:3] == [[64, 64, 64, 64], [64, 185, 185, 185], [92, 225, 225, 225]]
     assert r.even.batch_size == oracles.max_even_batch(truth, budgets) == 496
     assert r.even.feasible and r.batch_gain > 0.5
     assert r.fits[0].batch_slope_bytes == pytest.approx(0.011 * GiB, rel=1e-6)

@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence
 
 from dptune.search.loop import Proposal, fill, valid_split
-from dptune.search.models import MIN_SLOPE_BYTES, CardFits, chord_cap
+from dptune.search.models import CardFits, chord_cap
 from dptune.search.observations import Bracket, Observations, next_chunk
 from dptune.solver import bisect_last
 from dptune.split import even_split
@@ -53,10 +53,6 @@ __all__ = ["MaxBatch"]
 #: Largest step up a secant may take from the largest measured chunk when nothing above was
 #: measured (x this); a single point scales in proportion, which undershoots.
 GROWTH = 64
-
-
-#: The spread first probe only when the cards' even share is at least this many samples.
-SPREAD_MIN = 32
 
 
 def largest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int:
@@ -147,9 +143,6 @@ class MaxBatch:
             return
         for i in range(1, self.n):
             self.widths.setdefault(f"card{i}", []).append(self.obs.bracket(i).width)
-        last = self.obs.probes[-1]
-        if not (last.purpose.startswith("max") and self._card0_question(last.chunk_sizes)):
-            return      # a probe that asked card 0 nothing does not count against its bracket
         for t in {tuple(self._caps_lo()), self._last_t}:
             line = self._line(list(t))
             lo, hi = self._line_bracket(line)
@@ -184,14 +177,10 @@ class MaxBatch:
         else:
             line = fits.card_line(i, br.lo)
             pts = [p for p in obs.points[i] if p.exact and p.chunk > 0]
-            if line is not None and (len({p.chunk for p in pts}) >= 2 or
-                                     (fits.median_slope or 0) > MIN_SLOPE_BYTES):
+            if line is not None and len({p.chunk for p in pts}) >= 2:
                 guess = int((budget - line.intercept) / line.slope)
                 if upper is None:   # a secant far from its points is not trusted far
                     top = max([p.chunk for p in obs.points[i]] + [br.lo, 1])
-                    if len({p.chunk for p in pts}) < 2:    # the cards' pooled slope
-                        top = max([top] + [p.chunk for j in range(1, self.n)
-                                           for p in obs.points[j]])
                     # nor a flat step of a staircase: a chord from a point well below lo too
                     wide = fits.card_line(i, 2 * max(br.lo, 1))
                     if wide is not None:
@@ -276,7 +265,7 @@ class MaxBatch:
         obs = self.obs
         fits = CardFits(obs)
         t = [self._target(i, fits) for i in range(1, self.n)]
-        if fits.g is None and self.g_tries < 2 and not self._g_from_slope(t, fits):
+        if fits.g is None and self.g_tries < 2:
             # card 0's cost per sample of the whole batch: card 0's chunk as in an earlier
             # probe, the others moved
             ref = next((p for p in reversed(obs.points[0]) if p.exact), None)
@@ -318,32 +307,6 @@ class MaxBatch:
                 (best is None or lo > best.batch_size):
             return Proposal(known, "max")
         return None
-
-    def _card0_predicted_over(self, split: Sequence[int], fits: CardFits,
-                              clearly: bool = False) -> bool:
-        """The fits put card 0 over its budget in ``split`` (unknown counts as over);
-        ``clearly``: by at least half of what one more sample of its own costs it (nearer the
-        budget than that, the allocator's rounding decides: a coin toss)."""
-        p = fits.predict0(split[0], sum(split))
-        if p is None:
-            return True
-        line = fits.card0_line(max(split[0], 1), sum(split)) if clearly else None
-        half = 0.0 if line is None else line.slope / 2
-        return p > self.obs.budgets[0] + half
-
-    def _g_from_slope(self, t: list[int], fits: CardFits) -> bool:
-        """With the cards' slope known (a spread first probe, or a prior search's points) and
-        card 0 measured once, the
-        answer's guess along ``t`` (card 0's batch term taken as 0) gives card 0 a second point
-        from which its batch term follows (:class:`CardFits`): no probe of its own for it,
-        as long as that guess gives card 0 samples."""
-        if fits.median_slope is None or len(self.obs.fit_points(0)) + \
-                len(self.obs.over_points(0)) != 1:
-            return False
-        line = self._line(t)
-        b = self._line_target(line, fits)
-        s = None if b is None else line.split(b)
-        return s is not None and s[0] > 0
 
     def _predicted_fit(self, split: Sequence[int], fits: CardFits) -> bool:
         """The fits say every card of ``split`` is within budget (a guess, never an answer)."""
@@ -444,8 +407,7 @@ class MaxBatch:
             s = even_split(self.hint, self.n)
             if not valid_split(s, self.m):
                 s = fill(self.hint, [self.hint] * self.n, self.m) or s
-            spread = self._spread(s)
-            return Proposal(spread, "spread") if spread is not None else Proposal(tuple(s), "even")
+            return Proposal(tuple(s), "even")
         self._record_widths()
         even = None if not self.compare_even or self.even_certified() else self._even_step()
         if not self.max_certified():
@@ -455,7 +417,7 @@ class MaxBatch:
             prop = self._max_step()
             if prop is not None:
                 if even is not None and self._even_covers(even.split, prop.split) \
-                        and self._card0_predicted_over(even.split, CardFits(self.obs)):
+                        and not self._predicted_fit(even.split, CardFits(self.obs)):
                     # the even split's next probe puts card 0 at no more samples and no larger
                     # batch: over there means over here too (one probe for both questions)
                     return Proposal(even.split, "even-max")
@@ -469,21 +431,6 @@ class MaxBatch:
         if not self._card0_question(prop):
             return False
         return even[0] <= prop[0] and sum(even) <= sum(prop)
-
-    def _spread(self, even: Sequence[int]) -> Optional[tuple[int, ...]]:
-        """The first probe with the cards ``i >= 1`` at different chunks (half to one and a
-        half times their even share), card 0 at its even share: the cards run the same
-        replica, so one probe samples their curve at several chunks (3 cards or more)."""
-        n, m = self.n, self.m
-        if n < 3 or not self.obs.exact_on_oom or any(self.obs.points[1:]):
-            return None     # (points from a prior search already give the cards' slopes)
-        e = sum(even[1:]) / (n - 1)
-        if e < SPREAD_MIN:
-            return None     # a few samples apart, a step of the allocator passes for a slope
-        out = [int(even[0])] + [max(m, int(e * (0.5 + k / (n - 2)))) for k in range(n - 1)]
-        out[0] += sum(even) - sum(out)
-        split = tuple(out)
-        return split if out[0] >= 0 and valid_split(split, m) and len(set(out[1:])) > 1 else None
 
     def _card0_question(self, split: Sequence[int]) -> bool:
         """Every card ``i >= 1`` is known to fit ``split``: a probe of it asks about card 0."""
@@ -521,8 +468,7 @@ class MaxBatch:
         q_even = even.split if even is not None and self._card0_question(even.split) else None
         even_fits = q_even is not None and self._predicted_fit(q_even, fits)
         covered = q_max is not None and q_even is not None and not even_fits \
-            and self._even_covers(q_even, q_max) and \
-            self._card0_predicted_over(q_even, fits, clearly=True)
+            and self._even_covers(q_even, q_max)
         questions = int(q_max is not None and not covered) + int(q_even is not None) \
             + int(even_fits)
         if len(tests) > questions * (n - 2):

@@ -37,23 +37,15 @@ class Line:
 
 
 def secant(pts: Sequence[tuple[int, float]], target: int) -> Optional[Line]:
-    """Between measured points: the chord of the nearest point on each side of ``target``.
-    Otherwise the line through the point nearest ``target`` and the next nearest with another
-    x (None if fewer), that second point at least as far from the first as ``target`` is (a
-    slope over a sample or two, extrapolated far, turns the allocator's rounding into a large
-    error)."""
+    """The line through the point nearest ``target`` and the next nearest with another x
+    (None if fewer). When ``target`` lies far from both, the second point is taken at least
+    a quarter of that distance away (a slope over a sample or two, extrapolated far, turns
+    the allocator's rounding into a large error)."""
     if not pts:
         return None
-    below = [p for p in pts if p[0] <= target]
-    above = [p for p in pts if p[0] > target]
-    if below and above:   # between measured points: the chord of the nearest two
-        left = max(below, key=lambda p: (p[0], -p[1]))
-        right = min(above, key=lambda p: (p[0], p[1]))
-        slope = (right[1] - left[1]) / (right[0] - left[0])
-        return Line(left[1] - slope * left[0], slope)
     order = sorted(pts, key=lambda p: (abs(p[0] - target), -p[0]))
     a = order[0]
-    reach = abs(target - a[0])
+    reach = abs(target - a[0]) // 4
     b = next((p for p in order if abs(p[0] - a[0]) >= max(reach, 1)), None)
     if b is None:
         b = next((p for p in order if p[0] != a[0]), None)
@@ -77,10 +69,9 @@ class CardFits:
     def __init__(self, obs: Observations):
         self.obs = obs
         self.n = obs.n
-        others = [s for s in (self._slope(i) for i in range(1, self.n)) if s is not None]
-        self.median_slope: Optional[float] = sorted(others)[len(others) // 2] if others else \
-            self._pooled_slope()
         self.g = self._batch_slope()
+        others = [s for s in (self._slope(i) for i in range(1, self.n)) if s is not None]
+        self.median_slope: Optional[float] = sorted(others)[len(others) // 2] if others else None
 
     # ---- card 0's cost per sample of the whole batch ------------------------------------
     def _batch_slope(self) -> Optional[float]:
@@ -96,31 +87,7 @@ class CardFits:
                     s = (p.peak_bytes - q.peak_bytes) / (p.batch - q.batch)
                     if best is None or abs(p.batch - q.batch) >= best[0]:
                         best = (abs(p.batch - q.batch), s)
-        if best is None and self.median_slope is not None:
-            # no two probes gave card 0 the same chunk: its own chunk taken as costing what
-            # the other cards' chunks cost (the same replica), the rest is the batch's
-            s = self.median_slope
-            for k, p in enumerate(pts):
-                for q in pts[:k]:
-                    if q.batch != p.batch and q.chunk > 0 and p.chunk > 0:
-                        g = (p.peak_bytes - q.peak_bytes - s * (p.chunk - q.chunk)) / (p.batch - q.batch)
-                        if best is None or abs(p.batch - q.batch) >= best[0]:
-                            best = (abs(p.batch - q.batch), g)
         return None if best is None else max(0.0, best[1])
-
-    def _pooled_slope(self) -> Optional[float]:
-        """With no card measured at two chunks yet: the slope through the cards' points
-        together (each card runs the same replica, so at different chunks in one probe they
-        sample one curve; a guess for the next probe only). ``None`` when two cards measured at
-        the same chunk disagree by more than 1%, or fewer than two chunks were measured."""
-        pts = [(p.chunk, float(p.peak_bytes)) for i in range(1, self.n) for p in self._exact(i)]
-        for c, m in pts:
-            if any(c == c2 and abs(m - m2) > 0.01 * max(m, m2) for c2, m2 in pts):
-                return None
-        if len({c for c, _ in pts}) < 2:
-            return None
-        lo, hi = min(pts), max(pts)
-        return max(0.0, (hi[1] - lo[1]) / (hi[0] - lo[0]))
 
     # ---- cards >= 1 -------------------------------------------------------------------
     def _exact(self, i: int) -> list[Point]:

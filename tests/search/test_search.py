@@ -268,16 +268,14 @@ def test_max_batch_with_real_gpu_oom_semantics(shape):
 def test_max_batch_exact_probe_sequence_mlp4():
     out, be = run(mlp(4), "max_batch", 256)
     assert be.calls == [
-        [64, 32, 64, 96],        # the hint, cards >= 1 spread: one probe samples their curve at
-                                 # three chunks (the same replica on each card)
-        [580, 716, 716, 716],    # every card >= 1 at its fitted cap, card 0 the largest batch
-                                 # left with its batch term taken as 0: card 0 over by a hair
-                                 # (that point gives card 0's batch term)
-        [579, 716, 716, 716],    # the answer
+        [64, 64, 64, 64],        # the even split at the hint
+        [64, 379, 379, 379],     # card 0 as before, the others in proportion: card 0's batch term
+        [579, 716, 716, 716],    # every card >= 1 at its fitted cap, card 0 the largest batch left
         [579, 717, 717, 717],    # one more on each card >= 1: over (card 0 within, at B + 3)
-        [580, 580, 580, 577],    # the even split at E + 1 = 2317: card 0 over at chunk 580
+        [580, 580, 580, 577],    # the even split at E + 1 = 2317: card 0 over at chunk 580, so
+                                 # also over at 580 in the larger batch B + 1 = 2728 (certified)
     ]
-    assert [p.purpose for p in out.probes] == ["spread", "max", "max", "max", "even-max"]
+    assert [p.purpose for p in out.probes] == ["even", "fit", "max", "max", "even-max"]
     assert out.best.chunk_sizes == (579, 716, 716, 716) and out.certified
     # even(2316) = [579] * 4 was never probed: it fits because probe 3 measured card 0 within
     # budget at 579 samples in a batch of 2727 and card 3 at 716, probe 5 cards 1 and 2 at 580
@@ -298,14 +296,14 @@ def test_max_batch_exact_probe_sequence_big_output_packs_the_cards_tests():
     shape = big_output()
     out, be = run(shape, "max_batch", 256)
     assert be.calls == [
-        [64, 32, 64, 96],        # the hint, cards >= 1 spread (their slope in one probe)
-        [502, 563, 563, 563],    # cards at their caps, card 0's batch term taken as 0: over
+        [64, 64, 64, 64],
+        [64, 420, 420, 420],
         [432, 563, 563, 563],    # the best: every card at its fitted cap
         [433, 564, 564, 561],    # card 0 one more at B + 1 (over); cards 1, 2 one more (over)
         [445, 326, 445, 564],    # the even split's E for card 0 (within); card 3 one more (over)
         [446, 446, 446, 443],    # the even split at E + 1: card 0 over
     ]
-    assert [p.purpose for p in out.probes] == ["spread", "max", "max", "max+cards",
+    assert [p.purpose for p in out.probes] == ["even", "fit", "max", "max+cards",
                                                "even-max+cards", "even-max"]
     assert out.certified and out.best.batch_size == best_batch(shape) == 2121
     assert out.even is not None and out.even.batch_size == best_even(shape) == 1780
@@ -507,7 +505,7 @@ def test_the_headline_gives_an_open_even_bracket_as_a_range():
 
     shape = workspace_jump()
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
-    r = Tuner(model, lambda b: None, batch_size=256, objective="max_batch", max_probes=5,
+    r = Tuner(model, lambda b: None, batch_size=256, objective="max_batch", max_probes=6,
               backend=CurveBackend(shape), headroom=HEAD, verbose=False,
               budget_level="allocated").fit()   # CurveBackend's peaks are allocated peaks
     calls = [list(p.chunk_sizes) for p in r.probes]
