@@ -8,7 +8,7 @@
 
 The search itself lives in :mod:`dptune.search` (brackets from measured probes, fits only to
 choose the next probe). Whether the cards are real GPUs or a simulated cluster is decided in
-one place, :func:`choose_backend`.
+one place, :func:`dptune.backends.choice.choose_backend` (re-exported here).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from dptune import search
 from dptune.advice import unread_outputs_advice
 from dptune.backends.allocator import AllocatorConfig
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
+from dptune.backends.choice import BackendChoice, build_backend, choose_backend, timed
 from dptune.backends.reserved import DEFAULT_LEVEL, BudgetLevel, ReservedModel, advice_lines, at_level
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
@@ -49,86 +49,6 @@ RESERVED_NOTE = ("budgets checked against the reserved level: peaks are the cach
 def _notice(message: str, verbose: bool) -> None:
     if verbose:
         print(f"dptune: {message}", file=sys.stderr)
-
-
-def _visible_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-@dataclass(frozen=True)
-class BackendChoice:
-    """Real GPUs or simulated cards, decided once (:func:`choose_backend`).
-
-    ``cluster`` is the simulated cluster (``None``: real GPUs, ``device_ids`` of them or all
-    ``visible`` ones); ``notice`` is said once when dptune chose the default cluster itself.
-    Give it to :class:`Tuner` (``choice=``) so that the run does not decide again.
-    """
-
-    cluster: Any = None
-    device_ids: Optional[list[int]] = None
-    notice: Optional[str] = None
-    visible: int = 0                 # GPUs visible when all of them were chosen
-
-    @property
-    def simulated(self) -> bool:
-        return self.cluster is not None
-
-    @property
-    def kind(self) -> BackendKind:
-        return BackendKind.SIMULATED if self.simulated else BackendKind.CUDA
-
-    @property
-    def cards(self) -> int:
-        """How many cards the run will use."""
-        if self.simulated:
-            return len(self.cluster)
-        return len(self.device_ids) if self.device_ids is not None else self.visible
-
-
-def choose_backend(device_ids: Optional[Sequence[int]] = None, simulate: Any = None
-                   ) -> BackendChoice:
-    """Are the GPUs asked for here, else simulate: the one place that decides.
-
-    ``simulate`` (a spec such as ``"4x24GB"`` or a ``Cluster``) forces simulated cards;
-    ``device_ids`` picks real GPUs and raises :class:`BackendUnavailableError` when they are
-    not all visible; neither: every visible GPU, or the simulated ``4x24GB`` when none is.
-    """
-    from dptune.backends.cluster import DEFAULT_CLUSTER, parse_cluster
-
-    if simulate is not None and device_ids is not None:
-        raise UsageError("give real GPUs (device_ids=, --devices) or simulated cards "
-                         "(simulate=, --simulate), not both")
-    if simulate is not None:
-        return BackendChoice(cluster=parse_cluster(simulate))
-    if device_ids is not None:
-        from dptune.backends.cuda import check_devices
-
-        return BackendChoice(device_ids=check_devices(device_ids))
-    have = _visible_gpus()
-    if have == 0:
-        return BackendChoice(cluster=parse_cluster(DEFAULT_CLUSTER),
-                             notice=f"no GPU is visible: simulating {DEFAULT_CLUSTER} "
-                                    "(choose the cards with --simulate SPEC or simulate=)")
-    return BackendChoice(visible=have)
-
-
-def _build_backend(workload: Workload, choice: BackendChoice,
-                   isolated: Optional[WorkloadSpec] = None,
-                   reserved: Optional[ReservedModel] = None) -> Backend:
-    """The backend ``choice`` names; with ``isolated``, real cards probed in child processes
-    that rebuild the workload from that spec; ``reserved``: the allocator model of simulated
-    cards (real cards measure their reserved memory)."""
-    if choice.simulated:   # Tuner.from_spec refuses isolate=True on simulated cards
-        from dptune.backends.simulated import SimulatedBackend
-
-        return SimulatedBackend(workload, choice.cluster, reserved=reserved)
-    from dptune.backends.cuda import CudaBackend
-
-    if isolated is not None:
-        return CudaBackend(isolated, device_ids=choice.device_ids, isolate=True)
-    return CudaBackend(workload, device_ids=choice.device_ids)
 
 
 class Tuner:
@@ -281,7 +201,7 @@ class Tuner:
         """
         start = time.perf_counter()
         notes: list[str] = []
-        backend = _timed(self._open_backend(notes))
+        backend = timed(self._open_backend(notes))
         card0_batch: Optional[int] = None
         out_dev = 0
         try:
@@ -332,7 +252,7 @@ class Tuner:
         if choice.notice is not None:
             _notice(choice.notice, self.settings.verbose)
             notes.append(choice.notice)
-        return _build_backend(self.workload, choice, self._isolated, self.settings.budget.reserved)
+        return build_backend(self.workload, choice, self._isolated, self.settings.budget.reserved)
 
     def _gather_on(self, backend: Backend, outcome: search.SearchOutcome, k: int,
                    notes: list[str]) -> tuple[search.SearchOutcome, Optional[int], int]:
@@ -497,15 +417,6 @@ class Tuner:
                 return has_batchnorm(model())
         except Exception:  # the backend will run the factory and report its errors
             return False
-
-
-def _timed(backend: Backend) -> Backend:
-    """A simulated backend whose probes carry the step's estimated time."""
-    if capabilities(backend).op_observer:
-        from dptune.backends.timing import TimedBackend
-
-        return TimedBackend(backend)
-    return backend
 
 
 def _settings(workload: Workload, backend: Backend) -> Any:

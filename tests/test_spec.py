@@ -86,10 +86,10 @@ def test_from_spec_tunes_the_step_the_spec_describes():
 
 
 def test_isolation_without_a_visible_gpu_says_so(monkeypatch):
-    import dptune.tuner as tuner_mod
+    import dptune.backends.choice as choice_mod
     from dptune.errors import BackendUnavailableError
 
-    monkeypatch.setattr(tuner_mod, "_visible_gpus", lambda: 0)
+    monkeypatch.setattr(choice_mod, "_visible_gpus", lambda: 0)
     with pytest.raises(BackendUnavailableError, match="no GPU is visible here"):
         Tuner.from_spec(WorkloadSpec("no_such_module_xyz:Net"), 8, isolate=True)
 

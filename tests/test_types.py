@@ -105,14 +105,15 @@ def test_dptunes_backends_declare_what_they_can_do():
 # ---- the backend decided once -------------------------------------------------------------
 
 def test_choice_counts_its_cards(monkeypatch):
+    import dptune.backends.choice as choice_mod
     import dptune.tuner as tuner_mod
 
     assert tuner_mod.choose_backend(simulate="2x24GB,1x40GB").cards == 3
     assert tuner_mod.BackendChoice(device_ids=[1, 3]).cards == 2
-    monkeypatch.setattr(tuner_mod, "_visible_gpus", lambda: 5)
+    monkeypatch.setattr(choice_mod, "_visible_gpus", lambda: 5)
     choice = tuner_mod.choose_backend()
     assert not choice.simulated and choice.cards == 5 and choice.kind is BackendKind.CUDA
-    monkeypatch.setattr(tuner_mod, "_visible_gpus", lambda: 0)
+    monkeypatch.setattr(choice_mod, "_visible_gpus", lambda: 0)
     choice = tuner_mod.choose_backend()
     assert choice.simulated and choice.cards == 4 and choice.notice is not None
 

@@ -295,7 +295,7 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     ``budget_level``, ``allocator``, ``nccl_bytes`` and the default ``headroom`` are as for
     :class:`dptune.Tuner`: at ``"reserved"`` (the default) each bucket's probe is replayed
     through the allocator model (simulated cards) or measured (``max_memory_reserved``).
-    ``choice``: the cards, already chosen (a :class:`dptune.tuner.BackendChoice`).
+    ``choice``: the cards, already chosen (a :class:`dptune.backends.choice.BackendChoice`).
     """
     from dptune.workload import Workload, model_name
 
@@ -358,7 +358,7 @@ def _speed(found: list, probe_at: Callable[[int, Sequence[int]], ProbeResult], b
 
 
 def _choose(device_ids: Optional[Sequence[int]], simulate: Any) -> Any:
-    from dptune.tuner import choose_backend
+    from dptune.backends.choice import choose_backend
 
     return choose_backend(device_ids, simulate)
 
@@ -366,14 +366,14 @@ def _choose(device_ids: Optional[Sequence[int]], simulate: Any) -> Any:
 def _backend(wl: Any, choice: Any, ddp: bool, reserved: Any) -> Backend:
     """The cards to plan on: DDP ranks on simulated cards with ``ddp``, else the chosen
     cards, timed (for tokens per second); ``reserved``: the allocator model, or ``None``."""
-    from dptune.tuner import _build_backend, _timed
+    from dptune.backends.choice import build_backend, timed
 
     if ddp and not choice.simulated:
         raise UsageError("ddp=True plans on simulated cards (simulate=...); planning inside a "
                          "torchrun job per bucket is not supported yet")
     if ddp:
         return _DDPRanks(wl, choice.cluster, reserved)
-    return _timed(_build_backend(wl, choice, reserved=reserved))
+    return timed(build_backend(wl, choice, reserved=reserved))
 
 
 def _say(s: BucketSearch) -> None:

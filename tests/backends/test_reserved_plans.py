@@ -172,13 +172,13 @@ def test_lengths_ddp_ranks_at_the_reserved_level():
 
 
 def test_lengths_allocator_options_on_real_cards_are_refused(monkeypatch):
-    import dptune.tuner as tuner_mod
+    import dptune.backends.choice as choice_mod
     from dptune.errors import UsageError
 
     # real cards chosen (none is built: the options are refused before any card is touched)
-    monkeypatch.setattr(tuner_mod, "choose_backend",
-                        lambda *a: tuner_mod.BackendChoice(device_ids=[0]))
-    monkeypatch.setattr(tuner_mod, "_build_backend", lambda *a, **k: pytest.fail("built"))
+    monkeypatch.setattr(choice_mod, "choose_backend",
+                        lambda *a: choice_mod.BackendChoice(device_ids=[0]))
+    monkeypatch.setattr(choice_mod, "build_backend", lambda *a, **k: pytest.fail("built"))
     with pytest.raises(UsageError, match="allocator set the allocator model of simulated"):
         plan_lengths(gpt, gpt_sample, [8, 16], 2, device_ids=[0],
                      allocator="expandable_segments:True")
