@@ -317,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"exit 1 when an estimate is off by more than {TARGET:.0%}")
     parser.add_argument("--csv", default=CSV_PATH, help="where to write the table")
     parser.add_argument("--quick", action="store_true", help="only the first batch size of each model")
+    parser.add_argument("--only", action="append", metavar="MODEL",
+                        help="only the rows of this model (repeatable)")
     args = parser.parse_args(argv)
 
     if ROOT not in sys.path:
@@ -345,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     worst = 0.0
     for case in _cases():
+        if args.only and case.label not in args.only:
+            continue
         for batch in case.batches[:1] if args.quick else case.batches:
             t0 = time.perf_counter()
             label, step = case.label, case.step_label

@@ -7,21 +7,23 @@ BalancedDataParallel's replicas in turn on the CPU.
 
 from __future__ import annotations
 
-import pyarrow as pa
 import pytest
 import torch
 import transformers
-from sentence_transformers import (
+
+pa = pytest.importorskip("pyarrow")
+datasets = pytest.importorskip("datasets")
+pytest.importorskip("sentence_transformers")
+from sentence_transformers import (  # noqa: E402
     SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments,
 )
-from sentence_transformers.base.modules.transformer import Transformer
-from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-from sentence_transformers.sentence_transformer.modules import Pooling
-from tokenizers import Tokenizer, models, pre_tokenizers
+from sentence_transformers.base.modules.transformer import Transformer  # noqa: E402
+from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss  # noqa: E402
+from sentence_transformers.sentence_transformer.modules import Pooling  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 
-import datasets
-from dptune.integrations.transformers import BalancedTrainerMixin
-from dptune.parallel import BalancedDataParallel
+from dptune.integrations.transformers import BalancedTrainerMixin  # noqa: E402
+from dptune.parallel import BalancedDataParallel  # noqa: E402
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + [f"w{i}" for i in range(40)]
 
