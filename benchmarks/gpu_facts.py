@@ -102,7 +102,7 @@ def _profile(step: Any) -> dict:
         kind = getattr(getattr(e, "device_type", None), "name", "")
         if kind == "CUDA":
             kernels += 1
-            device_us += float(getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0))
+            device_us += float(e.time_range.elapsed_us())
         elif str(getattr(e, "name", "")).startswith("aten::"):
             cpu_ops += 1
     return {"kernels": kernels, "kernel_seconds": device_us * 1e-6, "aten_ops": cpu_ops}
