@@ -68,9 +68,10 @@ def test_real_probe_on_one_card_is_sane_and_leaves_no_trace():
     torch.manual_seed(0)
     model = mlp()                                          # on the CPU
     user_opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    flag = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True      # the user's setting, before the snapshot
     before = snapshot(model, optimizers=[user_opt], cuda=True)
     py_state = random.getstate()
-    torch.backends.cudnn.benchmark = True
     wl = Workload(model, sample, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
     with CudaBackend(wl, [0], repeats=3) as b:
         r = b.probe([256])
@@ -86,7 +87,10 @@ def test_real_probe_on_one_card_is_sane_and_leaves_no_trace():
         r2 = b.probe([512])
         assert r2.peak_bytes[0] > r.peak_bytes[0]          # more samples, more activations
         assert torch.backends.cudnn.benchmark is True      # restored after each probe
-    assert differences(before) == []
+    try:
+        assert differences(before) == []
+    finally:
+        torch.backends.cudnn.benchmark = flag
     assert next(model.parameters()).device.type == "cpu"
     assert random.getstate() == py_state
     torch.backends.cudnn.benchmark = False
