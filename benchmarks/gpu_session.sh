@@ -10,10 +10,10 @@ set -u
 OUT=${OUT:-reports/benchmarks/gpu_session}
 mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-T_CUDA=${T_CUDA:-200}
-T_GPU=${T_GPU:-200}
-T_RES=${T_RES:-120}
-T_TIME=${T_TIME:-70}
+T_CUDA=${T_CUDA:-130}
+T_GPU=${T_GPU:-130}
+T_RES=${T_RES:-80}
+T_TIME=${T_TIME:-45}
 T_ALL=${T_ALL:-0}
 
 {
@@ -27,11 +27,11 @@ cat "$OUT/env.txt"
 
 ( timeout "$T_CUDA" python3 -m pytest -m cuda -q -p no:cacheprovider -p no:benchmark -rfEs \
     > "$OUT/pytest_cuda.txt" 2>&1; echo "pytest -m cuda rc=$?" >> "$OUT/pytest_cuda.txt" ) &
-timeout "$T_GPU" python3 benchmarks/validate_gpu.py --quick --csv "$OUT/validate_gpu.csv" \
+timeout "$T_GPU" python3 benchmarks/validate_gpu.py ${GPU_ARGS:-} --csv "$OUT/validate_gpu.csv" \
   > "$OUT/validate_gpu.txt" 2>&1
 echo "validate_gpu rc=$?" >> "$OUT/validate_gpu.txt"
 wait
-timeout "$T_RES" python3 benchmarks/validate_reserved.py --quick --csv "$OUT/validate_reserved.csv" \
+timeout "$T_RES" python3 benchmarks/validate_reserved.py ${RES_ARGS:---quick} --csv "$OUT/validate_reserved.csv" \
   > "$OUT/validate_reserved.txt" 2>&1
 echo "validate_reserved rc=$?" >> "$OUT/validate_reserved.txt"
 timeout "$T_TIME" python3 -m benchmarks.validate_time --steps 5 > "$OUT/validate_time.txt" 2>&1

@@ -311,6 +311,88 @@ def estimate(case: Case, batch: int, cluster: Any) -> int:
     return int(est.peak_bytes[0])
 
 
+def _estimate_in_worker(index: int, batch: int, cluster_kw: dict, level: str) -> Any:
+    """One estimate in a worker process (the cases hold lambdas: the worker rebuilds them)."""
+    from dptune.backends.simulated import Cluster
+
+    case = _cases()[index]
+    cluster = Cluster.uniform(1, **cluster_kw)
+    try:
+        if level == "allocated":
+            return estimate(case, batch, cluster)
+        from benchmarks.validate_reserved import estimate as estimate_levels
+
+        return estimate_levels(case, batch, cluster)
+    except Exception as e:   # a construct the simulator cannot run: the row says which
+        return RuntimeError(f"{type(e).__name__}: {str(e)[:120]}")
+
+
+class Estimates:
+    """The simulator's estimates of every row, computed in ``jobs`` processes on the host's
+    cores while the card measures (the estimates are CPU work and took most of a run)."""
+
+    def __init__(self, rows: list[tuple[int, int]], cluster_kw: dict, level: str, jobs: int) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self._pool = ProcessPoolExecutor(max_workers=max(1, jobs),
+                                         mp_context=multiprocessing.get_context("spawn"))
+        self._futures = {key: self._pool.submit(_estimate_in_worker, *key, cluster_kw, level)
+                         for key in rows}
+
+    def get(self, index: int, batch: int) -> Any:
+        """The estimate, or raises the worker's error as a RuntimeError."""
+        out = self._futures[(index, batch)].result()
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
+
+
+def selected_rows(cases: list[Case], quick: bool, only: Optional[list[str]]) -> list[tuple[int, int]]:
+    """(case index, batch) of the rows a run measures."""
+    return [(i, b) for i, case in enumerate(cases) if not only or case.label in only
+            for b in (case.batches[:1] if quick else case.batches)]
+
+
+def _row(case: Case, index: int, batch: int, estimates: Estimates, name: str,
+         cluster_kw: dict) -> Optional[dict]:
+    """Measure one row on the card, take its estimate, print it; None when the card is too small."""
+    import torch
+
+    from dptune.units import format_bytes
+
+    t0 = time.perf_counter()
+    label, step = case.label, case.step_label
+    try:
+        real = measure_real(case, batch)
+        probe = measure_probe(case, batch)
+    except torch.OutOfMemoryError:
+        _free()
+        print(f"{label:<16}{step:<24}{batch:>6}  out of memory on this card, skipped")
+        return None
+    row: dict[str, Any] = {"device": name, "card_total_bytes": cluster_kw["total_bytes"],
+                           "capability": ".".join(map(str, cluster_kw["capability"])),
+                           "model": label, "step": step, "batch_size": batch, "real_bytes": real,
+                           "probe_bytes": probe, "probe_rel_error": round((probe - real) / real, 5)}
+    try:
+        est = estimates.get(index, batch)
+    except RuntimeError as e:   # a construct the simulator cannot run yet: say which
+        print(f"{label:<16}{step:<24}{batch:>6}{format_bytes(real):>12}{format_bytes(probe):>12}"
+              f"  not simulated: {e}")
+        return {**row, "estimate_bytes": "", "estimate_rel_error": None, "within_target": False,
+                "seconds": round(time.perf_counter() - t0, 2)}
+    est_err = (est - real) / real
+    ok = abs(est_err) <= TARGET
+    print(f"{label:<16}{step:<24}{batch:>6}{format_bytes(real):>12}{format_bytes(probe):>12}"
+          f"{format_bytes(est):>12}{est_err:>+9.1%}{row['probe_rel_error']:>+10.1%}  {'yes' if ok else 'NO'}",
+          flush=True)
+    return {**row, "estimate_bytes": est, "estimate_rel_error": round(est_err, 5), "within_target": ok,
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--strict", action="store_true",
@@ -319,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="only the first batch size of each model")
     parser.add_argument("--only", action="append", metavar="MODEL",
                         help="only the rows of this model (repeatable)")
+    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                        help="processes that compute the estimates while the card measures")
     args = parser.parse_args(argv)
 
     if ROOT not in sys.path:
@@ -329,13 +413,10 @@ def main(argv: list[str] | None = None) -> int:
         print("validate_gpu: no CUDA GPU here (torch.cuda.is_available() is False); "
               "nothing to validate, skipping.")
         return 0
-    from dptune.backends.simulated import Cluster
     from dptune.units import format_bytes
 
     props = torch.cuda.get_device_properties(0)
     name = torch.cuda.get_device_name(0)
-    cluster = Cluster.uniform(1, int(props.total_memory), name=name,
-                              capability=torch.cuda.get_device_capability(0))
     torch.backends.cudnn.benchmark = False
     print(f"validate_gpu: {name}, {format_bytes(props.total_memory)}, torch {torch.__version__}")
 
@@ -346,39 +427,19 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     worst = 0.0
-    for case in _cases():
-        if args.only and case.label not in args.only:
-            continue
-        for batch in case.batches[:1] if args.quick else case.batches:
-            t0 = time.perf_counter()
-            label, step = case.label, case.step_label
-            try:
-                real = measure_real(case, batch)
-                probe = measure_probe(case, batch)
-            except torch.OutOfMemoryError:
-                _free()
-                print(f"{label:<16}{step:<24}{batch:>6}  out of memory on this card, skipped")
-                continue
-            try:
-                est = estimate(case, batch, cluster)
-            except Exception as e:   # a construct the simulator cannot run yet: say which
-                print(f"{label:<16}{step:<24}{batch:>6}{format_bytes(real):>12}{format_bytes(probe):>12}"
-                      f"  not simulated: {type(e).__name__}: {str(e)[:120]}")
-                rows.append({"device": name, "model": label, "step": step, "batch_size": batch,
-                             "real_bytes": real, "probe_bytes": probe, "estimate_bytes": "", "estimate_rel_error": "",
-                             "probe_rel_error": round((probe - real) / real, 5),
-                             "within_target": False, "seconds": round(time.perf_counter() - t0, 2)})
-                continue
-            est_err = (est - real) / real
-            probe_err = (probe - real) / real
-            ok = abs(est_err) <= TARGET
-            worst = max(worst, abs(est_err))
-            print(f"{label:<16}{step:<24}{batch:>6}{format_bytes(real):>12}{format_bytes(probe):>12}"
-                  f"{format_bytes(est):>12}{est_err:>+9.1%}{probe_err:>+10.1%}  {'yes' if ok else 'NO'}")
-            rows.append({"device": name, "model": label, "step": step, "batch_size": batch,
-                         "real_bytes": real, "probe_bytes": probe, "estimate_bytes": est,
-                         "estimate_rel_error": round(est_err, 5), "probe_rel_error": round(probe_err, 5),
-                         "within_target": ok, "seconds": round(time.perf_counter() - t0, 2)})
+    cases = _cases()
+    wanted = selected_rows(cases, args.quick, args.only)
+    cluster_kw = {"total_bytes": int(props.total_memory), "name": name,
+                  "capability": tuple(torch.cuda.get_device_capability(0))}
+    estimates = Estimates(wanted, cluster_kw, "allocated", args.jobs)
+    try:
+        for index, batch in wanted:
+            row = _row(cases[index], index, batch, estimates, name, cluster_kw)
+            if row is not None:
+                rows.append(row)
+                worst = max(worst, abs(row["estimate_rel_error"] or 0.0))
+    finally:
+        estimates.close()
     os.makedirs(os.path.dirname(args.csv), exist_ok=True)
     with open(args.csv, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["model"])

@@ -88,10 +88,40 @@ def estimate(case: Any, batch: int, cluster: Any) -> dict[str, int]:
             "total": int(r.total_bytes[0]), "retries": int(r.alloc_retries[0])}
 
 
+def _row(case: Any, index: int, batch: int, before: int, estimates: Any) -> Any:
+    """Measure one row on the card, take its estimate, print it (None: not measured)."""
+    import torch
+
+    from dptune.units import format_bytes
+
+    try:
+        real = measure_real(case, batch, before)
+        est = estimates.get(index, batch)
+    except torch.OutOfMemoryError:
+        print(f"{case.label:<16}{batch:>6}  out of memory on this card, skipped")
+        return None
+    except RuntimeError as e:   # a construct the simulator cannot run: say which
+        print(f"{case.label:<16}{batch:>6}  not simulated: {e}")
+        return None
+    row: dict[str, Any] = {"model": case.label, "step": case.step_label, "batch_size": batch}
+    for level in LEVELS:
+        row[f"real_{level}"], row[f"est_{level}"] = real[level], est[level]
+        row[f"err_{level}"] = round((est[level] - real[level]) / real[level], 5)
+    row["real_retries"], row["est_retries"] = real["retries"], est["retries"]
+    print(f"{case.label:<16}{case.step_label:<20}{batch:>6}  " + "  ".join(
+        f"{level} {format_bytes(real[level])}/{format_bytes(est[level])} "
+        f"({row[f'err_{level}']:+.1%})" for level in LEVELS), flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--csv", default=CSV_PATH, help="where to write the table")
     parser.add_argument("--quick", action="store_true", help="only the first batch size of each model")
+    parser.add_argument("--only", action="append", metavar="MODEL",
+                        help="only the rows of this model (repeatable)")
+    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                        help="processes that compute the estimates while the card measures")
     args = parser.parse_args(argv)
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
@@ -101,41 +131,30 @@ def main(argv: list[str] | None = None) -> int:
         print("validate_reserved: no CUDA GPU here (torch.cuda.is_available() is False); "
               "nothing to validate, skipping.")
         return 0
-    from benchmarks.validate_gpu import _cases
-    from dptune.backends.simulated import Cluster
+    from benchmarks.validate_gpu import Estimates, _cases, selected_rows
     from dptune.units import format_bytes
 
     torch.cuda.init()
     torch.empty(1, device="cuda:0")                 # the context, before the models
     free, total = torch.cuda.mem_get_info(0)
     before = int(total - free - torch.cuda.memory_reserved(0))
-    cluster = Cluster.uniform(1, int(total), name=torch.cuda.get_device_name(0), context_bytes=before,
-                              capability=torch.cuda.get_device_capability(0))
+    cluster_kw = {"total_bytes": int(total), "name": torch.cuda.get_device_name(0), "context_bytes": before,
+                  "capability": tuple(torch.cuda.get_device_capability(0))}
     torch.backends.cudnn.benchmark = False
     print(f"validate_reserved: {torch.cuda.get_device_name(0)}, held before the models "
           f"{format_bytes(before)}, PYTORCH_CUDA_ALLOC_CONF="
           f"{os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r}")
     rows = []
-    for case in _cases():
-        for batch in case.batches[:1] if args.quick else case.batches:
-            try:
-                real = measure_real(case, batch, before)
-                est = estimate(case, batch, cluster)
-            except torch.OutOfMemoryError:
-                print(f"{case.label:<16}{batch:>6}  out of memory on this card, skipped")
-                continue
-            except Exception as e:   # a construct the simulator cannot run: say which
-                print(f"{case.label:<16}{batch:>6}  not simulated: {type(e).__name__}: {str(e)[:100]}")
-                continue
-            row: dict[str, Any] = {"model": case.label, "step": case.step_label, "batch_size": batch}
-            for level in LEVELS:
-                row[f"real_{level}"], row[f"est_{level}"] = real[level], est[level]
-                row[f"err_{level}"] = round((est[level] - real[level]) / real[level], 5)
-            row["real_retries"], row["est_retries"] = real["retries"], est["retries"]
-            rows.append(row)
-            print(f"{case.label:<16}{case.step_label:<20}{batch:>6}  " + "  ".join(
-                f"{level} {format_bytes(real[level])}/{format_bytes(est[level])} "
-                f"({row[f'err_{level}']:+.1%})" for level in LEVELS))
+    cases = _cases()
+    wanted = selected_rows(cases, args.quick, args.only)
+    estimates = Estimates(wanted, cluster_kw, "levels", args.jobs)
+    try:
+        for index, batch in wanted:
+            row = _row(cases[index], index, batch, before, estimates)
+            if row is not None:
+                rows.append(row)
+    finally:
+        estimates.close()
     os.makedirs(os.path.dirname(args.csv), exist_ok=True)
     with open(args.csv, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["model"])
