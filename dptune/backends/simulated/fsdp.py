@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 import torch.nn as nn
 
-from dptune._torch_private import dispatch_mode_base, storage_resize_hook
+from dptune._torch_private import dispatch_mode_base, dtensor_meta_aside, storage_resize_hook
 from dptune.backends.cluster import Cluster, parse_cluster
 from dptune.backends.fsdp import FakeGroup, apply_shard
 from dptune.backends.simulated import SimulatedBackend
@@ -64,6 +64,18 @@ ShardFn = Callable[[nn.Module, Any], Any]
 
 class _FSDPLedger(_Ledger):
     """The simulator's ledger, also following storages resized in place."""
+
+    @contextlib.contextmanager
+    def aside(self) -> Iterator[None]:
+        """Ops that are no part of the rank's step (DTensor's sharding propagation runs each
+        op on fake tensors of the global shapes, for its output's metadata; a real card
+        does that under a fake mode of its own): their storages on the host, not timed."""
+        observer, self.observer = self.observer, None
+        try:
+            with self.forced(HOST):
+                yield
+        finally:
+            self.observer = observer
 
     def resized(self, st: Any, old_nbytes: int) -> None:
         rec = self._records.get(id(st))
@@ -137,7 +149,8 @@ class SimulatedFSDPRank(SimulatedBackend):
     @contextlib.contextmanager
     def _modes(self, ledger: _Ledger) -> Iterator[None]:
         assert isinstance(ledger, _FSDPLedger)
-        with super()._modes(ledger), storage_resize_hook(ledger.resized), _dtensor_local_mode():
+        with super()._modes(ledger), storage_resize_hook(ledger.resized), \
+                dtensor_meta_aside(ledger.aside), _dtensor_local_mode():
             yield
 
     def _setup(self) -> None:
