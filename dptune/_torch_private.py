@@ -403,17 +403,18 @@ class dtensor_meta_aside:
             from torch.distributed.tensor._sharding_prop import ShardingPropagator
         except ImportError:        # a torch without DTensor: no sharding propagation
             return self
-        orig = getattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", None)
+        cls: Any = ShardingPropagator
+        orig = getattr(cls, "_propagate_tensor_meta_non_cached", None)
         if orig is None:
             return self
-        self._cls, self._orig = ShardingPropagator, orig
+        self._cls, self._orig = cls, orig
         aside = self.aside
 
         def propagate(prop: Any, op_schema: Any) -> Any:
             with aside():
                 return orig(prop, op_schema)
 
-        ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+        cls._propagate_tensor_meta_non_cached = propagate
         return self
 
     def __exit__(self, *exc: Any) -> None:
