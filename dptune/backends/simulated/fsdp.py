@@ -21,6 +21,11 @@ seen where it allocates it:
 - ``MixedPrecisionPolicy``: the low-precision all-gather and unsharded parameters, the
   reduce dtype's gradient copies.
 
+DTensor's sharding propagation, which runs each op it has not cached on fake tensors of the
+*global* shapes to learn its output's metadata, runs aside: those storages exist on no card
+(torch 2.11 misses its cache for the optimizer's foreach ops on every step, which charged
+about one unsharded model to the step).
+
 The rank's memory is charged to its card by the simulator's ledger (storages rounded to 512
 bytes as the CUDA caching allocator rounds them, the cuBLAS workspace, the local batch on
 the card), so the peak compares with ``torch.cuda.max_memory_allocated`` over a step of a
