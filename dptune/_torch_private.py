@@ -42,7 +42,7 @@ __all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "fu
            "replica_module", "safe_softmax", "scatter_chunks", "sdp_priority_order", "sdpa_cudnn",
            "sdpa_efficient", "sdpa_flash", "include_dispatch_key", "exclude_dispatch_key",
            "PythonKernels", "amp_as_if_cuda", "fake_process_group_store", "register_fake_backend",
-           "storage_resize_hook"]
+           "storage_resize_hook", "dtensor_meta_aside"]
 
 
 def scatter_chunks(tensor: Any, device_ids: list, chunk_sizes: list, dim: int) -> tuple:
@@ -339,6 +339,11 @@ def sparse_parts(t: Any) -> list:
 # - ``torch.UntypedStorage.resize_`` is wrapped while a simulation runs: FSDP2 frees and
 #   re-allocates its unsharded parameters by resizing their storages, which no dispatch mode
 #   sees (torch's ``MemTracker`` wraps it the same way).
+# - ``ShardingPropagator._propagate_tensor_meta_non_cached`` (``torch.distributed.tensor``):
+#   a DTensor op first runs on fake tensors of the *global* shapes to learn its output's
+#   metadata, under the fake mode it finds active, the simulator's; those storages exist on
+#   no card, so the simulation runs it aside. There is no public hook (torch's own memory
+#   tools see it too); a torch without it has nothing to set aside.
 
 def fake_process_group_store() -> Any:
     """A ``FakeStore`` for ``init_process_group("fake", store=...)`` (registers the backend)."""
@@ -381,3 +386,38 @@ class storage_resize_hook:
         import torch
 
         torch.UntypedStorage.resize_ = self._orig  # type: ignore[method-assign]
+
+
+class dtensor_meta_aside:
+    """While entered, DTensor's sharding propagation (which runs each op it has not cached on
+    fake tensors of the global shapes, for the output's metadata) runs inside ``aside()``, a
+    context manager the caller gives (the simulator's: charge nothing to a card)."""
+
+    def __init__(self, aside: Any):
+        self.aside = aside
+        self._orig: Any = None
+        self._cls: Any = None
+
+    def __enter__(self) -> "dtensor_meta_aside":
+        try:
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+        except ImportError:        # a torch without DTensor: no sharding propagation
+            return self
+        cls: Any = ShardingPropagator
+        orig = getattr(cls, "_propagate_tensor_meta_non_cached", None)
+        if orig is None:
+            return self
+        self._cls, self._orig = cls, orig
+        aside = self.aside
+
+        def propagate(prop: Any, op_schema: Any) -> Any:
+            with aside():
+                return orig(prop, op_schema)
+
+        cls._propagate_tensor_meta_non_cached = propagate
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._cls is not None:
+            self._cls._propagate_tensor_meta_non_cached = self._orig
+            self._cls = self._orig = None

@@ -21,6 +21,11 @@ seen where it allocates it:
 - ``MixedPrecisionPolicy``: the low-precision all-gather and unsharded parameters, the
   reduce dtype's gradient copies.
 
+DTensor's sharding propagation, which runs each op it has not cached on fake tensors of the
+*global* shapes to learn its output's metadata, runs aside: those storages exist on no card
+(torch 2.11 misses its cache for the optimizer's foreach ops on every step, which charged
+about one unsharded model to the step).
+
 The rank's memory is charged to its card by the simulator's ledger (storages rounded to 512
 bytes as the CUDA caching allocator rounds them, the cuBLAS workspace, the local batch on
 the card), so the peak compares with ``torch.cuda.max_memory_allocated`` over a step of a
@@ -45,7 +50,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 import torch.nn as nn
 
-from dptune._torch_private import dispatch_mode_base, storage_resize_hook
+from dptune._torch_private import dispatch_mode_base, dtensor_meta_aside, storage_resize_hook
 from dptune.backends.cluster import Cluster, parse_cluster
 from dptune.backends.fsdp import FakeGroup, apply_shard
 from dptune.backends.simulated import SimulatedBackend
@@ -64,6 +69,18 @@ ShardFn = Callable[[nn.Module, Any], Any]
 
 class _FSDPLedger(_Ledger):
     """The simulator's ledger, also following storages resized in place."""
+
+    @contextlib.contextmanager
+    def aside(self) -> Iterator[None]:
+        """Ops that are no part of the rank's step (DTensor's sharding propagation runs each
+        op on fake tensors of the global shapes, for its output's metadata; a real card
+        does that under a fake mode of its own): their storages on the host, not timed."""
+        observer, self.observer = self.observer, None
+        try:
+            with self.forced(HOST):
+                yield
+        finally:
+            self.observer = observer
 
     def resized(self, st: Any, old_nbytes: int) -> None:
         rec = self._records.get(id(st))
@@ -137,7 +154,8 @@ class SimulatedFSDPRank(SimulatedBackend):
     @contextlib.contextmanager
     def _modes(self, ledger: _Ledger) -> Iterator[None]:
         assert isinstance(ledger, _FSDPLedger)
-        with super()._modes(ledger), storage_resize_hook(ledger.resized), _dtensor_local_mode():
+        with super()._modes(ledger), storage_resize_hook(ledger.resized), \
+                dtensor_meta_aside(ledger.aside), _dtensor_local_mode():
             yield
 
     def _setup(self) -> None:
