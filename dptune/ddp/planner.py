@@ -31,11 +31,13 @@ not depend on each other). The plan uses :mod:`dptune.solver`'s fits and splits 
 
 The searches run on :mod:`dptune.search.ranks` (each rank's probes and its bracket); the
 arguments are checked once (:class:`dptune.settings.Settings`). **The default objective** is
-the fastest batches that fit: offline on the simulated cluster each rank's step time is
-estimated, so no plan where memory does not bind is slower than equal batches; inside a job
-and with FSDP no time is estimated, and the ranks are taken as equally fast (batches as equal
-as the memory caps allow). Each rank's reason (:class:`dptune.ddp.result.RankReason`) is in
-the plan.
+the fastest batches that fit: each rank's step time comes with its probes (gathered with the
+peaks inside a job), estimated on the simulated cluster, measured by CUDA events on each
+rank's own card, so no plan where memory does not bind is slower than equal batches. With
+FSDP no time is known, nor where a rank's step was not timed (then the explicit
+``objective="throughput"`` fails on every rank), and the ranks are taken as equally fast
+(batches as equal as the memory caps allow). Each rank's reason
+(:class:`dptune.ddp.result.RankReason`) is in the plan.
 """
 
 from __future__ import annotations
@@ -104,8 +106,9 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     :class:`dptune.Tuner`; ``sample(b)`` builds a local batch of ``b``.
 
     - ``objective``: by default (``None``) the fastest per-rank batches of ``global_batch``
-      that fit (``"throughput"``; inside a job or with FSDP, where no step time is estimated,
-      batches as equal as the memory caps allow). ``"balance"``: split ``global_batch`` so
+      that fit (``"throughput"``: each rank's step time estimated on the simulated cluster,
+      measured by CUDA events on its card inside a job; with FSDP, where no step time is
+      known, batches as equal as the memory caps allow). ``"balance"``: split ``global_batch`` so
       every rank uses the same share of its budget. ``"max_batch"``: the largest global
       batch, each rank at its own limit (at most ``global_batch`` when given).
     - ``simulate``: a cluster spec such as ``"2x32GB,2x24GB"``, one rank per card. Without a
@@ -146,7 +149,7 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     probers: dict[int, Prober] = {}
     shared: dict = {}     # simulated ranks on one card type share one simulator
     timer = None
-    if job.cluster is not None and not job.in_job and not settings.fsdp:  # offline: its speed
+    if job.cluster is not None and not settings.fsdp:  # the simulated ranks' estimated speed
         from dptune.ddp.throughput import RankTimer
 
         timer = RankTimer(probers, job.cluster)
@@ -159,11 +162,16 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     def probe(r: int, b: int) -> Optional[int]:
         return probers[r].probe(b) if timer is None else timer.probe(r, b)
 
+    def timed(r: int, b: int) -> Optional[float]:
+        # the rank's time, gathered with its peak: estimated, or measured by its card's events
+        return timer.seconds(r, b) if timer is not None else probers[r].seconds(b)  # type: ignore[attr-defined]
+
     try:
         infos = job.group.each(start)
         obs = RankObservations([i.budget_bytes for i in infos], max(i.min_batch for i in infos))
-        found = _search(settings, job, obs, infos, lambda sizes: obs.run(job.group.each, sizes, probe),
-                        timer)
+        times = None if settings.fsdp else _times(obs, timer)
+        found = _search(settings, job, obs, infos, lambda sizes: obs.run(
+            job.group.each, sizes, probe, None if times is None else timed), times)
     finally:
         for p in probers.values():
             p.close()
@@ -195,10 +203,6 @@ def _job(settings: Settings) -> _Job:
                 "job after init_process_group to probe the real cards")
         group = LocalGroup(len(cluster))
         host = None
-    if settings.objective is Objective.THROUGHPUT and in_job:
-        raise UsageError("objective='throughput' plans offline on the simulated cluster for now "
-                         "(simulate=... without a process group); inside a job leave objective out "
-                         "(batches as equal as the memory caps allow) or use 'balance'")
     objective = settings.objective or Objective.THROUGHPUT   # the default: the fastest that fits
     return _Job(cluster, group, host, BackendKind.SIMULATED if cluster is not None else
                 BackendKind.CUDA, in_job, objective, settings.objective is None)
@@ -222,6 +226,16 @@ def _prober(workload: Any, settings: Settings, job: _Job, r: int, fsdp: Any, sha
                                job.host, shared, budget.reserved)
     return local_cuda_prober(workload, settings.device, settings.ddp, budget.headroom_bytes,
                              job.host, budget.level)
+
+
+def _times(obs: RankObservations, timer: Any) -> Any:
+    """The ranks' step times from their probes: the simulator's estimates (``timer``, with
+    the ring all-reduce over its link), else each real card's own, measured."""
+    from dptune.ddp.throughput import ProbeTimes
+
+    if timer is not None:
+        return ProbeTimes(obs, "estimated", timer.speed.link.bandwidth)
+    return ProbeTimes(obs, "measured")
 
 
 def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequence[RankInfo],
@@ -253,10 +267,33 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
                       reasons=(RankReason.MEMORY_BALANCE,) * n)
     from dptune.ddp.throughput import EqualSpeed, plan_throughput
 
-    fast = plan_throughput(obs, run, EqualSpeed() if timer is None else timer, batch, rounds,
+    speed, untimed = _timed(job, timer)
+    fast = plan_throughput(obs, run, EqualSpeed() if speed is None else speed, batch, rounds,
                            grad_bytes, cap_of)
     default = (DEFAULT_NOTE,) if job.default else ()
-    return _Found(fast.sizes, why=fast.reasons + fast.notes + default, reasons=fast.labels)
+    return _Found(fast.sizes, why=fast.reasons + fast.notes + untimed + default,
+                  reasons=fast.labels)
+
+
+def _timed(job: _Job, times: Any) -> tuple[Any, tuple[str, ...]]:
+    """The times the fastest plan uses, and a note when a rank's step was not timed: then an
+    explicit ``objective='throughput'`` fails (on every rank, the same words: they come from
+    the gathered probes) and the default takes the ranks as equally fast."""
+    if times is None:
+        return None, ()
+    from dptune.ddp.throughput import untimed_note
+
+    missing = times.untimed()
+    if not missing:
+        return times, ()
+    what = untimed_note(missing)
+    if not job.default:
+        from dptune.errors import BackendUnavailableError
+
+        raise BackendUnavailableError(
+            f"objective='throughput' needs every rank's step time, and {what}; use "
+            "objective='balance', or leave objective out (batches as equal as memory allows)")
+    return None, (f"{what}: the ranks are taken as equally fast",)
 
 
 DEFAULT_NOTE = ("objective: the default, the fastest per-rank batches that fit (throughput); "
@@ -264,12 +301,12 @@ DEFAULT_NOTE = ("objective: the default, the fastest per-rank batches that fit (
 
 
 def _speed(obs: RankObservations, timer: Any, sizes: Sequence[int], grad_bytes: int) -> tuple[str, ...]:
-    """An offline plan's estimated speed beside equal batches (none without a timer)."""
-    if timer is None:
+    """A plan's speed beside equal batches (none without every rank's time)."""
+    if timer is None or timer.untimed():
         return ()
     from dptune.ddp.throughput import speed_note
 
-    return speed_note(obs, timer, sizes, grad_bytes)
+    return speed_note(timer, sizes, grad_bytes)
 
 
 def _describe_rank(info: RankInfo, r: int) -> str:
