@@ -88,6 +88,7 @@ class _Found:
     certified: bool = False
     why: tuple[str, ...] = ()
     reasons: tuple[RankReason, ...] = ()     # per rank, in short
+    micro_batches: int = 1                    # the global batch as that many micro-batches
 
 
 def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..., Any]] = None,
@@ -98,7 +99,8 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
          device: Optional[int] = None, strategy: str = "ddp", shard: Optional[Callable] = None,
          reshard_after_forward: bool = True, mp_policy: Any = None,
          budget_level: str = DEFAULT_LEVEL.value, allocator: Union[str, AllocatorConfig, None] = None,
-         nccl_bytes: Union[int, str, None] = None, **step_options: Any) -> DDPPlan:
+         nccl_bytes: Union[int, str, None] = None, micro_batches: Union[int, str] = 1,
+         **step_options: Any) -> DDPPlan:
     """Per-rank batch sizes for ``DistributedDataParallel`` on unequal cards.
 
     ``model``, ``sample``, ``loss_fn``, ``optimizer`` and ``step_options`` (``amp``,
@@ -118,6 +120,11 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     - ``headroom``: kept free on every card (default 256 MiB at the reserved level, the
       default; 1 GiB at ``budget_level="allocated"``);
       ``bucket_cap_mb``, ``gradient_as_bucket_view``: the DDP arguments you will use.
+    - ``micro_batches``: ``global_batch`` trained as that many equal micro-batches with
+      gradient accumulation (1: one step; an int that divides it; ``"auto"``: with the
+      throughput objective, the number and the split that finish it fastest within every
+      rank's memory); the plan's batches are one micro-batch's, ``plan.micro_batches`` the
+      number, and ``plan.scale_loss`` divides each micro-batch's loss by it.
     - ``budget_level``, ``allocator``, ``nccl_bytes``: as :class:`dptune.Tuner`'s; at
       ``"reserved"`` (the default) each rank's peak is the caching allocator's reserved peak plus NCCL's
       buffers (simulated ranks: the allocator model; real cards: ``max_memory_reserved``).
@@ -138,7 +145,8 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
         budget_level=budget_level, allocator=allocator, nccl_bytes=nccl_bytes,
         max_rounds=max_rounds, simulate=simulate, bucket_cap_mb=bucket_cap_mb,
         gradient_as_bucket_view=gradient_as_bucket_view, strategy=strategy, shard=shard,
-        reshard_after_forward=reshard_after_forward, mp_policy=mp_policy, device=device)
+        reshard_after_forward=reshard_after_forward, mp_policy=mp_policy, device=device,
+        micro_batches=micro_batches)
     fsdp: Any = None
     if settings.fsdp:
         from dptune.ddp.fsdp import FSDPOptions
@@ -242,6 +250,8 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
             run: Runner, timer: Any) -> _Found:
     """The objective's search on the ranks' observations (:mod:`dptune.search.ranks`)."""
     n, m, batch = obs.n, obs.m, settings.batch_size
+    if isinstance(settings.micro_batches, int) and batch is not None:
+        batch //= settings.micro_batches      # a fixed number of micro-batches: split one
     rounds = settings.max_probes
     grad_bytes = infos[0].ddp_bytes
     if job.objective is Objective.MAX_BATCH:
@@ -269,10 +279,10 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
 
     speed, untimed = _timed(job, timer)
     fast = plan_throughput(obs, run, EqualSpeed() if speed is None else speed, batch, rounds,
-                           grad_bytes, cap_of)
+                           grad_bytes, cap_of, accumulate=settings.micro_batches == "auto")
     default = (DEFAULT_NOTE,) if job.default else ()
     return _Found(fast.sizes, why=fast.reasons + fast.notes + untimed + default,
-                  reasons=fast.labels)
+                  reasons=fast.labels, micro_batches=fast.micro_batches)
 
 
 def _timed(job: _Job, times: Any) -> tuple[Any, tuple[str, ...]]:
@@ -367,12 +377,19 @@ def _the_plan(settings: Settings, job: _Job, obs: RankObservations, infos: Seque
         options=settings.ddp, settings=infos[0].settings, probes=tuple(obs.probes),
         rounds=obs.rounds, certified=found.certified, even_batch_size=even,
         requested_global_batch=settings.batch_size, seconds=seconds,
-        notes=_notes(settings, job, obs, found, fsdp), min_batch=obs.m)
+        notes=_notes(settings, job, obs, found, fsdp), min_batch=obs.m,
+        micro_batches=(found.micro_batches if settings.micro_batches == "auto"
+                       else int(settings.micro_batches)))
 
 
 def _notes(settings: Settings, job: _Job, obs: RankObservations, found: _Found,
            fsdp: Any) -> tuple[str, ...]:
     notes = list(found.why)
+    k = settings.micro_batches
+    if isinstance(k, int) and k > 1:
+        notes.append(f"global batch {settings.batch_size} per optimizer step: {k} micro-batches of "
+                     f"{sum(found.sizes)} (micro_batches={k}); plan.scale_loss divides each "
+                     f"micro-batch's loss by {k}")
     if fsdp is not None:
         notes.insert(0, f"strategy fsdp: {fsdp.describe()} (the DDP bucket settings do not apply)")
     if job.backend is BackendKind.CUDA and fsdp is not None:

@@ -31,7 +31,8 @@ from typing import Any, Callable, Optional, Sequence
 from dptune.ddp.result import RankReason
 from dptune.errors import NoFeasibleSplitError
 from dptune.search.ranks import beyond_the_ranks
-from dptune.throughput import SplitTime, TimeFit, fastest_split, fit_time
+from dptune.throughput import (SplitTime, TimeFit, fastest_accumulation, fastest_split, fit_time,
+                                micro_batch_counts)
 
 __all__ = ["RankTimer", "ProbeTimes", "EqualSpeed", "ThroughputPlan", "equal_split",
            "plan_throughput", "speed_note", "untimed_note"]
@@ -161,43 +162,43 @@ def equal_split(caps: Sequence[int], batch: int, min_batch: int = 1) -> Optional
 @dataclass(frozen=True)
 class ThroughputPlan:
     sizes: list[int]
-    step: SplitTime                   # predicted by the fits
+    step: SplitTime                   # predicted by the fits (one micro-batch)
     reasons: tuple[str, ...]          # per rank, why it got its batch
     notes: tuple[str, ...]
     labels: tuple[RankReason, ...] = ()   # per rank, the reason in short
+    micro_batches: int = 1            # the global batch as that many equal micro-batches
 
 
 def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
                     timer: "ProbeTimes | EqualSpeed",
                     global_batch: int, max_rounds: int, grad_bytes: int,
-                    cap_of: Callable[[Any, int], int]) -> ThroughputPlan:
+                    cap_of: Callable[[Any, int], int], accumulate: bool = False) -> ThroughputPlan:
     """Solve, probe, tighten caps until the batches are measured within every budget.
 
     ``state``: the ranks' :class:`dptune.search.ranks.RankObservations` after the first two
     rounds; ``run(sizes)`` probes one round; ``cap_of(fit, budget)`` the memory cap of a fit;
     ``timer``: the ranks' step times (estimated or measured), or :class:`EqualSpeed` where
-    there are none.
+    there are none. ``accumulate``: ``global_batch`` is trained as ``k`` equal micro-batches
+    (``k`` divides it), ``k`` and the split of a micro-batch chosen together for the least
+    time per global batch (:func:`dptune.throughput.fastest_accumulation`; without times, the
+    fewest micro-batches whose batches fit).
     """
     n, m = state.n, state.m
     overhead = timer.allreduce(grad_bytes)
-    sol: Optional[SplitTime] = None
     while True:
-        caps = _caps(state, cap_of, global_batch)
-        fits = [timer.fit(r) for r in range(n)]
-        if any(f is None for f in fits):
-            raise NoFeasibleSplitError("a rank's step time is unknown (no timed probe); "
-                                       "objective='throughput' needs each rank's step time",
-                                       shortfall_bytes=None)
-        curves = [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)]  # type: ignore[union-attr]
-        sol = (equal_split(caps, global_batch, m) if isinstance(timer, EqualSpeed) else
-               fastest_split(curves, global_batch, overhead=overhead, min_chunk=m, every_card=True))
-        if sol is None:
+        caps, curves = _curves(state, timer, cap_of, global_batch)
+        solved = _solve(timer, caps, curves, global_batch, overhead, m, accumulate)
+        if solved is None:
             known = [c for c in state.caps() if c is not None]
-            if len(known) == n and sum(known) < global_batch:    # more than the ranks hold
-                raise beyond_the_ranks(state, run, global_batch, max_rounds)
+            if not accumulate and len(known) == n and sum(known) < global_batch:
+                raise beyond_the_ranks(state, run, global_batch, max_rounds)   # more than they hold
             raise NoFeasibleSplitError(
+                f"no number of micro-batches that divides the global batch {global_batch} gives "
+                f"per-rank batches that fit every rank's memory (largest per rank: {caps}); try "
+                "another global_batch" if accumulate else
                 f"no per-rank batches of the global batch {global_batch} fit every rank's memory "
                 f"(largest per rank: {caps}); try a smaller global_batch", shortfall_bytes=None)
+        sol, k = solved
         done = [state.measured(r, b) for r, b in enumerate(sol.chunk_sizes)]
         if all(p is not None and p.fits for p in done) or state.rounds >= max_rounds:
             break
@@ -207,15 +208,61 @@ def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
         raise NoFeasibleSplitError(
             f"the fastest batches {sizes} were not all measured within budget in {state.rounds} "
             "rounds; try a larger max_rounds or objective='balance'", shortfall_bytes=None)
-    caps = _caps(state, cap_of, global_batch)
-    fits = [timer.fit(r) for r in range(n)]
-    curves = [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)]  # type: ignore[union-attr]
+    caps, curves = _curves(state, timer, cap_of, global_batch)
+    acc = _accumulation_note(global_batch, k, sizes, sol, timer.source) if accumulate else ()
     if isinstance(timer, EqualSpeed):
         labels, lines = _equal_reasons(sizes, caps)
-        return ThroughputPlan(sizes, sol, lines, (EQUAL_NOTE,), labels)
+        return ThroughputPlan(sizes, sol, lines, (EQUAL_NOTE,) + acc, labels, k)
     labels, lines = _reasons(sizes, caps, curves)
-    notes = _notes(curves, sizes, global_batch, overhead, m, sol, timer.source)
-    return ThroughputPlan(sizes, sol, lines, notes + _source_notes(timer), labels)
+    notes = _notes(curves, sizes, sum(sizes), overhead, m, sol, timer.source)
+    return ThroughputPlan(sizes, sol, lines, notes + acc + _source_notes(timer), labels, k)
+
+
+def _curves(state: Any, timer: "ProbeTimes | EqualSpeed", cap_of: Callable[[Any, int], int],
+            global_batch: int) -> tuple[list[int], list[list[float]]]:
+    """Each rank's memory cap and its fitted time at every batch up to it."""
+    caps = _caps(state, cap_of, global_batch)
+    fits = [timer.fit(r) for r in range(state.n)]
+    if any(f is None for f in fits):
+        raise NoFeasibleSplitError("a rank's step time is unknown (no timed probe); "
+                                   "objective='throughput' needs each rank's step time",
+                                   shortfall_bytes=None)
+    return caps, [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)]  # type: ignore[union-attr]
+
+
+def _solve(timer: "ProbeTimes | EqualSpeed", caps: Sequence[int], curves: list, batch: int,
+           overhead: Callable[[frozenset[int]], float], m: int,
+           accumulate: bool) -> Optional[tuple[SplitTime, int]]:
+    """The fastest split of ``batch`` (one micro-batch), or with ``accumulate`` the number of
+    micro-batches and the split of one; ``None``: nothing fits."""
+    if isinstance(timer, EqualSpeed):     # one unit per sample: the largest batch, k times
+        best: Optional[tuple[SplitTime, int]] = None
+        for k in micro_batch_counts(batch) if accumulate else [1]:
+            s = equal_split(caps, batch // k, m)
+            if s is not None and (best is None or k * s.step_seconds < best[1] * best[0].step_seconds):
+                best = (s, k)
+        return best
+    if accumulate:
+        acc = fastest_accumulation(lambda b: curves, batch, overhead=overhead, min_chunk=m,
+                                   every_card=True)
+        return None if acc is None else (acc.split, acc.micro_batches)
+    sol = fastest_split(curves, batch, overhead=overhead, min_chunk=m, every_card=True)
+    return None if sol is None else (sol, 1)
+
+
+def _accumulation_note(batch: int, k: int, sizes: Sequence[int], sol: SplitTime,
+                       source: str) -> tuple[str, ...]:
+    head = (f"global batch {batch} per optimizer step: {k} micro-batch{'es' if k > 1 else ''} of "
+            f"{batch // k} (per rank {list(sizes)})")
+    if source == "assumed":
+        return (head + ": the fewest micro-batches whose batches fit every rank (no step time "
+                "known); plan.scale_loss divides each micro-batch's loss by " + f"{k}",)
+    total = k * sol.step_seconds
+    return (f"{head}, {total * 1e3:.2f} ms per global batch ({source}), {batch / total:,.0f} "
+            "samples/s: the number of micro-batches and the split that finish it fastest "
+            "within every rank's memory cap (each micro-batch modelled as a whole step, its "
+            f"all-reduce included: an upper bound with no_sync); plan.scale_loss divides each "
+            f"micro-batch's loss by {k}",)
 
 
 EQUAL_NOTE = ("no step time is known here (FSDP, or a rank whose step was not timed): the ranks "

@@ -23,6 +23,10 @@ GiB = 1 << 30
 SPEEDS = {2: ([2 * MS, 2 * MS], [1 * MS, 3 * MS], 40),
           3: ([2 * MS, 2 * MS, 4 * MS], [1 * MS, 3 * MS, 0.5 * MS], 60)}
 TIGHT = tw.BASE + 20 * tw.MiB          # a card with room for 19 samples (plus the buckets)
+ROOM = tw.BASE + 30 * tw.MiB           # 29 samples
+# gradient accumulation: a global batch more than one step holds (per world size: the cards'
+# memory, the samples per optimizer step)
+ACCUMULATE = {2: ([TIGHT, ROOM], 120), 3: ([ROOM, ROOM, TIGHT], 180)}
 
 
 def _totals(world: int, tight: bool) -> list[int]:
@@ -43,6 +47,8 @@ def _jobs(world: int) -> list:
         ("timed_plan:untimed", dict(common, totals=_totals(world, False), objective="throughput",
                                     untimed=1)),
         ("timed_plan:untimed_default", dict(common, totals=_totals(world, False), untimed=1)),
+        ("timed_plan:accumulate", dict(common, totals=ACCUMULATE[world][0],
+                                       global_batch=ACCUMULATE[world][1], micro_batches="auto")),
     ]
 
 
@@ -148,3 +154,35 @@ def test_a_rank_whose_timing_fails_fails_every_rank_with_the_same_message(job):
     assert max(plan["batch_sizes"]) - min(plan["batch_sizes"]) <= 1 and sum(plan["batch_sizes"]) == batch
     assert any("rank 1: the step was not timed" in n and "equally fast" in n for n in plan["notes"])
     assert not any(n.startswith("speed (") for n in plan["notes"])
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def test_a_global_batch_with_accumulation_takes_the_fastest_micro_batches(job):
+    """Every number of micro-batches k that divides the global batch G and every split of
+    G/k within the caps, by brute force: the plan's k·(slowest rank) is the least (ties go
+    to fewer micro-batches)."""
+    world, out = job
+    plan = _plans(out, world, "timed_plan:accumulate")
+    G = ACCUMULATE[world][1]
+    k, sizes = plan["micro_batches"], plan["batch_sizes"]
+    assert k * sum(sizes) == G and k > 1
+    caps = [_cap(plan, r) for r in range(world)]
+    assert sum(caps) < G                                     # one step cannot hold it
+    best = {}
+    for kk in _divisors(G):
+        if G // kk >= world and sum(caps) >= G // kk:
+            t, arg = _brute_force(world, caps, G // kk)
+            best[kk] = (kk * t, arg)
+    least = min(v[0] for v in best.values())
+    first = min(kk for kk, v in best.items() if v[0] <= least * (1 + 1e-9))
+    assert k == first, ({kk: v[0] for kk, v in best.items()}, k)
+    assert tuple(sizes) in best[k][1]
+    assert k * max(_card_seconds(world, r, b) for r, b in enumerate(sizes)) == pytest.approx(least)
+    # not simply the fewest micro-batches that fit: the case is chosen so that it is slower
+    fewest = min(best)
+    assert best[fewest][0] > least
+    assert any(n.startswith(f"global batch {G} per optimizer step: {k} micro-batches")
+               for n in plan["notes"])
