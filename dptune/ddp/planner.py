@@ -400,7 +400,8 @@ def _notes(settings: Settings, job: _Job, obs: RankObservations, found: _Found,
         notes.append("measured peaks are the single-card step's max_memory_allocated plus the "
                      "counted DDP buckets" + (" (an upper bound with gradient_as_bucket_view)"
                                               if settings.ddp.gradient_as_bucket_view else ""))
-    reserved = settings.budget.reserved
+    # the allocator model is the simulated ranks': real cards measure max_memory_reserved
+    reserved = settings.budget.reserved if job.backend is BackendKind.SIMULATED else None
     if settings.budget.level is BudgetLevel.RESERVED:
         notes.append("budgets checked against the reserved level: each rank's peak is the caching "
                      "allocator's reserved peak plus NCCL's buffers" + (

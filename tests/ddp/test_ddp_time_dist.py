@@ -186,3 +186,10 @@ def test_a_global_batch_with_accumulation_takes_the_fastest_micro_batches(job):
     assert best[fewest][0] > least
     assert any(n.startswith(f"global batch {G} per optimizer step: {k} micro-batches")
                for n in plan["notes"])
+
+
+def test_a_plan_on_real_cards_says_its_peaks_are_measured(job):
+    world, out = job
+    plan = _plans(out, world, "timed_plan:fast")
+    level = next(n for n in plan["notes"] if n.startswith("budgets checked against the reserved"))
+    assert "max_memory_reserved" in level and "a model of the allocator" not in level
