@@ -62,8 +62,9 @@ class Settings:
     :mod:`dptune.ddp.planner`), ``batch_size`` (the tuner's total batch, the plan's
     ``global_batch``), ``budget``, ``max_probes`` (the tuner's probes, the plan's rounds) and
     ``simulate``. The tuner's: ``tolerance``, ``device_ids``, ``output_device``, ``verbose``.
-    The planner's: ``ddp`` (the DDP arguments), ``strategy``, the FSDP2 arguments and
-    ``device``.
+    The planner's: ``ddp`` (the DDP arguments), ``strategy``, the FSDP2 arguments,
+    ``device`` and ``micro_batches`` (the global batch trained as that many micro-batches with
+    gradient accumulation; ``"auto"``: the planner chooses).
     """
 
     objective: Optional[Objective]
@@ -81,6 +82,7 @@ class Settings:
     reshard_after_forward: bool = True
     mp_policy: Any = None
     device: Optional[int] = None
+    micro_batches: Union[int, str] = 1
 
     @property
     def fsdp(self) -> bool:
@@ -124,7 +126,8 @@ class Settings:
     def for_plan(cls, *, global_batch: Any, objective: Any, headroom: Any, budget_level: Any,
                  allocator: Any, nccl_bytes: Any, max_rounds: Any, simulate: Any,
                  bucket_cap_mb: Any, gradient_as_bucket_view: Any, strategy: Any, shard: Any,
-                 reshard_after_forward: Any, mp_policy: Any, device: Any) -> "Settings":
+                 reshard_after_forward: Any, mp_policy: Any, device: Any,
+                 micro_batches: Any = 1) -> "Settings":
         """:func:`dptune.ddp.plan`'s arguments (``objective=None``: the default)."""
         goal = None if objective is None else Objective.parse(objective)
         if global_batch is not None:
@@ -147,6 +150,27 @@ class Settings:
                                  "'balance' or 'max_batch'")
         elif shard is not None or mp_policy is not None or reshard_after_forward is not True:
             raise UsageError("shard, reshard_after_forward and mp_policy are FSDP's: pass strategy='fsdp'")
+        _check_micro_batches(micro_batches, global_batch, goal, how)
         return cls(objective=goal, batch_size=global_batch, budget=budget, max_probes=max_rounds,
                    simulate=simulate, ddp=options, strategy=how, shard=shard,
-                   reshard_after_forward=reshard_after_forward, mp_policy=mp_policy, device=device)
+                   reshard_after_forward=reshard_after_forward, mp_policy=mp_policy, device=device,
+                   micro_batches=micro_batches)
+
+
+def _check_micro_batches(micro: Any, global_batch: Optional[int], goal: Optional[Objective],
+                         how: Strategy) -> None:
+    """``plan(micro_batches=...)``: 1, a divisor of ``global_batch``, or ``"auto"`` (the
+    fastest number of micro-batches, DDP's default or throughput objective)."""
+    if micro == 1 and not isinstance(micro, bool):
+        return
+    if micro == "auto":
+        if goal not in (None, Objective.THROUGHPUT) or how is not Strategy.DDP:
+            raise UsageError("micro_batches='auto' chooses the fastest number of micro-batches: "
+                             "it needs the DDP strategy and objective 'throughput' (the default)")
+        return
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+        raise UsageError(f"micro_batches must be an int >= 1 or 'auto', got {micro!r}")
+    if goal is Objective.MAX_BATCH or global_batch is None or global_batch % micro:
+        raise UsageError(f"micro_batches={micro} trains global_batch as {micro} equal "
+                         f"micro-batches: give a global_batch it divides, and objective "
+                         f"'throughput' or 'balance' (got {global_batch!r})")

@@ -14,7 +14,7 @@ from dptune.backends.reserved import DEFAULT_LEVEL
 from dptune.cli.arguments import (EPILOG, headroom_argument, objective_argument, step_arguments,
                                   workload_arguments, workload_spec)
 from dptune.cli_checks import (check_cards, check_level_flags, check_plan_out, level_arguments,
-                               level_options, out_path, positive_float)
+                               level_options, out_path, positive_float, positive_int)
 from dptune.errors import EXIT_OK, UsageError
 from dptune.spec import WorkloadSpec
 
@@ -27,12 +27,13 @@ def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
              gradient_as_bucket_view: bool = False, budget_level: str = DEFAULT_LEVEL.value,
              allocator: Optional[str] = None, nccl_bytes: Optional[int] = None,
              strategy: str = "ddp", reshard_after_forward: bool = True,
-             mp_param_dtype: Optional[str] = None) -> Any:
+             mp_param_dtype: Optional[str] = None, micro_batches: Any = 1) -> Any:
     """``dptune plan`` without the printing: per-rank DDP batch sizes on a simulated cluster
     (one rank per card) for the step ``spec`` describes; returns the :class:`dptune.ddp.DDPPlan`.
     ``headroom_bytes`` ``None``: the budget level's default. ``strategy="fsdp"``: FSDP2 with
     the default sharding, ``mp_param_dtype`` ("bf16", "fp16") the ``MixedPrecisionPolicy``'s
-    parameter dtype (gradients reduced in fp32)."""
+    parameter dtype (gradients reduced in fp32). ``micro_batches``: as :func:`dptune.ddp.plan`'s
+    (``"auto"``: ``global_batch`` per optimizer step, with gradient accumulation)."""
     from dptune.backends.cluster import parse_cluster
     from dptune.ddp import plan
 
@@ -55,7 +56,7 @@ def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
                 bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
                 amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
                 step=wl.step, budget_level=budget_level, allocator=allocator,
-                nccl_bytes=nccl_bytes, **fsdp)
+                nccl_bytes=nccl_bytes, micro_batches=micro_batches, **fsdp)
 
 
 def plan_parser(subparsers: Any) -> None:
@@ -93,6 +94,10 @@ def plan_parser(subparsers: Any) -> None:
                           "shortest step that fits; balance: the same share of memory on every "
                           "card; max-batch: the largest global batch")
     p.set_defaults(objective=None)   # the planner's default: the fastest batches that fit
+    t.add_argument("--global-batch", type=positive_int, metavar="N", default=None,
+                   help="instead of --batch-size: N samples per optimizer step, trained with "
+                        "gradient accumulation; the plan chooses the number of micro-batches "
+                        "(a divisor of N) and each rank's batch, the fastest that fit")
     t.add_argument("--out", metavar="PATH", type=out_path,
                    help="a folder (plan.json + summary.md) or a .json file "
                         "(default reports/ddp-<Model>-<cluster>)")
@@ -112,7 +117,12 @@ def _plan_command(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"dptune: planning for the simulated cluster {DEFAULT_CLUSTER} "
                   "(choose cards with --simulate SPEC)", file=sys.stderr)
-    if args.objective != "max-batch" and args.batch_size is None:
+    if args.global_batch is not None:
+        if args.batch_size is not None or args.objective not in (None, "throughput"):
+            raise UsageError("--global-batch plans the fastest micro-batches of a global batch: "
+                             "give it without --batch-size, with the default objective "
+                             "(throughput)")
+    elif args.objective != "max-batch" and args.batch_size is None:
         raise UsageError(f"--objective {args.objective or 'throughput'} splits a global batch: "
                          "give --batch-size N (or --objective max-batch for the largest that fits)")
     check_cards(simulate)
@@ -122,7 +132,9 @@ def _plan_command(args: argparse.Namespace) -> int:
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with redirect:
         result = ddp_plan(
-            workload_spec(args), global_batch=args.batch_size, simulate=simulate,
+            workload_spec(args), simulate=simulate,
+            global_batch=args.batch_size if args.global_batch is None else args.global_batch,
+            micro_batches=1 if args.global_batch is None else "auto",
             objective=args.objective, headroom_bytes=args.headroom,
             bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
             strategy=args.strategy, reshard_after_forward=not args.no_reshard_after_forward,

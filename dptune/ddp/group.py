@@ -1,13 +1,15 @@
 """The ranks together: every rank simulated in this process, or this process as one rank of
 an initialised ``torch.distributed`` job (each round's results all-gathered, an error on one
-rank raised on every rank)."""
+rank raised on every rank with the same class and message, the failing rank's own exception
+as the cause there)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, TypeVar
 
-from dptune.errors import (BackendUnavailableError, DptuneError, NoFeasibleSplitError, UsageError,
+from dptune.errors import (BackendUnavailableError, DptuneError, ImportStringError, InternalError,
+                           NoFeasibleSplitError, OutputError, ReportError, SpecError, UsageError,
                            UserCodeError)
 
 __all__ = ["Group", "LocalGroup", "TorchGroup"]
@@ -38,10 +40,22 @@ class _Failed:
     rank: int
     kind: str
     message: str
+    shortfall_bytes: Optional[int] = None
 
 
-_ERRORS: dict[str, type] = {c.__name__: c for c in (UsageError, NoFeasibleSplitError,
-                                                     BackendUnavailableError, UserCodeError)}
+_ERRORS: dict[str, type] = {c.__name__: c for c in (
+    UsageError, SpecError, ImportStringError, ReportError, OutputError, NoFeasibleSplitError,
+    BackendUnavailableError, UserCodeError, InternalError)}
+
+
+def _error(f: _Failed) -> DptuneError:
+    """The error every rank raises for the first rank that failed: its dptune class by name
+    (another exception: :class:`DptuneError`), its message after the rank's."""
+    cls = _ERRORS.get(f.kind, DptuneError)
+    message = f"rank {f.rank} failed while planning ({f.kind}): {f.message}"
+    if cls is NoFeasibleSplitError:
+        return NoFeasibleSplitError(message, shortfall_bytes=f.shortfall_bytes)
+    return cls(message)
 
 
 class TorchGroup:
@@ -60,14 +74,10 @@ class TorchGroup:
             mine = fn(self.rank)
         except Exception as e:  # gathered, then raised on every rank
             error = e
-            mine = _Failed(self.rank, type(e).__name__, str(e))
+            mine = _Failed(self.rank, type(e).__name__, str(e), getattr(e, "shortfall_bytes", None))
         gathered: list[Any] = [None] * self.world_size
         self.dist.all_gather_object(gathered, mine)
         failed = [g for g in gathered if isinstance(g, _Failed)]
-        if error is not None:
-            raise error
-        if failed:
-            f = failed[0]
-            cls = _ERRORS.get(f.kind, DptuneError)
-            raise cls(f"rank {f.rank} failed while planning ({f.kind}): {f.message}")
+        if failed:   # the first failed rank's error, the same on every rank
+            raise _error(failed[0]) from error
         return gathered

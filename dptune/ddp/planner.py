@@ -31,11 +31,13 @@ not depend on each other). The plan uses :mod:`dptune.solver`'s fits and splits 
 
 The searches run on :mod:`dptune.search.ranks` (each rank's probes and its bracket); the
 arguments are checked once (:class:`dptune.settings.Settings`). **The default objective** is
-the fastest batches that fit: offline on the simulated cluster each rank's step time is
-estimated, so no plan where memory does not bind is slower than equal batches; inside a job
-and with FSDP no time is estimated, and the ranks are taken as equally fast (batches as equal
-as the memory caps allow). Each rank's reason (:class:`dptune.ddp.result.RankReason`) is in
-the plan.
+the fastest batches that fit: each rank's step time comes with its probes (gathered with the
+peaks inside a job), estimated on the simulated cluster, measured by CUDA events on each
+rank's own card, so no plan where memory does not bind is slower than equal batches. With
+FSDP no time is known, nor where a rank's step was not timed (then the explicit
+``objective="throughput"`` fails on every rank), and the ranks are taken as equally fast
+(batches as equal as the memory caps allow). Each rank's reason
+(:class:`dptune.ddp.result.RankReason`) is in the plan.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class _Found:
     certified: bool = False
     why: tuple[str, ...] = ()
     reasons: tuple[RankReason, ...] = ()     # per rank, in short
+    micro_batches: int = 1                    # the global batch as that many micro-batches
 
 
 def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..., Any]] = None,
@@ -96,7 +99,8 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
          device: Optional[int] = None, strategy: str = "ddp", shard: Optional[Callable] = None,
          reshard_after_forward: bool = True, mp_policy: Any = None,
          budget_level: str = DEFAULT_LEVEL.value, allocator: Union[str, AllocatorConfig, None] = None,
-         nccl_bytes: Union[int, str, None] = None, **step_options: Any) -> DDPPlan:
+         nccl_bytes: Union[int, str, None] = None, micro_batches: Union[int, str] = 1,
+         **step_options: Any) -> DDPPlan:
     """Per-rank batch sizes for ``DistributedDataParallel`` on unequal cards.
 
     ``model``, ``sample``, ``loss_fn``, ``optimizer`` and ``step_options`` (``amp``,
@@ -104,8 +108,9 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     :class:`dptune.Tuner`; ``sample(b)`` builds a local batch of ``b``.
 
     - ``objective``: by default (``None``) the fastest per-rank batches of ``global_batch``
-      that fit (``"throughput"``; inside a job or with FSDP, where no step time is estimated,
-      batches as equal as the memory caps allow). ``"balance"``: split ``global_batch`` so
+      that fit (``"throughput"``: each rank's step time estimated on the simulated cluster,
+      measured by CUDA events on its card inside a job; with FSDP, where no step time is
+      known, batches as equal as the memory caps allow). ``"balance"``: split ``global_batch`` so
       every rank uses the same share of its budget. ``"max_batch"``: the largest global
       batch, each rank at its own limit (at most ``global_batch`` when given).
     - ``simulate``: a cluster spec such as ``"2x32GB,2x24GB"``, one rank per card. Without a
@@ -115,6 +120,11 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     - ``headroom``: kept free on every card (default 256 MiB at the reserved level, the
       default; 1 GiB at ``budget_level="allocated"``);
       ``bucket_cap_mb``, ``gradient_as_bucket_view``: the DDP arguments you will use.
+    - ``micro_batches``: ``global_batch`` trained as that many equal micro-batches with
+      gradient accumulation (1: one step; an int that divides it; ``"auto"``: with the
+      throughput objective, the number and the split that finish it fastest within every
+      rank's memory); the plan's batches are one micro-batch's, ``plan.micro_batches`` the
+      number, and ``plan.scale_loss`` divides each micro-batch's loss by it.
     - ``budget_level``, ``allocator``, ``nccl_bytes``: as :class:`dptune.Tuner`'s; at
       ``"reserved"`` (the default) each rank's peak is the caching allocator's reserved peak plus NCCL's
       buffers (simulated ranks: the allocator model; real cards: ``max_memory_reserved``).
@@ -135,7 +145,8 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
         budget_level=budget_level, allocator=allocator, nccl_bytes=nccl_bytes,
         max_rounds=max_rounds, simulate=simulate, bucket_cap_mb=bucket_cap_mb,
         gradient_as_bucket_view=gradient_as_bucket_view, strategy=strategy, shard=shard,
-        reshard_after_forward=reshard_after_forward, mp_policy=mp_policy, device=device)
+        reshard_after_forward=reshard_after_forward, mp_policy=mp_policy, device=device,
+        micro_batches=micro_batches)
     fsdp: Any = None
     if settings.fsdp:
         from dptune.ddp.fsdp import FSDPOptions
@@ -146,7 +157,7 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     probers: dict[int, Prober] = {}
     shared: dict = {}     # simulated ranks on one card type share one simulator
     timer = None
-    if job.cluster is not None and not job.in_job and not settings.fsdp:  # offline: its speed
+    if job.cluster is not None and not settings.fsdp:  # the simulated ranks' estimated speed
         from dptune.ddp.throughput import RankTimer
 
         timer = RankTimer(probers, job.cluster)
@@ -159,11 +170,16 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     def probe(r: int, b: int) -> Optional[int]:
         return probers[r].probe(b) if timer is None else timer.probe(r, b)
 
+    def timed(r: int, b: int) -> Optional[float]:
+        # the rank's time, gathered with its peak: estimated, or measured by its card's events
+        return timer.seconds(r, b) if timer is not None else probers[r].seconds(b)  # type: ignore[attr-defined]
+
     try:
         infos = job.group.each(start)
         obs = RankObservations([i.budget_bytes for i in infos], max(i.min_batch for i in infos))
-        found = _search(settings, job, obs, infos, lambda sizes: obs.run(job.group.each, sizes, probe),
-                        timer)
+        times = None if settings.fsdp else _times(obs, timer)
+        found = _search(settings, job, obs, infos, lambda sizes: obs.run(
+            job.group.each, sizes, probe, None if times is None else timed), times)
     finally:
         for p in probers.values():
             p.close()
@@ -195,10 +211,6 @@ def _job(settings: Settings) -> _Job:
                 "job after init_process_group to probe the real cards")
         group = LocalGroup(len(cluster))
         host = None
-    if settings.objective is Objective.THROUGHPUT and in_job:
-        raise UsageError("objective='throughput' plans offline on the simulated cluster for now "
-                         "(simulate=... without a process group); inside a job leave objective out "
-                         "(batches as equal as the memory caps allow) or use 'balance'")
     objective = settings.objective or Objective.THROUGHPUT   # the default: the fastest that fits
     return _Job(cluster, group, host, BackendKind.SIMULATED if cluster is not None else
                 BackendKind.CUDA, in_job, objective, settings.objective is None)
@@ -224,10 +236,22 @@ def _prober(workload: Any, settings: Settings, job: _Job, r: int, fsdp: Any, sha
                              job.host, budget.level)
 
 
+def _times(obs: RankObservations, timer: Any) -> Any:
+    """The ranks' step times from their probes: the simulator's estimates (``timer``, with
+    the ring all-reduce over its link), else each real card's own, measured."""
+    from dptune.ddp.throughput import ProbeTimes
+
+    if timer is not None:
+        return ProbeTimes(obs, "estimated", timer.speed.link.bandwidth)
+    return ProbeTimes(obs, "measured")
+
+
 def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequence[RankInfo],
             run: Runner, timer: Any) -> _Found:
     """The objective's search on the ranks' observations (:mod:`dptune.search.ranks`)."""
     n, m, batch = obs.n, obs.m, settings.batch_size
+    if isinstance(settings.micro_batches, int) and batch is not None:
+        batch //= settings.micro_batches      # a fixed number of micro-batches: split one
     rounds = settings.max_probes
     grad_bytes = infos[0].ddp_bytes
     if job.objective is Objective.MAX_BATCH:
@@ -253,10 +277,33 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
                       reasons=(RankReason.MEMORY_BALANCE,) * n)
     from dptune.ddp.throughput import EqualSpeed, plan_throughput
 
-    fast = plan_throughput(obs, run, EqualSpeed() if timer is None else timer, batch, rounds,
-                           grad_bytes, cap_of)
+    speed, untimed = _timed(job, timer)
+    fast = plan_throughput(obs, run, EqualSpeed() if speed is None else speed, batch, rounds,
+                           grad_bytes, cap_of, accumulate=settings.micro_batches == "auto")
     default = (DEFAULT_NOTE,) if job.default else ()
-    return _Found(fast.sizes, why=fast.reasons + fast.notes + default, reasons=fast.labels)
+    return _Found(fast.sizes, why=fast.reasons + fast.notes + untimed + default,
+                  reasons=fast.labels, micro_batches=fast.micro_batches)
+
+
+def _timed(job: _Job, times: Any) -> tuple[Any, tuple[str, ...]]:
+    """The times the fastest plan uses, and a note when a rank's step was not timed: then an
+    explicit ``objective='throughput'`` fails (on every rank, the same words: they come from
+    the gathered probes) and the default takes the ranks as equally fast."""
+    if times is None:
+        return None, ()
+    from dptune.ddp.throughput import untimed_note
+
+    missing = times.untimed()
+    if not missing:
+        return times, ()
+    what = untimed_note(missing)
+    if not job.default:
+        from dptune.errors import BackendUnavailableError
+
+        raise BackendUnavailableError(
+            f"objective='throughput' needs every rank's step time, and {what}; use "
+            "objective='balance', or leave objective out (batches as equal as memory allows)")
+    return None, (f"{what}: the ranks are taken as equally fast",)
 
 
 DEFAULT_NOTE = ("objective: the default, the fastest per-rank batches that fit (throughput); "
@@ -264,12 +311,12 @@ DEFAULT_NOTE = ("objective: the default, the fastest per-rank batches that fit (
 
 
 def _speed(obs: RankObservations, timer: Any, sizes: Sequence[int], grad_bytes: int) -> tuple[str, ...]:
-    """An offline plan's estimated speed beside equal batches (none without a timer)."""
-    if timer is None:
+    """A plan's speed beside equal batches (none without every rank's time)."""
+    if timer is None or timer.untimed():
         return ()
     from dptune.ddp.throughput import speed_note
 
-    return speed_note(obs, timer, sizes, grad_bytes)
+    return speed_note(timer, sizes, grad_bytes)
 
 
 def _describe_rank(info: RankInfo, r: int) -> str:
@@ -330,12 +377,19 @@ def _the_plan(settings: Settings, job: _Job, obs: RankObservations, infos: Seque
         options=settings.ddp, settings=infos[0].settings, probes=tuple(obs.probes),
         rounds=obs.rounds, certified=found.certified, even_batch_size=even,
         requested_global_batch=settings.batch_size, seconds=seconds,
-        notes=_notes(settings, job, obs, found, fsdp), min_batch=obs.m)
+        notes=_notes(settings, job, obs, found, fsdp), min_batch=obs.m,
+        micro_batches=(found.micro_batches if settings.micro_batches == "auto"
+                       else int(settings.micro_batches)))
 
 
 def _notes(settings: Settings, job: _Job, obs: RankObservations, found: _Found,
            fsdp: Any) -> tuple[str, ...]:
     notes = list(found.why)
+    k = settings.micro_batches
+    if isinstance(k, int) and k > 1:
+        notes.append(f"global batch {settings.batch_size} per optimizer step: {k} micro-batches of "
+                     f"{sum(found.sizes)} (micro_batches={k}); plan.scale_loss divides each "
+                     f"micro-batch's loss by {k}")
     if fsdp is not None:
         notes.insert(0, f"strategy fsdp: {fsdp.describe()} (the DDP bucket settings do not apply)")
     if job.backend is BackendKind.CUDA and fsdp is not None:
@@ -346,7 +400,8 @@ def _notes(settings: Settings, job: _Job, obs: RankObservations, found: _Found,
         notes.append("measured peaks are the single-card step's max_memory_allocated plus the "
                      "counted DDP buckets" + (" (an upper bound with gradient_as_bucket_view)"
                                               if settings.ddp.gradient_as_bucket_view else ""))
-    reserved = settings.budget.reserved
+    # the allocator model is the simulated ranks': real cards measure max_memory_reserved
+    reserved = settings.budget.reserved if job.backend is BackendKind.SIMULATED else None
     if settings.budget.level is BudgetLevel.RESERVED:
         notes.append("budgets checked against the reserved level: each rank's peak is the caching "
                      "allocator's reserved peak plus NCCL's buffers" + (

@@ -65,18 +65,29 @@ class SimulatedProber:
 
 
 class CudaProber:
-    """This process's CUDA card: the single-card step measured, DDP's buckets counted."""
+    """This process's CUDA card: the single-card step measured, DDP's buckets counted, and the
+    card's forward and backward timed by CUDA events on its stream
+    (:class:`dptune.backends.cuda.card_timer.CardTimer`: the median of the measured steps,
+    after a warm-up). ``runtime``: the CUDA runtime (``None``: the real one; tests set a
+    fake one with a clock they control)."""
+
+    runtime: Any = None
+    #: measured steps per probe: the time is their median
+    REPEATS = 3
 
     def __init__(self, workload: Any, device_index: int, options: DDPOptions, headroom_bytes: int,
-                 host: Optional[str], level: BudgetLevel = BudgetLevel.ALLOCATED):
+                 host: Optional[str], level: BudgetLevel = BudgetLevel.ALLOCATED,
+                 runtime: Any = None):
         from dptune.backends.cuda import CudaBackend
         from dptune.workload import model_name
 
-        self.backend = CudaBackend(workload, device_ids=[device_index])
+        self.backend = CudaBackend(workload, device_ids=[device_index], repeats=self.REPEATS,
+                                   runtime=runtime)
         self.workload, self.options, self.headroom, self.host = workload, options, headroom_bytes, host
         self.name = model_name(workload.model)
         self._ddp: Optional[int] = None
         self.level = level
+        self._seconds: dict[int, Optional[float]] = {}
 
     def _ddp_bytes(self) -> int:
         if self._ddp is None:
@@ -97,9 +108,18 @@ class CudaProber:
 
     def probe(self, batch_size: int) -> Optional[int]:
         res = at_level(self.backend.probe([batch_size]), self.backend.devices, self.level)
+        t = res.time
+        # the card's own forward and backward (CUDA events); None: the events did not time it
+        self._seconds[batch_size] = t.card_seconds[0] if t is not None and t.card_seconds else None
         if not res.feasible:
             return None
         return res.peak_bytes[0] + self._ddp_bytes()
+
+    def seconds(self, batch_size: int) -> Optional[float]:
+        """The card's forward and backward time (seconds, measured) in the probe at
+        ``batch_size``: ``None`` when it ran out of memory or the events did not time it (no
+        event clock, or a step that never calls the model)."""
+        return self._seconds.get(batch_size)
 
     def close(self) -> None:
         self.backend.close()
@@ -108,11 +128,14 @@ class CudaProber:
 def local_cuda_prober(workload: Any, device: Optional[int], options: DDPOptions,
                       headroom_bytes: int, host: Optional[str],
                       level: BudgetLevel = BudgetLevel.ALLOCATED) -> Prober:
-    """This rank's CUDA card: ``device``, else ``LOCAL_RANK``'s, else the current device."""
-    import torch
+    """This rank's CUDA card: ``device``, else ``LOCAL_RANK``'s, else the current device
+    (on :attr:`CudaProber.runtime`, the real CUDA runtime unless a test set another)."""
+    from dptune.backends.cuda.runtime import CudaRuntime
 
-    if not torch.cuda.is_available():
+    runtime = CudaProber.runtime if CudaProber.runtime is not None else CudaRuntime()
+    if not runtime.is_available():
         raise BackendUnavailableError(
             "plan() inside a torch.distributed job probes each rank's CUDA card, but this rank "
             "sees none; pass simulate='...' (one card per rank) to plan on virtual cards")
-    return CudaProber(workload, local_card(device, torch.cuda), options, headroom_bytes, host, level)
+    return CudaProber(workload, local_card(device, runtime), options, headroom_bytes, host, level,
+                      runtime=CudaProber.runtime)

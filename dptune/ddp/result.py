@@ -15,6 +15,12 @@ over the whole global batch, exactly what one process would compute on all ``B``
 With equal batches every ``s_r`` is 1. On a step whose batches are not the planned ones (the
 end of an epoch, see :mod:`dptune.ddp.sampler`) the same holds with that step's sizes
 ``b'_r`` and ``B'``: ``scale_loss(loss, batch_size=len(batch))`` sums them over the ranks.
+
+**Accumulation.** A plan with ``micro_batches = k > 1`` trains a global batch of ``k·B``
+samples per optimizer step as ``k`` micro-batches of the planned sizes (the sampler's
+consecutive steps): ``scale_loss`` then also divides by ``k``, so the gradients accumulated
+over the ``k`` micro-batches are the mean over all ``k·B`` samples (exact when the ``k``
+micro-batches are full; the optimizer steps once every ``k`` batches).
 """
 
 from __future__ import annotations
@@ -134,7 +140,8 @@ class DDPPlan:
     """Per-rank batch sizes for ``DistributedDataParallel``; see the module docstring.
 
     ``batch_sizes[r]`` is rank r's local batch, ``global_batch`` their sum (the batch the
-    learning rate is tuned for), ``loss_scales[r] = world_size·b_r/B``.
+    learning rate is tuned for, one micro-batch's with accumulation), ``loss_scales[r] =
+    world_size·b_r/B``; ``micro_batches``: micro-batches per optimizer step (1: none).
     """
 
     ranks: tuple[RankPlan, ...]
@@ -155,6 +162,7 @@ class DDPPlan:
     #: the fewest samples a rank may get on any step (2 with BatchNorm, whose training mode
     #: needs more than one value per channel); the sampler's last steps keep to it
     min_batch: int = 1
+    micro_batches: int = 1
 
     def __post_init__(self) -> None:
         if not self.ranks:
@@ -166,6 +174,9 @@ class DDPPlan:
                 not 1 <= self.min_batch <= min(sizes):
             raise UsageError(f"min_batch must be an int from 1 to the smallest batch ({min(sizes)}); "
                              f"got {self.min_batch!r}")
+        if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or \
+                self.micro_batches < 1:
+            raise UsageError(f"micro_batches must be an int >= 1, got {self.micro_batches!r}")
 
     # ---- the numbers a training script needs ----------------------------------------
     @property
@@ -207,7 +218,13 @@ class DDPPlan:
 
         Whenever ``torch.distributed`` is initialised, a plan made for another world size is
         refused on every rank, whatever ``rank`` says. ``rank`` defaults to this process's
-        rank in ``torch.distributed``."""
+        rank in ``torch.distributed``. With ``micro_batches = k > 1`` the scale is also divided
+        by ``k`` (the gradients of ``k`` micro-batches are accumulated)."""
+        scaled = self._step_loss(loss, rank, batch_size, sizes)
+        return scaled / self.micro_batches if self.micro_batches > 1 else scaled
+
+    def _step_loss(self, loss: Any, rank: Optional[int], batch_size: Optional[int],
+                   sizes: Optional[Sequence[int]]) -> Any:
         distributed = check_world_size(self.world_size, "plan.scale_loss")
         if sizes is not None:
             step = _check_sizes(sizes, allow_zero=True)
@@ -266,7 +283,8 @@ class DDPPlan:
                     probes=[p.to_dict() for p in self.probes], rounds=self.rounds,
                     certified=self.certified, even_batch_size=self.even_batch_size,
                     requested_global_batch=self.requested_global_batch, seconds=self.seconds,
-                    notes=list(self.notes), min_batch=self.min_batch)
+                    notes=list(self.notes), min_batch=self.min_batch,
+                    micro_batches=self.micro_batches)
 
     @classmethod
     def from_dict(cls, d: Any) -> "DDPPlan":
@@ -288,7 +306,7 @@ class DDPPlan:
                 even_batch_size=d.get("even_batch_size"),
                 requested_global_batch=d.get("requested_global_batch"),
                 seconds=float(d.get("seconds", 0.0)), notes=tuple(d.get("notes", [])),
-                min_batch=int(d.get("min_batch", 1)))
+                min_batch=int(d.get("min_batch", 1)), micro_batches=int(d.get("micro_batches", 1)))
         except ReportError:
             raise
         except UsageError as e:   # e.g. batch sizes < 1
@@ -358,6 +376,9 @@ class DDPPlan:
         lines = [title, "",
                  f"objective {self.objective}, global batch {self.global_batch} over "
                  f"{self.world_size} ranks: {self.batch_sizes}"]
+        if self.micro_batches > 1:
+            lines.append(f"{self.micro_batches} micro-batches per optimizer step: "
+                         f"{self.micro_batches * self.global_batch} samples (gradient accumulation)")
         if self.even_batch_size is not None:
             gain = (f" ({100 * (self.global_batch / self.even_batch_size - 1):+.0f}%)"
                     if self.even_batch_size else "")

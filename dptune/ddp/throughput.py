@@ -9,14 +9,18 @@ with ``every_card=True`` gives the batches that equalise the ranks' step times w
 memory caps; they are probed, and a rank over budget tightens its cap, until every rank is
 measured within budget.
 
-The ranks' times are the simulator's estimates (:mod:`dptune.backends.timing`: FLOPs and bytes
-against each card's datasheet peaks); the all-reduce is a ring over the link
-(:func:`dptune.backends.timing.ddp_allreduce_seconds`), not overlapped with the backward.
+Each rank's time comes with its probes (:attr:`dptune.search.ranks.RankProbe.seconds`, gathered
+with the peaks, so inside a job every rank fits every rank's time from the same figures and
+makes the same plan): on the simulated cluster the simulator's estimate (:class:`RankTimer`:
+FLOPs and bytes against each card's datasheet peaks), on real cards inside a job the card's
+forward and backward measured by CUDA events (:class:`dptune.ddp.probers.CudaProber`).
+:class:`ProbeTimes` fits them. The all-reduce is a ring over the simulated link
+(:func:`dptune.backends.timing.ddp_allreduce_seconds`), not overlapped with the backward; on
+real cards it is not timed (it is the same for every plan where every rank takes part).
 The plan says, per rank, why it got its batch (its memory cap, or an equal step time), and
-when leaving a rank out of the job would be faster. Timed planning offline only (``simulate=``
-without a process group): a job's ranks would have to exchange their times. Where no time is
-estimated (inside a job, FSDP: the default objective there), :class:`EqualSpeed` takes the
-ranks as equally fast, and :func:`equal_split` gives batches as equal as the caps allow.
+when leaving a rank out of the job would be faster. Where no time is known (FSDP; inside a job
+by default when a rank's step could not be timed), :class:`EqualSpeed` takes the ranks as
+equally fast, and :func:`equal_split` gives batches as equal as the caps allow.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ from typing import Any, Callable, Optional, Sequence
 from dptune.ddp.result import RankReason
 from dptune.errors import NoFeasibleSplitError
 from dptune.search.ranks import beyond_the_ranks
-from dptune.throughput import SplitTime, TimeFit, fastest_split, fit_time
+from dptune.throughput import (SplitTime, TimeFit, fastest_accumulation, fastest_split, fit_time,
+                                micro_batch_counts)
 
-__all__ = ["RankTimer", "EqualSpeed", "ThroughputPlan", "equal_split", "plan_throughput",
-           "speed_note"]
+__all__ = ["RankTimer", "ProbeTimes", "EqualSpeed", "ThroughputPlan", "equal_split",
+           "plan_throughput", "speed_note", "untimed_note"]
 
 
 class RankTimer:
@@ -77,24 +82,53 @@ class RankTimer:
         card = self.speed.cards[r]
         return sum(c.seconds(card) for c in costs) + host / self.speed.link.host_bandwidth
 
-    def fit(self, r: int, batches: Sequence[int]) -> Optional[TimeFit]:
-        return fit_time([(b, t) for b in batches if (t := self.seconds(r, b)) is not None])
+
+
+class ProbeTimes:
+    """Each rank's step time fitted on the times that came with its probes (affine in its
+    batch, :func:`dptune.throughput.fit_time`). ``source``: ``"estimated"`` (the simulator's)
+    or ``"measured"`` (CUDA events); ``link_bandwidth``: the simulated link of the ring
+    all-reduce (``None`` on real cards: the all-reduce is not timed)."""
+
+    def __init__(self, state: Any, source: str, link_bandwidth: Optional[float] = None):
+        self.state, self.source, self.link_bandwidth = state, source, link_bandwidth
+
+    def fit(self, r: int) -> Optional[TimeFit]:
+        return fit_time([(p.batch_size, p.seconds) for p in self.state.of(r)
+                         if p.seconds is not None])
 
     def allreduce(self, grad_bytes: int) -> Callable[[frozenset[int]], float]:
         from dptune.backends.timing import ddp_allreduce_seconds
 
-        bw = self.speed.link.bandwidth
+        bw = self.link_bandwidth
+        if bw is None:
+            return lambda used: 0.0
         return lambda used: ddp_allreduce_seconds(grad_bytes, len(used), bw)
+
+    def untimed(self) -> list[Any]:
+        """The probes whose step ran (a peak) but came without a time."""
+        return [p for p in self.state.probes if p.peak_bytes is not None and p.seconds is None]
+
+
+def untimed_note(probes: Sequence[Any]) -> str:
+    """What could not be timed, the same words on every rank (from the gathered probes)."""
+    ranks = sorted({p.rank for p in probes})
+    first = probes[0]
+    return (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: the step was not "
+            f"timed (rank {first.rank} at batch {first.batch_size}: the CUDA events saw no forward "
+            "and backward of the model on its card, a step that does not call the model or a "
+            "runtime without events)")
 
 
 class EqualSpeed:
-    """Where no step time is estimated (inside a job, FSDP), the ranks taken as equally fast:
-    one unit of time per sample, no fixed cost, no all-reduce. The fastest split is then the
-    one whose largest batch is smallest: batches as equal as the memory caps allow."""
+    """Where no step time is known (FSDP; a rank inside a job whose step was not timed), the
+    ranks taken as equally fast: one unit of time per sample, no fixed cost, no all-reduce.
+    The fastest split is then the one whose largest batch is smallest: batches as equal as
+    the memory caps allow."""
 
-    estimated = False
+    source = "assumed"
 
-    def fit(self, r: int, batches: Sequence[int]) -> TimeFit:
+    def fit(self, r: int) -> TimeFit:
         return TimeFit(0.0, 1.0)
 
     def allreduce(self, grad_bytes: int) -> Callable[[frozenset[int]], float]:
@@ -128,42 +162,43 @@ def equal_split(caps: Sequence[int], batch: int, min_batch: int = 1) -> Optional
 @dataclass(frozen=True)
 class ThroughputPlan:
     sizes: list[int]
-    step: SplitTime                   # predicted by the fits
+    step: SplitTime                   # predicted by the fits (one micro-batch)
     reasons: tuple[str, ...]          # per rank, why it got its batch
     notes: tuple[str, ...]
     labels: tuple[RankReason, ...] = ()   # per rank, the reason in short
+    micro_batches: int = 1            # the global batch as that many equal micro-batches
 
 
 def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
-                    timer: "RankTimer | EqualSpeed",
+                    timer: "ProbeTimes | EqualSpeed",
                     global_batch: int, max_rounds: int, grad_bytes: int,
-                    cap_of: Callable[[Any, int], int]) -> ThroughputPlan:
+                    cap_of: Callable[[Any, int], int], accumulate: bool = False) -> ThroughputPlan:
     """Solve, probe, tighten caps until the batches are measured within every budget.
 
     ``state``: the ranks' :class:`dptune.search.ranks.RankObservations` after the first two
     rounds; ``run(sizes)`` probes one round; ``cap_of(fit, budget)`` the memory cap of a fit;
-    ``timer``: the ranks' estimated step times, or :class:`EqualSpeed` where there are none.
+    ``timer``: the ranks' step times (estimated or measured), or :class:`EqualSpeed` where
+    there are none. ``accumulate``: ``global_batch`` is trained as ``k`` equal micro-batches
+    (``k`` divides it), ``k`` and the split of a micro-batch chosen together for the least
+    time per global batch (:func:`dptune.throughput.fastest_accumulation`; without times, the
+    fewest micro-batches whose batches fit).
     """
     n, m = state.n, state.m
     overhead = timer.allreduce(grad_bytes)
-    sol: Optional[SplitTime] = None
     while True:
-        caps = _caps(state, cap_of, global_batch)
-        fits = [timer.fit(r, [p.batch_size for p in state.of(r)]) for r in range(n)]
-        if any(f is None for f in fits):
-            raise NoFeasibleSplitError("a rank's step time is unknown (no timed probe); "
-                                       "objective='throughput' needs the simulated cluster",
-                                       shortfall_bytes=None)
-        curves = [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)]  # type: ignore[union-attr]
-        sol = (equal_split(caps, global_batch, m) if isinstance(timer, EqualSpeed) else
-               fastest_split(curves, global_batch, overhead=overhead, min_chunk=m, every_card=True))
-        if sol is None:
+        caps, curves = _curves(state, timer, cap_of, global_batch)
+        solved = _solve(timer, caps, curves, global_batch, overhead, m, accumulate)
+        if solved is None:
             known = [c for c in state.caps() if c is not None]
-            if len(known) == n and sum(known) < global_batch:    # more than the ranks hold
-                raise beyond_the_ranks(state, run, global_batch, max_rounds)
+            if not accumulate and len(known) == n and sum(known) < global_batch:
+                raise beyond_the_ranks(state, run, global_batch, max_rounds)   # more than they hold
             raise NoFeasibleSplitError(
+                f"no number of micro-batches that divides the global batch {global_batch} gives "
+                f"per-rank batches that fit every rank's memory (largest per rank: {caps}); try "
+                "another global_batch" if accumulate else
                 f"no per-rank batches of the global batch {global_batch} fit every rank's memory "
                 f"(largest per rank: {caps}); try a smaller global_batch", shortfall_bytes=None)
+        sol, k = solved
         done = [state.measured(r, b) for r, b in enumerate(sol.chunk_sizes)]
         if all(p is not None and p.fits for p in done) or state.rounds >= max_rounds:
             break
@@ -173,20 +208,75 @@ def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
         raise NoFeasibleSplitError(
             f"the fastest batches {sizes} were not all measured within budget in {state.rounds} "
             "rounds; try a larger max_rounds or objective='balance'", shortfall_bytes=None)
-    caps = _caps(state, cap_of, global_batch)
-    fits = [timer.fit(r, [p.batch_size for p in state.of(r)]) for r in range(n)]
-    curves = [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)]  # type: ignore[union-attr]
+    caps, curves = _curves(state, timer, cap_of, global_batch)
+    acc = _accumulation_note(global_batch, k, sizes, sol, timer.source) if accumulate else ()
     if isinstance(timer, EqualSpeed):
         labels, lines = _equal_reasons(sizes, caps)
-        return ThroughputPlan(sizes, sol, lines, (EQUAL_NOTE,), labels)
+        return ThroughputPlan(sizes, sol, lines, (EQUAL_NOTE,) + acc, labels, k)
     labels, lines = _reasons(sizes, caps, curves)
-    return ThroughputPlan(sizes, sol, lines, _notes(curves, sizes, global_batch, overhead, m, sol),
-                          labels)
+    notes = _notes(curves, sizes, sum(sizes), overhead, m, sol, timer.source)
+    return ThroughputPlan(sizes, sol, lines, notes + acc + _source_notes(timer), labels, k)
 
 
-EQUAL_NOTE = ("no step time is estimated here (inside a job, or FSDP): the ranks are taken as "
-              "equally fast, so the batches are as equal as the memory caps allow "
+def _curves(state: Any, timer: "ProbeTimes | EqualSpeed", cap_of: Callable[[Any, int], int],
+            global_batch: int) -> tuple[list[int], list[list[float]]]:
+    """Each rank's memory cap and its fitted time at every batch up to it."""
+    caps = _caps(state, cap_of, global_batch)
+    fits = [timer.fit(r) for r in range(state.n)]
+    if any(f is None for f in fits):
+        raise NoFeasibleSplitError("a rank's step time is unknown (no timed probe); "
+                                   "objective='throughput' needs each rank's step time",
+                                   shortfall_bytes=None)
+    return caps, [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)]  # type: ignore[union-attr]
+
+
+def _solve(timer: "ProbeTimes | EqualSpeed", caps: Sequence[int], curves: list, batch: int,
+           overhead: Callable[[frozenset[int]], float], m: int,
+           accumulate: bool) -> Optional[tuple[SplitTime, int]]:
+    """The fastest split of ``batch`` (one micro-batch), or with ``accumulate`` the number of
+    micro-batches and the split of one; ``None``: nothing fits."""
+    if isinstance(timer, EqualSpeed):     # one unit per sample: the largest batch, k times
+        best: Optional[tuple[SplitTime, int]] = None
+        for k in micro_batch_counts(batch) if accumulate else [1]:
+            s = equal_split(caps, batch // k, m)
+            if s is not None and (best is None or k * s.step_seconds < best[1] * best[0].step_seconds):
+                best = (s, k)
+        return best
+    if accumulate:
+        acc = fastest_accumulation(lambda b: curves, batch, overhead=overhead, min_chunk=m,
+                                   every_card=True)
+        return None if acc is None else (acc.split, acc.micro_batches)
+    sol = fastest_split(curves, batch, overhead=overhead, min_chunk=m, every_card=True)
+    return None if sol is None else (sol, 1)
+
+
+def _accumulation_note(batch: int, k: int, sizes: Sequence[int], sol: SplitTime,
+                       source: str) -> tuple[str, ...]:
+    head = (f"global batch {batch} per optimizer step: {k} micro-batch{'es' if k > 1 else ''} of "
+            f"{batch // k} (per rank {list(sizes)})")
+    if source == "assumed":
+        return (head + ": the fewest micro-batches whose batches fit every rank (no step time "
+                "known); plan.scale_loss divides each micro-batch's loss by " + f"{k}",)
+    total = k * sol.step_seconds
+    return (f"{head}, {total * 1e3:.2f} ms per global batch ({source}), {batch / total:,.0f} "
+            "samples/s: the number of micro-batches and the split that finish it fastest "
+            "within every rank's memory cap (each micro-batch modelled as a whole step, its "
+            f"all-reduce included: an upper bound with no_sync); plan.scale_loss divides each "
+            f"micro-batch's loss by {k}",)
+
+
+EQUAL_NOTE = ("no step time is known here (FSDP, or a rank whose step was not timed): the ranks "
+              "are taken as equally fast, so the batches are as equal as the memory caps allow "
               "(objective='balance' gives the same share of memory on every rank instead)")
+
+
+def _source_notes(timer: ProbeTimes) -> tuple[str, ...]:
+    if timer.source != "measured":
+        return ()
+    return ("step times measured on each rank's card: its forward and backward from CUDA events "
+            "on its stream (the median of the measured steps after a warm-up), gathered from "
+            "every rank and fitted per rank; the all-reduce is not timed (the same for every "
+            "plan where every rank takes part)",)
 
 
 def _equal_reasons(sizes: Sequence[int], caps: Sequence[int]
@@ -245,17 +335,18 @@ def _reasons(sizes: Sequence[int], caps: Sequence[int], curves: Sequence[Sequenc
 
 
 def _notes(curves: Sequence[Sequence[float]], sizes: Sequence[int], batch: int,
-           overhead: Callable[[frozenset[int]], float], m: int, sol: SplitTime) -> tuple[str, ...]:
+           overhead: Callable[[frozenset[int]], float], m: int, sol: SplitTime,
+           source: str) -> tuple[str, ...]:
     n = len(sizes)
     lines = []
     even = [batch // n + (1 if r < batch % n else 0) for r in range(n)]
     if all(b <= len(c) - 1 for b, c in zip(even, curves)):
         t_even = overhead(frozenset(range(n))) + max(curves[r][b] for r, b in enumerate(even))
-        lines.append(f"speed (estimated): equal batches {even}: {t_even * 1e3:.2f} ms, "
+        lines.append(f"speed ({source}): equal batches {even}: {t_even * 1e3:.2f} ms, "
                      f"{batch / t_even:,.0f} samples/s; this plan {sol.step_seconds * 1e3:.2f} ms, "
                      f"{sol.samples_per_second:,.0f} samples/s")
     else:
-        lines.append(f"speed (estimated): this plan {sol.step_seconds * 1e3:.2f} ms, "
+        lines.append(f"speed ({source}): this plan {sol.step_seconds * 1e3:.2f} ms, "
                      f"{sol.samples_per_second:,.0f} samples/s; equal batches {even} do not fit")
     subset = fastest_split(curves, batch, overhead=overhead, min_chunk=m)
     if subset is not None and subset.dropped and subset.step_seconds < sol.step_seconds * 0.98:
@@ -267,11 +358,11 @@ def _notes(curves: Sequence[Sequence[float]], sizes: Sequence[int], batch: int,
     return tuple(lines)
 
 
-def speed_note(state: Any, timer: RankTimer, sizes: Sequence[int], grad_bytes: int) -> tuple[str, ...]:
-    """A plan of another objective: its estimated speed against equal batches (each rank's
-    time fitted on its probes), and a warning when it is slower."""
+def speed_note(timer: ProbeTimes, sizes: Sequence[int], grad_bytes: int) -> tuple[str, ...]:
+    """A plan of another objective: its speed against equal batches (each rank's time fitted
+    on its probes), and a warning when it is slower."""
     n = len(sizes)
-    fits = [timer.fit(r, [p.batch_size for p in state.of(r)]) for r in range(n)]
+    fits = [timer.fit(r) for r in range(n)]
     if any(f is None for f in fits):
         return ()
     overhead = timer.allreduce(grad_bytes)(frozenset(range(n)))
@@ -279,7 +370,7 @@ def speed_note(state: Any, timer: RankTimer, sizes: Sequence[int], grad_bytes: i
     t_plan = overhead + max(f.predict(b) for f, b in zip(fits, sizes))  # type: ignore[union-attr]
     even = [batch // n + (1 if r < batch % n else 0) for r in range(n)]
     t_even = overhead + max(f.predict(b) for f, b in zip(fits, even))  # type: ignore[union-attr]
-    line = (f"speed (estimated): this plan {t_plan * 1e3:.2f} ms per step, {batch / t_plan:,.0f} "
+    line = (f"speed ({timer.source}): this plan {t_plan * 1e3:.2f} ms per step, {batch / t_plan:,.0f} "
             f"samples/s; equal batches {even}: {t_even * 1e3:.2f} ms, {batch / t_even:,.0f} samples/s"
             " (whether they fit was not checked)")
     if t_plan > t_even * 1.01:

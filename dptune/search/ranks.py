@@ -35,7 +35,9 @@ Runner = Callable[[Sequence[Optional[int]]], None]
 
 @dataclass(frozen=True)
 class RankProbe:
-    """One measured step of one rank: its batch, its peak (bytes), whether it fitted its budget.
+    """One measured step of one rank: its batch, its peak (bytes), whether it fitted its budget,
+    and its step time when the planner timed it (seconds: the rank's forward and backward,
+    measured by CUDA events or estimated by the simulator; ``None`` when not timed).
 
     ``peak_bytes`` is ``None`` when the step ran out of memory on a real card (then only the
     fact is known)."""
@@ -45,16 +47,21 @@ class RankProbe:
     peak_bytes: Optional[int]
     fits: bool
     round: int = 0
+    seconds: Optional[float] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(rank=self.rank, batch_size=self.batch_size, peak_bytes=self.peak_bytes,
-                    fits=self.fits, round=self.round)
+        d: dict[str, Any] = dict(rank=self.rank, batch_size=self.batch_size,
+                                 peak_bytes=self.peak_bytes, fits=self.fits, round=self.round)
+        if self.seconds is not None:
+            d["seconds"] = self.seconds
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RankProbe":
         return cls(rank=int(d["rank"]), batch_size=int(d["batch_size"]),
                    peak_bytes=None if d.get("peak_bytes") is None else int(d["peak_bytes"]),
-                   fits=bool(d["fits"]), round=int(d.get("round", 0)))
+                   fits=bool(d["fits"]), round=int(d.get("round", 0)),
+                   seconds=None if d.get("seconds") is None else float(d["seconds"]))
 
 
 class RankObservations:
@@ -112,10 +119,13 @@ class RankObservations:
         return fit_affine([(b, pts[b]) for b in chosen])
 
     def run(self, each: Callable[[Callable[[int], Optional[RankProbe]]], list[Optional[RankProbe]]],
-            sizes: Sequence[Optional[int]], probe: Callable[[int, int], Optional[int]]) -> None:
+            sizes: Sequence[Optional[int]], probe: Callable[[int, int], Optional[int]],
+            timed: Optional[Callable[[int, int], Optional[float]]] = None) -> None:
         """One round: rank r probes ``sizes[r]`` (``None``: it sits this round out);
         ``each(fn)`` runs ``fn(rank)`` for every rank and returns the results in rank order
-        (on every rank); ``probe(r, b)`` is rank r's peak at batch b (``None``: out of memory)."""
+        (on every rank); ``probe(r, b)`` is rank r's peak at batch b (``None``: out of memory);
+        ``timed(r, b)``, when given, rank r's step time in the probe just run (gathered with
+        the peak, so every rank gets every rank's time)."""
         self.rounds += 1
         rnd = self.rounds
 
@@ -125,7 +135,8 @@ class RankObservations:
                 return None
             peak = probe(r, b)
             return RankProbe(rank=r, batch_size=b, peak_bytes=peak,
-                             fits=peak is not None and peak <= self.budgets[r], round=rnd)
+                             fits=peak is not None and peak <= self.budgets[r], round=rnd,
+                             seconds=None if timed is None else timed(r, b))
 
         for p in each(one):
             if p is not None:

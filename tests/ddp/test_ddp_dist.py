@@ -28,6 +28,7 @@ def _jobs(world: int) -> list:
         ("sampler:drop", {"sizes": sizes, "n": N_SAMPLER[world], "drop_last": True}),
         ("plan:balance", {"spec": SPEC[world], "global_batch": 96, "objective": "balance"}),
         ("plan:max", {"spec": SPEC[world], "objective": "max_batch"}),
+        ("plan:fast", {"spec": SPEC[world], "global_batch": 96}),
         ("plan:infeasible", {"spec": TOO_SMALL[world], "global_batch": 8}),
         ("user_error", {"spec": f"{world}x24GB"}),
     ]
@@ -90,7 +91,8 @@ def test_ranks_agree_on_the_plan_and_it_matches_the_offline_plan(job):
 
     world, out = job
     for label, kw in (("plan:balance", {"global_batch": 96, "objective": "balance"}),
-                      ("plan:max", {"objective": "max_batch"})):
+                      ("plan:max", {"objective": "max_batch"}),
+                      ("plan:fast", {"global_batch": 96})):
         plans = [out[r][label] for r in range(world)]
         assert all("error" not in p for p in plans), plans
         first = plans[0]["plan"]
@@ -103,8 +105,12 @@ def test_ranks_agree_on_the_plan_and_it_matches_the_offline_plan(job):
         offline = ddp.plan(w._plan_model, w._plan_sample, optimizer=w._adamw, simulate=SPEC[world],
                            headroom=0, **kw)
         assert first["batch_sizes"] == offline.batch_sizes
+        # the estimated times came with the probes, gathered from every rank
         assert first["probes"] == [p.to_dict() for p in offline.probes]
+        assert all(p["seconds"] > 0 for p in first["probes"])
+        assert first["notes"] == list(offline.notes)
     assert sum(out[0]["plan:balance"]["plan"]["batch_sizes"]) == 96
+    assert out[0]["plan:fast"]["plan"]["objective"] == "throughput"
 
 
 def test_an_infeasible_rank_raises_on_every_rank(job):
@@ -117,8 +123,8 @@ def test_an_infeasible_rank_raises_on_every_rank(job):
         err = out[r]["user_error"]
         assert err.get("error") == "UserCodeError", err
         assert "broken batch on this rank" in err["message"]
-        if r != 1:
-            assert err["message"].startswith("rank 1 failed")
+        assert err["message"] == out[0]["user_error"]["message"]      # the same on every rank
+        assert err["message"].startswith("rank 1 failed")
 
 
 @pytest.mark.cuda
