@@ -47,7 +47,7 @@ class RankTimer:
 
         self.probers, self.cluster = probers, cluster
         self.speed = ClusterSpeed.of(cluster.names, cluster.spec)
-        self.ops: dict[tuple[str, int], tuple[list, int]] = {}   # kernels, bytes from the host
+        self.ops: dict[tuple[str, int], tuple[list, int, int]] = {}   # kernels, bytes from the host, ops
 
     def probe(self, r: int, b: int) -> Optional[int]:
         from dptune.backends.timing import OpCounter
@@ -64,18 +64,22 @@ class RankTimer:
             backend.op_observer = None
         key = (self.cluster.names[r], b)
         if counter.kernels[0]:
-            self.ops[key] = ([c for _, c in counter.costs], counter.host_in[0])
+            self.ops[key] = ([c for _, c in counter.costs], counter.host_in[0],
+                             counter.ops[0] + counter.serial_ops)
         return peak
 
     def seconds(self, r: int, b: int) -> Optional[float]:
-        """Rank r's step at batch b (its ops against its card's peaks, the batch's copy from
-        the host over PCIe); ``None`` when not probed."""
+        """Rank r's step at batch b: the longer of its card's work (its ops against its card's
+        peaks, the batch's copy from the host over PCIe) and its host's (each rank is a process
+        of its own: the ops it dispatches x the host's cost per op, :mod:`dptune.timing`);
+        ``None`` when not probed."""
         ops = self.ops.get((self.cluster.names[r], b))
         if ops is None:
             return None
-        costs, host = ops
+        costs, host, count = ops
         card = self.speed.cards[r]
-        return sum(c.seconds(card) for c in costs) + host / self.speed.link.host_bandwidth
+        device = sum(c.seconds(card) for c in costs) + host / self.speed.link.host_bandwidth
+        return max(device, count * self.speed.host_seconds_per_op)
 
     def fit(self, r: int, batches: Sequence[int]) -> Optional[TimeFit]:
         return fit_time([(b, t) for b in batches if (t := self.seconds(r, b)) is not None])
