@@ -157,7 +157,8 @@ class OpCounter:
             self._ledger_id = id(ledger)
             self._reset()
         dst = ledger.forced_card
-        self._count_op(func, ledger, card if dst is None else dst, dst is not None)
+        self._count_op(func, ledger, card if dst is None else self._copy_card(ledger, args, dst),
+                       dst is not None)
         if dst is not None:
             self._copy(ledger, func, args, kwargs, dst)
             return
@@ -177,12 +178,22 @@ class OpCounter:
         else:
             self.compute[card] += seconds
 
+    @staticmethod
+    def _copy_card(ledger: Any, args: Any, dst: int) -> int:
+        """The card a DataParallel copy is made for: the card its data comes from for the
+        reduction of the gradients onto card 0, else the card it goes to."""
+        if ledger.category == "gradients":
+            srcs = {ledger.card_of(t) for t in _tree.leaves(args)} - {dst, HOST}
+            if len(srcs) == 1:
+                return srcs.pop()
+        return dst
+
     def _count_op(self, func: Any, ledger: Any, card: int, copy: bool) -> None:
-        """One op the host dispatches, for card ``card``'s replica or for the serial part."""
+        """One op the host dispatches, for card ``card``'s replica (its own ops, the copies
+        made for it) or for the serial part (card 0's own phases, the host's ops)."""
         if getattr(func, "namespace", "") != "aten":        # prim.device queries, profiler marks
             return
-        own = card != HOST and ledger.category not in _SERIAL and (not copy or ledger.category == "weights")
-        if own:
+        if card != HOST and (copy or ledger.category not in _SERIAL):
             self.ops[card] += 1
         else:
             self.serial_ops += 1
