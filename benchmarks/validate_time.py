@@ -128,6 +128,10 @@ def simulate_rows(rows: Sequence[dict], card: str) -> list[Simulated]:
     return out
 
 
+def _rel(estimate: float, real: float) -> float:
+    return estimate / real - 1 if real > 0 else math.nan
+
+
 def score(rows: Sequence[dict], sims: Sequence[Simulated], speed: CardSpeed,
           cal: Calibration) -> list[dict]:
     """Each measured row against its estimate: the device, host and step errors."""
@@ -135,10 +139,10 @@ def score(rows: Sequence[dict], sims: Sequence[Simulated], speed: CardSpeed,
     for row, sim in zip(rows, sims):
         dev, host, step = sim.device(speed, cal), sim.host(cal), sim.step(speed, cal)
         out.append(dict(model=row["model"], batch=int(row["batch"]), real_s=row["step_seconds"],
-                        estimate_s=step, error=step / row["step_seconds"] - 1,
+                        estimate_s=step, error=_rel(step, row["step_seconds"]),
                         kernel_s=row["kernel_seconds"], device_estimate_s=dev,
-                        device_error=dev / row["kernel_seconds"] - 1, host_s=row["host_seconds"],
-                        host_estimate_s=host, host_error=host / row["host_seconds"] - 1 if host else -1.0,
+                        device_error=_rel(dev, row["kernel_seconds"]), host_s=row["host_seconds"],
+                        host_estimate_s=host, host_error=_rel(host, row["host_seconds"]),
                         ops=sim.ops, kernels=len(sim.costs), real_kernels=row.get("kernels", 0)))
     return out
 
