@@ -13,8 +13,9 @@ rows go to ``reports/benchmarks/validate_time.csv``. Without a GPU it says so an
 ``--cpu`` (no GPU needed) re-scores measurements made before (``--facts``: a ``time.json.gz``
 of :mod:`benchmarks.gpu_facts`, by default the H200's of 2026-11-27) with the current
 estimate and with the first one (:data:`dptune.timing.ROOFLINE`: datasheet peaks, 5 us per
-kernel, no host), and the steps of that day's validate_time run (a second measurement of the
-same steps) as a check. ``--fit`` fits the constants (:class:`dptune.timing.Calibration`) on
+kernel, no host), and the steps of the validate_time runs beside it (``validate_time.csv`` in
+its folder and in the folders named like it with a suffix: the same steps measured again,
+not fitted on) as a check. ``--fit`` fits the constants (:class:`dptune.timing.Calibration`) on
 those facts and gives each model's errors with the constants fitted on the other models
 (leave one model out; the tensor cores' efficiency is left at the peak when no model left in
 runs them).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+from glob import glob as _glob
 import gzip
 import json
 import math
@@ -199,13 +201,13 @@ def print_rows(title: str, rows: Sequence[dict]) -> None:
 
 
 def _second_run(path: str, speed: CardSpeed, card: str) -> None:
-    """The steps of validate_time's own run of that day (its wall times only)."""
+    """The steps of a validate_time run (its wall times only)."""
     if not os.path.exists(path):
         return
     with open(path, encoding="utf-8") as f:
         runs = list(csv.DictReader(f))
     sims = simulate_rows(runs, card)
-    print("the same steps measured again (validate_time's run of that day, wall time only):")
+    print(f"the same steps measured again ({os.path.relpath(path, HERE)}, wall time only):")
     for label, cal in (("before", ROOFLINE), ("now", CALIBRATION)):
         errs = [s.step(speed, cal) / float(r["real_s"]) - 1 for r, s in zip(runs, sims)]
         per = {m: statistics.median(e for e, r in zip(errs, runs) if r["model"] == m)
@@ -226,7 +228,10 @@ def rescore(facts_path: str, card: str, do_fit: bool) -> list[dict]:
     print_rows("before (datasheet peaks, 5 us per kernel, no host):", score(rows, sims, speed, ROOFLINE))
     now = score(rows, sims, speed, CALIBRATION)
     print_rows("now (step = max(host, device), dptune.timing.CALIBRATION):", now)
-    _second_run(os.path.join(os.path.dirname(facts_path), "validate_time.csv"), speed, card)
+    here = os.path.dirname(facts_path)
+    for path in [os.path.join(here, "validate_time.csv")] + sorted(
+            os.path.join(d, "validate_time.csv") for d in _glob(here + "-*")):
+        _second_run(path, speed, card)
     if do_fit:
         _fit_report(rows, sims, speed)
     return now

@@ -4,7 +4,10 @@ A DDP step ends when the slowest rank's backward has finished and the gradients 
 all-reduced, so the step time is ``max_r t_r(b_r) + all-reduce``. Each rank's time is fitted
 on its own probes (affine in its batch, :func:`dptune.throughput.fit_time`: the fixed cost
 that makes a small batch inefficient, plus a cost per sample); its batch is capped by its
-memory (its fit, below any batch measured over budget). :func:`dptune.throughput.fastest_split`
+memory (its fit, below any batch measured over budget); each rank is a process of its own, so
+its host's time to issue the step (:mod:`dptune.timing`: its ops x the host's cost per op) is a
+floor on that rank's step, and the step is at least the largest host time of the ranks plus the
+all-reduce. :func:`dptune.throughput.fastest_split`
 with ``every_card=True`` gives the batches that equalise the ranks' step times within their
 memory caps; they are probed, and a rank over budget tightens its cap, until every rank is
 measured within budget.
@@ -69,17 +72,26 @@ class RankTimer:
         return peak
 
     def seconds(self, r: int, b: int) -> Optional[float]:
-        """Rank r's step at batch b: the longer of its card's work (its ops against its card's
-        peaks, the batch's copy from the host over PCIe) and its host's (each rank is a process
-        of its own: the ops it dispatches x the host's cost per op, :mod:`dptune.timing`);
-        ``None`` when not probed."""
+        """Rank r's card's work at batch b (its ops against its card's peaks, the batch's copy
+        from the host over PCIe); ``None`` when not probed. Its host's part: :meth:`floor`."""
         ops = self.ops.get((self.cluster.names[r], b))
         if ops is None:
             return None
-        costs, host, count = ops
+        costs, host, _ = ops
         card = self.speed.cards[r]
-        device = sum(c.seconds(card) for c in costs) + host / self.speed.link.host_bandwidth
-        return max(device, count * self.speed.host_seconds_per_op)
+        return sum(c.seconds(card) for c in costs) + host / self.speed.link.host_bandwidth
+
+    def host_seconds(self, r: int) -> float:
+        """Rank r's host's time to issue a step: the ops it dispatched (the most of the
+        batches probed: the count does not depend on the batch) x the host's cost per op."""
+        name = self.cluster.names[r]
+        counts = [ops[2] for (n, _), ops in self.ops.items() if n == name]
+        return max(counts, default=0) * self.speed.host_seconds_per_op
+
+    def floor(self, n: int) -> Callable[[frozenset[int]], float]:
+        """The step's least time on the ranks ``S``: the slowest host of ``S``."""
+        hosts = [self.host_seconds(r) for r in range(n)]
+        return lambda used: max((hosts[r] for r in used), default=0.0)
 
     def fit(self, r: int, batches: Sequence[int]) -> Optional[TimeFit]:
         return fit_time([(b, t) for b in batches if (t := self.seconds(r, b)) is not None])
@@ -102,6 +114,9 @@ class EqualSpeed:
         return TimeFit(0.0, 1.0)
 
     def allreduce(self, grad_bytes: int) -> Callable[[frozenset[int]], float]:
+        return lambda used: 0.0
+
+    def floor(self, n: int) -> Callable[[frozenset[int]], float]:
         return lambda used: 0.0
 
 
@@ -150,6 +165,11 @@ def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
     """
     n, m = state.n, state.m
     overhead = timer.allreduce(grad_bytes)
+    hosts = timer.floor(n)
+
+    def floor(used: frozenset[int]) -> float:      # the slowest host, then the all-reduce
+        return hosts(used) + overhead(used)
+
     sol: Optional[SplitTime] = None
     while True:
         caps = _caps(state, cap_of, global_batch)
@@ -160,7 +180,8 @@ def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
                                        shortfall_bytes=None)
         curves = [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)]  # type: ignore[union-attr]
         sol = (equal_split(caps, global_batch, m) if isinstance(timer, EqualSpeed) else
-               fastest_split(curves, global_batch, overhead=overhead, min_chunk=m, every_card=True))
+               fastest_split(curves, global_batch, overhead=overhead, min_chunk=m, every_card=True,
+                             host=floor))
         if sol is None:
             known = [c for c in state.caps() if c is not None]
             if len(known) == n and sum(known) < global_batch:    # more than the ranks hold
@@ -184,7 +205,7 @@ def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
         labels, lines = _equal_reasons(sizes, caps)
         return ThroughputPlan(sizes, sol, lines, (EQUAL_NOTE,), labels)
     labels, lines = _reasons(sizes, caps, curves)
-    return ThroughputPlan(sizes, sol, lines, _notes(curves, sizes, global_batch, overhead, m, sol),
+    return ThroughputPlan(sizes, sol, lines, _notes(curves, sizes, global_batch, overhead, m, sol, floor),
                           labels)
 
 
@@ -249,19 +270,27 @@ def _reasons(sizes: Sequence[int], caps: Sequence[int], curves: Sequence[Sequenc
 
 
 def _notes(curves: Sequence[Sequence[float]], sizes: Sequence[int], batch: int,
-           overhead: Callable[[frozenset[int]], float], m: int, sol: SplitTime) -> tuple[str, ...]:
+           overhead: Callable[[frozenset[int]], float], m: int, sol: SplitTime,
+           floor: Callable[[frozenset[int]], float] = lambda s: 0.0) -> tuple[str, ...]:
     n = len(sizes)
     lines = []
     even = [batch // n + (1 if r < batch % n else 0) for r in range(n)]
     if all(b <= len(c) - 1 for b, c in zip(even, curves)):
-        t_even = overhead(frozenset(range(n))) + max(curves[r][b] for r, b in enumerate(even))
+        every = frozenset(range(n))
+        t_even = max(floor(every), overhead(every) + max(curves[r][b] for r, b in enumerate(even)))
         lines.append(f"speed (estimated): equal batches {even}: {t_even * 1e3:.2f} ms, "
                      f"{batch / t_even:,.0f} samples/s; this plan {sol.step_seconds * 1e3:.2f} ms, "
                      f"{sol.samples_per_second:,.0f} samples/s")
     else:
         lines.append(f"speed (estimated): this plan {sol.step_seconds * 1e3:.2f} ms, "
                      f"{sol.samples_per_second:,.0f} samples/s; equal batches {even} do not fit")
-    subset = fastest_split(curves, batch, overhead=overhead, min_chunk=m)
+    used = frozenset(r for r, b in enumerate(sizes) if b > 0)
+    slowest = max(curves[r][b] for r, b in enumerate(sizes) if b > 0)
+    if floor(used) > overhead(used) + slowest:
+        lines.append(f"the ranks' hosts set the step (issuing its ops takes "
+                     f"{(floor(used) - overhead(used)) * 1e3:.2f} ms, longer than any rank's card "
+                     f"work, {slowest * 1e3:.2f} ms): a larger batch would cost little more per step")
+    subset = fastest_split(curves, batch, overhead=overhead, min_chunk=m, host=floor)
     if subset is not None and subset.dropped and subset.step_seconds < sol.step_seconds * 0.98:
         left = ", ".join(str(r) for r in subset.dropped)
         kept = [b for b in subset.chunk_sizes if b > 0]
@@ -279,10 +308,11 @@ def speed_note(state: Any, timer: RankTimer, sizes: Sequence[int], grad_bytes: i
     if any(f is None for f in fits):
         return ()
     overhead = timer.allreduce(grad_bytes)(frozenset(range(n)))
+    host = timer.floor(n)(frozenset(range(n)))
     batch = sum(sizes)
-    t_plan = overhead + max(f.predict(b) for f, b in zip(fits, sizes))  # type: ignore[union-attr]
+    t_plan = overhead + max(host, *(f.predict(b) for f, b in zip(fits, sizes)))  # type: ignore[union-attr]
     even = [batch // n + (1 if r < batch % n else 0) for r in range(n)]
-    t_even = overhead + max(f.predict(b) for f, b in zip(fits, even))  # type: ignore[union-attr]
+    t_even = overhead + max(host, *(f.predict(b) for f, b in zip(fits, even)))  # type: ignore[union-attr]
     line = (f"speed (estimated): this plan {t_plan * 1e3:.2f} ms per step, {batch / t_plan:,.0f} "
             f"samples/s; equal batches {even}: {t_even * 1e3:.2f} ms, {batch / t_even:,.0f} samples/s"
             " (whether they fit was not checked)")
