@@ -8,7 +8,8 @@ summed kernel time; the median of ``--steps`` steps after two warm-up steps), an
 card of this card's type (``--card`` names it when the GPU's name is not recognised). Three
 errors per row: the device part (against the summed kernel time), the host part (against
 the host's issue time) and the step (against its wall time), with the median per model; the
-rows go to ``reports/benchmarks/validate_time.csv``. Without a GPU it says so and exits 0.
+rows go to ``reports/benchmarks/validate_time.csv`` (``validate_time_cpu.csv`` with ``--cpu``).
+Without a GPU it says so and exits 0.
 
 ``--cpu`` (no GPU needed) re-scores measurements made before (``--facts``: a ``time.json.gz``
 of :mod:`benchmarks.gpu_facts`, by default the H200's of 2026-11-27) with the current
@@ -39,6 +40,7 @@ from dptune.timing import CALIBRATION, CARD_SPEEDS, ROOFLINE, Calibration, CardS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSV_PATH = os.path.join(os.path.dirname(HERE), "reports", "benchmarks", "validate_time.csv")
+CPU_CSV_PATH = os.path.join(os.path.dirname(HERE), "reports", "benchmarks", "validate_time_cpu.csv")
 MEASURED = os.path.join(HERE, "measured", "h200-2026-11-27")
 
 #: GPU names as torch reports them -> the card table's names
@@ -254,9 +256,9 @@ def _describe(cal: Calibration) -> str:
             f"host {cal.host_seconds_per_op * 1e6:.1f} us per op")
 
 
-def _write(rows: Sequence[dict]) -> None:
-    os.makedirs(os.path.dirname(CSV_PATH), exist_ok=True)
-    with open(CSV_PATH, "w", newline="", encoding="utf-8") as f:
+def _write(rows: Sequence[dict], path: str = CSV_PATH) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
@@ -272,7 +274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--fit", action="store_true", help="with --cpu: fit the constants, leave one model out")
     args = ap.parse_args(argv)
     if args.cpu:
-        _write(rescore(args.facts, args.card or "H200", args.fit))
+        _write(rescore(args.facts, args.card or "H200", args.fit), CPU_CSV_PATH)
         return 0
     import torch
 
