@@ -225,7 +225,7 @@ def rescore(facts_path: str, card: str, do_fit: bool) -> list[dict]:
     rows = facts["time"]
     speed = CARD_SPEEDS[card]
     sims = simulate_rows(rows, card)
-    print(f"facts: {facts_path} ({facts.get('card', '?')}, torch {facts.get('torch', '?')}, "
+    print(f"facts: {os.path.relpath(facts_path, os.path.dirname(HERE))} ({facts.get('card', '?')}, torch {facts.get('torch', '?')}, "
           f"{facts.get('date', '?')}); estimated as {card}")
     print_rows("before (datasheet peaks, 5 us per kernel, no host):", score(rows, sims, speed, ROOFLINE))
     now = score(rows, sims, speed, CALIBRATION)
