@@ -127,9 +127,10 @@ class OpCounter:
 
     ``ledger`` is read at each op (``backend._ledger``): which card a copy goes to and from,
     and the step's phase. A new ledger (the simulator starting over with symbolic sizes)
-    restarts the counts. ``ops[i]``: the aten ops dispatched for card i's replica (the
-    broadcast of its weights included), ``serial_ops``: the others (card 0's own phases, the
-    host's, the copies onto card 0): the host's work.
+    restarts the counts. The host's work: ``ops[i]``, the aten ops dispatched for card i's
+    replica and the copies made for it (a copy counts for the card it goes to, the reduction
+    of the gradients for the card they come from); ``serial_ops``, the others (card 0's own
+    phases: loss, optimizer; the host's own ops).
     """
 
     def __init__(self, ledger_of: Callable[[], Any], speed: ClusterSpeed, keep: bool = False):
@@ -221,8 +222,9 @@ class OpCounter:
     def step_time(self, chunk_sizes: Sequence[int], replicas: Sequence[int] = ()) -> StepTime:
         """DataParallel's step: on the cards, the scatter and each replica in parallel, then
         card 0's serial work and the copies between cards; on the host, every replica's ops
-        and card 0's one after another; the step is the longer (see the module docstring). ``replicas[i]``: the card
-        whose replica the simulator ran for card i (cards of a class simulated once)."""
+        and card 0's one after another; the step is the longer (see the module docstring).
+        ``replicas[i]``: the card whose replica the simulator ran for card i (cards of a class
+        simulated once)."""
         if replicas and len(replicas) == len(chunk_sizes):
             for name in ("compute", "host_in", "bcast", "reduce", "flops", "bytes", "kernels", "ops"):
                 per_card = getattr(self, name)
