@@ -28,9 +28,10 @@ import pytest
 import torch
 
 from benchmarks.validate_time import cases
+from dptune.backends.base import ProbeResult
 from dptune.backends.simulated import SimulatedBackend
 from dptune.backends.timing import TimedBackend
-from dptune.search.throughput import step_model
+from dptune.search.throughput import speed_notes, step_model
 from dptune.timing import StepTime
 from dptune.workload import Workload
 
@@ -130,7 +131,7 @@ def test_a_host_bound_step_gets_no_faster_with_fewer_samples(estimated, label, s
     assert min(ratios) / 1.25 <= t <= max(ratios) * 1.25, (ratios, t)
 
 
-def test_the_solver_keeps_a_host_bound_batch_on_one_card():
+def test_the_solver_keeps_a_host_bound_batch_on_one_card(estimated):
     """DataParallel issues each replica from the one host: on two H200s, ResNet's batch of 16
     (host-bound on one card, as measured) is no faster split over both cards, in the probes
     and in the solver's model fitted on them; the solver drops a card."""
@@ -148,3 +149,7 @@ def test_the_solver_keeps_a_host_bound_batch_on_one_card():
     assert model.seconds([8, 8]) > model.seconds([16, 0])
     best = model.fastest([16, 16], 16)
     assert best is not None and 0 in best.chunk_sizes
+    # the report says so; not for a step the card sets (ResNet at 256 on one card, as measured)
+    assert any(n.startswith("the host sets the step (estimated") for n in speed_notes((), probes[0]))
+    large = ProbeResult(chunk_sizes=(256,), peak_bytes=(0,), time=estimated[("ResNet", 256)])
+    assert not any("host sets" in n for n in speed_notes((), large))

@@ -378,7 +378,14 @@ def speed_notes(figs: Sequence[SpeedFigure], best: ProbeResult, fastest: bool = 
     dropped = [i for i, c in enumerate(best.chunk_sizes) if c == 0]
     if fastest and dropped and len(best.chunk_sizes) > 1:
         lines.append(f"card(s) {', '.join(map(str, dropped))} get no samples: the step is faster "
-                     "without them (their time, or the copies to them, cost more than they add)")
+                     "without them (their time, the host's time to issue their replica, or the "
+                     "copies to them, cost more than they add)")
+    t = best.time
+    if t is not None and t.host_bound:
+        lines.append(f"the host sets the step ({t.source.value}: issuing its ops takes "
+                     f"{t.host_seconds * 1e3:.2f} ms, the cards' work {t.device_seconds * 1e3:.2f} ms): "
+                     "more samples per step cost little, and each card DataParallel adds adds its "
+                     "replica's issue time")
     return tuple(lines)
 
 
