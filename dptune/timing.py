@@ -1,7 +1,7 @@
 """How fast each card is: the speed table, the link between cards, and what a step's time is.
 
 This module imports nothing heavy (no torch): the cluster spec parser checks the speed
-options through it (``tflops=``, ``bandwidth=``, ``link=``) and the throughput solver reads
+options through it (``tflops=``, ``bandwidth=``, ``link=``, ``host=``) and the throughput solver reads
 its types. The time of a simulated step is estimated in :mod:`dptune.backends.timing` from
 the step's own operations against these figures; a real card's time is measured.
 
@@ -54,7 +54,7 @@ GBPS = 1e9
 # each model's error with the constants fitted on the other two models.
 #: The host's time per aten op the step dispatches (views and allocations included: the
 #: Python, autograd and dispatcher work around each op): a step's host time over the ops
-#: the simulator counts for it was 18-27 us (median per model 21-23) on that machine's CPU.
+#: the simulator counts for it was 16-29 us (median per model 21-23) on that machine's CPU.
 HOST_SECONDS_PER_OP = 22.5e-6
 #: A kernel's fixed time on the card (the real step runs about twice as many kernels as the
 #: simulator's ops, each at least a few microseconds): the reason a small chunk is inefficient.
