@@ -2,15 +2,18 @@
 
 Pure arithmetic (numpy inside the functions, no torch). The model of one training step::
 
-    T(split) = overhead(S) + serial_fixed + serial_per_sample * B + max_{i in S} t_i(c_i)
+    T(split) = max(host(S), overhead(S) + serial_fixed + serial_per_sample * B + max_{i in S} t_i(c_i))
 
 where ``S`` is the set of cards given samples (``c_i > 0``), ``B`` the whole batch, ``t_i``
 card i's own time for its chunk (nondecreasing in the chunk; affine ``fixed + per_sample * c``
 when fitted, :class:`TimeFit`), ``serial`` what runs on the output card alone (loss,
 optimizer, the gather) and ``overhead(S)`` what depends on which cards take part
 (DataParallel's broadcast of the weights and reduction of the gradients when any card but
-card 0 has samples; DDP's all-reduce over ``|S|`` ranks). A card with no samples costs no
-time: dropping a card is one of the splits considered.
+card 0 has samples; DDP's all-reduce over ``|S|`` ranks). ``host(S)``: the time the host
+takes to issue the step, which the cards cannot beat (:mod:`dptune.timing`; DataParallel's
+replicas are issued one after another, so it grows with the cards used, not with the
+samples). A card with no samples costs no time: dropping a card is one of the splits
+considered.
 
 Each card's chunk is capped by its memory (``caps[i]``: the largest chunk within its budget,
 from the memory fits or probes). :func:`fastest_split` solves, exactly for the curves it is
@@ -94,6 +97,7 @@ class StepModel:
     serial: TimeFit = TimeFit(0.0, 0.0)     # against the whole batch
     overhead: Callable[[frozenset[int]], float] = field(default=lambda s: 0.0, compare=False)
     gather_per_sample: float = 0.0          # per sample on a card other than the output card
+    host: Callable[[frozenset[int]], float] = field(default=lambda s: 0.0, compare=False)
 
     @property
     def linear(self) -> list[float]:
@@ -106,14 +110,14 @@ class StepModel:
 
     def seconds(self, split: Sequence[int]) -> float:
         return step_seconds([[f.predict(c) for c in range(max(split) + 1)] for f in self.cards],
-                            split, self.overhead, self.serial_pair, self.linear)
+                            split, self.overhead, self.serial_pair, self.linear, self.host)
 
     def fastest(self, caps: Sequence[int], batch: Optional[int], min_chunk: int = 1,
                 every_card: bool = False, max_batch: Optional[int] = None) -> Optional["SplitTime"]:
         """:func:`fastest_split` on this model within ``caps``."""
         return fastest_split(self.curves(caps), batch, overhead=self.overhead,
                              serial=self.serial_pair, min_chunk=min_chunk, every_card=every_card,
-                             linear=self.linear, max_batch=max_batch)
+                             linear=self.linear, max_batch=max_batch, host=self.host)
 
     def fastest_accumulation(self, caps_of: Callable[[int], Sequence[int]], global_batch: int,
                              min_chunk: int = 1, every_card: bool = False,
@@ -123,7 +127,7 @@ class StepModel:
         return fastest_accumulation(lambda b: self.curves(caps_of(b)), global_batch,
                                     overhead=self.overhead, serial=self.serial_pair,
                                     min_chunk=min_chunk, every_card=every_card, linear=self.linear,
-                                    max_micro_batches=max_micro_batches)
+                                    max_micro_batches=max_micro_batches, host=self.host)
 
     def curves(self, caps: Sequence[int]) -> list[list[float]]:
         """Each card's time at chunks ``0..caps[i]``."""
@@ -154,17 +158,20 @@ class SplitTime:
 def step_seconds(times: Sequence[Sequence[float]], split: Sequence[int],
                  overhead: Callable[[frozenset[int]], float] = lambda s: 0.0,
                  serial: tuple[float, float] = (0.0, 0.0),
-                 linear: Optional[Sequence[float]] = None) -> float:
+                 linear: Optional[Sequence[float]] = None,
+                 host: Callable[[frozenset[int]], float] = lambda s: 0.0) -> float:
     """The model's step time of ``split``; ``times[i][c]``: card i's time at chunk c;
     ``linear[i]``: seconds per sample of card i spent outside the cards' parallel work
-    (DataParallel's gather of card i's outputs onto card 0, one card after another)."""
+    (DataParallel's gather of card i's outputs onto card 0, one card after another);
+    ``host(S)``: the host's time to issue the step on the cards ``S`` (the step is at least
+    that)."""
     used = frozenset(i for i, c in enumerate(split) if c > 0)
     if not used:
         return 0.0
     b = sum(split)
     extra = sum(g * c for g, c in zip(linear, split)) if linear is not None else 0.0
-    return (overhead(used) + serial[0] + serial[1] * b + extra
-            + max(times[i][split[i]] for i in used))
+    return max(host(used), overhead(used) + serial[0] + serial[1] * b + extra
+               + max(times[i][split[i]] for i in used))
 
 
 def _subsets(n: int, order: Sequence[int], every_card: bool) -> list[tuple[int, ...]]:
@@ -179,7 +186,8 @@ def fastest_split(times: Sequence[Sequence[float]], batch: Optional[int] = None,
                   overhead: Callable[[frozenset[int]], float] = lambda s: 0.0,
                   serial: tuple[float, float] = (0.0, 0.0), min_chunk: int = 1,
                   every_card: bool = False, linear: Optional[Sequence[float]] = None,
-                  max_batch: Optional[int] = None) -> Optional[SplitTime]:
+                  max_batch: Optional[int] = None,
+                  host: Callable[[frozenset[int]], float] = lambda s: 0.0) -> Optional[SplitTime]:
     """The fastest split (see the module docstring); ``None`` when no split fits the caps.
 
     ``times[i]`` lists card i's time at chunks ``0..cap_i`` (its memory cap is
@@ -187,7 +195,10 @@ def fastest_split(times: Sequence[Sequence[float]], batch: Optional[int] = None,
     samples never take less time). ``min_chunk``: a card gets 0 or at least this many
     samples (2 under BatchNorm); ``every_card``: no card may be dropped (DDP ranks);
     ``linear[i]``: seconds per sample of card i added to the step (see :func:`step_seconds`);
-    ``max_batch`` (with ``batch=None``): the most samples per second with at most that many.
+    ``max_batch`` (with ``batch=None``): the most samples per second with at most that many;
+    ``host(S)``: the host's time for the cards ``S``, a floor on the step (the same for every
+    split over ``S``: for a fixed batch the shortest device time is still the answer; for the
+    best rate each level's step is floored by it).
     """
     import numpy as np
 
@@ -201,18 +212,19 @@ def fastest_split(times: Sequence[Sequence[float]], batch: Optional[int] = None,
             continue
         g = [float(linear[i]) if linear is not None else 0.0 for i in subset]
         fixed = overhead(frozenset(subset)) + serial[0]
+        floor = host(frozenset(subset))
         if any(g):
-            sol = _linear(curves, subset, batch, min_chunk, fixed, serial[1], g, max_batch)
+            sol = _linear(curves, subset, batch, min_chunk, fixed, serial[1], g, max_batch, floor)
         elif batch is not None:
             sol = _fixed_batch(curves, subset, batch, min_chunk)
         else:
-            sol = _free_batch(curves, subset, min_chunk, fixed, serial[1], max_batch)
+            sol = _free_batch(curves, subset, min_chunk, fixed, serial[1], max_batch, floor)
         if sol is None:
             continue
         split = [0] * n
         for i, c in zip(subset, sol):
             split[i] = int(c)
-        t = step_seconds([[0.0, *c] for c in curves], split, overhead, serial, linear)
+        t = step_seconds([[0.0, *c] for c in curves], split, overhead, serial, linear, host)
         cand = SplitTime(tuple(split), t)
         if best is None or _better(cand, best, batch is None):
             best = cand
@@ -259,11 +271,12 @@ def _fixed_batch(curves: list, subset: Sequence[int], batch: int, m: int) -> Opt
 
 
 def _free_batch(curves: list, subset: Sequence[int], m: int, fixed: float, per_sample: float,
-                max_batch: Optional[int] = None) -> Optional[list[int]]:
+                max_batch: Optional[int] = None, floor: float = 0.0) -> Optional[list[int]]:
     """The chunks over ``subset`` with the most samples per second: at each candidate level
     (a card's own time value), every card takes the most samples it finishes within it (at
     most ``max_batch`` in all: more samples within the same level only raise the rate);
-    ``fixed`` and ``per_sample`` are the step's costs outside the cards (for this subset)."""
+    ``fixed`` and ``per_sample`` are the step's costs outside the cards (for this subset),
+    ``floor`` the host's time (the step is at least that)."""
     import numpy as np
 
     if max_batch is not None and m * len(subset) > max_batch:
@@ -275,7 +288,7 @@ def _free_batch(curves: list, subset: Sequence[int], m: int, fixed: float, per_s
     b = counts.sum(axis=0).astype(float)
     if max_batch is not None:
         b = np.minimum(b, float(max_batch))
-    t = levels + fixed + per_sample * b
+    t = np.maximum(levels + fixed + per_sample * b, floor)
     rate = np.where(t > 0, b / np.where(t > 0, t, 1.0), np.inf)
     chunks = [int(x) for x in counts[:, int(np.argmax(rate))]]
     surplus = sum(chunks) - int(b[int(np.argmax(rate))])
@@ -287,14 +300,15 @@ def _free_batch(curves: list, subset: Sequence[int], m: int, fixed: float, per_s
 
 
 def _linear(curves: list, subset: Sequence[int], batch: Optional[int], m: int, fixed: float,
-            per_sample: float, g: Sequence[float], max_batch: Optional[int] = None
-            ) -> Optional[list[int]]:
+            per_sample: float, g: Sequence[float], max_batch: Optional[int] = None,
+            floor: float = 0.0) -> Optional[list[int]]:
     """With costs per sample outside the parallel work (``g``), every candidate level L is
     tried: each card may take up to its count at L; for a fixed batch the samples beyond ``m``
     each go to the cards of smallest ``g`` first; for the best rate (a linear-fractional
     objective) the cards of smallest ``g + per_sample`` take all they can, the others ``m``,
     for the best prefix. L bounds the slowest card's time, so the best (L, allocation) is
-    exact (the caller recomputes the step time of the allocation)."""
+    exact (the caller recomputes the step time of the allocation); ``floor``: the host's time,
+    the least step (the same for every split of a fixed batch, so left out there)."""
     import numpy as np
 
     if batch is not None and (m * len(subset) > batch or sum(len(curves[i]) for i in subset) < batch):
@@ -329,7 +343,8 @@ def _linear(curves: list, subset: Sequence[int], batch: Optional[int], m: int, f
                 alloc[j] -= take
                 over -= take
         b = alloc.sum(axis=0)
-        t = levels + fixed + per_sample * b + (np.asarray(g)[:, None] * alloc).sum(axis=0)
+        t = np.maximum(levels + fixed + per_sample * b + (np.asarray(g)[:, None] * alloc).sum(axis=0),
+                       floor)
         rate = np.where(t > 0, b / np.where(t > 0, t, 1.0), np.inf)
         k = int(np.argmax(rate))
         if rate[k] > best_rate:
@@ -372,7 +387,9 @@ def fastest_accumulation(times_of: Callable[[int], Sequence[Sequence[float]]], g
                          overhead: Callable[[frozenset[int]], float] = lambda s: 0.0,
                          serial: tuple[float, float] = (0.0, 0.0), min_chunk: int = 1,
                          every_card: bool = False, linear: Optional[Sequence[float]] = None,
-                         max_micro_batches: Optional[int] = None) -> Optional[AccumulationPlan]:
+                         max_micro_batches: Optional[int] = None,
+                         host: Callable[[frozenset[int]], float] = lambda s: 0.0
+                         ) -> Optional[AccumulationPlan]:
     """The number of micro-batches and the split that finish ``global_batch`` fastest (see the
     module docstring); ``times_of(b)``: the cards' time curves at micro-batch ``b``, each as
     long as that card's memory cap at ``b`` allows (as :func:`fastest_split` takes them).
@@ -380,7 +397,8 @@ def fastest_accumulation(times_of: Callable[[int], Sequence[Sequence[float]]], g
     best: Optional[AccumulationPlan] = None
     for k in micro_batch_counts(global_batch, max_micro_batches):
         sol = fastest_split(times_of(global_batch // k), global_batch // k, overhead=overhead,
-                            serial=serial, min_chunk=min_chunk, every_card=every_card, linear=linear)
+                            serial=serial, min_chunk=min_chunk, every_card=every_card, linear=linear,
+                            host=host)
         if sol is None:
             continue
         plan = AccumulationPlan(k, sol)

@@ -1,13 +1,25 @@
 """How fast each card is: the speed table, the link between cards, and what a step's time is.
 
 This module imports nothing heavy (no torch): the cluster spec parser checks the speed
-options through it (``tflops=``, ``bandwidth=``, ``link=``) and the throughput solver reads
+options through it (``tflops=``, ``bandwidth=``, ``link=``, ``host=``) and the throughput solver reads
 its types. The time of a simulated step is estimated in :mod:`dptune.backends.timing` from
 the step's own operations against these figures; a real card's time is measured.
 
 Every figure says what it is: :class:`TimeSource` ``measured`` (CUDA events on a real card)
-or ``estimated`` (the simulator's roofline: FLOPs against the card's peak for the dtype,
-bytes against its memory bandwidth, plus a fixed cost per kernel).
+or ``estimated`` (the simulator's model, see :mod:`dptune.backends.timing`). The estimate's
+model of one step::
+
+    step = max(host, device)
+    host   = HOST_SECONDS_PER_OP x the aten ops the step dispatches (views included)
+    device = sum over kernels of max(FLOPs / (peak x COMPUTE_EFFICIENCY[kind]),
+                                     bytes / (bandwidth x MEMORY_EFFICIENCY)) + KERNEL_SECONDS
+
+Eager PyTorch issues kernels asynchronously: the card runs behind the Python thread that
+issues them, and a step ends when the later of the two is done. The constants come from one
+machine (an NVIDIA H200 with torch 2.11, 2026-11-27, ``benchmarks/measured/h200-2026-11-27``:
+the step's wall time, the host's time to issue it, the profiler's summed kernel time), fitted
+by ``python -m benchmarks.validate_time --cpu --fit``; the host's cost is that machine's CPU's
+(the spec's ``host=`` sets another, e.g. ``host=30us``).
 
 The card table gives dense peaks (no 2:4 sparsity) from the vendors' datasheets and
 architecture whitepapers, per card:
@@ -29,14 +41,59 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 __all__ = ["TimeSource", "StepTime", "CardSpeed", "CARD_SPEEDS", "ASSUMED_SPEED", "LINKS",
-           "Link", "ClusterSpeed", "LAUNCH_SECONDS", "SPEED_OPTIONS", "check_speed_option", "cluster_speeds",
-           "cluster_link", "parse_rate"]
+           "Link", "ClusterSpeed", "KERNEL_SECONDS", "LAUNCH_SECONDS", "HOST_SECONDS_PER_OP",
+           "COMPUTE_EFFICIENCY", "MEMORY_EFFICIENCY", "Calibration", "CALIBRATION", "ROOFLINE",
+           "SPEED_OPTIONS", "check_speed_option",
+           "cluster_speeds", "cluster_link", "parse_rate", "parse_seconds"]
 
 TFLOPS = 1e12
 GBPS = 1e9
-#: Fixed cost of one kernel (launch and PyTorch's own dispatch), an estimate: the reason a
-#: small chunk is inefficient. Eager PyTorch spends a few microseconds per op on the host.
-LAUNCH_SECONDS = 5e-6
+# The four constants below were fitted on one H200 (torch 2.11, 2026-11-27; the facts in
+# benchmarks/measured/h200-2026-11-27/time.json.gz, 15 steps of an MLP, a ResNet and a GPT at
+# batches 1 to 2048) by `python -m benchmarks.validate_time --cpu --fit`, which also gives
+# each model's error with the constants fitted on the other two models.
+#: The host's time per aten op the step dispatches (views and allocations included: the
+#: Python, autograd and dispatcher work around each op): a step's host time over the ops
+#: the simulator counts for it was 16-29 us (median per model 21-23) on that machine's CPU.
+HOST_SECONDS_PER_OP = 22.5e-6
+#: A kernel's fixed time on the card (the real step runs about twice as many kernels as the
+#: simulator's ops, each at least a few microseconds): the reason a small chunk is inefficient.
+KERNEL_SECONDS = 12e-6
+#: The older name of :data:`KERNEL_SECONDS` (the host's launch cost is now in the host time).
+LAUNCH_SECONDS = KERNEL_SECONDS
+#: The fraction of a card's peak FLOP/s its kernels reach, per dtype class: FP32 (CUDA-core
+#: matmuls: MLP, GPT) fitted; tensor cores (TF32 convolutions of a small ResNet, the only
+#: tensor-core work measured) fitted, and taken for half precision too (not measured).
+COMPUTE_EFFICIENCY: Mapping[str, float] = {"fp32": 0.73, "tf32": 0.24, "fp16": 0.24, "bf16": 0.24}
+#: The fraction of the memory bandwidth an op's counted bytes (inputs and outputs once) move
+#: at: real kernels read and write more than that count (several passes, in-place writes,
+#: multi-tensor optimizer kernels) and below the datasheet's bandwidth.
+MEMORY_EFFICIENCY = 0.31
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The constants of the estimate (see the module docstring): what kernels reach of the
+    peaks, a kernel's fixed time, the host's time per op, and where they come from."""
+
+    compute: Mapping[str, float]        # fraction of the peak FLOP/s, per dtype class
+    memory: float                       # fraction of the memory bandwidth
+    kernel_seconds: float
+    host_seconds_per_op: float
+    source: str = ""
+
+    def efficiency(self, kind: str) -> float:
+        return float(self.compute.get(kind, self.compute.get("fp32", 1.0)))
+
+
+#: The estimate's constants (fitted on an H200, see above).
+CALIBRATION = Calibration(COMPUTE_EFFICIENCY, MEMORY_EFFICIENCY, KERNEL_SECONDS, HOST_SECONDS_PER_OP,
+                          "fitted on an NVIDIA H200, torch 2.11, 2026-11-27 "
+                          "(benchmarks/measured/h200-2026-11-27/time.json.gz)")
+#: The first estimate's, for comparison (benchmarks/validate_time.py): the datasheet's peaks,
+#: 5 us per kernel, no host time.
+ROOFLINE = Calibration({"fp32": 1.0, "tf32": 1.0, "fp16": 1.0, "bf16": 1.0}, 1.0, 5e-6, 0.0,
+                       "datasheet peaks, 5 us per kernel, no host (before 2026-11-27)")
 
 
 class TimeSource(str, enum.Enum):
@@ -58,6 +115,14 @@ class StepTime:
     DDP's all-reduce). ``step_seconds``: the whole step as it runs. ``gather_seconds`` (part
     of ``serial_seconds``): DataParallel's copies of the other cards' outputs onto the output
     card and of their gradients back, which grow with the samples on those cards.
+
+    ``card_seconds``, ``serial_seconds`` and ``transfer_seconds`` are the cards' work (the
+    device part, :attr:`device_seconds`). An estimated step also has the host's part:
+    ``host_seconds``, the time the Python thread takes to issue the whole step (every
+    replica's ops and card 0's own), and ``card_host_seconds[i]`` (part of it), the issue time
+    of card i's replica (0.0 for a card with no samples); the estimate's step is then
+    ``max(host_seconds, device_seconds)`` (see :mod:`dptune.timing`). A measured step has no
+    host part (0.0, ``()``): its ``step_seconds`` is the wall time, whatever bound it.
     """
 
     card_seconds: tuple[float, ...]
@@ -68,6 +133,18 @@ class StepTime:
     gather_seconds: float = 0.0
     flops: tuple[int, ...] = ()          # per card (estimated steps only)
     bytes_moved: tuple[int, ...] = ()    # per card, memory traffic (estimated steps only)
+    host_seconds: float = 0.0            # the host's issue time (estimated steps only)
+    card_host_seconds: tuple[float, ...] = ()    # per card, part of host_seconds
+
+    @property
+    def device_seconds(self) -> float:
+        """The cards' part of the step: the slowest card, card 0's own work, the copies."""
+        return max(self.card_seconds, default=0.0) + self.serial_seconds + self.transfer_seconds
+
+    @property
+    def host_bound(self) -> bool:
+        """The host's issue time sets the step (an estimate's verdict; False when measured)."""
+        return self.host_seconds > self.device_seconds
 
     def samples_per_second(self, batch: int) -> float:
         return batch / self.step_seconds if self.step_seconds > 0 else 0.0
@@ -77,7 +154,8 @@ class StepTime:
                 "source": self.source.value, "serial_seconds": self.serial_seconds,
                 "transfer_seconds": self.transfer_seconds, "gather_seconds": self.gather_seconds,
                 "flops": list(self.flops),
-                "bytes_moved": list(self.bytes_moved)}
+                "bytes_moved": list(self.bytes_moved), "host_seconds": self.host_seconds,
+                "card_host_seconds": list(self.card_host_seconds)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "StepTime":
@@ -87,7 +165,9 @@ class StepTime:
                    transfer_seconds=float(d.get("transfer_seconds", 0.0)),
                    gather_seconds=float(d.get("gather_seconds", 0.0)),
                    flops=tuple(int(x) for x in d.get("flops", ())),
-                   bytes_moved=tuple(int(x) for x in d.get("bytes_moved", ())))
+                   bytes_moved=tuple(int(x) for x in d.get("bytes_moved", ())),
+                   host_seconds=float(d.get("host_seconds", 0.0)),
+                   card_host_seconds=tuple(float(x) for x in d.get("card_host_seconds", ())))
 
 
 @dataclass(frozen=True)
@@ -178,7 +258,9 @@ class Link:
 LINKS: dict[str, float] = {"pcie3": 12 * GBPS, "pcie4": 25 * GBPS, "pcie5": 50 * GBPS}
 NVLINK_EFFICIENCY = 0.8          # of the per-direction NVLink peak, as NCCL's bus bandwidth reaches
 
-SPEED_OPTIONS = ("tflops", "bandwidth", "link")
+SPEED_OPTIONS = ("tflops", "bandwidth", "link", "host")
+_SECONDS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|µs|ms|ns|s)?\s*$")
+_SECONDS_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)[bB]?(?:/s|ps)?\s*$")
 _RATE_UNITS = {"": GBPS, "k": 1e3, "m": 1e6, "g": GBPS, "t": 1e12}
 
@@ -189,6 +271,14 @@ def parse_rate(text: str) -> float:
     if not m or float(m.group(1)) <= 0:
         raise ValueError(f"not a bandwidth: {text!r}; use e.g. 900GB/s or 2TB/s")
     return float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
+
+
+def parse_seconds(text: str) -> float:
+    """``'21us'``, ``'0.02ms'`` or ``'2e-5'`` (seconds) -> seconds (> 0)."""
+    m = _SECONDS.match(text)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"not a time: {text!r}; use e.g. 20us or 0.02ms")
+    return float(m.group(1)) * _SECONDS_UNITS[m.group(2) or ""]
 
 
 def _per_card(value: str) -> tuple[Optional[int], str]:
@@ -203,11 +293,15 @@ def check_speed_option(key: str, value: str) -> None:
 
     ``tflops=150`` or ``tflops=1:150``: the peak of every card (or card 1) for every dtype;
     ``bandwidth=900GB/s`` or ``bandwidth=0:2TB/s``: memory bandwidth; ``link=pcie3|pcie4|pcie5|
-    nvlink|25GB/s``: the link between cards (default: the slowest card's PCIe).
+    nvlink|25GB/s``: the link between cards (default: the slowest card's PCIe); ``host=20us``:
+    the host's time per aten op (default :data:`HOST_SECONDS_PER_OP`).
     """
     if key == "link":
         if value.strip().lower() not in (*LINKS, "nvlink"):
             parse_rate(value)
+        return
+    if key == "host":
+        parse_seconds(value)
         return
     card, rest = _per_card(value)
     if card is not None and card < 0:
@@ -239,7 +333,7 @@ def cluster_speeds(names: Sequence[str], spec: str = "") -> list[CardSpeed]:
     ``tflops=``/``bandwidth=`` overrides (raises ``ValueError`` for a card out of range)."""
     speeds = [CARD_SPEEDS.get(n, ASSUMED_SPEED) for n in names]
     for key, value in _options(spec):
-        if key == "link":
+        if key in ("link", "host"):
             continue
         card, rest = _per_card(value)
         if card is not None and card >= len(names):
@@ -285,6 +379,7 @@ class ClusterSpeed:
     cards: tuple[CardSpeed, ...]
     link: Link
     notes: tuple[str, ...] = field(default=())
+    host_seconds_per_op: float = HOST_SECONDS_PER_OP     # the spec's host= sets it
 
     @classmethod
     def of(cls, names: Sequence[str], spec: str = "") -> "ClusterSpeed":
@@ -293,4 +388,6 @@ class ClusterSpeed:
         if any(c.assumed for c in cards):
             notes.append("card speed assumed for cards given by size (set tflops= and bandwidth= "
                          "in the spec): the estimate compares splits, not cards")
-        return cls(tuple(cards), cluster_link(cards, spec), tuple(notes))
+        host = [parse_seconds(v) for k, v in _options(spec) if k == "host"]
+        return cls(tuple(cards), cluster_link(cards, spec), tuple(notes),
+                   host[-1] if host else HOST_SECONDS_PER_OP)

@@ -15,8 +15,8 @@ from dptune.backends.cluster import CARD_TYPES, parse_cluster
 from dptune.backends.simulated import SimulatedBackend
 from dptune.backends.timing import TimedBackend, count_ops, ddp_allreduce_seconds, op_cost
 from dptune.errors import SpecError
-from dptune.timing import (CARD_SPEEDS, LAUNCH_SECONDS, LINKS, ClusterSpeed, StepTime, TimeSource,
-                           parse_rate)
+from dptune.timing import (CALIBRATION, CARD_SPEEDS, HOST_SECONDS_PER_OP, LINKS, ROOFLINE, ClusterSpeed,
+                           StepTime, TimeSource, parse_rate, parse_seconds)
 from dptune.workload import Workload
 
 F32 = 4
@@ -88,10 +88,21 @@ def test_roofline_takes_the_longer_of_compute_and_memory():
     speed = CARD_SPEEDS["A100-80GB"]
     x, w = torch.randn(4096, 4096), torch.randn(4096, 4096)
     mm = only(kernels(lambda: x @ w), "aten.mm")
-    assert mm.seconds(speed) == pytest.approx(mm.flops / speed.fp32 + LAUNCH_SECONDS)
+    assert mm.flops == 2 * 4096 ** 3
+    # at the datasheet's peaks (the first estimate): 5 us per kernel
+    assert mm.seconds(speed, ROOFLINE) == pytest.approx(mm.flops / speed.fp32 + 5e-6)
+    # at the fitted fractions of the peaks, plus the kernel's fixed time
+    cal = CALIBRATION
+    assert mm.seconds(speed) == pytest.approx(mm.flops / (speed.fp32 * cal.compute["fp32"]) + cal.kernel_seconds)
     add = only(kernels(lambda: x + w), "aten.add")
     assert add.flops == 0
-    assert add.seconds(speed) == pytest.approx(3 * 4096 * 4096 * F32 / speed.bandwidth + LAUNCH_SECONDS)
+    assert add.seconds(speed, ROOFLINE) == pytest.approx(3 * 4096 * 4096 * F32 / speed.bandwidth + 5e-6)
+    assert add.seconds(speed) == pytest.approx(3 * 4096 * 4096 * F32 / (speed.bandwidth * cal.memory)
+                                               + cal.kernel_seconds)
+    # a half-precision matmul on the tensor cores, at their fraction of the peak
+    h = only(kernels(lambda: x.half() @ w.half()), "aten.mm")
+    assert h.kind == "fp16" and h.seconds(speed) == pytest.approx(
+        h.flops / (speed.fp16 * cal.compute["fp16"]) + cal.kernel_seconds)
 
 
 # ---- the card table and the spec ---------------------------------------------------------
@@ -117,10 +128,14 @@ def test_speed_options_in_the_spec():
     plain = ClusterSpeed.of(("24GB",), "24GB")
     assert plain.cards[0].assumed and plain.notes
     assert parse_rate("2TB/s") == pytest.approx(2e12) and parse_rate("900") == pytest.approx(900e9)
+    assert plain.host_seconds_per_op == HOST_SECONDS_PER_OP
+    assert ClusterSpeed.of(("H200",), "H200,host=40us").host_seconds_per_op == pytest.approx(40e-6)
+    assert parse_seconds("0.02ms") == pytest.approx(20e-6) and parse_seconds("3e-5") == pytest.approx(3e-5)
 
 
 @pytest.mark.parametrize("spec", ["4x24GB,tflops=x", "4x24GB,tflops=9:3", "4x24GB,link=fast",
-                                  "2xA100,2xT4,link=nvlink", "4x24GB,bandwidth=-3GB/s"])
+                                  "2xA100,2xT4,link=nvlink", "4x24GB,bandwidth=-3GB/s",
+                                  "4x24GB,host=fast", "4x24GB,host=0us"])
 def test_bad_speed_options_are_spec_errors(spec):
     with pytest.raises(SpecError):
         parse_cluster(spec)
@@ -128,11 +143,16 @@ def test_bad_speed_options_are_spec_errors(spec):
 
 def test_step_time_survives_json():
     t = StepTime(card_seconds=(0.5, 0.25), step_seconds=0.75, source=TimeSource.ESTIMATED,
-                 serial_seconds=0.1, transfer_seconds=0.15, flops=(10, 20), bytes_moved=(3, 4))
+                 serial_seconds=0.1, transfer_seconds=0.15, flops=(10, 20), bytes_moved=(3, 4),
+                 host_seconds=0.7, card_host_seconds=(0.3, 0.2))
     r = ProbeResult(chunk_sizes=(2, 1), peak_bytes=(5, 6), time=t)
     back = ProbeResult.from_dict(json.loads(json.dumps(r.to_dict())))
     assert back == r
     assert t.samples_per_second(3) == pytest.approx(4.0)
+    assert t.device_seconds == pytest.approx(0.75) and not t.host_bound
+    # a report written before the host's part: no host time
+    old = {k: v for k, v in t.to_dict().items() if "host" not in k}
+    assert StepTime.from_dict(old).host_seconds == 0.0 and StepTime.from_dict(old).card_host_seconds == ()
 
 
 # ---- a simulated DataParallel step --------------------------------------------------------
@@ -154,11 +174,22 @@ def test_simulated_step_counts_flops_per_card_and_the_copies_by_hand():
     # the weights broadcast to card 1 and its gradient reduced onto card 0: one copy each
     assert t.transfer_seconds == pytest.approx(2 * n_in * n_out * F32 / link.bandwidth)
     assert t.card_seconds[0] > t.card_seconds[1] > 0
-    assert t.step_seconds == pytest.approx(max(t.card_seconds) + t.serial_seconds + t.transfer_seconds)
-    # a card with no samples does no work, and no copies go to it
+    assert t.device_seconds == pytest.approx(max(t.card_seconds) + t.serial_seconds + t.transfer_seconds)
+    assert t.step_seconds == pytest.approx(max(t.device_seconds, t.host_seconds))
+    # the host issues both replicas one after the other, and card 0's own part
+    h0, h1 = t.card_host_seconds
+    assert h0 >= h1 > 0 and t.host_seconds > h0 + h1
+    assert t.host_bound                       # a tiny layer: the host sets the step
+    # a card with no samples does no work, no copies go to it, the host issues nothing for it
     solo = b.probe([8, 0]).time
     assert solo.card_seconds[1] == 0.0 and solo.transfer_seconds == 0.0
     assert solo.flops == (4 * 8 * n_in * n_out, 0)
+    assert solo.card_host_seconds[1] == 0.0
+    assert solo.host_seconds < t.host_seconds          # one replica fewer to issue
+    # the spec's host= sets the host's cost per op: the counts stay, the times scale
+    fast = TimedBackend(SimulatedBackend(_linear_workload(n_in, n_out), "2xRTX4090,host=1ns")).probe([6, 2]).time
+    assert fast.host_seconds == pytest.approx(t.host_seconds * 1e-9 / HOST_SECONDS_PER_OP)
+    assert fast.step_seconds == pytest.approx(fast.device_seconds)
 
 
 def test_a_faster_card_gets_a_shorter_time_for_the_same_chunk():

@@ -50,7 +50,7 @@ _SPEC_HELP = (
     "with optional items 'used=0:6GB' (memory taken on card 0 by other processes; repeatable) "
     "and 'context=384MiB' (CUDA context per card) and 'cc=8.6' (compute capability of the cards "
     "given by size only; default 8.0), and the speed options 'tflops=150' or 'tflops=1:150', "
-    "'bandwidth=900GB/s' or 'bandwidth=1:900GB/s', 'link=pcie4|pcie3|pcie5|nvlink|25GB/s' "
+    "'bandwidth=900GB/s' or 'bandwidth=1:900GB/s', 'link=pcie4|pcie3|pcie5|nvlink|25GB/s', 'host=20us' "
     "(dptune.timing). Known cards: " + ", ".join(CARD_TYPES))
 
 

@@ -9,9 +9,23 @@ is seen by an :class:`OpCounter` with the card it runs on:
   float32 convolutions at TF32, half precision on tensor cores);
 - bytes moved: the sum of the op's input and output tensor bytes (a simple roofline: an op
   reads its inputs and writes its outputs once), against the card's memory bandwidth;
-- one :data:`dptune.timing.LAUNCH_SECONDS` per kernel; views and ``empty`` cost nothing.
+- one :data:`dptune.timing.KERNEL_SECONDS` per kernel; views and ``empty`` cost nothing on
+  the card.
 
-An op takes the longer of its compute and memory times (the roofline). DataParallel's
+An op takes the longer of its compute and memory times (the roofline), each at the fraction
+of the peak real kernels reach (:data:`dptune.timing.COMPUTE_EFFICIENCY`,
+:data:`dptune.timing.MEMORY_EFFICIENCY`, fitted on an H200). The host's part: every aten op
+dispatched (views and allocations too) costs :attr:`dptune.timing.ClusterSpeed.host_seconds_per_op`
+of the Python thread that issues the step; the step is ``max(host, device)`` (the card runs
+behind the host; a small step waits for the host, a large one for the card).
+
+DataParallel's host: its replicas' forwards run in Python threads under the GIL, one at a
+time, so the host times of the replicas add up (and card 0's own ops: the loss, the
+optimizer, the gather): ``host = sum over cards with samples of their replica's ops x cost +
+card 0's own ops x cost``. The backward's per-card threads run in C++ and could overlap:
+counting them in the sum makes the host time an upper bound for several cards. Adding a card
+thus adds its replica's issue time to a host-bound step, which is what makes dropping a card
+worth it for a small model. DataParallel's
 copies (the moves the simulator makes between cards) are timed over the link
 (:class:`dptune.timing.Link`): the scatter of the batch from the host runs in parallel on
 every card's own PCIe link, the broadcast of the weights and the reduction of the gradients
@@ -20,9 +34,11 @@ of the outputs and the scatter of their gradient one copy after another through 
 card. A DDP rank's step adds a ring all-reduce of the gradients (:func:`ddp_allreduce_seconds`),
 not overlapped with the backward (an upper bound).
 
-What this is not: no kernel efficiency below peak (real matmuls reach 60-80% of it), no
-caches, no overlap of copies with compute. The figures are estimates (``TimeSource.ESTIMATED``)
-and compare splits and cards; ``benchmarks/validate_gpu.py`` measures the error on a GPU.
+What this is not: no caches, no overlap of copies with compute; the efficiencies and the
+host's cost come from one machine (``benchmarks/validate_time.py --cpu`` re-scores its
+measurements, with each model's error when the constants are fitted on the others). The
+figures are estimates (``TimeSource.ESTIMATED``) and compare splits and cards;
+``benchmarks/validate_time.py`` measures the error on a GPU.
 """
 
 from __future__ import annotations
@@ -35,7 +51,7 @@ import torch
 from dptune import _tree
 from dptune.backends.simulated.device_rules import HOST
 from dptune.backends.base import ProbeResult
-from dptune.timing import LAUNCH_SECONDS, CardSpeed, ClusterSpeed, StepTime, TimeSource
+from dptune.timing import CALIBRATION, Calibration, CardSpeed, ClusterSpeed, StepTime, TimeSource
 
 __all__ = ["OpCost", "op_cost", "OpCounter", "TimedBackend", "count_ops", "ddp_allreduce_seconds"]
 
@@ -55,11 +71,13 @@ class OpCost(NamedTuple):
     kind: str           # fp32, tf32, fp16, bf16
     kernel: bool        # a kernel runs (not a view or an allocation)
 
-    def seconds(self, speed: CardSpeed) -> float:
+    def seconds(self, speed: CardSpeed, cal: Calibration = CALIBRATION) -> float:
+        """The op's time on the card: the roofline at ``cal``'s efficiencies, plus the
+        kernel's fixed time (0 for a view or an allocation)."""
         if not self.kernel:
             return 0.0
-        compute = self.flops / speed.peak(self.kind) if self.flops else 0.0
-        return max(compute, self.bytes / speed.bandwidth) + LAUNCH_SECONDS
+        compute = self.flops / (speed.peak(self.kind) * cal.efficiency(self.kind)) if self.flops else 0.0
+        return max(compute, self.bytes / (speed.bandwidth * cal.memory)) + cal.kernel_seconds
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -109,7 +127,10 @@ class OpCounter:
 
     ``ledger`` is read at each op (``backend._ledger``): which card a copy goes to and from,
     and the step's phase. A new ledger (the simulator starting over with symbolic sizes)
-    restarts the counts.
+    restarts the counts. The host's work: ``ops[i]``, the aten ops dispatched for card i's
+    replica and the copies made for it (a copy counts for the card it goes to, the reduction
+    of the gradients for the card they come from); ``serial_ops``, the others (card 0's own
+    phases: loss, optimizer; the host's own ops).
     """
 
     def __init__(self, ledger_of: Callable[[], Any], speed: ClusterSpeed, keep: bool = False):
@@ -127,6 +148,8 @@ class OpCounter:
         self.reduce = [0] * n             # gradients reduced from card k
         self.serial_copy = 0              # bytes of the gather and its backward
         self.serial_pairs: dict[tuple[int, int], int] = {}   # the same, by (from, to) card
+        self.ops = [0] * n                # aten ops dispatched for each card's replica
+        self.serial_ops = 0               # the others: card 0's own, the host's, most copies
         self.costs: list[tuple[int, OpCost]] = []   # (card, cost) of every kernel, if kept
 
     def __call__(self, func: Any, args: Any, kwargs: Any, out: Any, card: int) -> None:
@@ -135,6 +158,8 @@ class OpCounter:
             self._ledger_id = id(ledger)
             self._reset()
         dst = ledger.forced_card
+        self._count_op(func, ledger, card if dst is None else self._copy_card(ledger, args, dst),
+                       dst is not None)
         if dst is not None:
             self._copy(ledger, func, args, kwargs, dst)
             return
@@ -153,6 +178,26 @@ class OpCounter:
             self.serial += seconds
         else:
             self.compute[card] += seconds
+
+    @staticmethod
+    def _copy_card(ledger: Any, args: Any, dst: int) -> int:
+        """The card a DataParallel copy is made for: the card its data comes from for the
+        reduction of the gradients onto card 0, else the card it goes to."""
+        if ledger.category == "gradients":
+            srcs = {ledger.card_of(t) for t in _tree.leaves(args)} - {dst, HOST}
+            if len(srcs) == 1:
+                return srcs.pop()
+        return dst
+
+    def _count_op(self, func: Any, ledger: Any, card: int, copy: bool) -> None:
+        """One op the host dispatches, for card ``card``'s replica (its own ops, the copies
+        made for it) or for the serial part (card 0's own phases, the host's ops)."""
+        if getattr(func, "namespace", "") != "aten":        # prim.device queries, profiler marks
+            return
+        if card != HOST and (copy or ledger.category not in _SERIAL):
+            self.ops[card] += 1
+        else:
+            self.serial_ops += 1
 
     def _copy(self, ledger: Any, func: Any, args: Any, kwargs: Any, dst: int) -> None:
         """A DataParallel copy onto card ``dst``: bytes read from other places."""
@@ -175,11 +220,13 @@ class OpCounter:
                 self.serial_pairs[(src, dst)] = self.serial_pairs.get((src, dst), 0) + b
 
     def step_time(self, chunk_sizes: Sequence[int], replicas: Sequence[int] = ()) -> StepTime:
-        """DataParallel's step: the scatter and each replica in parallel, then card 0's serial
-        work and the copies between cards (see the module docstring). ``replicas[i]``: the card
-        whose replica the simulator ran for card i (cards of a class simulated once)."""
+        """DataParallel's step: on the cards, the scatter and each replica in parallel, then
+        card 0's serial work and the copies between cards; on the host, every replica's ops
+        and card 0's one after another; the step is the longer (see the module docstring).
+        ``replicas[i]``: the card whose replica the simulator ran for card i (cards of a class
+        simulated once)."""
         if replicas and len(replicas) == len(chunk_sizes):
-            for name in ("compute", "host_in", "bcast", "reduce", "flops", "bytes", "kernels"):
+            for name in ("compute", "host_in", "bcast", "reduce", "flops", "bytes", "kernels", "ops"):
                 per_card = getattr(self, name)
                 setattr(self, name, [per_card[r] for r in replicas])
             # a card its class's replica stood for: the replica's copies out of it are repeated
@@ -194,10 +241,15 @@ class OpCounter:
         transfer = (max(self.bcast) + max(self.reduce)) / link.bandwidth
         gather = self.serial_copy / link.bandwidth
         serial = self.serial + gather
-        return StepTime(card_seconds=cards, step_seconds=max(cards) + serial + transfer,
+        per_op = self.speed.host_seconds_per_op
+        card_host = tuple(self.ops[i] * per_op if c > 0 else 0.0 for i, c in enumerate(chunk_sizes))
+        host = sum(card_host) + self.serial_ops * per_op
+        device = max(cards) + serial + transfer
+        return StepTime(card_seconds=cards, step_seconds=max(host, device),
                         source=TimeSource.ESTIMATED, serial_seconds=serial,
                         transfer_seconds=transfer, gather_seconds=gather, flops=tuple(self.flops),
-                        bytes_moved=tuple(self.bytes))
+                        bytes_moved=tuple(self.bytes), host_seconds=host,
+                        card_host_seconds=card_host)
 
 
 def ddp_allreduce_seconds(grad_bytes: int, ranks: int, bandwidth: float) -> float:

@@ -178,8 +178,9 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
         infos = job.group.each(start)
         obs = RankObservations([i.budget_bytes for i in infos], max(i.min_batch for i in infos))
         times = None if settings.fsdp else _times(obs, timer)
+        hosted = None if times is None or timer is None else timer.host_seconds
         found = _search(settings, job, obs, infos, lambda sizes: obs.run(
-            job.group.each, sizes, probe, None if times is None else timed), times)
+            job.group.each, sizes, probe, None if times is None else timed, hosted), times)
     finally:
         for p in probers.values():
             p.close()

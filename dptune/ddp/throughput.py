@@ -4,7 +4,10 @@ A DDP step ends when the slowest rank's backward has finished and the gradients 
 all-reduced, so the step time is ``max_r t_r(b_r) + all-reduce``. Each rank's time is fitted
 on its own probes (affine in its batch, :func:`dptune.throughput.fit_time`: the fixed cost
 that makes a small batch inefficient, plus a cost per sample); its batch is capped by its
-memory (its fit, below any batch measured over budget). :func:`dptune.throughput.fastest_split`
+memory (its fit, below any batch measured over budget); each rank is a process of its own, so
+its host's time to issue the step (:mod:`dptune.timing`: its ops x the host's cost per op) is a
+floor on that rank's step, and the step is at least the largest host time of the ranks plus the
+all-reduce. :func:`dptune.throughput.fastest_split`
 with ``every_card=True`` gives the batches that equalise the ranks' step times within their
 memory caps; they are probed, and a rank over budget tightens its cap, until every rank is
 measured within budget.
@@ -52,7 +55,7 @@ class RankTimer:
 
         self.probers, self.cluster = probers, cluster
         self.speed = ClusterSpeed.of(cluster.names, cluster.spec)
-        self.ops: dict[tuple[str, int], tuple[list, int]] = {}   # kernels, bytes from the host
+        self.ops: dict[tuple[str, int], tuple[list, int, int]] = {}   # kernels, bytes from the host, ops
 
     def probe(self, r: int, b: int) -> Optional[int]:
         from dptune.backends.timing import OpCounter
@@ -69,19 +72,25 @@ class RankTimer:
             backend.op_observer = None
         key = (self.cluster.names[r], b)
         if counter.kernels[0]:
-            self.ops[key] = ([c for _, c in counter.costs], counter.host_in[0])
+            self.ops[key] = ([c for _, c in counter.costs], counter.host_in[0],
+                             counter.ops[0] + counter.serial_ops)
         return peak
 
     def seconds(self, r: int, b: int) -> Optional[float]:
-        """Rank r's step at batch b (its ops against its card's peaks, the batch's copy from
-        the host over PCIe); ``None`` when not probed."""
+        """Rank r's card's work at batch b (its ops against its card's peaks, the batch's copy
+        from the host over PCIe); ``None`` when not probed. Its host's part: :meth:`floor`."""
         ops = self.ops.get((self.cluster.names[r], b))
         if ops is None:
             return None
-        costs, host = ops
+        costs, host, _ = ops
         card = self.speed.cards[r]
         return sum(c.seconds(card) for c in costs) + host / self.speed.link.host_bandwidth
 
+    def host_seconds(self, r: int, b: int) -> Optional[float]:
+        """Rank r's host's time to issue its step at batch b: the ops it dispatched x the
+        host's cost per op (:mod:`dptune.timing`); ``None`` when not probed."""
+        ops = self.ops.get((self.cluster.names[r], b))
+        return None if ops is None else ops[2] * self.speed.host_seconds_per_op
 
 
 class ProbeTimes:
@@ -96,6 +105,14 @@ class ProbeTimes:
     def fit(self, r: int) -> Optional[TimeFit]:
         return fit_time([(p.batch_size, p.seconds) for p in self.state.of(r)
                          if p.seconds is not None])
+
+    def floor(self, n: int) -> Callable[[frozenset[int]], float]:
+        """The step's least time on the ranks ``S``: the slowest host of ``S`` (each rank's
+        host time gathered with its probes: estimated ones only; a measured step's time
+        already holds its host's)."""
+        hosts = [max((p.host_seconds for p in self.state.of(r) if p.host_seconds is not None),
+                     default=0.0) for r in range(n)]
+        return lambda used: max((hosts[r] for r in used), default=0.0)
 
     def allreduce(self, grad_bytes: int) -> Callable[[frozenset[int]], float]:
         from dptune.backends.timing import ddp_allreduce_seconds
@@ -132,6 +149,9 @@ class EqualSpeed:
         return TimeFit(0.0, 1.0)
 
     def allreduce(self, grad_bytes: int) -> Callable[[frozenset[int]], float]:
+        return lambda used: 0.0
+
+    def floor(self, n: int) -> Callable[[frozenset[int]], float]:
         return lambda used: 0.0
 
 
@@ -185,9 +205,14 @@ def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
     """
     n, m = state.n, state.m
     overhead = timer.allreduce(grad_bytes)
+    hosts = timer.floor(n)
+
+    def floor(used: frozenset[int]) -> float:      # the slowest host, then the all-reduce
+        return hosts(used) + overhead(used)
+
     while True:
         caps, curves = _curves(state, timer, cap_of, global_batch)
-        solved = _solve(timer, caps, curves, global_batch, overhead, m, accumulate)
+        solved = _solve(timer, caps, curves, global_batch, overhead, m, accumulate, floor)
         if solved is None:
             known = [c for c in state.caps() if c is not None]
             if not accumulate and len(known) == n and sum(known) < global_batch:
@@ -214,7 +239,7 @@ def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
         labels, lines = _equal_reasons(sizes, caps)
         return ThroughputPlan(sizes, sol, lines, (EQUAL_NOTE,) + acc, labels, k)
     labels, lines = _reasons(sizes, caps, curves)
-    notes = _notes(curves, sizes, sum(sizes), overhead, m, sol, timer.source)
+    notes = _notes(curves, sizes, sum(sizes), overhead, m, sol, timer.source, floor)
     return ThroughputPlan(sizes, sol, lines, notes + acc + _source_notes(timer), labels, k)
 
 
@@ -231,10 +256,11 @@ def _curves(state: Any, timer: "ProbeTimes | EqualSpeed", cap_of: Callable[[Any,
 
 
 def _solve(timer: "ProbeTimes | EqualSpeed", caps: Sequence[int], curves: list, batch: int,
-           overhead: Callable[[frozenset[int]], float], m: int,
-           accumulate: bool) -> Optional[tuple[SplitTime, int]]:
+           overhead: Callable[[frozenset[int]], float], m: int, accumulate: bool,
+           floor: Callable[[frozenset[int]], float]) -> Optional[tuple[SplitTime, int]]:
     """The fastest split of ``batch`` (one micro-batch), or with ``accumulate`` the number of
-    micro-batches and the split of one; ``None``: nothing fits."""
+    micro-batches and the split of one; ``None``: nothing fits. ``floor(S)``: the least step
+    on the ranks ``S`` (their slowest host, then the all-reduce)."""
     if isinstance(timer, EqualSpeed):     # one unit per sample: the largest batch, k times
         best: Optional[tuple[SplitTime, int]] = None
         for k in micro_batch_counts(batch) if accumulate else [1]:
@@ -244,9 +270,9 @@ def _solve(timer: "ProbeTimes | EqualSpeed", caps: Sequence[int], curves: list, 
         return best
     if accumulate:
         acc = fastest_accumulation(lambda b: curves, batch, overhead=overhead, min_chunk=m,
-                                   every_card=True)
+                                   every_card=True, host=floor)
         return None if acc is None else (acc.split, acc.micro_batches)
-    sol = fastest_split(curves, batch, overhead=overhead, min_chunk=m, every_card=True)
+    sol = fastest_split(curves, batch, overhead=overhead, min_chunk=m, every_card=True, host=floor)
     return None if sol is None else (sol, 1)
 
 
@@ -336,19 +362,26 @@ def _reasons(sizes: Sequence[int], caps: Sequence[int], curves: Sequence[Sequenc
 
 def _notes(curves: Sequence[Sequence[float]], sizes: Sequence[int], batch: int,
            overhead: Callable[[frozenset[int]], float], m: int, sol: SplitTime,
-           source: str) -> tuple[str, ...]:
+           source: str, floor: Callable[[frozenset[int]], float] = lambda s: 0.0) -> tuple[str, ...]:
     n = len(sizes)
     lines = []
     even = [batch // n + (1 if r < batch % n else 0) for r in range(n)]
     if all(b <= len(c) - 1 for b, c in zip(even, curves)):
-        t_even = overhead(frozenset(range(n))) + max(curves[r][b] for r, b in enumerate(even))
+        every = frozenset(range(n))
+        t_even = max(floor(every), overhead(every) + max(curves[r][b] for r, b in enumerate(even)))
         lines.append(f"speed ({source}): equal batches {even}: {t_even * 1e3:.2f} ms, "
                      f"{batch / t_even:,.0f} samples/s; this plan {sol.step_seconds * 1e3:.2f} ms, "
                      f"{sol.samples_per_second:,.0f} samples/s")
     else:
         lines.append(f"speed ({source}): this plan {sol.step_seconds * 1e3:.2f} ms, "
                      f"{sol.samples_per_second:,.0f} samples/s; equal batches {even} do not fit")
-    subset = fastest_split(curves, batch, overhead=overhead, min_chunk=m)
+    used = frozenset(r for r, b in enumerate(sizes) if b > 0)
+    slowest = max(curves[r][b] for r, b in enumerate(sizes) if b > 0)
+    if floor(used) > overhead(used) + slowest:
+        lines.append(f"the ranks' hosts set the step (issuing its ops takes "
+                     f"{(floor(used) - overhead(used)) * 1e3:.2f} ms, longer than any rank's card "
+                     f"work, {slowest * 1e3:.2f} ms): a larger batch would cost little more per step")
+    subset = fastest_split(curves, batch, overhead=overhead, min_chunk=m, host=floor)
     if subset is not None and subset.dropped and subset.step_seconds < sol.step_seconds * 0.98:
         left = ", ".join(str(r) for r in subset.dropped)
         kept = [b for b in subset.chunk_sizes if b > 0]
@@ -366,10 +399,11 @@ def speed_note(timer: ProbeTimes, sizes: Sequence[int], grad_bytes: int) -> tupl
     if any(f is None for f in fits):
         return ()
     overhead = timer.allreduce(grad_bytes)(frozenset(range(n)))
+    host = timer.floor(n)(frozenset(range(n)))
     batch = sum(sizes)
-    t_plan = overhead + max(f.predict(b) for f, b in zip(fits, sizes))  # type: ignore[union-attr]
+    t_plan = overhead + max(host, *(f.predict(b) for f, b in zip(fits, sizes)))  # type: ignore[union-attr]
     even = [batch // n + (1 if r < batch % n else 0) for r in range(n)]
-    t_even = overhead + max(f.predict(b) for f, b in zip(fits, even))  # type: ignore[union-attr]
+    t_even = overhead + max(host, *(f.predict(b) for f, b in zip(fits, even)))  # type: ignore[union-attr]
     line = (f"speed ({timer.source}): this plan {t_plan * 1e3:.2f} ms per step, {batch / t_plan:,.0f} "
             f"samples/s; equal batches {even}: {t_even * 1e3:.2f} ms, {batch / t_even:,.0f} samples/s"
             " (whether they fit was not checked)")

@@ -48,12 +48,15 @@ class RankProbe:
     fits: bool
     round: int = 0
     seconds: Optional[float] = None
+    host_seconds: Optional[float] = None     # the host's time to issue the step (estimated)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(rank=self.rank, batch_size=self.batch_size,
                                  peak_bytes=self.peak_bytes, fits=self.fits, round=self.round)
         if self.seconds is not None:
             d["seconds"] = self.seconds
+        if self.host_seconds is not None:
+            d["host_seconds"] = self.host_seconds
         return d
 
     @classmethod
@@ -61,7 +64,8 @@ class RankProbe:
         return cls(rank=int(d["rank"]), batch_size=int(d["batch_size"]),
                    peak_bytes=None if d.get("peak_bytes") is None else int(d["peak_bytes"]),
                    fits=bool(d["fits"]), round=int(d.get("round", 0)),
-                   seconds=None if d.get("seconds") is None else float(d["seconds"]))
+                   seconds=None if d.get("seconds") is None else float(d["seconds"]),
+                   host_seconds=None if d.get("host_seconds") is None else float(d["host_seconds"]))
 
 
 class RankObservations:
@@ -120,12 +124,14 @@ class RankObservations:
 
     def run(self, each: Callable[[Callable[[int], Optional[RankProbe]]], list[Optional[RankProbe]]],
             sizes: Sequence[Optional[int]], probe: Callable[[int, int], Optional[int]],
-            timed: Optional[Callable[[int, int], Optional[float]]] = None) -> None:
+            timed: Optional[Callable[[int, int], Optional[float]]] = None,
+            hosted: Optional[Callable[[int, int], Optional[float]]] = None) -> None:
         """One round: rank r probes ``sizes[r]`` (``None``: it sits this round out);
         ``each(fn)`` runs ``fn(rank)`` for every rank and returns the results in rank order
         (on every rank); ``probe(r, b)`` is rank r's peak at batch b (``None``: out of memory);
         ``timed(r, b)``, when given, rank r's step time in the probe just run (gathered with
-        the peak, so every rank gets every rank's time)."""
+        the peak, so every rank gets every rank's time); ``hosted(r, b)``, likewise, its host's
+        time to issue that step (the simulator's estimate)."""
         self.rounds += 1
         rnd = self.rounds
 
@@ -136,7 +142,8 @@ class RankObservations:
             peak = probe(r, b)
             return RankProbe(rank=r, batch_size=b, peak_bytes=peak,
                              fits=peak is not None and peak <= self.budgets[r], round=rnd,
-                             seconds=None if timed is None else timed(r, b))
+                             seconds=None if timed is None else timed(r, b),
+                             host_seconds=None if hosted is None else hosted(r, b))
 
         for p in each(one):
             if p is not None:

@@ -32,6 +32,7 @@ from dptune.errors import UsageError
 from dptune.solver import Fit
 from dptune.split import even_split
 from dptune.throughput import SplitTime, StepModel, TimeFit, fit_time
+from dptune.timing import StepTime
 from dptune.types import Objective
 
 __all__ = ["SpeedFigure", "ThroughputOutcome", "Goal", "fastest", "step_model", "figures",
@@ -108,7 +109,32 @@ def step_model(probes: Sequence[ProbeResult], n: int) -> Optional[StepModel]:
     spread = [t.transfer_seconds for r, t in timed if any(c > 0 for c in r.chunk_sizes[1:])]
     comm = sum(spread) / len(spread) if spread else 0.0
     return StepModel(cards=tuple(f if f is not None else slowest for f in cards), serial=serial,
-                     overhead=lambda used: comm if used - {0} else 0.0, gather_per_sample=gather)
+                     overhead=lambda used: comm if used - {0} else 0.0, gather_per_sample=gather,
+                     host=host_model(timed, n))
+
+
+def host_model(timed: Sequence[tuple[ProbeResult, StepTime]], n: int
+               ) -> Callable[[frozenset[int]], float]:
+    """The host's time to issue a step on the cards ``S`` (estimated steps,
+    :class:`dptune.timing.StepTime`): card 0's own part plus each used card's replica's, each
+    the mean over the probes that gave it (the ops do not depend on the chunk); a card never
+    given samples: the largest known card's. No host part known: 0."""
+    per_card: list[list[float]] = [[] for _ in range(n)]
+    own: list[float] = []
+    for r, t in timed:
+        if len(t.card_host_seconds) != n:
+            continue
+        own.append(t.host_seconds - sum(t.card_host_seconds))
+        for i, c in enumerate(r.chunk_sizes):
+            if c > 0:
+                per_card[i].append(t.card_host_seconds[i])
+    means = [sum(h) / len(h) if h else None for h in per_card]
+    known = [m for m in means if m is not None]
+    if not own or not known:
+        return lambda used: 0.0
+    cards = [m if m is not None else max(known) for m in means]
+    base = sum(own) / len(own)
+    return lambda used: base + sum(cards[i] for i in used)
 
 
 def _solo(r: ProbeResult) -> Optional[int]:
@@ -352,7 +378,14 @@ def speed_notes(figs: Sequence[SpeedFigure], best: ProbeResult, fastest: bool = 
     dropped = [i for i, c in enumerate(best.chunk_sizes) if c == 0]
     if fastest and dropped and len(best.chunk_sizes) > 1:
         lines.append(f"card(s) {', '.join(map(str, dropped))} get no samples: the step is faster "
-                     "without them (their time, or the copies to them, cost more than they add)")
+                     "without them (their time, the host's time to issue their replica, or the "
+                     "copies to them, cost more than they add)")
+    t = best.time
+    if t is not None and t.host_bound:
+        lines.append(f"the host sets the step ({t.source.value}: issuing its ops takes "
+                     f"{t.host_seconds * 1e3:.2f} ms, the cards' work {t.device_seconds * 1e3:.2f} ms): "
+                     "more samples per step cost little, and each card DataParallel adds adds its "
+                     "replica's issue time")
     return tuple(lines)
 
 

@@ -82,3 +82,21 @@ def test_a_rank_worth_leaving_out_is_named():
     plan_ms = float(re.findall(r"this plan ([0-9.]+) ms", speed)[0])
     alone_ms = float(re.findall(r"takes ([0-9.]+) ms", note)[0])
     assert alone_ms < plan_ms
+
+
+def test_a_tiny_model_is_host_bound_on_every_rank_and_the_plan_says_so():
+    # each rank is a process of its own: its host's time to issue the step (its ops x the
+    # host's cost per op, dptune.timing) floors its step; the tiny MLP's card work is far less
+    fast = ddp.plan(mlp(), vectors, optimizer=adamw, global_batch=90, simulate="2x24GB,12GB",
+                    objective="throughput")
+    note = next(n for n in fast.notes if n.startswith("the ranks' hosts set the step"))
+    host_ms, card_ms = (float(x) for x in re.findall(r"([0-9.]+) ms", note))
+    assert host_ms > card_ms
+    # the estimated step is the host's time plus the all-reduce, not less
+    this = float(re.findall(r"this plan ([0-9.]+) ms", next(
+        n for n in fast.notes if n.startswith("speed (estimated)")))[0])
+    assert this >= host_ms
+    # a host 1000 times faster: the cards set the step again
+    quick = ddp.plan(mlp(), vectors, optimizer=adamw, global_batch=90,
+                     simulate="2x24GB,12GB,host=22ns", objective="throughput")
+    assert not any(n.startswith("the ranks' hosts set the step") for n in quick.notes)
