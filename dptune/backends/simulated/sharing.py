@@ -47,9 +47,9 @@ cards of the class no longer carry what they would have kept).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Optional, Sequence
 
-__all__ = ["ReplicaPlan", "plan_replicas"]
+__all__ = ["ReplicaPlan", "plan_replicas", "with_card0_mirrored"]
 
 
 @dataclass
@@ -59,12 +59,19 @@ class ReplicaPlan:
     ``rep[c]`` is the simulated card whose figures card ``c`` takes (``c`` itself for a
     simulated card); ``weight[c]`` how many cards the simulated card ``c`` stands for (0 for
     one that is not simulated). ``diverged`` is set by the step where sharing is not exact.
+
+    ``mirror``: the card whose replica also stands for card 0's (card 0 runs no replica of
+    its own; the ledger charges what that replica makes to card 0 as well, in the same
+    order: :func:`with_card0_mirrored`), or ``None``. ``unmirrored`` is set by the step where
+    card 0's replica would not run as that card's (the step is simulated again without it).
     """
 
     sizes: tuple[int, ...]
     rep: tuple[int, ...]
     weight: tuple[int, ...]
     diverged: list[str] = field(default_factory=list)
+    mirror: Optional[int] = None
+    unmirrored: list[str] = field(default_factory=list)
 
     @property
     def simulated(self) -> frozenset[int]:
@@ -78,6 +85,22 @@ class ReplicaPlan:
     def diverge(self, why: str) -> None:
         if why not in self.diverged:
             self.diverged.append(why)
+
+    def refuse_mirror(self, why: str) -> None:
+        if why not in self.unmirrored:
+            self.unmirrored.append(why)
+
+    def runs(self, card: int) -> bool:
+        """Whether ``card``'s replica is run (one per class, card 0's unless mirrored)."""
+        return bool(self.weight[card]) and not (card == 0 and self.mirror is not None)
+
+    def replica_of(self, card: int) -> int:
+        """The card whose replica runs for ``card``."""
+        return self.mirror if card == 0 and self.mirror is not None else self.rep[card]
+
+    def replicas_for(self, card: int) -> int:
+        """How many cards' replicas the replica run on ``card`` stands for."""
+        return self.weight[card] + (card == self.mirror)
 
     def expand(self, per_card: Sequence[Any]) -> list:
         """A per-card list with every card's entry taken from its representative."""
@@ -105,3 +128,17 @@ def plan_replicas(sizes: Sequence[int], card_keys: Sequence[Hashable], pinned: S
         weight[r] += 1
     return ReplicaPlan(tuple(sizes), tuple(rep), tuple(weight))
 
+
+
+def with_card0_mirrored(plan: ReplicaPlan, spec_keys: Sequence[Hashable], pinned: Sequence[int]
+                        ) -> ReplicaPlan:
+    """``plan`` with card 0's replica taken from the first class card (not ``pinned``) whose
+    chunk and spec (``spec_keys[c]``: workspace, capability, speed; not what the card holds)
+    are card 0's, if there is one (module docstring)."""
+    sizes = plan.sizes
+    if not sizes[0]:
+        return plan
+    for c in range(1, len(sizes)):
+        if c not in pinned and plan.weight[c] and sizes[c] == sizes[0] and spec_keys[c] == spec_keys[0]:
+            return ReplicaPlan(plan.sizes, plan.rep, plan.weight, mirror=c)
+    return plan
