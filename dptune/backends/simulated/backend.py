@@ -209,18 +209,7 @@ class SimulatedBackend:
         ledger.observer = self.op_observer
         with self._modes(ledger):
             baseline = list(ledger.live)
-            plan = self._plan(sizes, output_device)
-            outcome = self._measured_step(sizes, output_device, plan)
-            if plan is not None and plan.diverged:
-                # the cards of a class would not run alike: every replica, now and from now on
-                self._share_replicas = False
-                plan = None
-                outcome = self._measured_step(sizes, output_device, None)
-            elif plan is not None and plan.unmirrored:
-                # card 0's replica would not run as its class's: its own, now and from now on
-                self._mirror_card0 = False
-                plan = self._plan(sizes, output_device)
-                outcome = self._measured_step(sizes, output_device, plan)
+            plan, outcome = self._shared_step(sizes, output_device)
         rep = range(len(sizes)) if plan is None else plan.rep
         self.last_replicas = tuple(rep)     # card i's figures are those of the card rep[i]
         self.last_mirror = None if plan is None else plan.mirror
@@ -231,6 +220,35 @@ class SimulatedBackend:
                               baseline_bytes=baseline, cluster=self.cluster,
                               seconds=time.perf_counter() - t0, notes=self._notes(),
                               unread_outputs=outcome.unread_outputs)
+
+    def _shared_step(self, sizes: list[int], output_device: int
+                     ) -> tuple[Optional[ReplicaPlan], StepOutcome]:
+        """The step with one replica per class (:meth:`_plan`), run again with every replica
+        where the classes would not run alike, or with card 0's own where its replica would
+        not run as the card's that stood for it (sharing.mirror); a user's error raised with
+        card 0 mirrored is raised again by card 0's own replica, as every replica's
+        simulation raises it."""
+        plan = self._plan(sizes, output_device)
+        failed = False
+        try:
+            outcome = self._measured_step(sizes, output_device, plan)
+        except _ValueReadingError:
+            raise
+        except DptuneError:
+            if plan is None or plan.mirror is None:
+                raise
+            failed = True
+        if failed or (plan is not None and plan.unmirrored):
+            # card 0's replica would not run as its class's: its own, now and from now on
+            self._mirror_card0 = False
+            plan = self._plan(sizes, output_device)
+            outcome = self._measured_step(sizes, output_device, plan)
+        if plan is not None and plan.diverged:
+            # the cards of a class would not run alike: every replica, now and from now on
+            self._share_replicas = False
+            plan = None
+            outcome = self._measured_step(sizes, output_device, None)
+        return plan, outcome
 
     def _plan(self, sizes: list[int], output_device: int) -> Optional[ReplicaPlan]:
         """One card per class of like cards (:mod:`dptune.backends.simulated.sharing`), or

@@ -19,6 +19,27 @@ optimizer), the output card (the gathered outputs) and the card the batch is on
 accounted in full: the gather concatenates one output per card (the class's, repeated), the
 reduction makes one buffer per weight whatever the number of replicas.
 
+Card 0's own replica goes through the same events as a class card's where the two cards have
+the same chunk and spec (workspace, capability, speed): its replica differs only in using the
+master weights themselves (no copies) and, when card 0 is the output card, in getting a view
+of the output's gradient where the others get a copy. Such a class card's replica then stands
+for card 0's too (``ReplicaPlan.mirror``, :func:`with_card0_mirrored`): card 0 runs no replica,
+and the ledger charges every storage that card's replica makes to card 0 as well, at the same
+moment and with the same size, category, stream and lifetime (``_Ledger.mirror``), except the
+copies of the weights, the card's workspace and its copy of the gradient piece (card 0's view
+keeps the whole gradient alive as long as that copy lives). Card 0's own events (the master
+weights, the gathered outputs, the loss, the reduction, the optimizer) are simulated as
+before, so its trace is the trace of the simulation of every replica: card 0 has no events of
+its own while another replica runs, so running its replica's events at the time of another
+card's changes nothing in card 0's order. The time estimate counts the replica's ops for
+card 0 as well (and takes back the gather's read of card 0's output from the other card).
+Card 0 runs its own replica again (for the step and from then on) where its gradient piece
+is a view laid out unlike a copy (the sum of the output as the loss hands every replica an
+expanded, stride-0 gradient: card 0's replica could make other copies than the class card's),
+and where a user's error is raised with card 0 mirrored (raised again by card 0's replica,
+as every replica's simulation raises it). Not with the batch on card 0 (its chunk is a view
+there).
+
 Exact, not approximate: the per-card peak and breakdown equal those of the simulation of
 every replica, and the allocator trace equals it event for event (sizes, frees, streams, in
 order); only the events' ids, the global allocation numbers, differ (the replay of
