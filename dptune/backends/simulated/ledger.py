@@ -13,7 +13,9 @@ dispatch mode sees every new storage and charges it to the virtual card that mak
   input chunks, the broadcast of the weights to cards 1..n-1 (and, in the backward, the
   reduction of every replica's gradients onto card 0), the gather of the outputs onto card 0
   (and, in the backward, the scatter of their gradient). Cards that would run the same
-  replica are simulated once (the ledger's ``sharing`` plan: :mod:`dptune.backends.simulated.sharing`).
+  replica are simulated once (the ledger's ``sharing`` plan: :mod:`dptune.backends.simulated.sharing`),
+  card 0's replica too where a like card's stands for it (the ledger's ``mirror``: what that
+  card's replica makes is charged to card 0 as well).
 
 A storage is freed when Python frees it, so what autograd saves stays alive and what it does
 not (a replica's weights not needed by the backward, say) is freed after the forward, exactly
