@@ -270,3 +270,28 @@ def test_the_time_estimate_is_the_same_with_one_replica_per_class(spec, split, l
         if share:
             assert (backend.last_mirror == 1) == (loss != "sum" and split[0] == split[1])
     assert times[0] == times[1]
+
+
+class Unused(nn.Module):
+    """A layer no forward uses (the reduction fills its gradients with zeros on every
+    replica's card) and a buffer read in the forward."""
+
+    def __init__(self, ckpt: bool = False):
+        super().__init__()
+        self.ckpt = ckpt
+        self.a, self.unused, self.b = nn.Linear(32, 64), nn.Linear(64, 64), nn.Linear(64, 8)
+        self.register_buffer("scale", torch.ones(64))
+
+    def _body(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)) * self.scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self._body, x, use_reentrant=False) if self.ckpt else self._body(x)
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_card_0_mirrored_with_an_unused_layer_and_checkpointing(ckpt):
+    wl = Workload(Unused(ckpt), lambda n: torch.randn(n, 32), _squares, optimizer=_adamw,
+                  amp="fp16" if ckpt else None)
+    _assert_same(*_both(wl, "4x24GB", [([4, 4, 4, 4], 0), ([4, 4, 4, 4], 3), ([4, 2, 2, 4], 0)]))
+    assert MIRRORS == [1, 1, 3] and STILL_SHARING[0]
