@@ -199,6 +199,17 @@ class OpCounter:
         else:
             self.serial_ops += 1
 
+    def restart(self) -> None:
+        """Forget the ops counted so far (the simulator runs the step again)."""
+        self._reset()
+
+    def uncopy(self, src: int, dst: int, t: torch.Tensor) -> None:
+        """Take back a copy of ``t`` from ``src`` to ``dst`` counted in the gather, where the
+        simulator read a like card's output for card 0's own (sharing.mirror)."""
+        b = _nbytes(t)
+        self.serial_copy -= b
+        self.serial_pairs[(src, dst)] -= b
+
     def _copy(self, ledger: Any, func: Any, args: Any, kwargs: Any, dst: int) -> None:
         """A DataParallel copy onto card ``dst``: bytes read from other places."""
         if not op_cost(func, (), {}, ()).kernel:     # an allocation, a view: nothing copied

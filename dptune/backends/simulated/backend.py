@@ -27,7 +27,7 @@ from dptune.backends.simulated.dispatch import _FunctionModes, _make_accountant
 from dptune.backends.simulated.errors import _user_error, _ValueReadingError
 from dptune.backends.simulated.fake_model import _eager, _fake_module, warmed_optimizer
 from dptune.backends.simulated.ledger import _Ledger
-from dptune.backends.simulated.sharing import ReplicaPlan, plan_replicas
+from dptune.backends.simulated.sharing import ReplicaPlan, plan_replicas, with_card0_mirrored
 from dptune.errors import DptuneError, InternalError, UsageError, UserCodeError
 from dptune.split import validate_chunk_sizes
 from dptune.types import BackendKind
@@ -83,8 +83,13 @@ class SimulatedBackend:
     #: simulate one replica per class of like cards (:mod:`dptune.backends.simulated.sharing`);
     #: False: every replica (the oracle the tests compare with)
     _share_replicas = True
+    #: card 0's replica taken from a like card's where their chunks and specs are equal
+    #: (:func:`dptune.backends.simulated.sharing.with_card0_mirrored`)
+    _mirror_card0 = True
     #: after a step: for each card, the card whose replica stood for it (itself when simulated)
     last_replicas: tuple[int, ...] = ()
+    #: after a step: the card whose replica also stood for card 0's, if one did
+    last_mirror: Optional[int] = None
     #: ``probe(chunk_sizes, output_device=k)`` gathers the outputs on card k
     capabilities = Capabilities.simulated(output_device=True, op_observer=True)
     supports_output_device = True
@@ -142,7 +147,7 @@ class SimulatedBackend:
         def chosen(kernel: str, cap: tuple[int, int]) -> None:
             # a simulated card counts for every card of its class
             plan, card = ledger.sharing, asked[0]
-            times = plan.weight[card] if plan is not None and card != HOST else 1
+            times = plan.replicas_for(card) if plan is not None and card != HOST else 1
             self._kernels[(kernel, cap)] = self._kernels.get((kernel, cap), 0) + times
 
         try:
@@ -204,15 +209,10 @@ class SimulatedBackend:
         ledger.observer = self.op_observer
         with self._modes(ledger):
             baseline = list(ledger.live)
-            plan = self._plan(sizes, output_device)
-            outcome = self._measured_step(sizes, output_device, plan)
-            if plan is not None and plan.diverged:
-                # the cards of a class would not run alike: every replica, now and from now on
-                self._share_replicas = False
-                plan = None
-                outcome = self._measured_step(sizes, output_device, None)
+            plan, outcome = self._shared_step(sizes, output_device)
         rep = range(len(sizes)) if plan is None else plan.rep
         self.last_replicas = tuple(rep)     # card i's figures are those of the card rep[i]
+        self.last_mirror = None if plan is None else plan.mirror
         if self._recorder is not None and plan is not None:
             self._step_trace = [list(self._step_trace[r]) for r in rep]
         return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=[ledger.peak[r] for r in rep],
@@ -221,19 +221,51 @@ class SimulatedBackend:
                               seconds=time.perf_counter() - t0, notes=self._notes(),
                               unread_outputs=outcome.unread_outputs)
 
+    def _shared_step(self, sizes: list[int], output_device: int
+                     ) -> tuple[Optional[ReplicaPlan], StepOutcome]:
+        """The step with one replica per class (:meth:`_plan`), run again with every replica
+        where the classes would not run alike, or with card 0's own where its replica would
+        not run as the card's that stood for it (sharing.mirror); a user's error raised with
+        card 0 mirrored is raised again by card 0's own replica, as every replica's
+        simulation raises it."""
+        plan = self._plan(sizes, output_device)
+        failed = False
+        try:
+            outcome = self._measured_step(sizes, output_device, plan)
+        except _ValueReadingError:
+            raise
+        except DptuneError:
+            if plan is None or plan.mirror is None:
+                raise
+            failed = True
+        if failed or (plan is not None and plan.unmirrored):
+            # card 0's replica would not run as its class's: its own, now and from now on
+            self._mirror_card0 = False
+            plan = self._plan(sizes, output_device)
+            outcome = self._measured_step(sizes, output_device, plan)
+        if plan is not None and plan.diverged:
+            # the cards of a class would not run alike: every replica, now and from now on
+            self._share_replicas = False
+            plan = None
+            outcome = self._measured_step(sizes, output_device, None)
+        return plan, outcome
+
     def _plan(self, sizes: list[int], output_device: int) -> Optional[ReplicaPlan]:
         """One card per class of like cards (:mod:`dptune.backends.simulated.sharing`), or
         ``None``: every card (nothing to share, or sharing is off)."""
         ledger = self._ledger
-        if not self._share_replicas or len(sizes) < 3 or ledger is None:
+        if not self._share_replicas or len(sizes) < 2 or ledger is None:
             return None
         caps = self.cluster.capabilities
         # the card's speed too: a class stands for its cards in the time estimate as well
         speeds = cluster_speeds(self.cluster.names, self.cluster.spec)
-        keys = [(self.cluster.workspace_bytes(c), caps[c], speeds[c], ledger.live[c],
-                 tuple(ledger.by_cat[c].values())) for c in range(len(sizes))]
-        plan = plan_replicas(sizes, keys, (0, output_device))
-        return plan if plan.shares else None
+        spec = [(self.cluster.workspace_bytes(c), caps[c], speeds[c]) for c in range(len(sizes))]
+        keys = [(*spec[c], ledger.live[c], tuple(ledger.by_cat[c].values())) for c in range(len(sizes))]
+        pinned = (0, output_device)
+        plan = plan_replicas(sizes, keys, pinned)
+        if self._mirror_card0 and not self.batch_on_card0:
+            plan = with_card0_mirrored(plan, spec, pinned)
+        return plan if plan.shares or plan.mirror is not None else None
 
     def _measured_step(self, sizes: list[int], output_device: int,
                        plan: Optional[ReplicaPlan]) -> StepOutcome:
@@ -243,9 +275,13 @@ class SimulatedBackend:
         assert ledger is not None and module is not None
         self._kernels = {}
         ledger.bounded = {}
+        restart = getattr(self.op_observer, "restart", None)
+        if restart is not None:          # a step run again counts its ops once
+            restart()
         mark = self._recorder.mark() if self._recorder is not None else None
         ledger.reset_peaks()
         ledger.sharing = plan
+        ledger.mirror = None if plan is None or plan.mirror is None else (plan.mirror, 0)
         try:
             return self._step(sizes, output_device)
         except DptuneError:
@@ -255,7 +291,7 @@ class SimulatedBackend:
                                 f"(split {sizes}; {type(e).__name__}: {e}); this is a bug in "
                                 "dptune, not in your model: please report it") from e
         finally:
-            ledger.sharing = None
+            ledger.sharing, ledger.mirror = None, None
             if self._optimizer is not None:
                 self._optimizer.zero_grad(set_to_none=True)
             for p in module.parameters():
@@ -291,7 +327,7 @@ class SimulatedBackend:
         ws_keep = []   # cuBLAS workspace, created by the warm-up step on each busy card
         plan = ledger.sharing
         for card in cards if plan is None else (c for c in cards if plan.weight[c]):
-            with ledger.forced(card, "other"):
+            with ledger.forced(card, "other"), ledger.unmirrored():
                 ws_keep.append(torch.empty(self.cluster.workspace_bytes(card), dtype=torch.uint8))
 
         def next_batch() -> Any:

@@ -69,7 +69,7 @@ class _Broadcast(torch.autograd.Function):
             if card == 0:
                 outs += [p.view_as(p) for p in params]
             else:
-                with ledger.forced(card, "weights"):
+                with ledger.forced(card, "weights"), ledger.unmirrored():
                     outs += [p.clone() for p in params]
         return tuple(outs)
 
@@ -109,39 +109,67 @@ class _Gather(torch.autograd.Function):
         # owners: the card of each of outs where one output stands for a class of cards
         # (simulated.sharing): every card's entry is its representative's
         ctx.ledger, ctx.cards, ctx.out_card, ctx.owners = ledger, cards, out_card, owners
+        mirror = None
         if owners is not None:
             plan = ledger.sharing
             assert plan is not None
             by_card = dict(zip(owners, outs))
-            outs = tuple(by_card[plan.rep[c]] for c in cards)
+            outs = tuple(by_card[plan.replica_of(c)] for c in cards)
+            if out_card == 0 == cards[0] and plan.mirror is not None:
+                mirror = plan.mirror      # card 0's own output is another card's here
         scalar = outs[0].dim() == 0
         ctx.scalar = scalar
         ctx.sizes = [1 if scalar else o.shape[dim] for o in outs]
         ctx.dim = 0 if scalar else dim
         with ledger.forced(out_card, "outputs"):
-            if scalar:
-                return torch.stack(outs)
-            return torch.cat(outs, dim)
+            out = torch.stack(outs) if scalar else torch.cat(outs, dim)
+        uncopy = getattr(ledger.observer, "uncopy", None)
+        if mirror is not None and uncopy is not None:
+            uncopy(mirror, 0, outs[0])    # card 0 reads its own output: no copy
+        return out
 
     @staticmethod
     @_internal("the backward of the gather (the output's gradient scattered back)")
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         ledger, grads, start = ctx.ledger, [], 0
         owners = None if ctx.owners is None else set(ctx.owners)
+        view0 = None                      # card 0's piece where its replica is mirrored
         for card, size in zip(ctx.cards, ctx.sizes):
             if owners is not None and card not in owners:
+                if card == 0 == ctx.out_card:
+                    view0 = _piece(g, ctx, start, size)
                 start += size             # a card that the class's representative stands for
                 continue
-            piece = g.narrow(ctx.dim, start, size)
-            if ctx.scalar:
-                piece = piece.squeeze(0)
+            piece = _piece(g, ctx, start, size)
             start += size
             if card == ctx.out_card:
                 grads.append(piece)
+            elif view0 is not None and ledger.mirrors(card):
+                _mirror_view(ledger, card, piece, view0, g, grads)
             else:
                 with ledger.forced(card, "activations"):
                     grads.append(piece.clone())
         return (None, None, None, None, None, *grads)
+
+
+def _piece(g: torch.Tensor, ctx: Any, start: int, size: int) -> torch.Tensor:
+    piece = g.narrow(ctx.dim, start, size)
+    return piece.squeeze(0) if ctx.scalar else piece
+
+
+def _mirror_view(ledger: _Ledger, card: int, piece: torch.Tensor, view0: torch.Tensor,
+                 g: torch.Tensor, grads: list) -> None:
+    """The gradient piece of the replica that stands for card 0's (sharing.mirror): a copy on
+    ``card``, where card 0's replica gets a view of ``g`` (``view0``), which keeps ``g`` alive as
+    long as the copy lives. A view laid out unlike the copy could make card 0's replica run
+    other ops: the step is then simulated again without the mirror."""
+    if not view0.is_contiguous():
+        assert ledger.sharing is not None
+        ledger.sharing.refuse_mirror("card 0's gradient piece is a strided view (an expanded gradient)")
+    with ledger.forced(card, "activations"), ledger.unmirrored():
+        copy = piece.clone()
+    ledger.hold(copy, g)
+    grads.append(copy)
 
 
 def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0, out: int = 0,
@@ -155,7 +183,7 @@ def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0, out: int
     plan = ledger.sharing
     assert plan is not None
     by_card = dict(zip(run, outputs))
-    full = [by_card[plan.rep[c]] for c in cards]
+    full = [by_card[plan.replica_of(c)] for c in cards]
     where = [cards.index(c) for c in run]
     return _tree.gather(full, lambda ts, path: _Gather.apply(
         ledger, cards, dim, out, run, *[ts[i] for i in where]))
@@ -230,7 +258,7 @@ def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool
             rep.update(frozen)
             rep.update(buffers)
         else:
-            with ledger.forced(card, "weights"):
+            with ledger.forced(card, "weights"), ledger.unmirrored():
                 rep.update({n: t.detach().clone() for n, t in frozen.items()})
                 rep.update({n: t.detach().clone() for n, t in buffers.items()})
         replicas[card] = rep
@@ -367,7 +395,7 @@ class _SimulatedDataParallel(nn.Module):
         if plan.sizes != tuple(sizes):
             plan.diverge("the model ran on a batch of another size than the probe's")
             return cards
-        return tuple(c for c in cards if plan.weight[c])
+        return tuple(c for c in cards if plan.runs(c))
 
     def close(self) -> None:
         for h in self._hooks:

@@ -220,6 +220,22 @@ def _account(ledger: _Ledger, func: Any, facts: _OpFacts, args: Any, kwargs: Any
             ledger.charge(t, card, category)
     if ledger.observer is not None:
         ledger.observer(func, args, kwargs, out, card)
+        if ledger.mirrors(card):
+            _observe_mirrored(ledger, func, args, kwargs, out)
+
+
+def _observe_mirrored(ledger: _Ledger, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+    """The op again as card 0's replica runs it (``ledger.mirror``): on card 0, a copy made
+    onto card 0."""
+    assert ledger.mirror is not None and ledger.observer is not None
+    src, dst = ledger.mirror
+    forced = ledger.forced_card
+    if forced == src:
+        ledger.forced_card = dst
+    try:
+        ledger.observer(func, args, kwargs, out, dst)
+    finally:
+        ledger.forced_card = forced
 
 
 @_internal("the device check (host and card tensors in one op)", DeviceMismatchError)

@@ -13,7 +13,9 @@ dispatch mode sees every new storage and charges it to the virtual card that mak
   input chunks, the broadcast of the weights to cards 1..n-1 (and, in the backward, the
   reduction of every replica's gradients onto card 0), the gather of the outputs onto card 0
   (and, in the backward, the scatter of their gradient). Cards that would run the same
-  replica are simulated once (the ledger's ``sharing`` plan: :mod:`dptune.backends.simulated.sharing`).
+  replica are simulated once (the ledger's ``sharing`` plan: :mod:`dptune.backends.simulated.sharing`),
+  card 0's replica too where a like card's stands for it (the ledger's ``mirror``: what that
+  card's replica makes is charged to card 0 as well).
 
 A storage is freed when Python frees it, so what autograd saves stays alive and what it does
 not (a replica's weights not needed by the backward, say) is freed after the forward, exactly
@@ -93,11 +95,13 @@ def _rounded(nbytes: int) -> int:
 
 
 class _Record:
-    __slots__ = ("card", "nbytes", "category", "ref", "seq")
+    __slots__ = ("card", "nbytes", "category", "ref", "seq", "mirror", "keep")
 
     def __init__(self, card: int, nbytes: int, category: str, seq: int):
         self.card, self.nbytes, self.category, self.seq = card, nbytes, category, seq
         self.ref: Any = None
+        self.mirror: Optional[_Record] = None    # the same storage counted on card 0 too
+        self.keep: Any = None                    # what lives as long as this storage
 
 
 class _Ledger:
@@ -125,6 +129,9 @@ class _Ledger:
         self.observer: Optional[Callable[..., None]] = None  # sees every op (backends.timing)
         # the step simulates one card per class of like cards (simulated.sharing), or all
         self.sharing: Optional[ReplicaPlan] = None
+        # (card, 0): what the card's replica makes is card 0's replica's too (sharing.mirror)
+        self.mirror: Optional[tuple[int, int]] = None
+        self.mirroring = True          # off around what card 0's replica would not make
 
     # -- storages ------------------------------------------------------------------------
     def record_of(self, t: torch.Tensor) -> Optional[_Record]:
@@ -174,18 +181,27 @@ class _Ledger:
             if records.get(key) is rec:
                 del records[key]
             self._free(rec)
+            rec.keep = None
 
         rec.ref = weakref.ref(st, release)
         records[key] = rec
         if card != HOST and rec.nbytes:
-            if self.on_event is not None:
-                self.on_event(card, rec.nbytes, rec.seq, self.stream)
-            self.live[card] += rec.nbytes
-            self.by_cat[card][category] += rec.nbytes
-            if self.live[card] > self.peak[card]:
-                self.peak[card] = self.live[card]
-                self.peak_breakdown[card] = dict(self.by_cat[card])
-                self._peak_seq[card] = self._seq
+            self._add(rec)
+            mirror = self.mirror
+            if mirror is not None and card == mirror[0] and self.mirroring:
+                rec.mirror = _Record(mirror[1], rec.nbytes, category, rec.seq)
+                self._add(rec.mirror)
+
+    def _add(self, rec: _Record) -> None:
+        card = rec.card
+        if self.on_event is not None:
+            self.on_event(card, rec.nbytes, rec.seq, self.stream)
+        self.live[card] += rec.nbytes
+        self.by_cat[card][rec.category] += rec.nbytes
+        if self.live[card] > self.peak[card]:
+            self.peak[card] = self.live[card]
+            self.peak_breakdown[card] = dict(self.by_cat[card])
+            self._peak_seq[card] = self._seq
 
     def _free(self, rec: _Record) -> None:
         if rec.card != HOST and rec.nbytes:
@@ -193,11 +209,19 @@ class _Ledger:
                 self.on_event(rec.card, -rec.nbytes, rec.seq, 0)
             self.live[rec.card] -= rec.nbytes
             self.by_cat[rec.card][rec.category] -= rec.nbytes
+        if rec.mirror is not None:
+            self._free(rec.mirror)
+            rec.mirror = None
 
     def retag(self, t: torch.Tensor, category: str) -> None:
         rec = self.record_of(t)
         if rec is None or rec.category == category:
             return
+        self._retag(rec, category)
+        if rec.mirror is not None:
+            self._retag(rec.mirror, category)
+
+    def _retag(self, rec: _Record, category: str) -> None:
         card = rec.card
         if card != HOST:
             self.by_cat[card][rec.category] -= rec.nbytes
@@ -212,8 +236,28 @@ class _Ledger:
         """Stop charging ``t``'s storage to a card (it lives on the host on real GPUs)."""
         rec = self.record_of(t)
         if rec is not None and rec.card != HOST:
-            self._free(rec)
+            self._free(rec)       # and its mirror on card 0
             rec.card = HOST
+
+    def hold(self, t: torch.Tensor, other: Any) -> None:
+        """Keep ``other`` alive as long as ``t``'s storage (card 0's replica holds a view of
+        ``other`` where the replica that stands for it holds ``t``, a copy)."""
+        rec = self.record_of(t)
+        if rec is not None:
+            rec.keep = other
+
+    def mirrors(self, card: int) -> bool:
+        """Whether what lands on ``card`` now is card 0's replica's too (sharing.mirror)."""
+        return self.mirror is not None and card == self.mirror[0] and self.mirroring
+
+    @contextlib.contextmanager
+    def unmirrored(self) -> Iterator[None]:
+        """What card 0's replica would not make (the copies of the weights, say)."""
+        prev, self.mirroring = self.mirroring, False
+        try:
+            yield
+        finally:
+            self.mirroring = prev
 
     def reset_peaks(self) -> None:
         """Like ``torch.cuda.reset_peak_memory_stats``: peaks restart from what is live."""

@@ -19,6 +19,27 @@ optimizer), the output card (the gathered outputs) and the card the batch is on
 accounted in full: the gather concatenates one output per card (the class's, repeated), the
 reduction makes one buffer per weight whatever the number of replicas.
 
+Card 0's own replica goes through the same events as a class card's where the two cards have
+the same chunk and spec (workspace, capability, speed): its replica differs only in using the
+master weights themselves (no copies) and, when card 0 is the output card, in getting a view
+of the output's gradient where the others get a copy. Such a class card's replica then stands
+for card 0's too (``ReplicaPlan.mirror``, :func:`with_card0_mirrored`): card 0 runs no replica,
+and the ledger charges every storage that card's replica makes to card 0 as well, at the same
+moment and with the same size, category, stream and lifetime (``_Ledger.mirror``), except the
+copies of the weights, the card's workspace and its copy of the gradient piece (card 0's view
+keeps the whole gradient alive as long as that copy lives). Card 0's own events (the master
+weights, the gathered outputs, the loss, the reduction, the optimizer) are simulated as
+before, so its trace is the trace of the simulation of every replica: card 0 has no events of
+its own while another replica runs, so running its replica's events at the time of another
+card's changes nothing in card 0's order. The time estimate counts the replica's ops for
+card 0 as well (and takes back the gather's read of card 0's output from the other card).
+Card 0 runs its own replica again (for the step and from then on) where its gradient piece
+is a view laid out unlike a copy (the sum of the output as the loss hands every replica an
+expanded, stride-0 gradient: card 0's replica could make other copies than the class card's),
+and where a user's error is raised with card 0 mirrored (raised again by card 0's replica,
+as every replica's simulation raises it). Not with the batch on card 0 (its chunk is a view
+there).
+
 Exact, not approximate: the per-card peak and breakdown equal those of the simulation of
 every replica, and the allocator trace equals it event for event (sizes, frees, streams, in
 order); only the events' ids, the global allocation numbers, differ (the replay of
@@ -47,9 +68,9 @@ cards of the class no longer carry what they would have kept).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Optional, Sequence
 
-__all__ = ["ReplicaPlan", "plan_replicas"]
+__all__ = ["ReplicaPlan", "plan_replicas", "with_card0_mirrored"]
 
 
 @dataclass
@@ -59,12 +80,19 @@ class ReplicaPlan:
     ``rep[c]`` is the simulated card whose figures card ``c`` takes (``c`` itself for a
     simulated card); ``weight[c]`` how many cards the simulated card ``c`` stands for (0 for
     one that is not simulated). ``diverged`` is set by the step where sharing is not exact.
+
+    ``mirror``: the card whose replica also stands for card 0's (card 0 runs no replica of
+    its own; the ledger charges what that replica makes to card 0 as well, in the same
+    order: :func:`with_card0_mirrored`), or ``None``. ``unmirrored`` is set by the step where
+    card 0's replica would not run as that card's (the step is simulated again without it).
     """
 
     sizes: tuple[int, ...]
     rep: tuple[int, ...]
     weight: tuple[int, ...]
     diverged: list[str] = field(default_factory=list)
+    mirror: Optional[int] = None
+    unmirrored: list[str] = field(default_factory=list)
 
     @property
     def simulated(self) -> frozenset[int]:
@@ -78,6 +106,22 @@ class ReplicaPlan:
     def diverge(self, why: str) -> None:
         if why not in self.diverged:
             self.diverged.append(why)
+
+    def refuse_mirror(self, why: str) -> None:
+        if why not in self.unmirrored:
+            self.unmirrored.append(why)
+
+    def runs(self, card: int) -> bool:
+        """Whether ``card``'s replica is run (one per class, card 0's unless mirrored)."""
+        return bool(self.weight[card]) and not (card == 0 and self.mirror is not None)
+
+    def replica_of(self, card: int) -> int:
+        """The card whose replica runs for ``card``."""
+        return self.mirror if card == 0 and self.mirror is not None else self.rep[card]
+
+    def replicas_for(self, card: int) -> int:
+        """How many cards' replicas the replica run on ``card`` stands for."""
+        return self.weight[card] + (card == self.mirror)
 
     def expand(self, per_card: Sequence[Any]) -> list:
         """A per-card list with every card's entry taken from its representative."""
@@ -105,3 +149,17 @@ def plan_replicas(sizes: Sequence[int], card_keys: Sequence[Hashable], pinned: S
         weight[r] += 1
     return ReplicaPlan(tuple(sizes), tuple(rep), tuple(weight))
 
+
+
+def with_card0_mirrored(plan: ReplicaPlan, spec_keys: Sequence[Hashable], pinned: Sequence[int]
+                        ) -> ReplicaPlan:
+    """``plan`` with card 0's replica taken from the first class card (not ``pinned``) whose
+    chunk and spec (``spec_keys[c]``: workspace, capability, speed; not what the card holds)
+    are card 0's, if there is one (module docstring)."""
+    sizes = plan.sizes
+    if not sizes[0]:
+        return plan
+    for c in range(1, len(sizes)):
+        if c not in pinned and plan.weight[c] and sizes[c] == sizes[0] and spec_keys[c] == spec_keys[0]:
+            return ReplicaPlan(plan.sizes, plan.rep, plan.weight, mirror=c)
+    return plan

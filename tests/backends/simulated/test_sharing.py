@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from dptune.backends.reserved import ReservedModel
 from dptune.backends.simulated import SimulatedBackend
-from dptune.backends.simulated.sharing import plan_replicas
+from dptune.backends.simulated.sharing import plan_replicas, with_card0_mirrored
 from dptune.examples.models import TinyGPT
 from dptune.workload import Workload
 
@@ -60,6 +60,7 @@ def _normalized(trace: list) -> list:
 
 
 STILL_SHARING = [True]           # whether the last shared run kept sharing to the end
+MIRRORS: list = []               # the last shared run: each probe's card that stood for card 0
 
 
 def _both(wl: Workload, cluster: str, splits: list, **kw: Any) -> tuple[list, list, list]:
@@ -69,9 +70,13 @@ def _both(wl: Workload, cluster: str, splits: list, **kw: Any) -> tuple[list, li
         b = SimulatedBackend(wl, cluster, reserved=ReservedModel(), **kw)
         b._share_replicas = share
         probes, traces = [], []
+        if share:
+            MIRRORS.clear()
         for split, out in splits:
             probes.append(b.probe(split, output_device=out))
             traces.append(_normalized(b._step_trace))
+            if share:
+                MIRRORS.append(b.last_mirror)
         got[share] = (probes, traces)
         if share:
             STILL_SHARING[0] = b._share_replicas
@@ -109,20 +114,75 @@ def test_a_gpt_on_mixed_clusters_is_exact_card_by_card(cluster, splits):
     _assert_same(*_both(wl, cluster, splits))
 
 
+def _squares(out: torch.Tensor, batch: Any) -> torch.Tensor:
+    return out.pow(2).mean()     # the output's gradient is a tensor of its own (not expanded)
+
+
 def test_like_cards_run_one_replica_and_match_every_replica():
     m = Counted()
-    wl = Workload(m, lambda n: torch.randn(n, 3, 8, 8), optimizer=_adamw)
+    wl = Workload(m, lambda n: torch.randn(n, 3, 8, 8), _squares, optimizer=_adamw)
     splits = [([4, 4, 4, 4, 4, 4], 0), ([2, 3, 3, 0, 3, 3], 0)]
     shared, full, traces = _both(wl, "6x24GB", splits)
     _assert_same(shared, full, traces)
-    # shared: 2 replicas (card 0 and one for cards 1-5), then 2 (card 0 and one for the
-    # cards of 3 samples), where the full simulation runs 6, then 5
-    b = SimulatedBackend(Workload(Counted(), lambda n: torch.randn(n, 3, 8, 8)), "6x24GB")
+    assert MIRRORS == [1, None]
+    # shared: 1 replica (card 1's, for cards 1-5 and for card 0's own), then 2 (card 0 and
+    # one for the cards of 3 samples), where the full simulation runs 6, then 5
+    b = SimulatedBackend(Workload(Counted(), lambda n: torch.randn(n, 3, 8, 8), _squares), "6x24GB")
     runs = CALLS[0]
     b.probe([4] * 6)
-    assert CALLS[0] - runs == 2
+    assert CALLS[0] - runs == 1
     b.probe([2, 3, 3, 0, 3, 3])
-    assert CALLS[0] - runs == 2 + 2
+    assert CALLS[0] - runs == 1 + 2
+
+
+def test_an_expanded_gradient_runs_card_0_on_its_own():
+    """The default loss (the output's sum) hands card 0's replica a stride-0 view of the
+    gathered output's gradient where the others get a copy: card 0 is simulated again on its
+    own, and from then on, with the same figures."""
+    wl = Workload(Counted(), lambda n: torch.randn(n, 3, 8, 8), optimizer=_adamw)
+    _assert_same(*_both(wl, "4x24GB", [([4, 4, 4, 4], 0), ([4, 4, 4, 4], 0)]))
+    assert MIRRORS == [None, None] and STILL_SHARING[0]
+    b = SimulatedBackend(Workload(Counted(), lambda n: torch.randn(n, 3, 8, 8)), "4x24GB")
+    runs = CALLS[0]
+    b.probe([4] * 4)
+    assert CALLS[0] - runs == 1 + 2          # mirrored, refused at the backward, run again
+    b.probe([4] * 4)
+    assert CALLS[0] - runs == 3 + 2 and b.last_mirror is None
+
+
+def _ce(out: torch.Tensor, batch: Any) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(out.flatten(0, 1).float(), batch.flatten().to(out.device))
+
+
+# (cluster, [(split, output card)], the card whose replica stands for card 0's in each probe):
+# card 0's chunk equal to a class card's of its spec (mirrored) or not (card 0 runs its own)
+MIRROR_CASES = [
+    ("4x24GB", [([4, 4, 4, 4], 0), ([3, 5, 5, 5], 0), ([4, 4, 4, 4], 2), ([4, 4, 4, 4], 1),
+                ([5, 3, 5, 5], 0)], [1, None, 1, 2, 2]),
+    # cards given by size differ in memory only, which the replica does not see
+    ("2x24GB,2x40GB", [([4, 4, 4, 4], 0), ([3, 3, 4, 4], 3), ([4, 6, 4, 4], 0), ([4, 6, 5, 5], 0)],
+     [1, 1, 2, None]),
+    ("1x80GB,3x24GB", [([4, 4, 4, 4], 0), ([0, 4, 4, 4], 0)], [1, None]),
+    ("1xH100,3x24GB", [([4, 4, 4, 4], 0)], [None]),      # another capability and workspace
+    ("2x24GB", [([4, 4], 0), ([4, 4], 1), ([2, 4], 0)], [1, None, None]),
+    ("2xH100,3x24GB", [([2, 2, 2, 2, 2], 0), ([3, 3, 3, 3, 3], 4)], [1, 1]),
+]
+
+
+@pytest.mark.parametrize("cluster,splits,mirrors", MIRROR_CASES)
+@pytest.mark.parametrize("outputs", ["losses", "logits"])
+def test_card_0_taken_from_a_like_card_is_exact_on_mixed_clusters(cluster, splits, mirrors, outputs):
+    """Card 0 runs no replica where a class card has its chunk and spec: its figures (peak,
+    breakdown, allocator trace, kernel notes) are those of every replica simulated, with each
+    replica's loss gathered (0-dim outputs) or the logits (a cross-entropy on card 0)."""
+    m = _gpt()
+    if outputs == "losses":
+        wl = Workload(m, m.sample_with_targets, loss_fn=lambda out, batch: out.mean(),
+                      optimizer=_adamw, amp="bf16")
+    else:
+        wl = Workload(m, m.sample, loss_fn=_ce, optimizer=_adamw, amp="bf16")
+    _assert_same(*_both(wl, cluster, splits))
+    assert MIRRORS == mirrors and STILL_SHARING[0]
 
 
 @pytest.mark.parametrize("ckpt", ["non-reentrant", "reentrant"])
@@ -159,6 +219,22 @@ def test_the_plan_pins_card_0_and_the_output_card_and_groups_the_rest():
     assert not plan_replicas([4, 4, 5], ["a"] * 3, (0,)).shares
 
 
+def test_card_0_is_mirrored_from_an_unpinned_class_card_of_its_chunk_and_spec():
+    keys = ["a", "a", "a", "a"]
+    spec = ["s", "s", "s", "s"]
+    # the output card (1) is pinned: card 2 stands for card 0's replica
+    p = with_card0_mirrored(plan_replicas([4, 4, 4, 4], keys, (0, 1)), spec, (0, 1))
+    assert p.mirror == 2 and not p.runs(0) and p.runs(2) and not p.runs(3)
+    assert p.replica_of(0) == 2 and p.replica_of(3) == 2 and p.replicas_for(2) == 3
+    assert p.rep[0] == 0 and p.weight == (1, 1, 2, 0)       # card 0 keeps its own figures
+    assert with_card0_mirrored(plan_replicas([3, 4, 4, 4], keys, (0,)), spec, (0,)).mirror is None
+    assert with_card0_mirrored(plan_replicas([4, 4, 4, 4], keys, (0,)), ["x", "s", "s", "s"],
+                               (0,)).mirror is None
+    assert with_card0_mirrored(plan_replicas([4, 4, 4, 4], ["a", "b", "a", "a"], (0,)),
+                               ["s", "t", "s", "s"], (0,)).mirror == 2
+    assert with_card0_mirrored(plan_replicas([0, 4, 4, 4], keys, (0,)), spec, (0,)).mirror is None
+
+
 def test_scalar_outputs_micro_batches_and_clipping():
     # forward(idx, targets) returns each replica's loss: 0-dim outputs, stacked by the gather
     m = _gpt()
@@ -169,12 +245,15 @@ def test_scalar_outputs_micro_batches_and_clipping():
 
 
 @pytest.mark.parametrize("spec, split", [("4x24GB", [2, 5, 5, 5]), ("2x24GB,2x40GB", [3, 4, 4, 6]),
-                                         ("RTX4090,3xRTX3090", [4, 3, 3, 0])])
-def test_the_time_estimate_is_the_same_with_one_replica_per_class(spec, split):
+                                         ("RTX4090,3xRTX3090", [4, 3, 3, 0]), ("4x24GB", [4, 4, 4, 4]),
+                                         ("2x24GB,2x40GB", [3, 3, 3, 3])])
+@pytest.mark.parametrize("loss", ["sum", "cross-entropy"])
+def test_the_time_estimate_is_the_same_with_one_replica_per_class(spec, split, loss):
     """The estimated step time (per card and in all) does not depend on whether like cards were
-    simulated once: the full simulation is the reference. The host's part may miss the views
-    the scatter and the gather make for a card not simulated (one each, 45 us of a 35 ms
-    step): the whole step within 0.5%."""
+    simulated once, card 0's replica included (a cross-entropy: mirrored; the sum: refused
+    at the backward and run again): the full simulation is the reference. The host's part may
+    miss the views the scatter and the gather make for a card not simulated (one each, 45 us
+    of a 35 ms step): the whole step within 0.5%."""
     from dptune.backends.simulated import SimulatedBackend
     from dptune.backends.timing import TimedBackend
     from dptune.examples.models import TinyGPT
@@ -183,7 +262,7 @@ def test_the_time_estimate_is_the_same_with_one_replica_per_class(spec, split):
     model = TinyGPT()
     times, steps = [], []
     for share in (True, False):
-        backend = SimulatedBackend(Workload(model, model.sample,
+        backend = SimulatedBackend(Workload(model, model.sample, _ce if loss != "sum" else None,
                                             optimizer=lambda p: torch.optim.AdamW(p)), spec)
         backend._share_replicas = share
         r = TimedBackend(backend).probe(split)
@@ -192,5 +271,32 @@ def test_the_time_estimate_is_the_same_with_one_replica_per_class(spec, split):
         steps.append(r.time.step_seconds)
         if share and split.count(split[1]) > 1:
             assert len(set(backend.last_replicas)) < len(split)      # a class was shared
+        if share:
+            assert (backend.last_mirror == 1) == (loss != "sum" and split[0] == split[1])
     assert times[0] == times[1]
     assert steps[0] == pytest.approx(steps[1], rel=0.005)
+
+
+class Unused(nn.Module):
+    """A layer no forward uses (the reduction fills its gradients with zeros on every
+    replica's card) and a buffer read in the forward."""
+
+    def __init__(self, ckpt: bool = False):
+        super().__init__()
+        self.ckpt = ckpt
+        self.a, self.unused, self.b = nn.Linear(32, 64), nn.Linear(64, 64), nn.Linear(64, 8)
+        self.register_buffer("scale", torch.ones(64))
+
+    def _body(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)) * self.scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self._body, x, use_reentrant=False) if self.ckpt else self._body(x)
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_card_0_mirrored_with_an_unused_layer_and_checkpointing(ckpt):
+    wl = Workload(Unused(ckpt), lambda n: torch.randn(n, 32), _squares, optimizer=_adamw,
+                  amp="fp16" if ckpt else None)
+    _assert_same(*_both(wl, "4x24GB", [([4, 4, 4, 4], 0), ([4, 4, 4, 4], 3), ([4, 2, 2, 4], 0)]))
+    assert MIRRORS == [1, 1, 3] and STILL_SHARING[0]
