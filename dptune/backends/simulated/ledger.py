@@ -117,6 +117,7 @@ class _Ledger:
         self.last_card = 0             # the card of the last op that read a card's tensor
         self.forced_card: Optional[int] = None
         self.as_cuda = False           # the step runs: CUDA's device rules (simulated.device_rules)
+        self.scratch = True            # charge what CUDA's kernels allocate inside an op (scratch)
         self.category = "other"
         self.bounded: dict[str, str] = {}   # data-dependent ops seen -> how their size was bounded
         # the allocator trace: (card, +/-bytes, seq, stream); stream 1: the scatter's copy stream
@@ -193,6 +194,23 @@ class _Ledger:
                 self.on_event(rec.card, -rec.nbytes, rec.seq, 0)
             self.live[rec.card] -= rec.nbytes
             self.by_cat[rec.card][rec.category] -= rec.nbytes
+
+    def transient(self, card: int, nbytes: int) -> None:
+        """``nbytes`` allocated on ``card`` and freed at once (an op's scratch,
+        :mod:`dptune.backends.simulated.scratch`): a new peak if it comes at the peak."""
+        nbytes = _rounded(nbytes)
+        if card == HOST or nbytes <= 0:
+            return
+        self._seq += 1
+        if self.on_event is not None:
+            self.on_event(card, nbytes, self._seq, self.stream)
+        if self.live[card] + nbytes > self.peak[card]:
+            self.peak[card] = self.live[card] + nbytes
+            self.peak_breakdown[card] = dict(self.by_cat[card])
+            self.peak_breakdown[card]["other"] += nbytes
+            self._peak_seq[card] = self._seq
+        if self.on_event is not None:
+            self.on_event(card, -nbytes, self._seq, 0)
 
     def retag(self, t: torch.Tensor, category: str) -> None:
         rec = self.record_of(t)

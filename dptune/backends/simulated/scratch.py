@@ -1,0 +1,133 @@
+"""What a CUDA op allocates for itself and frees before it returns (its scratch), which the
+fake kernels, run on the CPU, never allocate: a new peak while the op runs, where the op
+comes at the step's peak.
+
+Measured on an H200 (torch 2.11, the allocator's history in
+``benchmarks/measured/h200-2026-11-27/memory.json.gz``, read by ``benchmarks/memory_gap.py``)
+and read in torch's source:
+
+- **a matrix operand cuBLAS cannot read as it is** (``aten/src/ATen/native/cuda/Blas.cpp``,
+  ``prepare_matrix_for_cublas``): a 2-D operand of ``mm``/``addmm`` that is neither dense
+  nor strided as a column- or row-major matrix (a leading stride below the other size, e.g.
+  the stride-0 gradient that ``loss = out.sum()`` sends into a linear layer's backward) is
+  copied with ``clone(MemoryFormat::Contiguous)`` for the call. The batched ops (``bmm``,
+  ``baddbmm``) copy a 3-D operand whose last two dimensions are neither (the
+  ``prepare_batch_matrix_for_cublas`` rule, taken without its dependence on the output's
+  layout). TinyGPT's head at batch 4 copies its 131 MB gradient twice this way on the
+  H200, the step's peak.
+- **cuDNN's convolution workspace** (``aten/src/ATen/native/cudnn/Conv_v8.cpp``: the plan's
+  workspace is taken from the caching allocator for the call and freed after it) and, in the
+  backward, the gradient made contiguous in the input's memory format
+  (``ConvShared.cpp``, ``cudnn_convolution_backward``). The workspace's size is cuDNN's
+  choice (its heuristics pick the algorithm, with ``cudnn.benchmark`` off), not in torch's
+  source: it is charged as a bound, :data:`CONV_WORKSPACE_FLOOR` or
+  :data:`CONV_WORKSPACE_RATIO` times the convolution's largest tensor, whichever is larger,
+  fitted on the H200 (every workspace of SmallResNet's and SegNet's steps under it: from 400
+  bytes to 37.9 MB, which is 1.51 times SegNet's 25.2 MB input; 10 to 14 MB for convolutions
+  of 0.5 to 4 MB). In the backward the data and the weight gradients use a workspace each,
+  one after the other: one is charged.
+
+The cuBLAS workspaces are not scratch (they stay allocated): ``Cluster.workspace_bytes``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["CONV_WORKSPACE_FLOOR", "CONV_WORKSPACE_RATIO", "scratch_kind", "scratch_bytes"]
+
+MiB = 1 << 20
+CONV_WORKSPACE_FLOOR = 16 * MiB
+CONV_WORKSPACE_RATIO = 1.6
+
+# aten op (overload packet) -> the positions of its matrix operands, and their rank
+_MATRIX_OPS = {"mm": ((0, 1), 2), "addmm": ((1, 2), 2), "bmm": ((0, 1), 3), "baddbmm": ((1, 2), 3)}
+_CONV_OPS = ("convolution", "convolution_backward", "cudnn_convolution",
+             "cudnn_convolution_transpose")
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def scratch_kind(packet: str) -> Optional[str]:
+    """``'matrix'``, ``'conv'`` or ``None``: whether an aten op (its overload packet's name)
+    may allocate scratch on CUDA."""
+    if packet in _MATRIX_OPS:
+        return "matrix"
+    return "conv" if packet in _CONV_OPS else None
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """``is_non_overlapping_and_dense``: the elements fill a block of memory with no gap."""
+    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
+def _blas_copy(t: torch.Tensor) -> bool:
+    """Whether cuBLAS gets a contiguous copy of the 2-D operand ``t``."""
+    if t.dim() != 2 or t.numel() == 0 or _dense(t):
+        return False
+    (r, c), (sr, sc) = t.shape, t.stride()
+    return not ((sr == 1 and sc >= max(1, r)) or (sc == 1 and sr >= max(1, c)))
+
+
+def _batch_blas_copy(t: torch.Tensor) -> bool:
+    """Whether the batched cuBLAS call gets a contiguous copy of the 3-D operand ``t``."""
+    if t.dim() != 3 or t.numel() == 0:
+        return False
+    _, r, c = t.shape
+    _, sr, sc = t.stride()
+    if (sc == 1 and sr >= max(1, c)) or (sr == 1 and sc >= max(1, r)):
+        return False
+    return not (t.is_contiguous() and sr != 0 and sc != 0)
+
+
+def _matrix_scratch(packet: str, args: Any) -> int:
+    pos, rank = _MATRIX_OPS[packet]
+    copies = _blas_copy if rank == 2 else _batch_blas_copy
+    return sum(_nbytes(args[i]) for i in pos
+               if len(args) > i and isinstance(args[i], torch.Tensor) and copies(args[i]))
+
+
+def conv_workspace_bound(*tensors: torch.Tensor) -> int:
+    """The bound charged for cuDNN's workspace in a convolution of these tensors."""
+    largest = max((_nbytes(t) for t in tensors), default=0)
+    return max(CONV_WORKSPACE_FLOOR, int(CONV_WORKSPACE_RATIO * largest))
+
+
+def _conv_scratch(packet: str, args: Any, out: Any) -> int:
+    tensors = [t for t in (list(args[:3]) + list(out if isinstance(out, (tuple, list)) else [out]))
+               if isinstance(t, torch.Tensor)]
+    if not tensors or tensors[0].dtype not in _FLOATS or tensors[0].dim() < 3:
+        return 0
+    copy = 0
+    if packet == "convolution_backward":
+        grad, x = args[0], args[1]
+        fmt = torch.channels_last if x.dim() == 4 and x.is_contiguous(
+            memory_format=torch.channels_last) and not x.is_contiguous() else torch.contiguous_format
+        copy = 0 if grad.is_contiguous(memory_format=fmt) else _nbytes(grad)
+    return copy + conv_workspace_bound(*tensors)
+
+
+def _symbolic(args: Any) -> bool:
+    return any(isinstance(d, torch.SymInt) for t in args if isinstance(t, torch.Tensor)
+               for d in (*t.shape, *t.stride()))
+
+
+def scratch_bytes(kind: str, packet: str, args: Any, out: Any) -> int:
+    """The bytes an op of ``kind`` (:func:`scratch_kind`) allocates while it runs on a CUDA
+    card and frees before it returns (none charged for operands of data-dependent sizes)."""
+    if _symbolic(args[:3]):
+        return 0
+    if kind == "matrix":
+        return _matrix_scratch(packet, args)
+    return _conv_scratch(packet, args, out)
