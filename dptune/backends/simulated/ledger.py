@@ -29,9 +29,14 @@ step function, which gets the DataParallel-wrapped model).
 
 Known limitations (what is not modelled):
 
-- cuDNN/cuBLAS workspace choice: one cuBLAS workspace per card that runs a replica
-  (``Cluster.workspace_bytes``, 32 MiB on Hopper cards and 8 MiB on others, as torch's
-  defaults) is charged as ``other``; cuDNN's per-algorithm workspaces are not.
+- Workspaces: a card that runs a replica keeps two cuBLAS workspaces (one per thread's
+  handle: the forward's thread and the autograd engine's; ``Cluster.workspace_bytes``, 32 MiB
+  on Hopper cards and 8 MiB on others, as torch's defaults) and cuBLASLt's 1 MiB, charged as
+  ``other`` (``Cluster.workspaces_bytes``), whether or not the model multiplies matrices. An
+  op's scratch (:mod:`dptune.backends.simulated.scratch`: cuBLAS's copy of an operand it
+  cannot read as it is, cuDNN's convolution workspace, charged as a bound fitted on an H200)
+  is a transient ``other`` while the op runs; CUDA reductions' global buffers and the
+  attention kernels' workspaces are not charged.
 - NCCL buffers, the CUDA context beyond the fixed ``context_bytes`` per card, fragmentation
   and reserved-but-free memory (``max_memory_reserved`` is larger than the peak given here;
   ``reserved=ReservedModel()`` predicts it: :mod:`dptune.backends.reserved`).

@@ -20,12 +20,13 @@ and read in torch's source:
   backward, the gradient made contiguous in the input's memory format
   (``ConvShared.cpp``, ``cudnn_convolution_backward``). The workspace's size is cuDNN's
   choice (its heuristics pick the algorithm, with ``cudnn.benchmark`` off), not in torch's
-  source: it is charged as a bound, :data:`CONV_WORKSPACE_FLOOR` or
-  :data:`CONV_WORKSPACE_RATIO` times the convolution's largest tensor, whichever is larger,
-  fitted on the H200 (every workspace of SmallResNet's and SegNet's steps under it: from 400
-  bytes to 37.9 MB, which is 1.51 times SegNet's 25.2 MB input; 10 to 14 MB for convolutions
-  of 0.5 to 4 MB). In the backward the data and the weight gradients use a workspace each,
-  one after the other: one is charged.
+  source: it is charged as a bound, :data:`CONV_WORKSPACE_BASE` plus the larger of the
+  convolution's input and output, fitted on the H200: every workspace of SmallResNet's and
+  SegNet's steps is under it (from 400 bytes to 37.9 MB, which is SegNet's 25.2 MB input plus
+  12.8 MB; the tightest, 1.5 MB under, ResNet's 256-channel layers' 14.2 MB beside 1 MB
+  tensors). Affine in the batch, as the rest of a step's memory, so that the searches' lines
+  still fit. In the backward the data and the weight gradients use a workspace each, one
+  after the other: one is charged.
 
 The cuBLAS workspaces are not scratch (they stay allocated): ``Cluster.workspace_bytes``.
 """
@@ -36,16 +37,14 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["CONV_WORKSPACE_FLOOR", "CONV_WORKSPACE_RATIO", "scratch_kind", "scratch_bytes"]
+__all__ = ["CONV_WORKSPACE_BASE", "scratch_kind", "scratch_bytes"]
 
 MiB = 1 << 20
-CONV_WORKSPACE_FLOOR = 16 * MiB
-CONV_WORKSPACE_RATIO = 1.6
+CONV_WORKSPACE_BASE = 14 * MiB
 
 # aten op (overload packet) -> the positions of its matrix operands, and their rank
 _MATRIX_OPS = {"mm": ((0, 1), 2), "addmm": ((1, 2), 2), "bmm": ((0, 1), 3), "baddbmm": ((1, 2), 3)}
-_CONV_OPS = ("convolution", "convolution_backward", "cudnn_convolution",
-             "cudnn_convolution_transpose")
+_CONV_OPS = ("convolution", "convolution_backward")
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
@@ -98,24 +97,25 @@ def _matrix_scratch(packet: str, args: Any) -> int:
                if len(args) > i and isinstance(args[i], torch.Tensor) and copies(args[i]))
 
 
-def conv_workspace_bound(*tensors: torch.Tensor) -> int:
-    """The bound charged for cuDNN's workspace in a convolution of these tensors."""
-    largest = max((_nbytes(t) for t in tensors), default=0)
-    return max(CONV_WORKSPACE_FLOOR, int(CONV_WORKSPACE_RATIO * largest))
+def conv_workspace_bound(x: torch.Tensor, y: torch.Tensor) -> int:
+    """The bound charged for cuDNN's workspace in a convolution of input ``x``, output ``y``."""
+    return CONV_WORKSPACE_BASE + max(_nbytes(x), _nbytes(y))
 
 
 def _conv_scratch(packet: str, args: Any, out: Any) -> int:
-    tensors = [t for t in (list(args[:3]) + list(out if isinstance(out, (tuple, list)) else [out]))
-               if isinstance(t, torch.Tensor)]
-    if not tensors or tensors[0].dtype not in _FLOATS or tensors[0].dim() < 3:
+    if packet == "convolution_backward":
+        y, x = args[0], args[1]         # the output's gradient, the input
+    else:
+        x, y = args[0], out
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or (
+            x.dtype not in _FLOATS or x.dim() < 3):
         return 0
     copy = 0
     if packet == "convolution_backward":
-        grad, x = args[0], args[1]
         fmt = torch.channels_last if x.dim() == 4 and x.is_contiguous(
             memory_format=torch.channels_last) and not x.is_contiguous() else torch.contiguous_format
-        copy = 0 if grad.is_contiguous(memory_format=fmt) else _nbytes(grad)
-    return copy + conv_workspace_bound(*tensors)
+        copy = 0 if y.is_contiguous(memory_format=fmt) else _nbytes(y)
+    return copy + conv_workspace_bound(x, y)
 
 
 def _symbolic(args: Any) -> bool:
