@@ -17,8 +17,9 @@ and read in torch's source:
   H200, the step's peak.
 - **cuDNN's convolution workspace** (``aten/src/ATen/native/cudnn/Conv_v8.cpp``: the plan's
   workspace is taken from the caching allocator for the call and freed after it) and, in the
-  backward, the gradient made contiguous in the input's memory format
-  (``ConvShared.cpp``, ``cudnn_convolution_backward``). The workspace's size is cuDNN's
+  backward, a copy of an output gradient that is not contiguous in the input's memory format
+  (cuDNN takes dense tensors; on the H200 SegNet's last convolution copies the stride-0
+  gradient of ``out.sum()``, 5.5 MB, for its backward). The workspace's size is cuDNN's
   choice (its heuristics pick the algorithm, with ``cudnn.benchmark`` off), not in torch's
   source: it is charged as a bound, :data:`CONV_WORKSPACE_BASE` plus the larger of the
   convolution's input and output, fitted on the H200: every workspace of SmallResNet's and
@@ -26,7 +27,8 @@ and read in torch's source:
   12.8 MB; the tightest, 1.5 MB under, ResNet's 256-channel layers' 14.2 MB beside 1 MB
   tensors). Affine in the batch, as the rest of a step's memory, so that the searches' lines
   still fit. In the backward the data and the weight gradients use a workspace each, one
-  after the other: one is charged.
+  after the other: one is charged. A calibration on one card, one cuDNN and two models, not
+  a law: another card or cuDNN may pick algorithms with larger workspaces.
 
 The cuBLAS workspaces are not scratch (they stay allocated): ``Cluster.workspace_bytes``.
 """
