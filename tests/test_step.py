@@ -25,7 +25,9 @@ def rnd(n: int) -> int:
 
 
 W = rnd(HID * IN * 4) + rnd(OUT * HID * 4)          # fp32 weights, per copy
-WS = parse_cluster("1x24GB").workspace_bytes(0)      # cuBLAS workspace per busy card
+# the workspaces a busy card keeps (torch's CublasHandlePool.cpp): a cuBLAS workspace per
+# thread's handle (the forward's thread and the autograd engine's), and cuBLASLt's 1 MiB
+WS = 2 * parse_cluster("1x24GB").workspace_bytes(0) + 2**20
 SCALAR = R
 
 

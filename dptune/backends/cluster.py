@@ -36,6 +36,7 @@ _ALIASES = {"V100": "V100-16GB", "A100": "A100-80GB", "H100": "H100-80GB", "H200
             "RTXA6000": "A6000", "3090": "RTX3090", "4090": "RTX4090",
             "2080Ti": "RTX2080Ti"}
 _HOPPER = ("H100", "H200")
+CUBLASLT_WORKSPACE_BYTES = 1 * MiB      # torch's default CUBLASLT_WORKSPACE_SIZE (1024 KiB)
 # Compute capability (major, minor) of each card: it decides the attention kernel CUDA runs.
 CARD_CAPABILITY: dict[str, tuple[int, int]] = {
     "V100-16GB": (7, 0), "V100-32GB": (7, 0), "T4": (7, 5), "A10": (8, 6), "A30": (8, 0),
@@ -98,6 +99,17 @@ class Cluster:
         """The cuBLAS workspace torch allocates per card (32 MiB on Hopper, else 8 MiB)."""
         hopper = any(h in self.names[card].upper() for h in _HOPPER)
         return 32 * MiB if hopper else 4096 * 1024 * 2 + 16 * 1024 * 8
+
+    def workspaces_bytes(self, card: int) -> tuple[int, int, int]:
+        """The workspaces a card that runs training steps keeps allocated (torch's
+        ``CublasHandlePool.cpp``): cuBLAS's, one per (handle, stream) with a handle per
+        thread, so one for the thread that runs the forward and one for the autograd
+        engine's thread of the card, which runs the backward; and cuBLASLt's of the
+        forward's handle (``CUBLASLT_WORKSPACE_SIZE``, 1 MiB by default), which a linear
+        layer with a bias takes (``addmm`` through cuBLASLt). All three were allocated, and
+        kept, by MLP's first step on an H200 (benchmarks/memory_gap.py)."""
+        ws = self.workspace_bytes(card)
+        return ws, ws, CUBLASLT_WORKSPACE_BYTES
 
     def describe(self) -> str:
         return self.spec or ",".join(self.names)

@@ -19,7 +19,7 @@ from dptune.examples.models import MLP
 from dptune.split import even_split
 from dptune.workload import Workload
 
-CLUSTER = "3x32MiB,context=0"     # ~0.5 MiB per sample: the even split fits ~50 samples
+CLUSTER = "3x41.125MiB,context=0"  # ~0.5 MiB per sample: the even split fits ~50 samples
 HEADROOM = "1MiB"
 
 
@@ -45,7 +45,7 @@ def _fits(backend, budgets, split) -> bool:
 
 def test_card_memory_depends_only_on_own_chunk_and_batch(setup):
     model, workload, backend, curves, _ = setup
-    four = SimulatedBackend(workload, "4x32MiB,context=0")
+    four = SimulatedBackend(workload, "4x41.125MiB,context=0")
     # card i >= 1: the same chunk on any card, whatever the others get, on 3 or 4 cards
     a = backend.estimate([0, 7, 20]).peak_bytes
     b = backend.estimate([9, 20, 7]).peak_bytes

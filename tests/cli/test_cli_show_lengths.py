@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = ["--model", "dptune.examples.models:TinyGPT", "--model-kwargs",
          '{"vocab_size": 500, "d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 128}',
          "--input-shape", "128", "--vocab-size", "500", "--optimizer", "none"]
-CARDS = ["--simulate", "2x394MB,context=384MiB", "--headroom", "0",
-         "--budget-level", "allocated"]      # cards of ~10 MB: no room for NCCL's buffers
+CARDS = ["--simulate", "2x403.125MB,context=384MiB", "--headroom", "0",
+         "--budget-level", "allocated"]      # cards of ~10 MiB beyond the workspaces: no room for NCCL's buffers
 LENGTHS = [20] * 6 + [32] * 3 + [64] * 3 + [100]
 
 

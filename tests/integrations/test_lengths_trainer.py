@@ -92,7 +92,7 @@ def test_plan_per_bucket_from_the_trainer(tmp_path):
     batch = sample(3, 7)
     assert tuple(batch["input_ids"].shape) == (3, 7) and batch["attention_mask"].all()
     # cards of 12 MiB each: batches of tens (the probes collate real examples)
-    plan = plan_trainer_lengths(t, [4, 8], simulate="2x396MB,context=384MiB", headroom=0,
+    plan = plan_trainer_lengths(t, [4, 8], simulate="2x405.125MB,context=384MiB", headroom=0,
                                 budget_level="allocated")   # 12 MiB cards: no room for NCCL
     assert plan.edges == [4, 8, 11]
     assert [b.samples for b in plan.buckets] == [12, 16, 12]
@@ -293,7 +293,7 @@ def test_cli_hf_trainer_lengths_writes_the_trainers_plan(trainer_module, tmp_pat
     from dptune.cli import main
 
     code = main(["search", "--hf-trainer", f"{trainer_module}:make_trainer", "--lengths",
-                 "--buckets", "4,8", "--simulate", "1x396MB,context=384MiB", "--headroom", "0",
+                 "--buckets", "4,8", "--simulate", "1x405.125MB,context=384MiB", "--headroom", "0",
                  "--budget-level", "allocated",     # 12 MiB cards: smaller than one segment
                  "--out", str(tmp_path / "rep"), "--no-plots"])
     out, err = capsys.readouterr()
@@ -308,14 +308,14 @@ def test_cli_hf_trainer_lengths_writes_the_trainers_plan(trainer_module, tmp_pat
 @pytest.mark.slow
 def test_tune_trainer_lengths_hands_back_a_trainer_that_trains_with_the_plan(tmp_path):
     """Planned on one simulated card small enough that the buckets' batches are below their
-    samples (cards of 393 MB less 384 MiB of context), then one epoch: each bucket's batches of
+    samples (cards of 402.125 MiB less 384 MiB of context), then one epoch: each bucket's batches of
     its planned size but for one tail, every sample once."""
     from dptune.integrations.trainer_lengths import tune_trainer_lengths
 
     collator = recording_collator()
     plain = transformers.Trainer(model=tiny_gpt2(), args=training_args(
         tmp_path, max_steps=-1, num_train_epochs=1), train_dataset=Texts(), data_collator=collator)
-    t = tune_trainer_lengths(plain, [4, 8], simulate="1x393MB,context=384MiB", headroom=0,
+    t = tune_trainer_lengths(plain, [4, 8], simulate="1x402.125MB,context=384MiB", headroom=0,
                              budget_level="allocated")     # 9 MiB: smaller than one segment
     planned = [b.batch_size for b in t.length_plan.buckets]
     assert t.length_plan.edges == list(EDGES) and t.length_plan.certified

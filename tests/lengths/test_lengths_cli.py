@@ -10,8 +10,8 @@ from dptune.cli import main
 from dptune.errors import EXIT_NO_FIT, EXIT_OK, EXIT_USAGE
 
 BASE = ["search", "--model", "tests.support.lengths_models:gpt", "--simulate",
-        "2x394MB,context=384MiB", "--headroom", "0", "--optimizer", "none",
-        "--budget-level", "allocated"]     # budgets of ~10 MB, checked against allocated peaks
+        "2x403.125MB,context=384MiB", "--headroom", "0", "--optimizer", "none",
+        "--budget-level", "allocated"]     # budgets of ~10 MiB beyond the 17.25 MiB of workspaces, checked against allocated peaks
 SHAPE = ["--input-shape", "128", "--dtype", "long", "--vocab-size", "500"]
 
 
@@ -79,8 +79,8 @@ def test_lengths_beyond_the_input_shape_exit_2(tmp_path, capsys):
 def test_nothing_fits_at_the_longest_exits_3(tmp_path, capsys):
     p = tmp_path / "l.txt"
     p.write_text("8\n128\n")
-    args = list(BASE)   # budgets of 9.1 MB: one sequence of 8 tokens fits, one of 128 does not
-    args[args.index("--simulate") + 1] = "2x393MB,context=384MiB"
+    args = list(BASE)   # budgets of 9.1 MiB beyond the workspaces: one sequence of 8 tokens fits, one of 128 does not
+    args[args.index("--simulate") + 1] = "2x402.125MB,context=384MiB"
     args[args.index("--headroom") + 1] = str(9 * 2**20 - 9_100_000)
     code = main(args + SHAPE + ["--lengths", str(p), "--buckets", "8", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
@@ -92,7 +92,7 @@ def test_the_default_headroom_plans(tmp_path, lengths_file, capsys):
     as the single-shape search takes them; found by running the README's command without the
     flags. With --budget-level allocated: that level's 1 GiB."""
     base = [a for a in BASE if a not in ("--headroom", "0", "--budget-level", "allocated")]
-    base[base.index("2x394MB,context=384MiB")] = "2x4GB"
+    base[base.index("2x403.125MB,context=384MiB")] = "2x4GB"
     for extra, headroom in (([], 256 * 2**20), (["--budget-level", "allocated"], 2**30)):
         out = tmp_path / f"rep{headroom}"
         code = main(base + SHAPE + extra + ["--lengths", str(lengths_file), "--buckets", "64",

@@ -11,7 +11,7 @@ from dptune.lengths import plan_lengths
 from dptune.lengths.fit import length_sample_of
 from tests.support.lengths_models import V, batch, gpt
 
-SPEC = "1x394MB,1x395MB,context=384MiB"
+SPEC = "1x403.125MB,1x404.125MB,context=384MiB"
 LENGTHS = [8] * 30 + [24] * 20 + [60] * 10 + [100] * 5
 
 
@@ -54,7 +54,7 @@ def test_fit_lengths_plans_the_tuners_step_on_its_cards():
     """The tuner's optimizer, amp, headroom and cards reach the plan: the same buckets and
     splits as plan_lengths called with them, certified; the sample takes length= itself."""
     tuner = Tuner(gpt, batch, 64, optimizer=sgd, amp="bf16", simulate=SPEC, headroom=0,
-                  verbose=False, budget_level="allocated")    # cards of ~10 MB: no room for NCCL
+                  verbose=False, budget_level="allocated")    # cards of ~10 MiB beyond the workspaces: no room for NCCL
     plan = tuner.fit_lengths(LENGTHS, [32, 64])
     direct = plan_lengths(gpt, batch, LENGTHS, [32, 64], optimizer=sgd, amp="bf16",
                           simulate=SPEC, headroom=0, batch_size=64, budget_level="allocated")

@@ -137,7 +137,7 @@ def _fits_all(r: ProbeResult, budgets) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("model,sample", [(gpt, gpt_sample), (bert, bert_sample)],
                          ids=["gpt", "bert"])
-@pytest.mark.parametrize("spec", ["2x394MB,context=384MiB", "1x394MB,1x395MB,context=384MiB"],
+@pytest.mark.parametrize("spec", ["2x403.125MB,context=384MiB", "1x403.125MB,1x404.125MB,context=384MiB"],
                          ids=["identical", "mixed"])
 def test_simulated_buckets_equal_exhaustive(model, sample, spec):
     plan = plan_lengths(model, sample, LENGTHS, [32, 64], simulate=spec, headroom=0,
@@ -168,7 +168,7 @@ def test_sample_that_ignores_the_length_is_refused():
 def test_a_length_where_nothing_fits_names_it():
     with pytest.raises(NoFeasibleSplitError, match="at length 128"):
         # budgets of 9.1 MB: one sequence of 8 tokens fits, one of 128 does not
-        plan_lengths(gpt, gpt_sample, [8, 128], [8], simulate="2x393MB,context=384MiB",
+        plan_lengths(gpt, gpt_sample, [8, 128], [8], simulate="2x402.125MB,context=384MiB",
                      headroom=9 * 2**20 - 9_100_000, budget_level="allocated")
 
 
@@ -178,7 +178,7 @@ def test_lengths_beyond_the_model_are_refused():
 
 
 def test_neighbour_and_scratch_agree_on_the_simulator():
-    spec = "1x394MB,1x395MB,context=384MiB"
+    spec = "1x403.125MB,1x404.125MB,context=384MiB"
     a = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate=spec, headroom=0,
                      budget_level="allocated")
     b = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate=spec, headroom=0,
@@ -191,7 +191,7 @@ def test_neighbour_and_scratch_agree_on_the_simulator():
 def test_ddp_buckets_each_rank_at_its_own_largest_batch():
     from dptune.backends.simulated_ddp import SimulatedDDP
 
-    spec = "1x394MB,1x395MB,context=384MiB"
+    spec = "1x403.125MB,1x404.125MB,context=384MiB"
     plan = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate=spec, headroom=0, ddp=True,
                         budget_level="allocated")
     assert plan.ddp and plan.certified

@@ -86,6 +86,9 @@ class SimulatedBackend:
     #: card 0's replica taken from a like card's where their chunks and specs are equal
     #: (:func:`dptune.backends.simulated.sharing.with_card0_mirrored`)
     _mirror_card0 = True
+    #: charge the scratch CUDA's kernels allocate inside an op (:mod:`dptune.backends.simulated.scratch`);
+    #: False: none, as the CPU's kernels under FakeTensorMode (the references the tests run)
+    _cuda_scratch = True
     #: after a step: for each card, the card whose replica stood for it (itself when simulated)
     last_replicas: tuple[int, ...] = ()
     #: after a step: the card whose replica also stood for card 0's, if one did
@@ -137,6 +140,7 @@ class SimulatedBackend:
         log = logging.getLogger("torch._subclasses.fake_tensor")
         level = log.level
         log.setLevel(logging.CRITICAL)
+        ledger.scratch = self._cuda_scratch
         caps = self.cluster.capabilities
         asked = [HOST]                  # the card of the last capability asked for
 
@@ -324,11 +328,11 @@ class SimulatedBackend:
         batch_size = sum(sizes)
         cards = tuple(i for i, c in enumerate(sizes) if c > 0)
         source = 0 if self.batch_on_card0 else HOST
-        ws_keep = []   # cuBLAS workspace, created by the warm-up step on each busy card
+        ws_keep = []   # cuBLAS/cuBLASLt workspaces, made by the warm-up step on each busy card
         plan = ledger.sharing
         for card in cards if plan is None else (c for c in cards if plan.weight[c]):
             with ledger.forced(card, "other"), ledger.unmirrored():
-                ws_keep.append(torch.empty(self.cluster.workspace_bytes(card), dtype=torch.uint8))
+                ws_keep += [torch.empty(n, dtype=torch.uint8) for n in self.cluster.workspaces_bytes(card)]
 
         def next_batch() -> Any:
             with ledger.on(source, "inputs"), ledger.cuda_rules(False):

@@ -27,6 +27,7 @@ from dptune.backends.simulated.device_rules import (HOST, DeviceMismatchError, I
                                                     input_cards)
 from dptune.backends.simulated.errors import _internal
 from dptune.backends.simulated.ledger import _Ledger
+from dptune.backends.simulated.scratch import scratch_bytes, scratch_kind
 
 __all__: list[str] = []
 
@@ -148,6 +149,7 @@ class _OpFacts(NamedTuple):
     same_dtype: Optional[tuple[int, int]]   # operands CUDA requires in one dtype
     sets_storage: bool              # set_: an input gets another storage
     unlike_cuda: bool               # the fake kernel acts unlike CUDA's (_call_as_cuda)
+    scratch: Optional[str]          # CUDA's kernel allocates scratch (simulated.scratch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -158,7 +160,8 @@ def _op_facts(func: Any) -> _OpFacts:
                     name.startswith("_local_scalar_dense"), _SAME_DTYPE.get(packet),
                     packet in ("set_", "set", "swap_"),
                     func is torch.ops.aten._grouped_mm.default
-                    or func is torch.ops.aten._pack_padded_sequence.default)
+                    or func is torch.ops.aten._pack_padded_sequence.default,
+                    scratch_kind(packet))
 
 
 def _arg_tensors(args: Any) -> Iterator[torch.Tensor]:
@@ -218,6 +221,8 @@ def _account(ledger: _Ledger, func: Any, facts: _OpFacts, args: Any, kwargs: Any
     elif isinstance(out, (list, tuple)):
         for t in _arg_tensors(out):
             ledger.charge(t, card, category)
+    if facts.scratch is not None and ledger.as_cuda and ledger.scratch:
+        ledger.transient(card, scratch_bytes(facts.scratch, facts.name.split(".")[0], args, out))
     if ledger.observer is not None:
         ledger.observer(func, args, kwargs, out, card)
         if ledger.mirrors(card):

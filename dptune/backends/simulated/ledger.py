@@ -31,9 +31,14 @@ step function, which gets the DataParallel-wrapped model).
 
 Known limitations (what is not modelled):
 
-- cuDNN/cuBLAS workspace choice: one cuBLAS workspace per card that runs a replica
-  (``Cluster.workspace_bytes``, 32 MiB on Hopper cards and 8 MiB on others, as torch's
-  defaults) is charged as ``other``; cuDNN's per-algorithm workspaces are not.
+- Workspaces: a card that runs a replica keeps two cuBLAS workspaces (one per thread's
+  handle: the forward's thread and the autograd engine's; ``Cluster.workspace_bytes``, 32 MiB
+  on Hopper cards and 8 MiB on others, as torch's defaults) and cuBLASLt's 1 MiB, charged as
+  ``other`` (``Cluster.workspaces_bytes``), whether or not the model multiplies matrices. An
+  op's scratch (:mod:`dptune.backends.simulated.scratch`: cuBLAS's copy of an operand it
+  cannot read as it is, cuDNN's convolution workspace, charged as a bound fitted on an H200)
+  is a transient ``other`` while the op runs; CUDA reductions' global buffers and the
+  attention kernels' workspaces are not charged.
 - NCCL buffers, the CUDA context beyond the fixed ``context_bytes`` per card, fragmentation
   and reserved-but-free memory (``max_memory_reserved`` is larger than the peak given here;
   ``reserved=ReservedModel()`` predicts it: :mod:`dptune.backends.reserved`).
@@ -121,6 +126,7 @@ class _Ledger:
         self.last_card = 0             # the card of the last op that read a card's tensor
         self.forced_card: Optional[int] = None
         self.as_cuda = False           # the step runs: CUDA's device rules (simulated.device_rules)
+        self.scratch = True            # charge what CUDA's kernels allocate inside an op (scratch)
         self.category = "other"
         self.bounded: dict[str, str] = {}   # data-dependent ops seen -> how their size was bounded
         # the allocator trace: (card, +/-bytes, seq, stream); stream 1: the scatter's copy stream
@@ -212,6 +218,30 @@ class _Ledger:
         if rec.mirror is not None:
             self._free(rec.mirror)
             rec.mirror = None
+
+    def transient(self, card: int, nbytes: int) -> None:
+        """``nbytes`` allocated on ``card`` and freed at once (an op's scratch,
+        :mod:`dptune.backends.simulated.scratch`): a new peak if it comes at the peak. On the
+        card whose replica stands for card 0's (``mirror``), card 0 gets it too."""
+        nbytes = _rounded(nbytes)
+        if card == HOST or nbytes <= 0:
+            return
+        self._transient(card, nbytes)
+        mirror = self.mirror
+        if mirror is not None and card == mirror[0] and self.mirroring:
+            self._transient(mirror[1], nbytes)
+
+    def _transient(self, card: int, nbytes: int) -> None:
+        self._seq += 1
+        if self.on_event is not None:
+            self.on_event(card, nbytes, self._seq, self.stream)
+        if self.live[card] + nbytes > self.peak[card]:
+            self.peak[card] = self.live[card] + nbytes
+            self.peak_breakdown[card] = dict(self.by_cat[card])
+            self.peak_breakdown[card]["other"] += nbytes
+            self._peak_seq[card] = self._seq
+        if self.on_event is not None:
+            self.on_event(card, -nbytes, self._seq, 0)
 
     def retag(self, t: torch.Tensor, category: str) -> None:
         rec = self.record_of(t)

@@ -12,9 +12,12 @@ holds it). What each side counts:
   and gradients, activations), following ``UntypedStorage.resize_``.
 - dptune (``SimulatedFSDPRank``, the same rank): its virtual card's ledger: the same storages,
   each rounded up to 512 bytes as CUDA's caching allocator rounds it, plus the cuBLAS
-  workspace (8 MiB + 128 KiB on a non-Hopper card), the batch counted on the card (its host
-  copy is not on the card). So dptune's peak minus the workspace is compared with the
-  tracker's peak; the rounding is the rest (under 1% here).
+  workspaces (torch's ``CublasHandlePool.cpp``: one per thread's handle, for the forward's
+  thread and the autograd engine's, 8 MiB + 128 KiB each on a non-Hopper card) and cuBLASLt's
+  (1 MiB), the batch counted on the card (its host copy is not on the card); run without the
+  scratch CUDA's kernels take inside an op, which the CPU's fake kernels do not. So dptune's
+  peak minus the workspaces is compared with the tracker's peak; the rounding is the rest
+  (under 1% here).
 """
 
 from __future__ import annotations
@@ -111,8 +114,10 @@ def _dptune_peaks(factory, sample, shard, rank: int = 0, **step) -> dict[int, in
 
     sim = SimulatedFSDPRank(Workload(factory, sample, None, _adamw, **step), "24GB", WORLD, shard,
                             rank=rank)
+    sim._cuda_scratch = False       # FSDPMemTracker runs the CPU's fake kernels: no CUDA scratch
     try:
-        workspace = sim.cluster.workspace_bytes(0)
+        # cuBLAS's workspaces of the forward's and the backward's threads, and cuBLASLt's
+        workspace = 2 * sim.cluster.workspace_bytes(0) + 2**20
         return {b: sim.estimate([b]).peak_bytes[0] - workspace for b in set(BATCHES)}
     finally:
         sim.close()

@@ -104,9 +104,11 @@ def _r512(n: int) -> int:            # the caching allocator's rounding
 
 
 def _workspace() -> int:
-    """cuBLAS's workspace per card, from torch's default CUBLAS_WORKSPACE_CONFIG ':4096:2:16:8'
-    (sizes in KiB, counts), which the simulated (non-Hopper) cards take."""
-    return 4096 * 1024 * 2 + 16 * 1024 * 8
+    """The workspaces per card: cuBLAS's, from torch's default CUBLAS_WORKSPACE_CONFIG
+    ':4096:2:16:8' (sizes in KiB, counts), which the simulated (non-Hopper) cards take, one for
+    each thread's handle (``CublasHandlePool.cpp``: the forward's and the autograd engine's
+    thread of the card), and cuBLASLt's (CUBLASLT_WORKSPACE_SIZE's default, 1024 KiB)."""
+    return 2 * (4096 * 1024 * 2 + 16 * 1024 * 8) + 1024 * 1024
 
 
 def _reference(n_cards: int, reentrant: bool) -> list[int]:
