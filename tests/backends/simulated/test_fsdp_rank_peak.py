@@ -51,7 +51,8 @@ def _hand_peak(world: int, workspace: int) -> int:
     - the rank's shards (``torch.chunk`` of every parameter's rows; 4096 and 1024 rows split
       evenly here): parameters and AdamW's ``exp_avg``/``exp_avg_sq`` (its step counters are
       on the host), 3 x model / world; gradients are None (``zero_grad`` starts the step);
-    - the cuBLAS workspace, the batch (B*T*D), the model's output (held until the step ends);
+    - the workspaces (two cuBLAS, one per thread's handle, and cuBLASLt's 1 MiB, torch's
+      ``CublasHandlePool.cpp``), the batch (B*T*D), the model's output (held until the step ends);
     - what autograd still saves: blocks 1-5's Linear(D, H) output (GELU's input) and GELU's
       output (B*T*H each), blocks 2-5's input (block 1's is the batch); block 6 is done;
     - the gradient of block 5's output (B*T*D), and block 5's Linear(H, D) gradients so far:
@@ -73,7 +74,7 @@ def _hand_peak(world: int, workspace: int) -> int:
 
 
 def _simulated_peak(world: int, card: str = "141GB", cold: bool = False) -> tuple[int, int]:
-    """The simulated rank's peak and its card's cuBLAS workspace. ``cold``: a second step
+    """The simulated rank's peak and its card's workspaces (bytes). ``cold``: a second step
     with DTensor's sharding-propagation caches emptied before it (the first step filled them),
     so that every op's propagation runs again, as on a torch that misses them."""
     from dptune.backends.simulated.fsdp import SimulatedFSDPRank
@@ -86,7 +87,7 @@ def _simulated_peak(world: int, card: str = "141GB", cold: bool = False) -> tupl
 
             _clear_sharding_prop_cache()
             peak = sim.estimate([B]).peak_bytes[0]
-        return peak, sim.cluster.workspace_bytes(0)
+        return peak, sum(sim.cluster.workspaces_bytes(0))
     finally:
         sim.close()
 
@@ -108,5 +109,6 @@ def test_sharding_propagation_is_charged_to_no_card() -> None:
     propagation (about one unsharded model here) do not reach the rank's peak."""
     pytest.importorskip("torch.distributed.tensor.debug")
     peak, workspace = _simulated_peak(2, "H200", cold=True)
-    assert workspace == 32 * 1024 * 1024                # a Hopper card's cuBLAS workspace
+    assert workspace == 2 * 32 * 1024 * 1024 + 2**20    # a Hopper card's: two cuBLAS (forward's and
+    #                                                     backward's threads' handles), one cuBLASLt
     assert abs(peak - _hand_peak(2, workspace)) <= SMALL, (peak, _hand_peak(2, workspace))
