@@ -327,6 +327,25 @@ def _estimate_in_worker(index: int, batch: int, cluster_kw: dict, level: str) ->
         return RuntimeError(f"{type(e).__name__}: {str(e)[:120]}")
 
 
+class RowWriter:
+    """A CSV written row by row (flushed), so that a run stopped at its time limit keeps
+    the rows it measured."""
+
+    def __init__(self, path: str) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.path, self._f, self._w = path, open(path, "w", newline=""), None
+
+    def add(self, row: dict) -> None:
+        if self._w is None:
+            self._w = csv.DictWriter(self._f, fieldnames=list(row))
+            self._w.writeheader()
+        self._w.writerow(row)
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
 class Estimates:
     """The simulator's estimates of every row, computed in ``jobs`` processes on the host's
     cores while the card measures (the estimates are CPU work and took most of a run)."""
@@ -432,19 +451,17 @@ def main(argv: list[str] | None = None) -> int:
     cluster_kw = {"total_bytes": int(props.total_memory), "name": name,
                   "capability": tuple(torch.cuda.get_device_capability(0))}
     estimates = Estimates(wanted, cluster_kw, "allocated", args.jobs)
+    out = RowWriter(args.csv)
     try:
         for index, batch in wanted:
             row = _row(cases[index], index, batch, estimates, name, cluster_kw)
             if row is not None:
                 rows.append(row)
+                out.add(row)
                 worst = max(worst, abs(row["estimate_rel_error"] or 0.0))
     finally:
         estimates.close()
-    os.makedirs(os.path.dirname(args.csv), exist_ok=True)
-    with open(args.csv, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["model"])
-        writer.writeheader()
-        writer.writerows(rows)
+        out.close()
     n_ok = sum(r["within_target"] for r in rows)
     print(f"\n{n_ok}/{len(rows)} estimates within {TARGET:.0%} of the real peak "
           f"(worst {worst:.1%}); table written to {os.path.relpath(args.csv)}")

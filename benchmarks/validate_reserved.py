@@ -21,7 +21,6 @@ of the allocator not yet checked there.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 from typing import Any
@@ -131,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print("validate_reserved: no CUDA GPU here (torch.cuda.is_available() is False); "
               "nothing to validate, skipping.")
         return 0
-    from benchmarks.validate_gpu import Estimates, _cases, selected_rows
+    from benchmarks.validate_gpu import Estimates, RowWriter, _cases, selected_rows
     from dptune.units import format_bytes
 
     torch.cuda.init()
@@ -148,18 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     cases = _cases()
     wanted = selected_rows(cases, args.quick, args.only)
     estimates = Estimates(wanted, cluster_kw, "levels", args.jobs)
+    out = RowWriter(args.csv)
     try:
         for index, batch in wanted:
             row = _row(cases[index], index, batch, before, estimates)
             if row is not None:
                 rows.append(row)
+                out.add(row)
     finally:
         estimates.close()
-    os.makedirs(os.path.dirname(args.csv), exist_ok=True)
-    with open(args.csv, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["model"])
-        writer.writeheader()
-        writer.writerows(rows)
+        out.close()
     print(f"table written to {os.path.relpath(args.csv)}")
     return 0
 
