@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from cpu_card import OneCpuCard
 from ddp_workers import launch as ddp_launch
 
 MiB = 1 << 20
@@ -44,11 +45,9 @@ class CardClock:
         return None
 
 
-class TimedCardRuntime:
+class TimedCardRuntime(OneCpuCard):
     """This rank's "CUDA card": ``total`` bytes, the memory model above, the clock above
     (``event_clock``: ``None`` for a card whose steps cannot be timed)."""
-
-    cuda_rng = False
 
     def __init__(self, total: int, timed: bool = True):
         self.total_ = total
@@ -59,27 +58,6 @@ class TimedCardRuntime:
 
     def event_clock(self) -> CardClock:
         return self.clock
-
-    def is_available(self) -> bool:
-        return True
-
-    def device_count(self) -> int:
-        return 1
-
-    def torch_device(self, d: int) -> torch.device:
-        return torch.device("cpu")
-
-    def name(self, d: int) -> str:
-        return "Card"
-
-    def total(self, d: int) -> int:
-        return self.total_
-
-    def uuid(self, d: int) -> str:
-        return f"GPU-{d:08d}-0000-0000-0000-000000000000"
-
-    def mem_get_info(self, d: int) -> tuple[int, int]:
-        return self.total_, self.total_
 
     def memory_allocated(self, d: int) -> int:
         return BASE

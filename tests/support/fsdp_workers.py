@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from cpu_card import OneCpuCard
 from ddp_workers import launch as ddp_launch
 
 IN, HID, OUT = 6, 7, 3         # 7 and 3 rows: shards of unequal length, padded by FSDP2
@@ -161,36 +162,13 @@ def _local_bytes(params: list) -> int:
     return sum(p.to_local().nbytes if hasattr(p, "to_local") else p.nbytes for p in params)
 
 
-class CardRuntime:
+class CardRuntime(OneCpuCard):
     """This rank's "CUDA card": a CPU device whose allocated peak is the bytes of the
     parameters the probe's optimizer was given (the rank's shards) plus PER_SAMPLE per sample
     of the last batch drawn; ``total`` bytes in all, nothing else on it."""
 
-    cuda_rng = False
-
     def __init__(self, total: int):
         self.total_ = total
-
-    def is_available(self) -> bool:
-        return True
-
-    def device_count(self) -> int:
-        return 1
-
-    def torch_device(self, d: int) -> torch.device:
-        return torch.device("cpu")
-
-    def name(self, d: int) -> str:
-        return "Card"
-
-    def total(self, d: int) -> int:
-        return self.total_
-
-    def uuid(self, d: int) -> str:
-        return f"GPU-{d:08d}-0000-0000-0000-000000000000"
-
-    def mem_get_info(self, d: int) -> tuple[int, int]:
-        return self.total_, self.total_
 
     def memory_allocated(self, d: int) -> int:
         return _local_bytes(_SEEN.get("params", []))
