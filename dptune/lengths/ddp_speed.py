@@ -60,7 +60,8 @@ class DDPRanks:
         self.sim = SimulatedDDP(workload, cluster, reserved=reserved)
         self.devices = self.sim.devices
         self.speed = ClusterSpeed.of(self.sim.cluster.names, self.sim.cluster.spec)
-        self._times: dict[tuple[str, Any, int], tuple[float, float]] = {}
+        # per card type, length and batch: the step's kernels' costs, bytes from the host, ops
+        self._ops: dict[tuple[str, Any, int], tuple[list, int, int]] = {}
 
     def describe(self) -> str:
         return self.sim.describe()
@@ -76,7 +77,8 @@ class DDPRanks:
         if b <= 0:
             return 0, 0
         rank = self.sim.rank(r)
-        counter = OpCounter(lambda: rank._ledger, ClusterSpeed((self.speed.cards[r],), self.speed.link))
+        counter = OpCounter(lambda: rank._ledger, ClusterSpeed((self.speed.cards[r],), self.speed.link),
+                            keep=True)
         rank.op_observer = counter
         try:
             if self.sim.reserved is None:
@@ -88,11 +90,22 @@ class DDPRanks:
         finally:
             rank.op_observer = None
         if counter.kernels[0]:       # ranks on one card type share a simulator: kept per type
-            card = (counter.compute[0] + counter.serial
-                    + counter.host_in[0] / self.speed.link.host_bandwidth)
-            host = (counter.ops[0] + counter.serial_ops) * self.speed.host_seconds_per_op
-            self._times[(self.sim.cluster.names[r], self._length(), b)] = (card, host)
+            self._ops[(self.sim.cluster.names[r], self._length(), b)] = (
+                [c for _, c in counter.costs], counter.host_in[0], counter.ops[0] + counter.serial_ops)
         return both
+
+    def _rank_seconds(self, r: int, b: int) -> Optional[tuple[float, float]]:
+        """Rank ``r``'s card work and host time at batch ``b``, against its own card's speed
+        (two cards of one type may be given different speeds); ``None``: not probed."""
+        if b <= 0:
+            return 0.0, 0.0
+        ops = self._ops.get((self.sim.cluster.names[r], self._length(), b))
+        if ops is None:
+            return None
+        costs, host_in, n_ops = ops
+        card = self.speed.cards[r]
+        return (sum(c.seconds(card) for c in costs) + host_in / self.speed.link.host_bandwidth,
+                n_ops * self.speed.host_seconds_per_op)
 
     def grad_bytes(self) -> int:
         """Bytes of the gradient buckets a step all-reduces (rank 0's: every rank's the same)."""
@@ -102,9 +115,7 @@ class DDPRanks:
         """The DDP step's estimated time at ``split`` (``None``: a rank's step was not timed)."""
         from dptune.backends.timing import ddp_allreduce_seconds
 
-        names, length = self.sim.cluster.names, self._length()
-        got = [self._times.get((names[r], length, b)) if b > 0 else (0.0, 0.0)
-               for r, b in enumerate(split)]
+        got = [self._rank_seconds(r, b) for r, b in enumerate(split)]
         if any(t is None for t in got):
             return None
         card = tuple(t[0] for t in got)          # type: ignore[index]

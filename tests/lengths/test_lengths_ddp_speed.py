@@ -208,3 +208,28 @@ def test_the_command_line_gives_each_bucket_the_ranks_fastest_batches(tmp_path, 
         assert sum(ln.startswith("note: length <= ") and "padded tokens/s" in ln
                    for ln in printed) == 2
         assert any(ln.startswith("speed: length <= 20: step") for ln in printed)
+
+
+def test_ranks_of_one_card_type_are_timed_at_their_own_speed():
+    """Three cards of one type share a simulator; card 2 is given 3 TFLOPS and 30 GB/s. Each
+    rank's time at batch 8 is its own card's, whatever order they were probed in: ranks 0
+    and 1 alike, rank 2 as a one-card cluster of its speed times it, and slower."""
+    from dptune.lengths.ddp_speed import DDPRanks
+    from dptune.workload import Workload
+
+    from tests.lengths.test_lengths_search import gpt, gpt_sample
+
+    wl = Workload(gpt, lambda n: gpt_sample(n, 32))
+    ranks = DDPRanks(wl, "3x4GB,tflops=2:3,bandwidth=2:30GB/s")
+    alone = DDPRanks(wl, "1x4GB,tflops=0:3,bandwidth=0:30GB/s")
+    try:
+        ranks.probe([1, 1, 8])                   # rank 2 first, then the others at 8
+        t = ranks.probe([8, 8, 8]).time
+        slow = alone.probe([8]).time
+    finally:
+        ranks.close()
+        alone.close()
+    assert t.card_seconds[0] == t.card_seconds[1]
+    assert t.card_seconds[2] == pytest.approx(slow.card_seconds[0], rel=1e-12)
+    assert t.card_seconds[2] > t.card_seconds[0]
+    assert t.card_host_seconds[2] == pytest.approx(slow.card_host_seconds[0])
