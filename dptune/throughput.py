@@ -281,9 +281,9 @@ def _free_batch(curves: list, subset: Sequence[int], m: int, fixed: float, per_s
 
     if max_batch is not None and m * len(subset) > max_batch:
         return None
-    floor = max(curves[i][m - 1] for i in subset)
+    least = max(curves[i][m - 1] for i in subset)       # every card at least m (not the host's floor)
     levels = np.unique(np.concatenate([curves[i][m - 1:] for i in subset]))
-    levels = levels[levels >= floor]
+    levels = levels[levels >= least]
     counts = _counts(curves, subset, levels)            # cards x levels
     b = counts.sum(axis=0).astype(float)
     if max_batch is not None:
@@ -313,9 +313,9 @@ def _linear(curves: list, subset: Sequence[int], batch: Optional[int], m: int, f
 
     if batch is not None and (m * len(subset) > batch or sum(len(curves[i]) for i in subset) < batch):
         return None
-    floor = max(curves[i][m - 1] for i in subset)
+    least = max(curves[i][m - 1] for i in subset)       # every card at least m (not the host's floor)
     levels = np.unique(np.concatenate([curves[i][m - 1:] for i in subset]))
-    levels = levels[levels >= floor]
+    levels = levels[levels >= least]
     counts = _counts(curves, subset, levels).astype(float)        # cards x levels
     order = sorted(range(len(subset)), key=lambda j: g[j])
     if batch is not None:

@@ -91,6 +91,55 @@ def test_the_best_rate_up_to_a_batch_equals_the_grid(seed):
         assert got.samples_per_second == pytest.approx(want[0])
 
 
+def host_grid(times, overhead, host, m, linear=None, every_card=False):
+    """The best rate over every split, each step floored by the host's time for its cards."""
+    linear = linear or [0.0] * len(times)
+    options = [[0] * (not every_card) + list(range(m, len(t))) for t in times]
+    best = None
+    for split in itertools.product(*options):
+        used = frozenset(i for i, c in enumerate(split) if c)
+        if not used:
+            continue
+        t = max(host(used), overhead(used) + sum(g * c for g, c in zip(linear, split))
+                + max(times[i][split[i]] for i in used))
+        if best is None or sum(split) / t > best:
+            best = sum(split) / t
+    return best
+
+
+def test_the_hosts_floor_counts_in_the_best_rate_by_hand():
+    """Card 0: 1 ms + 1.4 ms a sample, card 1: 2 ms + 0.01 ms a sample (cap 100); the host
+    takes 4 ms. Card 0 finishes 2 samples within the host's 4 ms (3.8 ms): 102 samples in
+    4 ms. Stopping at card 1's 3 ms (card 0 at one sample) still takes the host's 4 ms for
+    101."""
+    times = [[0.0] + [1e-3 + 1.4e-3 * c for c in range(1, 11)],
+             [0.0] + [2e-3 + 1e-5 * c for c in range(1, 101)]]
+    got = fastest_split(times, None, every_card=True, host=lambda used: 4e-3)
+    assert got is not None and got.chunk_sizes == (2, 100)
+    assert got.samples_per_second == pytest.approx(102 / 4e-3)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_best_rate_under_a_host_floor_equals_the_grid(seed):
+    rng = random.Random(700 + seed)
+    n = rng.choice([2, 3])
+    times = [curve(rng.randint(2, 9), rng.uniform(0, 3), rng.uniform(0.1, 2), rng, noise=0.5)
+             for _ in range(n)]
+    overhead = dp_overhead(rng.uniform(0, 2))
+    per_card = [rng.uniform(0, 4) for _ in range(n)]
+    base = rng.uniform(0, 6)
+    host = lambda used: base + sum(per_card[i] for i in used)    # noqa: E731
+    m = rng.choice([1, 2])
+    linear = [0.0] + [rng.uniform(0, 0.5) for _ in range(n - 1)] if seed % 2 else None
+    every = seed % 3 == 0
+    want = host_grid(times, overhead, host, m, linear, every)
+    got = fastest_split(times, None, overhead=overhead, min_chunk=m, linear=linear, host=host,
+                        every_card=every)
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert got.samples_per_second == pytest.approx(want)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_every_card_as_ddp_ranks_equals_the_grid(seed):
     rng = random.Random(100 + seed)

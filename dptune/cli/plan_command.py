@@ -65,7 +65,8 @@ def plan_parser(subparsers: Any) -> None:
         description="Plan one local batch per DDP rank (one rank per card of a simulated\n"
                     "cluster): the fastest batches that fit (or the same share of memory on\n"
                     "every card, or the largest global batch); print the plan and plan.json.\n"
-                    "Inside a torchrun job, call dptune.ddp.plan(...) on every rank instead.",
+                    "Inside a torchrun job, call dptune.ddp.plan(...) on every rank instead.\n"
+                    "With --lengths FILE: each rank's batch per length bucket (lengths.json).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     workload_arguments(p, batch_default=None,
                        batch_help="the global batch (the sum of the ranks' batches) to split; "
@@ -104,6 +105,9 @@ def plan_parser(subparsers: Any) -> None:
     t.add_argument("--json", action="store_true",
                    help="print the plan as JSON on stdout, and nothing else there")
     t.add_argument("--quiet", "-q", action="store_true", help="only where the plan went")
+    from dptune.cli.plan_lengths import plan_length_arguments   # --lengths, --buckets, ...
+
+    plan_length_arguments(p)
     p.set_defaults(func=_plan_command)
 
 
@@ -117,6 +121,12 @@ def _plan_command(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"dptune: planning for the simulated cluster {DEFAULT_CLUSTER} "
                   "(choose cards with --simulate SPEC)", file=sys.stderr)
+    if args.lengths is not None:    # each rank's batch per length bucket
+        from dptune.cli import plan_lengths
+
+        check_cards(simulate)
+        check_level_flags(args)
+        return plan_lengths.run(args, simulate)
     if args.global_batch is not None:
         if args.batch_size is not None or args.objective not in (None, "throughput"):
             raise UsageError("--global-batch plans the fastest micro-batches of a global batch: "

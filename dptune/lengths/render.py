@@ -26,10 +26,14 @@ def _rows(plan: LengthPlan) -> list[list[str]]:
 
 
 def render_text(plan: LengthPlan) -> str:
-    """One line per bucket, then the single token budget beside it."""
+    """One line per bucket, then the single token budget beside it, then the speed: each
+    bucket's and the epoch's tokens per second and the DDP ranks' fastest batches (where
+    the plan's notes give them)."""
     head = (f"{plan.model_name} on {plan.cluster}: {len(plan.buckets)} buckets, "
             f"{plan.probes} probes, {plan.seconds:.1f} s")
-    return "\n".join([head, *plan.lines(), token_budgets(plan).describe()])
+    speed = [n for n in plan.notes if n.startswith(("speed: ", "epoch: "))]
+    ranks = [f"note: {n}" for n in plan.notes if "DDP ranks' fastest batches" in n]
+    return "\n".join([head, *plan.lines(), token_budgets(plan).describe(), *ranks, *speed])
 
 
 def render_markdown(plan: LengthPlan) -> str:

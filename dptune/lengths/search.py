@@ -171,49 +171,6 @@ def binding_card(r: ProbeResult, budgets: Sequence[int]) -> int:
     return max(cards, key=lambda i: (r.peak_bytes[i] / max(budgets[i], 1), -i))
 
 
-class _DDPRanks:
-    """The probe interface over DDP ranks on the simulated cluster, for
-    :func:`dptune.search.run`: rank ``r`` runs its own step at ``split[r]`` (nothing gathered,
-    so no rank depends on the batch); a rank given no samples costs nothing here (DDP needs
-    every rank: an answer with an empty rank is refused by the caller). With ``reserved``
-    (an allocator model) each rank's peak is at the reserved level: its own probe's trace
-    replayed, NCCL's buffers as for a world of all the ranks; the allocated peaks are kept in
-    ``allocated_peak_bytes``, as :func:`dptune.backends.reserved.at_level` does."""
-
-    kind = "simulated"
-
-    def __init__(self, workload: Any, cluster: Any, reserved: Any = None):
-        from dptune.backends.simulated_ddp import SimulatedDDP
-
-        self.sim = SimulatedDDP(workload, cluster, reserved=reserved)
-        self.devices = self.sim.devices
-
-    def describe(self) -> str:
-        return self.sim.describe()
-
-    def _peaks(self, r: int, b: int) -> tuple[int, int]:
-        """Rank ``r``'s (allocated, budget-level) peaks at local batch ``b``."""
-        if b <= 0:
-            return 0, 0
-        if self.sim.reserved is None:
-            peak = self.sim.rank(r).estimate([b]).peak_bytes[0]
-            return peak, peak
-        p = at_level(self.sim.rank(r).probe([b]), [self.devices[r]], BudgetLevel.RESERVED)
-        return p.allocated_peak_bytes[0], p.peak_bytes[0]     # type: ignore[index]
-
-    def probe(self, split: Sequence[int]) -> ProbeResult:
-        both = [self._peaks(r, b) for r, b in enumerate(split)]
-        peaks = [p for _, p in both]
-        over = [(p - d.available_bytes) / d.available_bytes for p, d in zip(peaks, self.devices)]
-        worst = max(range(len(over)), key=lambda i: over[i])
-        return ProbeResult(tuple(split), tuple(peaks), oom_device=worst if over[worst] > 0 else None,
-                           note="simulated DDP", allocated_peak_bytes=(
-                               None if self.sim.reserved is None else tuple(a for a, _ in both)))
-
-    def close(self) -> None:
-        self.sim.close()
-
-
 def _bucket_plans(found: Sequence[BucketSearch], counts: Sequence[int], budgets: Sequence[int],
                   ddp: bool) -> list[BucketPlan]:
     plans = []
@@ -289,9 +246,11 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     bucket) and ``tolerance`` are as for :class:`dptune.Tuner`; ``batch_size`` is where the
     shortest bucket's search starts. ``ddp=True`` (simulated cards only): each card is a
     DDP rank with its own batch (nothing gathered); every rank must fit at least one sequence.
-    Where the backend times its steps, the plan's notes give each bucket's tokens per second
-    and the epoch's (:mod:`dptune.lengths.speed`); ``objective="throughput"`` splits each
-    bucket's batch for the shortest step that fits.
+    Where the backend times its steps (the DDP ranks' too, estimated), the plan's notes give
+    each bucket's tokens per second and the epoch's (:mod:`dptune.lengths.speed`);
+    ``objective="throughput"`` splits each bucket's batch for the most tokens per second that
+    fits (with ``ddp=True``, each rank's batch at most its own largest and at least one
+    sequence: :func:`dptune.lengths.ddp_speed.fastest_ranks`).
     ``budget_level``, ``allocator``, ``nccl_bytes`` and the default ``headroom`` are as for
     :class:`dptune.Tuner`: at ``"reserved"`` (the default) each bucket's probe is replayed
     through the allocator model (simulated cards) or measured (``max_memory_reserved``).
@@ -308,9 +267,10 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
         counts[k] += 1
         tokens[k] += x
     goal = Objective.parse(objective)
-    if goal is Objective.BALANCE or (ddp and goal is Objective.THROUGHPUT):
+    if goal is Objective.BALANCE:
         raise UsageError(f"objective={objective!r}: a length plan takes 'max_batch' (the largest "
-                         "batch per bucket) or 'throughput' (its fastest split; DataParallel only)")
+                         "batch per bucket) or 'throughput' (its fastest split, or with ddp=True "
+                         "the DDP ranks' fastest batches)")
     level, headroom_bytes, reserved = level_settings(budget_level, headroom, allocator, nccl_bytes)
     ls = LengthSample(sample, length_axis, edges[0])
     wl = Workload(model=model, sample=ls, loss_fn=loss_fn, optimizer=optimizer, amp=amp,
@@ -332,7 +292,8 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
                                exact_on_oom=getattr(backend, "kind", "") == "simulated",
                                from_neighbour=from_neighbour,
                                on_bucket=_say if verbose else lambda s: None)
-        found, speed_notes = _speed(found, probe_at, budgets, counts, tokens, objective, wl, ddp)
+        found, speed_notes = _speed(found, probe_at, budgets, counts, tokens, objective, wl,
+                                    backend if ddp else None)
     finally:
         backend.close()
     plans = _bucket_plans(found, counts, budgets, ddp)
@@ -346,15 +307,16 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
 
 def _speed(found: list, probe_at: Callable[[int, Sequence[int]], ProbeResult], budgets: list[int],
            counts: list[int], tokens: list[int], objective: str, wl: Any,
-           ddp: bool) -> tuple[list, list[str]]:
+           ranks: Any) -> tuple[list, list[str]]:
     """Each bucket's tokens per second and the epoch's (the fastest split with
-    ``objective="throughput"``): :func:`dptune.lengths.speed.plan_speed`."""
+    ``objective="throughput"``; ``ranks``: the DDP ranks, else ``None``):
+    :func:`dptune.lengths.speed.plan_speed`."""
     from dptune.lengths.speed import plan_speed
 
     found, speed, notes = plan_speed(found, probe_at, budgets, counts, tokens,
                                      fastest=objective == Objective.THROUGHPUT,
-                                     min_chunk=_min_chunk(wl))
-    return found, list(notes) + (speed.lines() if not ddp else [])
+                                     min_chunk=_min_chunk(wl), ranks=ranks)
+    return found, list(notes) + speed.lines()
 
 
 def _choose(device_ids: Optional[Sequence[int]], simulate: Any) -> Any:
@@ -372,7 +334,9 @@ def _backend(wl: Any, choice: Any, ddp: bool, reserved: Any) -> Backend:
         raise UsageError("ddp=True plans on simulated cards (simulate=...); planning inside a "
                          "torchrun job per bucket is not supported yet")
     if ddp:
-        return _DDPRanks(wl, choice.cluster, reserved)
+        from dptune.lengths.ddp_speed import DDPRanks
+
+        return DDPRanks(wl, choice.cluster, reserved)
     return timed(build_backend(wl, choice, reserved=reserved))
 
 

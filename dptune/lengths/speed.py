@@ -124,19 +124,36 @@ def _at(probe_at: Callable[[int, Sequence[int]], ProbeResult], length: int
     return lambda split: probe_at(length, split)
 
 
+def _fastest_ranks(outcome: Any, probe: Callable[[Sequence[int]], ProbeResult],
+                   budgets: Sequence[int], min_chunk: int, ranks: Any,
+                   length: int) -> tuple[Any, tuple[str, ...]]:
+    """The bucket's search outcome with the DDP ranks' fastest batches that fit."""
+    from dptune.lengths.ddp_speed import fastest_ranks
+
+    return fastest_ranks(outcome, probe, budgets, min_chunk, ranks.grad_bytes(),
+                         ranks.speed.link.bandwidth, length=length)
+
+
 def plan_speed(found: Sequence[Any], probe_at: Callable[[int, Sequence[int]], ProbeResult],
                budgets: Sequence[int], counts: Sequence[int], tokens: Sequence[int], *,
-               fastest: bool = False, min_chunk: int = 1) -> tuple[list[Any], LengthSpeed, list[str]]:
+               fastest: bool = False, min_chunk: int = 1,
+               ranks: Any = None) -> tuple[list[Any], LengthSpeed, list[str]]:
     """Each bucket's speed (``found``: the buckets' searches, shortest first; ``counts`` and
     ``tokens``: each bucket's samples and the sum of their lengths). With ``fastest``, each
-    bucket's answer is first replaced by the fastest split of its batch that fits. Returns
-    the searches (updated), the speeds, and notes."""
+    bucket's answer is first replaced by the fastest split of its batch that fits (``ranks``:
+    the DDP ranks, :class:`dptune.lengths.ddp_speed.DDPRanks`: their fastest batches, each at
+    most its largest). Returns the searches (updated), the speeds, and notes."""
     out: list[Any] = []
     speeds: list[BucketSpeed] = []
     notes: list[str] = []
     for s, n, tok in zip(found, counts, tokens):
         if fastest:
-            outcome, said = _fastest_outcome(s.outcome, _at(probe_at, s.length), budgets, min_chunk)
+            if ranks is not None:
+                outcome, said = _fastest_ranks(s.outcome, _at(probe_at, s.length), budgets,
+                                               min_chunk, ranks, s.length)
+            else:
+                outcome, said = _fastest_outcome(s.outcome, _at(probe_at, s.length), budgets,
+                                                 min_chunk)
             s = dataclasses.replace(s, outcome=outcome)
             notes.extend(f"length <= {s.length}: {line}" for line in said if not line.startswith("speed:"))
         out.append(s)
