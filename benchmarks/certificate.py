@@ -368,6 +368,14 @@ class Row:
     ok: bool                  # dptune's answer exact and certified
     purposes: tuple[str, ...]
 
+    def phase(self, name: str) -> int:
+        """dptune's probes of one phase: ``start`` (the caller's split and the probe that
+        measures card 0's cost per sample of the batch: learning, no part of a certificate
+        as a rule), ``max`` (the largest batch's), ``even-max`` (the even baseline's)."""
+        if name == "start":
+            return sum(p in ("even", "fit", "start") for p in self.purposes)
+        return sum(p.split("+")[0] == name for p in self.purposes)
+
     @property
     def ratio(self) -> float:
         return self.probes / self.minimum if self.minimum else float("nan")
@@ -444,8 +452,8 @@ def table(rows: Sequence[Row]) -> str:
 
 def summary(rows: Sequence[Row]) -> str:
     good = [r for r in rows if r.minimum]
-    lines = ["| family | cases | dptune probes | minimum | mean ratio | worst ratio | even-max |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| family | cases | dptune probes | minimum | mean ratio | worst ratio | start | max "
+             "| even-max |", "|---|---|---|---|---|---|---|---|---|"]
     for fam in sorted({r.family for r in good}) + ["all"]:
         sub = [r for r in good if fam in ("all", r.family)]
         worst = max(sub, key=lambda r: r.ratio)
@@ -453,6 +461,8 @@ def summary(rows: Sequence[Row]) -> str:
                      f"{sum(r.minimum or 0 for r in sub)} | "
                      f"{statistics.mean(r.ratio for r in sub):.2f} | "
                      f"{worst.ratio:.2f} ({worst.name}) | "
+                     f"{statistics.mean(r.phase('start') for r in sub):.2f} | "
+                     f"{statistics.mean(r.phase('max') for r in sub):.2f} | "
                      f"{statistics.mean(r.even_probes for r in sub):.2f} |")
     return "\n".join(lines)
 

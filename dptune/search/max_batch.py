@@ -16,7 +16,7 @@ Then the even split's largest batch ``E`` is bracketed the same way, from measur
 only: ``even(E)`` known within budget, ``even(E + 1)`` known over. "Known" includes dominance
 on the monotone surface (see :mod:`dptune.search.observations`): ``even(E)`` is not probed
 when a probe measured within budget put every card at least as high (card 0 also in at least
-as large a batch); the outcome names those probes (``even_implied_by``). Three ways to spend
+as large a batch); the outcome names those probes (``even_implied_by``). Ways to spend
 fewer probes, none of which returns anything not measured:
 
 - card 0's last question (one more sample at the best batch) is asked by the even split at
@@ -28,6 +28,9 @@ fewer probes, none of which returns anything not measured:
   questions left can carry them all;
 - when the fits put every open card's cap at its ``lo`` but card 0 can take more along that
   line, that candidate answer is probed before the cards' one-more tests;
+- a card ``i >= 1`` with nothing measured over whose one-more tests fitted twice in a row
+  (its fits creep up a sample at a time: a staircase) gallops, ``lo + 2 ** k`` for ``k``
+  such raises, rather than walk one sample per probe;
 - when ``E >= lo`` is known only by dominance and the fits already guessed the even split too
   high once (card 0 measured over above ``lo``), ``even(lo + 1)`` is asked directly: a
   dominating probe usually puts ``lo`` at card 0's cap, so one probe closes the bracket
@@ -194,9 +197,28 @@ class MaxBatch:
             else:
                 guess = max(lower, even_split(self.hint, self.n)[i])
         c = max(lower, guess if upper is None else min(upper, guess))
+        if upper is None:
+            c = max(c, self._gallop(i, br.lo))
         if self._stalled(f"card{i}") and br.hi is not None and c > lower:
             c = max(lower, (br.lo + br.hi) // 2)   # not halved in two probes: bisect
         return c if c == 0 or c >= m else m
+
+    def _gallop(self, i: int, lo: int) -> int:
+        """Card ``i``'s chunk when nothing above ``lo`` was measured over and its fits have
+        been creeping: the last ``k >= 2`` probes that raised ``lo`` raised it by at most
+        two samples (``min_chunk`` each) each time, one-more tests that fitted (the fits are
+        wrong: a staircase; a single such raise is often a fit's exact guess). Then
+        ``lo + 2 ** k`` samples rather than one more per probe; ``lo`` otherwise (the fits'
+        guess stands)."""
+        los, top = [], 0
+        for p in sorted(self.obs.fit_points(i), key=lambda p: p.probe):
+            if p.chunk > top:
+                top = p.chunk
+                los.append(top)
+        k = 0
+        while k + 1 < len(los) and los[-1 - k] - los[-2 - k] <= 2 * self.m:
+            k += 1
+        return lo + 2 ** k * self.m if k >= 2 else lo
 
     # ---- card 0 along the line -------------------------------------------------------
     def _line(self, t: list[int]) -> _Line:

@@ -1,0 +1,43 @@
+"""A card whose one-more tests keep fitting (a staircase the fits cannot see) gallops up
+rather than walking one sample per probe; the answer is checked against the exhaustive
+largest batch of ``benchmarks.certificate`` (caps by scan, the batch by bisection on the
+surface itself)."""
+
+from __future__ import annotations
+
+from benchmarks.certificate import answer
+from benchmarks.certificate_cases import staircase
+from dptune import search
+
+
+def _max_only(seed: int, max_probes: int):  # type: ignore[no-untyped-def]
+    s = staircase(seed)
+    out = search.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m,
+                     max_probes=max_probes, exact_on_oom=True, compare_even=False)
+    return s, out
+
+
+def test_creeping_card_gallops_to_a_certified_exact_answer():
+    # stairs7: card 2's fits put its cap one sample above each chunk measured within
+    # budget, from 601 to 609; walking took 11 probes, galloping certifies within 8
+    s, out = _max_only(7, 8)
+    assert out.certified
+    assert out.best.batch_size == answer(s).best
+    assert not any(s.over(out.best.chunk_sizes))
+    chunks = [p.chunk_sizes[2] for p in out.probes]
+    steps = [b - a for a, b in zip(chunks, chunks[1:]) if 0 < b - a]
+    assert max(steps[-3:]) >= 4      # a step of more than one sample near the cap
+
+
+def test_gallop_leaves_the_affine_cases_alone():
+    # on an affine surface the fits are exact: no card's one-more test fits twice in a row,
+    # so each card is probed at its cap and once at the cap plus one, no more
+    from benchmarks.certificate_cases import synthetic
+    for s in synthetic()[:5]:
+        out = search.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m,
+                         max_probes=12, exact_on_oom=True, compare_even=False)
+        cap = answer(s).caps
+        assert out.certified and out.best.batch_size == answer(s).best
+        for i in range(1, s.n):
+            above = sorted({p.chunk_sizes[i] for p in out.probes if p.chunk_sizes[i] > cap[i - 1]})
+            assert above == [cap[i - 1] + 1], (s.name, i, above)
