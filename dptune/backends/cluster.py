@@ -35,7 +35,7 @@ CARD_TYPES: dict[str, int] = {
 _ALIASES = {"V100": "V100-16GB", "A100": "A100-80GB", "H100": "H100-80GB", "H200-141GB": "H200",
             "RTXA6000": "A6000", "3090": "RTX3090", "4090": "RTX4090",
             "2080Ti": "RTX2080Ti"}
-_HOPPER = ("H100", "H200")
+_LARGE_WORKSPACE_MAJORS = (9, 10, 11, 12)   # torch's 32 MiB cuBLAS workspace: Hopper, Blackwell
 CUBLASLT_WORKSPACE_BYTES = 1 * MiB      # torch's default CUBLASLT_WORKSPACE_SIZE (1024 KiB)
 # Compute capability (major, minor) of each card: it decides the attention kernel CUDA runs.
 CARD_CAPABILITY: dict[str, tuple[int, int]] = {
@@ -96,9 +96,13 @@ class Cluster:
         return len(self.names)
 
     def workspace_bytes(self, card: int) -> int:
-        """The cuBLAS workspace torch allocates per card (32 MiB on Hopper, else 8 MiB)."""
-        hopper = any(h in self.names[card].upper() for h in _HOPPER)
-        return 32 * MiB if hopper else 4096 * 1024 * 2 + 16 * 1024 * 8
+        """The cuBLAS workspace torch allocates per (handle, stream) on this card, by its
+        compute capability as torch chooses it (``parseChosenWorkspaceSize`` in
+        ``CublasHandlePool.cpp``): 32 MiB on Hopper and Blackwell (major 9 to 12), else
+        ``:4096:2:16:8``, 8 MiB + 128 KiB. A card given by size with ``cc=9.0`` is a Hopper
+        card here too. ``CUBLAS_WORKSPACE_CONFIG`` is not read."""
+        major = self.capabilities[card][0]
+        return 32 * MiB if major in _LARGE_WORKSPACE_MAJORS else 4096 * 1024 * 2 + 16 * 1024 * 8
 
     def workspaces_bytes(self, card: int) -> tuple[int, int, int]:
         """The workspaces a card that runs training steps keeps allocated (torch's

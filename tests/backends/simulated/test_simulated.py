@@ -58,7 +58,15 @@ def test_bad_specs_say_what_is_accepted(spec):
 
 def test_hopper_workspace_is_larger():
     c = parse_cluster("1xH100,1xA100")
-    assert c.workspace_bytes(0) == 32 * MiB and c.workspace_bytes(1) < c.workspace_bytes(0)
+    assert c.workspace_bytes(0) == 32 * MiB and c.workspace_bytes(1) == 8 * MiB + 128 * 1024
+
+
+@pytest.mark.parametrize("cc, expected", [("9.0", 32 * MiB), ("10.0", 32 * MiB), ("12.0", 32 * MiB),
+                                          ("8.6", 8 * MiB + 128 * 1024), ("7.5", 8 * MiB + 128 * 1024)])
+def test_the_workspace_follows_the_compute_capability_as_torch_chooses_it(cc, expected):
+    """torch's CublasHandlePool.cpp picks 32 MiB for majors 9-12 from the device properties,
+    whatever the card is called: a card given by its size with cc= gets the same."""
+    assert parse_cluster(f"1x24GB,cc={cc}").workspace_bytes(0) == expected
 
 
 # ---- hand-counted figures -------------------------------------------------------------------
