@@ -8,7 +8,7 @@ import itertools
 import random
 from typing import Optional, Sequence
 
-from benchmarks.certificate import GiB, MiB, Surface, _valid
+from benchmarks.certificate_surface import GiB, MiB, Surface, _valid
 
 HEAD = 1 * GiB
 

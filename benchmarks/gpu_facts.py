@@ -24,7 +24,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -108,10 +108,18 @@ def _profile(step: Any) -> dict:
     return {"kernels": kernels, "kernel_seconds": device_us * 1e-6, "aten_ops": cpu_ops}
 
 
+def cases() -> list[tuple[str, Callable[[], Any], Sequence[int]]]:
+    """validate_time's models and batch sizes (the time facts add 1 and twice the largest)."""
+    from dptune.examples import models as M
+
+    return [("MLP", lambda: M.MLP(in_features=1024, hidden=4096, depth=4), (64, 256, 1024)),
+            ("ResNet", lambda: M.SmallResNet(blocks=1), (16, 64, 128)),
+            ("GPT", lambda: M.TinyGPT(n_layers=2), (4, 8, 16))]
+
+
 def time_facts(device: str, steps: int) -> list[dict]:
     import torch
 
-    from benchmarks.validate_time import cases
     from dptune.workload import batch_to_args
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)

@@ -311,6 +311,31 @@ def estimate(case: Case, batch: int, cluster: Any) -> int:
     return int(est.peak_bytes[0])
 
 
+def estimate_levels(case: Any, batch: int, cluster: Any) -> dict[str, int]:
+    """The simulator's three levels (allocated, reserved, total use) for the same step (the allocator model on)."""
+    import torch
+
+    from dptune.backends.allocator import AllocatorConfig
+    from dptune.backends.fixed_costs import FixedCosts
+    from dptune.backends.reserved import ReservedModel
+    from dptune.backends.simulated import SimulatedBackend
+    from dptune.workload import Workload
+
+    with torch.device("meta"):
+        shape_model = case.factory()
+    wl = Workload(model=case.factory, sample=lambda b: case.sample(shape_model, b),
+                  optimizer=case.optimizer, **case.step)
+    model = ReservedModel(AllocatorConfig.from_env(), FixedCosts(nccl_bytes=0))
+    backend = SimulatedBackend(wl, cluster, reserved=model)
+    try:
+        r = backend.probe([batch])
+    finally:
+        backend.close()
+    assert r.reserved_bytes is not None and r.total_bytes is not None and r.alloc_retries is not None
+    return {"allocated": int(r.peak_bytes[0]), "reserved": int(r.reserved_bytes[0]),
+            "total": int(r.total_bytes[0]), "retries": int(r.alloc_retries[0])}
+
+
 def _estimate_in_worker(index: int, batch: int, cluster_kw: dict, level: str) -> Any:
     """One estimate in a worker process (the cases hold lambdas: the worker rebuilds them)."""
     from dptune.backends.simulated import Cluster
@@ -320,8 +345,6 @@ def _estimate_in_worker(index: int, batch: int, cluster_kw: dict, level: str) ->
     try:
         if level == "allocated":
             return estimate(case, batch, cluster)
-        from benchmarks.validate_reserved import estimate as estimate_levels
-
         return estimate_levels(case, batch, cluster)
     except Exception as e:   # a construct the simulator cannot run: the row says which
         return RuntimeError(f"{type(e).__name__}: {str(e)[:120]}")

@@ -62,31 +62,6 @@ def measure_real(case: Any, batch: int, before_bytes: int) -> dict[str, int]:
         _free()
 
 
-def estimate(case: Any, batch: int, cluster: Any) -> dict[str, int]:
-    """The simulator's three levels for the same step (the allocator model on)."""
-    import torch
-
-    from dptune.backends.allocator import AllocatorConfig
-    from dptune.backends.fixed_costs import FixedCosts
-    from dptune.backends.reserved import ReservedModel
-    from dptune.backends.simulated import SimulatedBackend
-    from dptune.workload import Workload
-
-    with torch.device("meta"):
-        shape_model = case.factory()
-    wl = Workload(model=case.factory, sample=lambda b: case.sample(shape_model, b),
-                  optimizer=case.optimizer, **case.step)
-    model = ReservedModel(AllocatorConfig.from_env(), FixedCosts(nccl_bytes=0))
-    backend = SimulatedBackend(wl, cluster, reserved=model)
-    try:
-        r = backend.probe([batch])
-    finally:
-        backend.close()
-    assert r.reserved_bytes is not None and r.total_bytes is not None and r.alloc_retries is not None
-    return {"allocated": int(r.peak_bytes[0]), "reserved": int(r.reserved_bytes[0]),
-            "total": int(r.total_bytes[0]), "retries": int(r.alloc_retries[0])}
-
-
 def _row(case: Any, index: int, batch: int, before: int, estimates: Any) -> Any:
     """Measure one row on the card, take its estimate, print it (None: not measured)."""
     import torch

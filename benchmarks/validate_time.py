@@ -38,6 +38,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from dptune.timing import CALIBRATION, CARD_SPEEDS, ROOFLINE, Calibration, CardSpeed
 
+from benchmarks.gpu_facts import cases  # the models and batches (one home)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSV_PATH = os.path.join(os.path.dirname(HERE), "reports", "benchmarks", "validate_time.csv")
 CPU_CSV_PATH = os.path.join(os.path.dirname(HERE), "reports", "benchmarks", "validate_time_cpu.csv")
@@ -57,14 +59,6 @@ def card_name(gpu_name: str) -> Optional[str]:
         if re.search(pattern, gpu_name, re.IGNORECASE):
             return name
     return None
-
-
-def cases() -> list[tuple[str, Callable[[], Any], Sequence[int]]]:
-    from dptune.examples import models as M
-
-    return [("MLP", lambda: M.MLP(in_features=1024, hidden=4096, depth=4), (64, 256, 1024)),
-            ("ResNet", lambda: M.SmallResNet(blocks=1), (16, 64, 128)),
-            ("GPT", lambda: M.TinyGPT(n_layers=2), (4, 8, 16))]
 
 
 @dataclass(frozen=True)

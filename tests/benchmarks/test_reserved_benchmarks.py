@@ -26,11 +26,11 @@ def test_validate_reserved_without_a_gpu_says_so(capsys):
 
 
 def test_validate_reserved_estimate_runs_on_the_cpu():
-    from benchmarks.validate_gpu import _cases
+    from benchmarks.validate_gpu import _cases, estimate_levels
     from dptune.backends.simulated import Cluster
 
     case = _cases()[0]
     cluster = Cluster.uniform(1, 80 * 1024 * MiB, context_bytes=500 * MiB)
-    est = validate_reserved.estimate(case, case.batches[0], cluster)
+    est = estimate_levels(case, case.batches[0], cluster)
     assert est["allocated"] <= est["reserved"] and est["total"] == est["reserved"] + 500 * MiB
     assert est["retries"] == 0
