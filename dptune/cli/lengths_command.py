@@ -30,13 +30,8 @@ __all__ = ["length_arguments", "run", "length_sample"]
 FROM_TRAINER = ""
 
 
-def length_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("variable lengths (a batch per length bucket)")
-    g.add_argument("--lengths", metavar="FILE[:COLUMN]", default=None, nargs="?",
-                   const=FROM_TRAINER,
-                   help="the training samples' lengths: one integer per line, or a column of a "
-                        "CSV/Parquet file; plans the largest batch of every length bucket. With "
-                        "--hf-trainer give no FILE: the train dataset's lengths")
+def bucket_arguments(g: Any) -> None:
+    """The buckets, the length's axis and the padding (``dptune search`` and ``dptune plan``)."""
     g.add_argument("--buckets", default="8", metavar="K|E1,E2,...",
                    help="with --lengths: K quantile buckets (default 8) or the edges, e.g. "
                         "128,256,512,1024 (the last edge is always the longest length)")
@@ -44,6 +39,16 @@ def length_arguments(p: argparse.ArgumentParser) -> None:
                    help="the batch's length dimension (default 1: token ids (batch, length))")
     g.add_argument("--pad-to-multiple-of", type=int, default=None, metavar="M",
                    help="lengths are padded to a multiple of M, as the collator pads them")
+
+
+def length_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("variable lengths (a batch per length bucket)")
+    g.add_argument("--lengths", metavar="FILE[:COLUMN]", default=None, nargs="?",
+                   const=FROM_TRAINER,
+                   help="the training samples' lengths: one integer per line, or a column of a "
+                        "CSV/Parquet file; plans the largest batch of every length bucket. With "
+                        "--hf-trainer give no FILE: the train dataset's lengths")
+    bucket_arguments(g)
     g.add_argument("--ddp", action="store_true",
                    help="with --lengths and --simulate: each card a DDP rank with its own batch "
                         "per bucket (nothing gathered)")

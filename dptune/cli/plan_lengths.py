@@ -20,18 +20,14 @@ __all__ = ["plan_length_arguments", "run"]
 
 
 def plan_length_arguments(p: argparse.ArgumentParser) -> None:
+    from dptune.cli.lengths_command import bucket_arguments
+
     g = p.add_argument_group("variable lengths (each rank's batch per length bucket)")
     g.add_argument("--lengths", metavar="FILE[:COLUMN]", default=None,
                    help="the training samples' lengths: one integer per line, or a column of a "
                         "CSV/Parquet file; plans each rank's batch for every length bucket "
                         "(--batch-size: where the shortest bucket's search starts)")
-    g.add_argument("--buckets", default="8", metavar="K|E1,E2,...",
-                   help="with --lengths: K quantile buckets (default 8) or the edges, e.g. "
-                        "128,256,512,1024 (the last edge is always the longest length)")
-    g.add_argument("--length-axis", type=int, default=1, metavar="D",
-                   help="the batch's length dimension (default 1: token ids (batch, length))")
-    g.add_argument("--pad-to-multiple-of", type=int, default=None, metavar="M",
-                   help="lengths are padded to a multiple of M, as the collator pads them")
+    bucket_arguments(g)
 
 
 def _refuse(args: argparse.Namespace) -> None:

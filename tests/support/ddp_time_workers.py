@@ -72,20 +72,6 @@ class TimedCardRuntime(OneCpuCard):
     def reset_peak_memory_stats(self, d: int) -> None:
         _SEEN["batch"] = 0
 
-    def memory_stats(self, d: int) -> dict:
-        return {"num_alloc_retries": 0}
-
-    def empty_cache(self) -> None: ...
-
-    def synchronize(self, d: int) -> None: ...
-
-    def gc_collect(self) -> None: ...
-
-    def nvml_used(self, d: int) -> None:
-        return None
-
-    nvml_process_used = nvml_used
-
 
 class _Backward(torch.autograd.Function):
     @staticmethod
