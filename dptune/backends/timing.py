@@ -53,7 +53,8 @@ from dptune.backends.simulated.device_rules import HOST
 from dptune.backends.base import ProbeResult
 from dptune.timing import CALIBRATION, Calibration, CardSpeed, ClusterSpeed, StepTime, TimeSource
 
-__all__ = ["OpCost", "op_cost", "OpCounter", "TimedBackend", "count_ops", "ddp_allreduce_seconds"]
+__all__ = ["OpCost", "op_cost", "OpCounter", "TimedBackend", "RankStepOps", "counted_rank_step",
+           "count_ops", "ddp_allreduce_seconds"]
 
 _HALF = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _CONV = {"convolution", "convolution_backward", "cudnn_convolution", "_convolution"}
@@ -309,6 +310,43 @@ class TimedBackend:
             self.backend.op_observer = None
         return dataclasses.replace(r, time=counter.step_time(
             r.chunk_sizes, getattr(self.backend, "last_replicas", ())))
+
+
+@dataclasses.dataclass(frozen=True)
+class RankStepOps:
+    """One simulated DDP rank's step as :class:`OpCounter` saw it on its card: its kernels'
+    costs, the bytes copied from the host, the ops the host dispatched. Timed against any
+    card's speed, so ranks of one card type that share a simulator share it."""
+
+    costs: tuple[OpCost, ...]
+    host_in: int
+    ops: int
+
+    def card_seconds(self, speed: ClusterSpeed, r: int) -> float:
+        """Rank r's card work: its kernels against its card's peaks, the batch's copy from
+        the host over the host link."""
+        return (sum(c.seconds(speed.cards[r]) for c in self.costs)
+                + self.host_in / speed.link.host_bandwidth)
+
+    def host_seconds(self, speed: ClusterSpeed) -> float:
+        """The host's time to issue the step: its ops x the host's cost per op."""
+        return self.ops * speed.host_seconds_per_op
+
+
+def counted_rank_step(backend: Any, speed: ClusterSpeed, r: int,
+                      step: Callable[[], Any]) -> tuple[Any, Optional[RankStepOps]]:
+    """Run ``step()`` (a probe of ``backend``, a simulated rank on card r) with an op counter
+    installed; its result and the step's ops (``None`` when no kernel ran)."""
+    counter = OpCounter(lambda: backend._ledger, ClusterSpeed((speed.cards[r],), speed.link), keep=True)
+    backend.op_observer = counter
+    try:
+        out = step()
+    finally:
+        backend.op_observer = None
+    if not counter.kernels[0]:
+        return out, None
+    return out, RankStepOps(tuple(c for _, c in counter.costs), counter.host_in[0],
+                            counter.ops[0] + counter.serial_ops)
 
 
 def count_ops(fn: Callable[[], Any]) -> list[tuple[str, OpCost]]:

@@ -55,42 +55,28 @@ class RankTimer:
 
         self.probers, self.cluster = probers, cluster
         self.speed = ClusterSpeed.of(cluster.names, cluster.spec)
-        self.ops: dict[tuple[str, int], tuple[list, int, int]] = {}   # kernels, bytes from the host, ops
+        self.ops: dict[tuple[str, int], Any] = {}   # (card type, batch) -> RankStepOps
 
     def probe(self, r: int, b: int) -> Optional[int]:
-        from dptune.backends.timing import OpCounter
-        from dptune.timing import ClusterSpeed
+        from dptune.backends.timing import counted_rank_step
 
         prober = self.probers[r]
-        backend = prober.backend
-        one = ClusterSpeed((self.speed.cards[r],), self.speed.link)
-        counter = OpCounter(lambda: backend._ledger, one, keep=True)
-        backend.op_observer = counter
-        try:
-            peak = prober.probe(b)
-        finally:
-            backend.op_observer = None
-        key = (self.cluster.names[r], b)
-        if counter.kernels[0]:
-            self.ops[key] = ([c for _, c in counter.costs], counter.host_in[0],
-                             counter.ops[0] + counter.serial_ops)
+        peak, ops = counted_rank_step(prober.backend, self.speed, r, lambda: prober.probe(b))
+        if ops is not None:
+            self.ops[(self.cluster.names[r], b)] = ops
         return peak
 
     def seconds(self, r: int, b: int) -> Optional[float]:
         """Rank r's card's work at batch b (its ops against its card's peaks, the batch's copy
-        from the host over PCIe); ``None`` when not probed. Its host's part: :meth:`floor`."""
+        from the host over PCIe); ``None`` when not probed. Its host's part: :meth:`host_seconds`."""
         ops = self.ops.get((self.cluster.names[r], b))
-        if ops is None:
-            return None
-        costs, host, _ = ops
-        card = self.speed.cards[r]
-        return sum(c.seconds(card) for c in costs) + host / self.speed.link.host_bandwidth
+        return None if ops is None else ops.card_seconds(self.speed, r)
 
     def host_seconds(self, r: int, b: int) -> Optional[float]:
         """Rank r's host's time to issue its step at batch b: the ops it dispatched x the
         host's cost per op (:mod:`dptune.timing`); ``None`` when not probed."""
         ops = self.ops.get((self.cluster.names[r], b))
-        return None if ops is None else ops[2] * self.speed.host_seconds_per_op
+        return None if ops is None else ops.host_seconds(self.speed)
 
 
 class ProbeTimes:

@@ -60,8 +60,8 @@ class DDPRanks:
         self.sim = SimulatedDDP(workload, cluster, reserved=reserved)
         self.devices = self.sim.devices
         self.speed = ClusterSpeed.of(self.sim.cluster.names, self.sim.cluster.spec)
-        # per card type, length and batch: the step's kernels' costs, bytes from the host, ops
-        self._ops: dict[tuple[str, Any, int], tuple[list, int, int]] = {}
+        # per card type, length and batch: the step's ops (RankStepOps)
+        self._ops: dict[tuple[str, Any, int], Any] = {}
 
     def describe(self) -> str:
         return self.sim.describe()
@@ -71,27 +71,22 @@ class DDPRanks:
 
     def _peaks(self, r: int, b: int) -> tuple[int, int]:
         """Rank ``r``'s (allocated, budget-level) peaks at local batch ``b``; its time kept."""
-        from dptune.backends.timing import OpCounter
-        from dptune.timing import ClusterSpeed
+        from dptune.backends.timing import counted_rank_step
 
         if b <= 0:
             return 0, 0
         rank = self.sim.rank(r)
-        counter = OpCounter(lambda: rank._ledger, ClusterSpeed((self.speed.cards[r],), self.speed.link),
-                            keep=True)
-        rank.op_observer = counter
-        try:
+
+        def step() -> tuple[int, int]:
             if self.sim.reserved is None:
                 peak = rank.estimate([b]).peak_bytes[0]
-                both = (peak, peak)
-            else:
-                p = at_level(rank.probe([b]), [self.devices[r]], BudgetLevel.RESERVED)
-                both = (p.allocated_peak_bytes[0], p.peak_bytes[0])   # type: ignore[index]
-        finally:
-            rank.op_observer = None
-        if counter.kernels[0]:       # ranks on one card type share a simulator: kept per type
-            self._ops[(self.sim.cluster.names[r], self._length(), b)] = (
-                [c for _, c in counter.costs], counter.host_in[0], counter.ops[0] + counter.serial_ops)
+                return peak, peak
+            p = at_level(rank.probe([b]), [self.devices[r]], BudgetLevel.RESERVED)
+            return p.allocated_peak_bytes[0], p.peak_bytes[0]   # type: ignore[index]
+
+        both, ops = counted_rank_step(rank, self.speed, r, step)
+        if ops is not None:          # ranks on one card type share a simulator: kept per type
+            self._ops[(self.sim.cluster.names[r], self._length(), b)] = ops
         return both
 
     def _rank_seconds(self, r: int, b: int) -> Optional[tuple[float, float]]:
@@ -102,10 +97,7 @@ class DDPRanks:
         ops = self._ops.get((self.sim.cluster.names[r], self._length(), b))
         if ops is None:
             return None
-        costs, host_in, n_ops = ops
-        card = self.speed.cards[r]
-        return (sum(c.seconds(card) for c in costs) + host_in / self.speed.link.host_bandwidth,
-                n_ops * self.speed.host_seconds_per_op)
+        return ops.card_seconds(self.speed, r), ops.host_seconds(self.speed)
 
     def grad_bytes(self) -> int:
         """Bytes of the gradient buckets a step all-reduces (rank 0's: every rank's the same)."""
