@@ -248,8 +248,9 @@ def _times(obs: RankObservations, timer: Any) -> Any:
 
 
 def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequence[RankInfo],
-            run: Runner, timer: Any) -> _Found:
-    """The objective's search on the ranks' observations (:mod:`dptune.search.ranks`)."""
+            run: Runner, times: Any) -> _Found:
+    """The objective's search on the ranks' observations (:mod:`dptune.search.ranks`);
+    ``times``: the ranks' step times (:func:`_times`), ``None`` where none are known (FSDP)."""
     n, m, batch = obs.n, obs.m, settings.batch_size
     if isinstance(settings.micro_batches, int) and batch is not None:
         batch //= settings.micro_batches      # a fixed number of micro-batches: split one
@@ -264,7 +265,7 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
         if batch is not None and sum(sizes) > batch:
             sizes = balance_ranks(obs, run, batch, rounds + 4, sizes)
             certified, why = False, RankReason.MEMORY_BALANCE
-        return _Found(sizes, certified, _speed(obs, timer, sizes, grad_bytes), (why,) * n)
+        return _Found(sizes, certified, _speed(times, sizes, grad_bytes), (why,) * n)
     assert batch is not None
     if batch < m * n:
         raise UsageError(f"global_batch {batch} is too small for {n} ranks: every rank "
@@ -274,11 +275,11 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
     _first_rounds(obs, infos, run, second)
     if job.objective is Objective.BALANCE:
         sizes = balance_ranks(obs, run, batch, rounds, second)
-        return _Found(sizes, why=_speed(obs, timer, sizes, grad_bytes),
+        return _Found(sizes, why=_speed(times, sizes, grad_bytes),
                       reasons=(RankReason.MEMORY_BALANCE,) * n)
     from dptune.ddp.throughput import EqualSpeed, plan_throughput
 
-    speed, untimed = _timed(job, timer)
+    speed, untimed = _timed(job, times)
     fast = plan_throughput(obs, run, EqualSpeed() if speed is None else speed, batch, rounds,
                            grad_bytes, cap_of, accumulate=settings.micro_batches == "auto")
     default = (DEFAULT_NOTE,) if job.default else ()
@@ -311,13 +312,13 @@ DEFAULT_NOTE = ("objective: the default, the fastest per-rank batches that fit (
                 "objective='balance' gives every rank the same share of its memory instead")
 
 
-def _speed(obs: RankObservations, timer: Any, sizes: Sequence[int], grad_bytes: int) -> tuple[str, ...]:
+def _speed(times: Any, sizes: Sequence[int], grad_bytes: int) -> tuple[str, ...]:
     """A plan's speed beside equal batches (none without every rank's time)."""
-    if timer is None or timer.untimed():
+    if times is None or times.untimed():
         return ()
     from dptune.ddp.throughput import speed_note
 
-    return speed_note(timer, sizes, grad_bytes)
+    return speed_note(times, sizes, grad_bytes)
 
 
 def _describe_rank(info: RankInfo, r: int) -> str:

@@ -33,7 +33,7 @@ Known limitations (what is not modelled):
 
 - Workspaces: a card that runs a replica keeps two cuBLAS workspaces (one per thread's
   handle: the forward's thread and the autograd engine's; ``Cluster.workspace_bytes``, 32 MiB
-  on Hopper cards and 8 MiB on others, as torch's defaults) and cuBLASLt's 1 MiB, charged as
+  on compute capability 9.x-12.x and 8 MiB on others, as torch's defaults) and cuBLASLt's 1 MiB, charged as
   ``other`` (``Cluster.workspaces_bytes``), whether or not the model multiplies matrices. An
   op's scratch (:mod:`dptune.backends.simulated.scratch`: cuBLAS's copy of an operand it
   cannot read as it is, cuDNN's convolution workspace, charged as a bound fitted on an H200)
@@ -193,9 +193,8 @@ class _Ledger:
         records[key] = rec
         if card != HOST and rec.nbytes:
             self._add(rec)
-            mirror = self.mirror
-            if mirror is not None and card == mirror[0] and self.mirroring:
-                rec.mirror = _Record(mirror[1], rec.nbytes, category, rec.seq)
+            if self.mirrors(card):
+                rec.mirror = _Record(self.mirror[1], rec.nbytes, category, rec.seq)  # type: ignore[index]
                 self._add(rec.mirror)
 
     def _add(self, rec: _Record) -> None:
@@ -227,9 +226,8 @@ class _Ledger:
         if card == HOST or nbytes <= 0:
             return
         self._transient(card, nbytes)
-        mirror = self.mirror
-        if mirror is not None and card == mirror[0] and self.mirroring:
-            self._transient(mirror[1], nbytes)
+        if self.mirrors(card):
+            self._transient(self.mirror[1], nbytes)  # type: ignore[index]
 
     def _transient(self, card: int, nbytes: int) -> None:
         self._seq += 1
