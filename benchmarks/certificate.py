@@ -334,11 +334,11 @@ class Row:
     purposes: tuple[str, ...]
 
     def phase(self, name: str) -> int:
-        """dptune's probes of one phase: ``start`` (the caller's split and the probe that
-        measures card 0's cost per sample of the batch: learning, no part of a certificate
-        as a rule), ``max`` (the largest batch's), ``even-max`` (the even baseline's)."""
+        """dptune's probes of one phase: ``start`` (the first split, even or spread, and the
+        probe that measures card 0's cost per sample of the batch: learning, no part of a
+        certificate as a rule), ``max`` (the largest batch's), ``even-max`` (the even baseline's)."""
         if name == "start":
-            return sum(p in ("even", "fit", "start") for p in self.purposes)
+            return sum(p in ("even", "spread", "fit", "start") for p in self.purposes)
         return sum(p.split("+")[0] == name for p in self.purposes)
 
     @property
@@ -419,8 +419,17 @@ def summary(rows: Sequence[Row]) -> str:
     good = [r for r in rows if r.minimum]
     lines = ["| family | cases | dptune probes | minimum | mean ratio | worst ratio | start | max "
              "| even-max |", "|---|---|---|---|---|---|---|---|---|"]
-    for fam in sorted({r.family for r in good}) + ["all"]:
-        sub = [r for r in good if fam in ("all", r.family)]
+    groups = {fam: [r for r in good if r.family == fam] for fam in sorted({r.family for r in good})}
+    # two cards: a search that starts knowing nothing needs two probes before it can place
+    # card 1 at its cap (one point per probe, a line has two unknowns), so 5 probes where the
+    # certificate needs 3 is the floor there; three cards or more give a slope across the
+    # cards from the first probe
+    groups["2 cards"] = [r for r in good if r.n == 2]
+    groups["3+ cards"] = [r for r in good if r.n >= 3]
+    groups["all"] = list(good)
+    for fam, sub in groups.items():
+        if not sub:
+            continue
         worst = max(sub, key=lambda r: r.ratio)
         lines.append(f"| {fam} | {len(sub)} | {sum(r.probes for r in sub)} | "
                      f"{sum(r.minimum or 0 for r in sub)} | "

@@ -242,11 +242,12 @@ def test_max_batch_affine():
     want, _ = oracles.solve_max_batch(truth, budgets)
     assert r.batch_size == want == 767
     # card 0's gathered outputs (0.011 GiB a sample of the whole batch) put its even-split
-    # chunk above its chunk at the largest batch: three questions left for card 0, and the
-    # cards' one-more tests ride along on two of them
-    assert [p.purpose for p in r.probes] == ["even", "fit", "max", "max+cards", "even-max+cards",
+    # chunk above its chunk at the largest batch: three questions left for card 0 (one more
+    # sample at the best batch, the even split at E and E + 1); the cards' one-more tests
+    # were asked by the second probe (the first spread the cards: a slope across them)
+    assert [p.purpose for p in r.probes] == ["spread", "fit", "max", "max", "even-max",
                                              "even-max"]
-    assert be.calls[:3] == [[64, 64, 64, 64], [64, 185, 185, 185], [92, 225, 225, 225]]
+    assert be.calls[:3] == [[64, 48, 64, 80], [64, 226, 226, 226], [92, 225, 225, 225]]
     assert r.even.batch_size == oracles.max_even_batch(truth, budgets) == 496
     assert r.even.feasible and r.batch_gain > 0.5
     assert r.fits[0].batch_slope_bytes == pytest.approx(0.011 * GiB, rel=1e-6)
@@ -255,9 +256,20 @@ def test_max_batch_affine():
     assert_verified(r)
     back = TuneResult.from_dict(json.loads(json.dumps(r.to_dict())))
     assert back.certified and back.brackets == r.brackets
-    # the even split at 496 was not probed: it fits by dominance, which the result says
+    assert tuple(r.even.chunk_sizes) in {tuple(p.chunk_sizes) for p in r.probes}
+
+
+def test_max_batch_even_split_implied_by_dominance_round_trips():
+    # a tiny gathered output: card 0 takes more at the largest batch than in the even split,
+    # so even(E) is never probed; it fits by dominance, which the result says (and keeps)
+    be = identical(g=0.0)
+    r = tune(be, objective="max_batch")
+    assert [p.purpose for p in r.probes] == ["spread", "fit", "max", "even-max"]
+    truth = [Fit(6 * GiB, 0.093 * GiB)] + [Fit(2 * GiB, 0.093 * GiB)] * 3
+    assert r.even.batch_size == oracles.max_even_batch(truth, [23 * GiB] * 4)
     assert tuple(r.even.chunk_sizes) not in {tuple(p.chunk_sizes) for p in r.probes}
-    assert r.even.implied_by and back.even.implied_by == r.even.implied_by
+    back = TuneResult.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert r.even.implied_by == (3, 4) and back.even.implied_by == r.even.implied_by
     assert "was not probed itself" in render_table(r)
 
 

@@ -12,8 +12,18 @@ The answer is the largest batch measured within every budget. It is *certified* 
 more sample is measured not to fit: with each card ``i >= 1`` at most ``hi_i - 1``, every
 split of ``B + 1`` leaves card 0 at least a chunk where it was measured over budget.
 
+The first probe is the even split of the caller's batch; on the simulator with three cards
+or more, the cards ``i >= 1`` are spread (a quarter of a share below and above), so one probe
+gives a slope across them (taken only when every card lies on it: cards that run the same
+replica cost alike per sample). The second probe then keeps card 0's chunk (its cost per
+sample of the whole batch) and puts each card ``i >= 1`` one sample above the cap that slope
+gives: on an affine surface that is the cards' over-budget test, asked by a probe card 0
+needed anyway, and the answer is certified in four probes instead of five.
+
 Then the even split's largest batch ``E`` is bracketed the same way, from measured points
-only: ``even(E)`` known within budget, ``even(E + 1)`` known over. "Known" includes dominance
+only: every even split up to ``even(E)`` known within budget, ``even(E + 1)`` known over (the
+batch a user reaches by raising DataParallel's batch until it fails; ``torch.chunk``'s splits
+are not monotone per card, so a larger batch may fit again, and does not count). "Known" includes dominance
 on the monotone surface (see :mod:`dptune.search.observations`): ``even(E)`` is not probed
 when a probe measured within budget put every card at least as high (card 0 also in at least
 as large a batch); the outcome names those probes (``even_implied_by``). Ways to spend
@@ -180,7 +190,7 @@ class MaxBatch:
         else:
             line = fits.card_line(i, br.lo)
             pts = [p for p in obs.points[i] if p.exact and p.chunk > 0]
-            if line is not None and len({p.chunk for p in pts}) >= 2:
+            if line is not None and (len({p.chunk for p in pts}) >= 2 or fits.pooled):
                 guess = int((budget - line.intercept) / line.slope)
                 if upper is None:   # a secant far from its points is not trusted far
                     top = max([p.chunk for p in obs.points[i]] + [br.lo, 1])
@@ -292,7 +302,13 @@ class MaxBatch:
             # probe, the others moved
             ref = next((p for p in reversed(obs.points[0]) if p.exact), None)
             if ref is not None:
-                split = (ref.chunk, *t)
+                # on the simulator (every card measured, over budget or not), each open card
+                # one sample above where the slope across the cards puts its cap: over there,
+                # the cap is bracketed from above by a probe needed for card 0 anyway
+                raise_ = fits.pooled and obs.exact_on_oom
+                up = [next_chunk(x, self.m) if raise_ and not obs.bracket(i).closed else x
+                      for i, x in zip(range(1, self.n), t)]
+                split = (ref.chunk, *up)
                 if sum(split) != ref.batch and valid_split(split, self.m) \
                         and split not in obs.by_split:
                     self.g_tries += 1
@@ -358,11 +374,44 @@ class MaxBatch:
     def _even_start(self) -> int:
         return self.m * self.n if self.m > 1 else 1   # BatchNorm: no even split below
 
+    def _even_prefix(self, start: int, up: int) -> int:
+        """The largest ``E`` in ``[start, up]`` with every even split from ``start`` to ``E``
+        known to fit (BatchNorm: batches with a chunk of 1 skipped): where a user who raises
+        DataParallel's batch until it fails stops. 0: none. Card 0's chunk grows with the
+        batch (bisection); the others' do not (``torch.chunk``: ``even(328)`` on three cards is
+        ``(110, 110, 108)``, lighter on the last card than ``even(327) = (109, 109, 109)``),
+        but none exceeds ``ceil(b / n)``, so they are scanned only above ``n`` times the
+        smallest chunk every card is known to fit."""
+        n = self.n
+        top = largest_true(lambda b: self.obs.card0_fits(even_split(b, n)[0], b), start, up)
+        if top < start:
+            return 0
+        known = min((max((p.chunk for p in self.obs.fit_points(i)), default=0)
+                     for i in range(1, n)), default=top)
+        b = max(start, min(n * known, top))
+        while b + 1 <= top and (not valid_split(even_split(b + 1, n), self.m)
+                                or self._even_fits(b + 1)):
+            b += 1
+        while b >= start and not self._even_fits(b):
+            b -= 1
+        return b if b >= start else 0
+
+    def _even_next(self, lo: int) -> int:
+        """The first valid even batch above ``lo`` (the one to be known over)."""
+        b = max(lo + 1, self._even_start())
+        while not valid_split(even_split(b, self.n), self.m):
+            b += 1
+        return b
+
     def even_bracket(self) -> tuple[int, Optional[int]]:
+        """``[lo, hi)``: ``lo`` the even split's largest batch known so far (every even batch
+        up to it known to fit, :meth:`_even_prefix`), ``hi`` a batch above it known over."""
         up, start = self._upper(), self._even_start()
-        lo = largest_true(self._even_fits, start, up)
-        lo = lo if lo >= start else 0
-        hi = largest_true(lambda b: not self._even_over(b), max(lo + 1, start), up) + 1
+        lo = self._even_prefix(start, up)
+        nxt = self._even_next(lo)
+        if self._even_over(nxt):
+            return lo, nxt
+        hi = largest_true(lambda b: not self._even_over(b), nxt, up) + 1
         return lo, (hi if hi <= up and self._even_over(hi) else None)
 
     def _guess_missed(self, lo: int) -> bool:
@@ -381,7 +430,7 @@ class MaxBatch:
         dominance: ``even(E)`` need not be probed itself when a probe within budget put every
         card at least as high, see :meth:`Observations.fit_witness`)."""
         lo, hi = self.even_bracket()
-        return hi == max(lo + 1, self._even_start())
+        return hi == self._even_next(lo)
 
     def _even_step(self) -> Optional[Proposal]:
         obs = self.obs
@@ -429,7 +478,8 @@ class MaxBatch:
             s = even_split(self.hint, self.n)
             if not valid_split(s, self.m):
                 s = fill(self.hint, [self.hint] * self.n, self.m) or s
-            return Proposal(tuple(s), "even")
+            spread = self._spread(tuple(s))
+            return Proposal(spread, "even" if spread == tuple(s) else "spread")
         self._record_widths()
         even = None if not self.compare_even or self.even_certified() else self._even_step()
         if not self.max_certified():
@@ -445,6 +495,16 @@ class MaxBatch:
                     return Proposal(even.split, "even-max")
                 return prop
         return even
+
+    def _spread(self, s: tuple[int, ...]) -> tuple[int, ...]:
+        """The first split with the cards ``i >= 1`` at different chunks (three cards or
+        more, on the simulator): one probe then gives a slope across them, so the next probe
+        can already put each card near its cap (and one sample above it)."""
+        if self.n < 3 or not self.obs.exact_on_oom:
+            return s        # real cards: an out-of-memory probe measures only the failing card
+        d = s[1] // 4
+        out = (s[0], s[1] - d, *s[2:-1], s[-1] + d)
+        return out if d > 0 and valid_split(out, self.m) else s
 
     def _even_covers(self, even: tuple[int, ...], prop: tuple[int, ...]) -> bool:
         """Probing ``even`` first answers ``prop``'s question when ``prop`` only asks about

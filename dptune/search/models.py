@@ -21,6 +21,9 @@ from dptune.search.observations import Observations, Point
 
 __all__ = ["Line", "secant", "chord_cap", "CardFits"]
 
+#: A slope across the cards is taken only when every card lies this close (relative) to it.
+POOLED_TOLERANCE = 0.02
+
 #: A fitted slope below this (a plateau) is treated as this, in bytes per sample.
 MIN_SLOPE_BYTES = 1.0
 
@@ -71,7 +74,10 @@ class CardFits:
         self.n = obs.n
         self.g = self._batch_slope()
         others = [s for s in (self._slope(i) for i in range(1, self.n)) if s is not None]
-        self.median_slope: Optional[float] = sorted(others)[len(others) // 2] if others else None
+        #: True when the slope is taken across the cards (none measured at two chunks)
+        self.pooled = not others and self._pooled_slope() is not None
+        self.median_slope: Optional[float] = sorted(others)[len(others) // 2] if others \
+            else self._pooled_slope()
 
     # ---- card 0's cost per sample of the whole batch ------------------------------------
     def _batch_slope(self) -> Optional[float]:
@@ -98,6 +104,16 @@ class CardFits:
         line = secant([(p.chunk, float(p.peak_bytes)) for p in pts],
                       max((p.chunk for p in pts), default=0))
         return None if line is None else line.slope
+
+    def _pooled_slope(self) -> Optional[float]:
+        """No card ``i >= 1`` measured at two chunks yet: the slope across the cards (a
+        first probe that gave them different chunks; cards that run the same replica cost
+        alike per sample, a guess that only chooses the next probe)."""
+        pts = [(p.chunk, float(p.peak_bytes)) for i in range(1, self.n) for p in self._exact(i)]
+        line = secant(pts, max((c for c, _ in pts), default=0))
+        if line is None or any(abs(line.at(c) - y) > POOLED_TOLERANCE * y for c, y in pts):
+            return None     # the cards do not lie on one line: not alike, no slope across
+        return line.slope
 
     def card_line(self, i: int, target: int) -> Optional[Line]:
         """Card ``i >= 1`` near chunk ``target``: a secant, or one point and the others' slope."""

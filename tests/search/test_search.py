@@ -268,33 +268,55 @@ def test_max_batch_with_real_gpu_oom_semantics(shape):
 def test_max_batch_exact_probe_sequence_mlp4():
     out, be = run(mlp(4), "max_batch", 256)
     assert be.calls == [
-        [64, 64, 64, 64],        # the even split at the hint
-        [64, 379, 379, 379],     # card 0 as before, the others in proportion: card 0's batch term
-        [579, 716, 716, 716],    # every card >= 1 at its fitted cap, card 0 the largest batch left
-        [579, 717, 717, 717],    # one more on each card >= 1: over (card 0 within, at B + 3)
+        [64, 48, 64, 80],        # the hint's batch, the cards >= 1 spread: a slope across them
+        [64, 717, 717, 717],     # card 0 as before (its batch term); each card >= 1 one sample
+                                 # above the cap that slope gives: over, so hi = 717
+        [579, 716, 716, 716],    # every card >= 1 at its cap, card 0 the largest batch left
         [580, 580, 580, 577],    # the even split at E + 1 = 2317: card 0 over at chunk 580, so
                                  # also over at 580 in the larger batch B + 1 = 2728 (certified)
     ]
-    assert [p.purpose for p in out.probes] == ["even", "fit", "max", "max", "even-max"]
+    assert [p.purpose for p in out.probes] == ["spread", "fit", "max", "even-max"]
     assert out.best.chunk_sizes == (579, 716, 716, 716) and out.certified
     # even(2316) = [579] * 4 was never probed: it fits because probe 3 measured card 0 within
-    # budget at 579 samples in a batch of 2727 and card 3 at 716, probe 5 cards 1 and 2 at 580
+    # budget at 579 samples in a batch of 2727 and card 3 at 716, probe 4 cards 1 and 2 at 580
     # (card 3 had 577 < 579 there); the peaks are upper bounds, the lowest that dominate
     assert out.even is not None and out.even.batch_size == 2316
-    assert out.even.chunk_sizes == (579, 579, 579, 579) and out.even_implied_by == (3, 5)
-    p3, p5 = out.probes[2].peak_bytes, out.probes[4].peak_bytes
-    assert list(out.even.peak_bytes) == [p3[0], p5[1], p5[2], p3[3]]
+    assert out.even.chunk_sizes == (579, 579, 579, 579) and out.even_implied_by == (3, 4)
+    p3, p4 = out.probes[2].peak_bytes, out.probes[3].peak_bytes
+    assert list(out.even.peak_bytes) == [p3[0], p4[1], p4[2], p3[3]]
     true = CurveBackend(mlp(4)).peaks(out.even.chunk_sizes)
     assert all(b >= t for b, t in zip(out.even.peak_bytes, true))
     assert fits(mlp(4), out.even.chunk_sizes) and not fits(mlp(4), even_split(2317, 4))
 
 
-def test_max_batch_exact_probe_sequence_big_output_packs_the_cards_tests():
+def test_max_batch_exact_probe_sequence_big_output():
     """A large gathered output: card 0 takes fewer samples at the largest batch (432) than in
     the even split's (445), so card 0 has three questions left (one more sample at the best
-    batch, the even split at E and at E + 1); the cards' over-budget tests ride along."""
+    batch, the even split at E and at E + 1); the cards' over-budget tests were asked by the
+    second probe, one sample above the cap the first probe's slope across the cards gave."""
     shape = big_output()
     out, be = run(shape, "max_batch", 256)
+    assert be.calls == [
+        [64, 48, 64, 80],
+        [64, 564, 564, 564],     # card 0's batch term; every card >= 1 at its cap + 1 (over)
+        [432, 563, 563, 563],    # the best: every card at its cap
+        [433, 563, 563, 563],    # card 0 one more at B + 1 (over)
+        [445, 445, 445, 445],    # the even split's E (within)
+        [446, 446, 446, 443],    # the even split at E + 1: card 0 over
+    ]
+    assert [p.purpose for p in out.probes] == ["spread", "fit", "max", "max", "even-max",
+                                               "even-max"]
+    assert out.certified and out.best.batch_size == best_batch(shape) == 2121
+    assert out.even is not None and out.even.batch_size == best_even(shape) == 1780
+    assert out.even.chunk_sizes == (445, 445, 445, 445) and out.even_implied_by == ()
+
+
+def test_max_batch_packs_the_cards_tests_on_card0_questions():
+    """From the caller's even split (no slope across the cards after one probe), the cards'
+    over-budget tests are left for the end and ride along on card 0's questions."""
+    shape = big_output()
+    be = CurveBackend(shape)
+    out = search.run(be.probe, budgets(shape), "max_batch", 256, first_split=[64] * 4)
     assert be.calls == [
         [64, 64, 64, 64],
         [64, 420, 420, 420],
@@ -303,7 +325,7 @@ def test_max_batch_exact_probe_sequence_big_output_packs_the_cards_tests():
         [445, 326, 445, 564],    # the even split's E for card 0 (within); card 3 one more (over)
         [446, 446, 446, 443],    # the even split at E + 1: card 0 over
     ]
-    assert [p.purpose for p in out.probes] == ["even", "fit", "max", "max+cards",
+    assert [p.purpose for p in out.probes] == ["start", "fit", "max", "max+cards",
                                                "even-max+cards", "even-max"]
     assert out.certified and out.best.batch_size == best_batch(shape) == 2121
     assert out.even is not None and out.even.batch_size == best_even(shape) == 1780

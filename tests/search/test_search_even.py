@@ -1,0 +1,38 @@
+"""The even baseline is the batch a user reaches by raising DataParallel's batch until it
+fails: every even split up to ``E`` fits, ``even(E + 1)`` does not. ``torch.chunk`` is not
+monotone per card (three cards: ``even(327) = (109, 109, 109)``, ``even(328) = (110, 110,
+108)``), so a batch above a failing one may fit again; it does not count. Checked against
+``benchmarks.certificate``'s brute force (every even batch scanned on the surface itself)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.certificate import answer
+from benchmarks.certificate_cases import random_affine, synthetic
+from dptune import search
+from dptune.split import even_split
+
+
+def _run(s):  # type: ignore[no-untyped-def]
+    return search.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m, max_probes=12,
+                      exact_on_oom=True)
+
+
+def test_a_fitting_batch_above_the_first_failure_is_not_the_baseline():
+    s = random_affine(3)          # three cards, card 2's cap 108 samples
+    assert not any(s.over(even_split(326, 3))) and any(s.over(even_split(327, 3)))
+    assert not any(s.over(even_split(328, 3)))     # (110, 110, 108): fits again
+    out = _run(s)
+    assert out.certified and not out.even_open
+    assert out.even is not None and out.even.batch_size == answer(s).even == 326
+
+
+@pytest.mark.parametrize("s", synthetic() + [random_affine(k) for k in range(24)],
+                         ids=lambda s: s.name)
+def test_largest_and_even_batches_match_the_brute_force(s):
+    out = _run(s)
+    want = answer(s)
+    assert out.certified and not out.even_open
+    assert out.best.batch_size == want.best and not any(s.over(out.best.chunk_sizes))
+    assert (out.even.batch_size if out.even is not None else 0) == want.even
