@@ -63,6 +63,9 @@ from dptune.split import even_split
 
 __all__ = ["MaxBatch"]
 
+#: The purposes of the probes that learn the surface before aiming at the answer.
+_START = ("even", "spread", "start", "fit")
+
 #: Largest step up a secant may take from the largest measured chunk when nothing above was
 #: measured (x this); a single point scales in proportion, which undershoots.
 GROWTH = 64
@@ -417,9 +420,14 @@ class MaxBatch:
     def _guess_missed(self, lo: int) -> bool:
         """The even split's lower end ``lo`` is known by dominance only (``even(lo)`` not
         probed) and a probe that asked about the even split above ``lo`` found card 0 over
-        its budget (the fits guessed too high)."""
+        its budget (the fits guessed too high). Not when card 0's chunk there is known only
+        from the first probes (the caller's batch: far below card 0's cap)."""
         obs = self.obs
         if lo <= 0 or tuple(even_split(lo, self.n)) in obs.by_split:
+            return False
+        e0 = even_split(lo, self.n)[0]
+        if not any(p.chunk >= e0 and p.batch >= lo and p.probe >= 0
+                   and obs.probes[p.probe].purpose not in _START for p in obs.fit_points(0)):
             return False
         return any(r.purpose.startswith("even-max") and r.batch_size > lo
                    and any(p.probe == k and p.over for p in obs.points[0])
