@@ -558,3 +558,17 @@ def test_no_even_split_known_to_fit_is_not_a_headline_figure():
     line = next(x for x in render_table(r).splitlines() if x.startswith("max batch that fits"))
     assert line == (f"max batch that fits: even none known to fit (at most {r.even.at_most}) "
                     f"-> balanced {r.batch_size}")
+
+
+def test_even_baseline_does_not_restart_from_the_first_probe():
+    """Card 0 convex in its chunk (the even guesses overshoot): the search asks the even split
+    between what is measured, never ``even(hint + 1)``, which only the first probe (the
+    caller's batch, far below card 0's cap) implies; it was 2 probes more on such a surface."""
+    w, a = 2 * GiB, 40 * MiB
+    shape = Shape("convex-card0", [24 * GiB] * 4, f=lambda i, c: w + a * c,
+                  g=lambda c0, b: w + GiB + a * c0 + 20 * MiB * b + 100 * 1024 * c0 * c0)
+    out, be = run(shape, "max_batch", 256)
+    assert out.certified and out.best.batch_size == best_batch(shape)
+    assert out.even is not None and out.even.batch_size == best_even(shape)
+    assert 257 not in [sum(c) for c in be.calls]
+    assert len(be.calls) <= 9
