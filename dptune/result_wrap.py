@@ -9,7 +9,7 @@ which it takes as an argument (imported for typing only); torch is imported when
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 from dptune.errors import UsageError
 from dptune.workload import StepSettings
@@ -18,16 +18,27 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from dptune.parallel import BalancedDataParallel
-    from dptune.result import TuneResult
 
-__all__ = ["wrap_model", "warn_settings", "NOT_GIVEN"]
+__all__ = ["wrap_model", "warn_settings", "NOT_GIVEN", "TunedSplit"]
+
+
+class TunedSplit(Protocol):
+    """What wrapping needs of a result (:class:`dptune.result.TuneResult` has it): the split,
+    where the outputs are gathered, the step it was tuned for, and what to call it in a
+    message. A protocol, so that this module does not import the result back."""
+
+    chunk_sizes: list[int]
+    output_device: int
+    settings: StepSettings
+    cluster: str
+    source: Optional[str]
 
 
 #: "not given" for :func:`wrap_model`'s step settings (``None`` is a value some of them take)
 NOT_GIVEN: Any = type("_NotGiven", (), {"__repr__": lambda self: "NOT_GIVEN"})()
 
 
-def wrap_model(result: "TuneResult", model: "torch.nn.Module",
+def wrap_model(result: TunedSplit, model: "torch.nn.Module",
                device_ids: Optional[Sequence[Any]] = None, *, amp: Any = NOT_GIVEN,
                accumulate: Any = NOT_GIVEN, clip_grad_norm: Any = NOT_GIVEN,
                step: Any = NOT_GIVEN) -> "BalancedDataParallel":

@@ -226,7 +226,7 @@ class BalancedTrainerMixin:
     def _init_balance(self, tuned: Optional[Tuned], plan: Any) -> None:
         """The split or the length plan, checked against this Trainer's cards (also what
         :func:`dptune.integrations.trainer_lengths.with_length_plan` runs on a built Trainer)."""
-        from dptune.integrations.trainer_lengths import trainer_plan
+        from dptune.integrations.trainer_buckets import trainer_plan
 
         if tuned is not None and plan is not None:
             raise UsageError("give tuned= (one split) or plan= (a split per length bucket), "
@@ -301,7 +301,7 @@ class BalancedTrainerMixin:
 
     def get_train_dataloader(self) -> Any:
         if self.length_plan is not None:
-            from dptune.integrations.trainer_lengths import bucket_dataloader
+            from dptune.integrations.trainer_buckets import bucket_dataloader
 
             return bucket_dataloader(self, self.length_plan)
         loader = super().get_train_dataloader()  # type: ignore[misc]
