@@ -85,8 +85,8 @@ def random_affine(seed: int) -> Surface:
     return s
 
 
-#: Small models on the simulator (2 cards: the brute force is cheap there), 8 samples per
-#: card to start, as in ``tests/search/test_search_models.py``.
+#: Small models on the simulator (2 cards: the brute force is cheap there; two on 4 cards),
+#: 8 samples per card to start, as in ``tests/search/test_search_models.py``.
 MODELS = {
     "causal-lm": ("TinyGPT", dict(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32), "2x1GB"),
     "encoder": ("BertClassifier", dict(vocab_size=1000, d_model=64, n_layers=1, n_heads=2, seq_len=32), "2x1GB"),
@@ -94,6 +94,10 @@ MODELS = {
     "bn-cnn": ("SmallResNet", dict(widths=(8, 16), blocks=1, num_classes=10, image_size=32), "2x1GB"),
     "big-output": ("SegNet", dict(num_classes=21, width=4, image_size=64), "2x2GB"),
     "mlp-tiny-output": ("MLP", dict(in_features=512, hidden=2048, depth=2, num_classes=2), "2x1GB"),
+    # 4 cards from the same 2-card curves (card 0's peak depends on its chunk and the batch,
+    # not on how the rest is split): the first probe spreads the cards there
+    "causal-lm/4": ("TinyGPT", dict(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32), "4x1GB"),
+    "encoder/4": ("BertClassifier", dict(vocab_size=1000, d_model=64, n_layers=1, n_heads=2, seq_len=32), "4x1GB"),
 }
 HEADROOM = 64 * MiB
 

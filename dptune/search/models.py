@@ -9,7 +9,10 @@ result. The rules that keep fits honest:
   card 0 the same chunk; its cost per sample of its own chunk from probes at different chunks
   after ``g * batch`` is taken off;
 - a secant uses the two measured points nearest the target (the curves are a maximum of a
-  few affine pieces, so a far point misleads).
+  few affine pieces, so a far point misleads);
+- before any card ``i >= 1`` is measured at two chunks, a slope is taken across the cards
+  (a first probe that gave them different chunks), and only when every card lies on one line
+  (cards that run the same replica cost alike per sample).
 """
 
 from __future__ import annotations

@@ -572,3 +572,14 @@ def test_even_baseline_does_not_restart_from_the_first_probe():
     assert out.even is not None and out.even.batch_size == best_even(shape)
     assert 257 not in [sum(c) for c in be.calls]
     assert len(be.calls) <= 9
+
+
+def test_first_probe_spreads_the_cards_only_where_every_card_is_measured():
+    """The spread first probe (a slope across the cards) needs every card's peak: on real
+    cards an out-of-memory probe measures only the failing card, so the search starts from
+    the even split there; with two cards there is no slope across cards >= 1 to take."""
+    assert run(mlp(4), "max_batch", 256)[1].calls[0] == [64, 48, 64, 80]
+    assert run(mlp(4), "max_batch", 256, real=True)[1].calls[0] == [64, 64, 64, 64]
+    assert run(mlp(2), "max_batch", 128)[1].calls[0] == [64, 64]
+    out, be = run(batchnorm(), "max_batch", 256)      # BatchNorm: still no chunk of 1
+    assert be.calls[0] == [64, 48, 64, 80] and out.certified
