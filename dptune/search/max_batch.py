@@ -53,12 +53,12 @@ When the probes run out first, the even split is reported at the lower end of it
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
+from dptune.search.line import Line, first_over, largest_true, last_within
 from dptune.search.loop import Proposal, fill, valid_split
 from dptune.search.models import CardFits, chord_cap
 from dptune.search.observations import Bracket, Observations, next_chunk
-from dptune.solver import bisect_last
 from dptune.split import even_split
 
 __all__ = ["MaxBatch"]
@@ -69,66 +69,6 @@ _START = ("even", "spread", "start", "fit")
 #: Largest step up a secant may take from the largest measured chunk when nothing above was
 #: measured (x this); a single point scales in proportion, which undershoots.
 GROWTH = 64
-
-
-def largest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int:
-    """Largest ``x`` in ``[lo, hi]`` with ``pred(x)`` (``pred`` true then false); ``lo - 1``
-    when none."""
-    if hi < lo or not pred(lo):
-        return lo - 1
-    return bisect_last(pred, lo, hi)
-
-
-def _last_within(line: "_Line", chunk: int, batch: int) -> int:
-    """The largest batch up to ``batch`` at which the line leaves card 0 at most ``chunk``."""
-    def ok(b: int) -> bool:
-        c0 = line.c0(b)
-        return c0 is not None and c0 <= chunk
-    return largest_true(ok, 0, batch)
-
-
-def _first_over(line: "_Line", chunk: int, batch: int) -> int:
-    """The smallest batch from ``batch`` at which the line leaves card 0 at least ``chunk``."""
-    def below(b: int) -> bool:
-        c0 = line.c0(b)
-        return c0 is not None and c0 < chunk
-    return largest_true(below, batch, batch + line.total + chunk + 1) + 1
-
-
-class _Line:
-    """Card 0 along the batch, with the other cards at most at chunks ``t``."""
-
-    def __init__(self, t: list[int], m: int):
-        self.t, self.m, self.total = t, m, sum(t)
-        reach = [(0, 0)]
-        for c in t:
-            if c < m:
-                continue
-            new = sorted(reach + [(a + m, b + c) for a, b in reach])
-            merged: list[tuple[int, int]] = []
-            for a, b in new:
-                if merged and a <= merged[-1][1] + 1:
-                    merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-                else:
-                    merged.append((a, b))
-            reach = merged
-        self.reach = reach
-
-    def c0(self, batch: int) -> Optional[int]:
-        """The fewest samples card 0 can take of ``batch`` (None: no split)."""
-        c = max(0, batch - self.total)
-        while c <= batch:
-            if (c == 0 or c >= self.m) and any(a <= batch - c <= b for a, b in self.reach):
-                return c
-            c += 1
-        return None
-
-    def split(self, batch: int) -> Optional[tuple[int, ...]]:
-        c0 = self.c0(batch)
-        if c0 is None:
-            return None
-        rest = fill(batch - c0, self.t, self.m)
-        return None if rest is None else (c0, *rest)
 
 
 class MaxBatch:
@@ -234,23 +174,23 @@ class MaxBatch:
         return lo + 2 ** k * self.m if k >= 2 else lo
 
     # ---- card 0 along the line -------------------------------------------------------
-    def _line(self, t: list[int]) -> _Line:
-        return _Line(t, self.m)
+    def _line(self, t: list[int]) -> Line:
+        return Line(t, self.m)
 
-    def _line_bracket(self, line: _Line) -> tuple[int, Optional[int]]:
+    def _line_bracket(self, line: Line) -> tuple[int, Optional[int]]:
         """``[lo, hi)`` of the batch along ``line``, from card 0's measured points."""
         lo = 0
         for p in self.obs.fit_points(0):
-            lo = max(lo, _last_within(line, p.chunk, p.batch))
+            lo = max(lo, last_within(line, p.chunk, p.batch))
         hi: Optional[int] = None
         for p in self.obs.over_points(0):
-            b = max(p.batch, _first_over(line, p.chunk, p.batch))
+            b = max(p.batch, first_over(line, p.chunk, p.batch))
             hi = b if hi is None else min(hi, b)
         if hi is not None and lo >= hi:
             lo = hi - 1
         return lo, hi
 
-    def _line_target(self, line: _Line, fits: CardFits) -> Optional[int]:
+    def _line_target(self, line: Line, fits: CardFits) -> Optional[int]:
         lo, hi = self._line_bracket(line)
         lower, upper = lo + 1, (None if hi is None else hi - 1)
         # BatchNorm: the smallest batches may have no split on this line (a chunk of 1); start
@@ -293,7 +233,7 @@ class MaxBatch:
         for i in range(1, self.n):
             br = self.obs.bracket(i)
             caps.append(batch if br.hi is None else br.hi - 1)
-        c0 = _Line(caps, self.m).c0(batch)
+        c0 = Line(caps, self.m).c0(batch)
         return c0 is None or self.obs.card0_over(c0, batch)
 
     def _max_step(self) -> Optional[Proposal]:
