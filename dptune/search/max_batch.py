@@ -53,12 +53,12 @@ When the probes run out first, the even split is reported at the lower end of it
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
+from dptune.search.line import Card0Line, first_over, largest_true, last_within
 from dptune.search.loop import Proposal, fill, valid_split
-from dptune.search.models import CardFits, chord_cap
+from dptune.search.models import MIN_SLOPE_BYTES, CardFits, chord_cap
 from dptune.search.observations import Bracket, Observations, next_chunk
-from dptune.solver import bisect_last
 from dptune.split import even_split
 
 __all__ = ["MaxBatch"]
@@ -66,66 +66,6 @@ __all__ = ["MaxBatch"]
 #: Largest step up a secant may take from the largest measured chunk when nothing above was
 #: measured (x this); a single point scales in proportion, which undershoots.
 GROWTH = 64
-
-
-def largest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int:
-    """Largest ``x`` in ``[lo, hi]`` with ``pred(x)`` (``pred`` true then false); ``lo - 1``
-    when none."""
-    if hi < lo or not pred(lo):
-        return lo - 1
-    return bisect_last(pred, lo, hi)
-
-
-def _last_within(line: "_Line", chunk: int, batch: int) -> int:
-    """The largest batch up to ``batch`` at which the line leaves card 0 at most ``chunk``."""
-    def ok(b: int) -> bool:
-        c0 = line.c0(b)
-        return c0 is not None and c0 <= chunk
-    return largest_true(ok, 0, batch)
-
-
-def _first_over(line: "_Line", chunk: int, batch: int) -> int:
-    """The smallest batch from ``batch`` at which the line leaves card 0 at least ``chunk``."""
-    def below(b: int) -> bool:
-        c0 = line.c0(b)
-        return c0 is not None and c0 < chunk
-    return largest_true(below, batch, batch + line.total + chunk + 1) + 1
-
-
-class _Line:
-    """Card 0 along the batch, with the other cards at most at chunks ``t``."""
-
-    def __init__(self, t: list[int], m: int):
-        self.t, self.m, self.total = t, m, sum(t)
-        reach = [(0, 0)]
-        for c in t:
-            if c < m:
-                continue
-            new = sorted(reach + [(a + m, b + c) for a, b in reach])
-            merged: list[tuple[int, int]] = []
-            for a, b in new:
-                if merged and a <= merged[-1][1] + 1:
-                    merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-                else:
-                    merged.append((a, b))
-            reach = merged
-        self.reach = reach
-
-    def c0(self, batch: int) -> Optional[int]:
-        """The fewest samples card 0 can take of ``batch`` (None: no split)."""
-        c = max(0, batch - self.total)
-        while c <= batch:
-            if (c == 0 or c >= self.m) and any(a <= batch - c <= b for a, b in self.reach):
-                return c
-            c += 1
-        return None
-
-    def split(self, batch: int) -> Optional[tuple[int, ...]]:
-        c0 = self.c0(batch)
-        if c0 is None:
-            return None
-        rest = fill(batch - c0, self.t, self.m)
-        return None if rest is None else (c0, *rest)
 
 
 class MaxBatch:
@@ -231,23 +171,23 @@ class MaxBatch:
         return lo + 2 ** k * self.m if k >= 2 else lo
 
     # ---- card 0 along the line -------------------------------------------------------
-    def _line(self, t: list[int]) -> _Line:
-        return _Line(t, self.m)
+    def _line(self, t: list[int]) -> Card0Line:
+        return Card0Line(t, self.m)
 
-    def _line_bracket(self, line: _Line) -> tuple[int, Optional[int]]:
+    def _line_bracket(self, line: Card0Line) -> tuple[int, Optional[int]]:
         """``[lo, hi)`` of the batch along ``line``, from card 0's measured points."""
         lo = 0
         for p in self.obs.fit_points(0):
-            lo = max(lo, _last_within(line, p.chunk, p.batch))
+            lo = max(lo, last_within(line, p.chunk, p.batch))
         hi: Optional[int] = None
         for p in self.obs.over_points(0):
-            b = max(p.batch, _first_over(line, p.chunk, p.batch))
+            b = max(p.batch, first_over(line, p.chunk, p.batch))
             hi = b if hi is None else min(hi, b)
         if hi is not None and lo >= hi:
             lo = hi - 1
         return lo, hi
 
-    def _line_target(self, line: _Line, fits: CardFits) -> Optional[int]:
+    def _line_target(self, line: Card0Line, fits: CardFits) -> Optional[int]:
         lo, hi = self._line_bracket(line)
         lower, upper = lo + 1, (None if hi is None else hi - 1)
         # BatchNorm: the smallest batches may have no split on this line (a chunk of 1); start
@@ -290,7 +230,7 @@ class MaxBatch:
         for i in range(1, self.n):
             br = self.obs.bracket(i)
             caps.append(batch if br.hi is None else br.hi - 1)
-        c0 = _Line(caps, self.m).c0(batch)
+        c0 = Card0Line(caps, self.m).c0(batch)
         return c0 is None or self.obs.card0_over(c0, batch)
 
     def _max_step(self) -> Optional[Proposal]:
@@ -414,12 +354,19 @@ class MaxBatch:
         hi = largest_true(lambda b: not self._even_over(b), nxt, up) + 1
         return lo, (hi if hi <= up and self._even_over(hi) else None)
 
-    def _guess_missed(self, lo: int) -> bool:
+    def _guess_missed(self, lo: int, fits: CardFits) -> bool:
         """The even split's lower end ``lo`` is known by dominance only (``even(lo)`` not
-        probed) and a probe that asked about the even split above ``lo`` found card 0 over
-        its budget (the fits guessed too high)."""
+        probed), a probe that asked about the even split above ``lo`` found card 0 over its
+        budget (the fits guessed too high), and card 0's own samples cost something near
+        ``even(lo + 1)``: on a flat step (fitted slope at its floor, ``MIN_SLOPE_BYTES``) the
+        memory a smaller batch frees takes card 0 past ``lo``, so the bet that ``lo`` is its
+        cap does not hold (a staircase: it cost a probe there)."""
         obs = self.obs
         if lo <= 0 or tuple(even_split(lo, self.n)) in obs.by_split:
+            return False
+        above = even_split(lo + 1, self.n)
+        line = fits.card0_line(above[0], lo + 1)
+        if line is not None and line.slope <= MIN_SLOPE_BYTES:
             return False
         return any(r.purpose.startswith("even-max") and r.batch_size > lo
                    and any(p.probe == k and p.over for p in obs.points[0])
@@ -439,12 +386,12 @@ class MaxBatch:
             return None
         lower, upper = max(lo + 1, self._even_start()), (self._upper() if hi is None else hi - 1)
         above = tuple(even_split(lower, self.n))
-        if self._guess_missed(lo) and valid_split(above, self.m) and above not in obs.by_split:
+        fits = CardFits(obs)
+        if self._guess_missed(lo, fits) and valid_split(above, self.m) and above not in obs.by_split:
             # E >= lo is known by dominance (a probe loaded every card at least as much) and
             # the fits already guessed too high once: ask E + 1 directly, which closes the
             # bracket when lo is the cap, rather than walk down a few samples per probe
             return Proposal(above, "even-max")
-        fits = CardFits(obs)
 
         def fits_at(b: int) -> bool:
             return self._predicted_fit(even_split(b, self.n), fits)
