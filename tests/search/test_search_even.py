@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.certificate import answer
-from benchmarks.certificate_cases import random_affine, synthetic
+from benchmarks.certificate_cases import random_affine, staircase, synthetic
 from dptune import search
 from dptune.split import even_split
 
@@ -36,3 +36,20 @@ def test_largest_and_even_batches_match_the_brute_force(s):
     assert out.certified and not out.even_open
     assert out.best.batch_size == want.best and not any(s.over(out.best.chunk_sizes))
     assert (out.even.batch_size if out.even is not None else 0) == want.even
+
+
+def test_on_a_flat_step_the_even_baseline_does_not_bet_on_the_dominance_cap():
+    """``staircase(2)``: card 0 fits at 144 samples in a batch of 713 and at 145 in 714, 84-87
+    MiB under its budget both times: its own samples cost nothing there (a flat step; the
+    3 MiB is the batch's). ``even(290)`` is known to fit by dominance and the first guess,
+    ``even(308)``, is over; betting that 290 is the cap (``even(291)`` asked directly, as
+    on ``workspace_jump`` where card 0's samples do cost) would waste a probe: the smaller
+    batch frees 3 MiB a sample and E is 306. So the even baseline closes within 12 probes
+    (it was left open at 12, the largest batch exact), both answers the brute force's."""
+    s = staircase(2)
+    out = _run(s)
+    want = answer(s)
+    assert out.certified and not out.even_open and len(out.probes) <= 12
+    assert out.best.batch_size == want.best and not any(s.over(out.best.chunk_sizes))
+    assert out.even is not None and out.even.batch_size == want.even == 306
+    assert (146, 145) not in [tuple(p.chunk_sizes) for p in out.probes]   # even(291)
