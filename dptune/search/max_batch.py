@@ -82,6 +82,7 @@ class MaxBatch:
         self.max_probes = max_probes
         self.g_tries = 0
         self.widths: dict[str, list[Optional[int]]] = {}
+        self.even_los: list[int] = []     # the even bracket's lower end, probe after probe
         self._seen = 0
         self._last_t: tuple[int, ...] = ()   # the other cards' chunks in the last line probed
 
@@ -93,6 +94,7 @@ class MaxBatch:
         if self.max_certified():     # only the phase under way counts its probes
             elo, ehi = self.even_bracket()
             self.widths.setdefault("even", []).append(None if ehi is None else ehi - elo)
+            self.even_los.append(elo)
             return
         for i in range(1, self.n):
             self.widths.setdefault(f"card{i}", []).append(self.obs.bracket(i).width)
@@ -399,6 +401,11 @@ class MaxBatch:
         b = min(max(largest_true(fits_at, lower, upper), lower), upper)
         if self._stalled("even") and hi is not None and b > lower:
             b = (lo + hi) // 2       # not halved in two probes: bisect
+            h = self.even_los
+            if len(h) >= 2 and h[-1] > h[-2]:
+                # the fits' last guess fitted, too low (a staircase): twice that step up
+                # from lo, not the middle of a bracket whose upper end may lie far off
+                b = min(b, lo + 2 * (h[-1] - h[-2]))
         for cand in [b] + list(range(b - 1, lower - 1, -1))[:4] + list(range(b + 1, upper + 1))[:4]:
             s = tuple(even_split(cand, self.n))
             if valid_split(s, self.m) and s not in obs.by_split and not obs.split_fits(s) \
