@@ -53,3 +53,19 @@ def test_on_a_flat_step_the_even_baseline_does_not_bet_on_the_dominance_cap():
     assert out.best.batch_size == want.best and not any(s.over(out.best.chunk_sizes))
     assert out.even is not None and out.even.batch_size == want.even == 306
     assert (146, 145) not in [tuple(p.chunk_sizes) for p in out.probes]   # even(291)
+
+
+def test_a_stalled_even_bracket_steps_up_from_lo_not_to_a_far_middle():
+    """``staircase(4)``: the even split's guesses 218 and 219 both fit, each one sample short
+    (a staircase); the bracket's upper end comes from card 0 over at the largest batch, far
+    off, and its middle (346) would put card 0 gigabytes over, a probe that teaches nothing.
+    Twice the last step up from ``lo`` instead: 221 (over), then 220 (within budget), which
+    is E by the brute force: every answer certified within 11 probes (open at 12 before)."""
+    s = staircase(4)
+    out = _run(s)
+    want = answer(s)
+    assert out.certified and not out.even_open and len(out.probes) <= 11
+    assert out.best.batch_size == want.best and not any(s.over(out.best.chunk_sizes))
+    assert out.even is not None and out.even.batch_size == want.even == 220
+    even_batches = [p.batch_size for p in out.probes if p.purpose.startswith("even-max")]
+    assert max(even_batches) <= 221, even_batches
