@@ -5,8 +5,9 @@ Each card ``i >= 1`` has a cap ``C_i`` (its largest chunk within budget), kept a
 batch ``B`` puts card 0 at the fewest samples it can take, ``c0(B) = max(0, B - sum(t))``
 (BatchNorm: no chunk of 1), so card 0's cap is a bracket on ``B`` along that line. Every
 probe puts each open card inside its bracket (where a local fit says the cap is; the
-midpoint when the bracket has not halved in two probes) and card 0 at the largest batch its
-fit allows inside its own bracket, so every probe shrinks a bracket.
+midpoint when the bracket has not halved in two probes, or, when the last probe raised its
+lower end, twice that raise above it if lower: a fit that guesses low on a staircase) and card
+0 at the largest batch its fit allows inside its own bracket, so every probe shrinks a bracket.
 
 The answer is the largest batch measured within every budget. It is *certified* when one
 more sample is measured not to fit: with each card ``i >= 1`` at most ``hi_i - 1``, every
@@ -82,7 +83,7 @@ class MaxBatch:
         self.max_probes = max_probes
         self.g_tries = 0
         self.widths: dict[str, list[Optional[int]]] = {}
-        self.even_los: list[int] = []     # the even bracket's lower end, probe after probe
+        self.los: dict[str, list[int]] = {}     # each bracket's lower end, probe after probe
         self._seen = 0
         self._last_t: tuple[int, ...] = ()   # the other cards' chunks in the last line probed
 
@@ -94,19 +95,30 @@ class MaxBatch:
         if self.max_certified():     # only the phase under way counts its probes
             elo, ehi = self.even_bracket()
             self.widths.setdefault("even", []).append(None if ehi is None else ehi - elo)
-            self.even_los.append(elo)
+            self.los.setdefault("even", []).append(elo)
             return
         for i in range(1, self.n):
             self.widths.setdefault(f"card{i}", []).append(self.obs.bracket(i).width)
+            self.los.setdefault(f"card{i}", []).append(self.obs.bracket(i).lo)
         for t in {tuple(self._caps_lo()), self._last_t}:
             line = self._line(list(t))
             lo, hi = self._line_bracket(line)
             self.widths.setdefault(f"line{line.t}", []).append(None if hi is None else hi - lo)
+            self.los.setdefault(f"line{line.t}", []).append(lo)
 
     def _stalled(self, key: str) -> bool:
         """The bracket has not halved in the last two probes."""
         h = self.widths.get(key, [])
         return len(h) >= 3 and h[-1] is not None and h[-3] is not None and h[-1] > h[-3] / 2
+
+    def _step_up(self, key: str, lo: int, hi: int) -> int:
+        """A stalled bracket's next point: its middle; but when the last probe raised ``lo``
+        (the fits' guess fitted, too low: a staircase), twice that raise above ``lo`` if
+        lower (the upper end may lie far off, where a probe teaches little)."""
+        h, mid = self.los.get(key, []), (lo + hi) // 2
+        if len(h) >= 2 and h[-1] == lo and h[-1] > h[-2]:
+            return min(mid, lo + 2 * (h[-1] - h[-2]))
+        return mid
 
     def _caps_lo(self) -> list[int]:
         return [self.obs.bracket(i).lo for i in range(1, self.n)]
@@ -152,7 +164,7 @@ class MaxBatch:
         if upper is None:
             c = max(c, self._gallop(i, br.lo))
         if self._stalled(f"card{i}") and br.hi is not None and c > lower:
-            c = max(lower, (br.lo + br.hi) // 2)   # not halved in two probes: bisect
+            c = max(lower, self._step_up(f"card{i}", br.lo, br.hi))   # not halved in two probes
         return c if c == 0 or c >= m else m
 
     def _gallop(self, i: int, lo: int) -> int:
@@ -217,7 +229,7 @@ class MaxBatch:
             return line.total   # card 0 may fit only with no samples (no replica): try that
         b = b if b >= lower else lower
         if stalled and b > lower and hi is not None:
-            b = max(lower, (lo + hi) // 2)    # not halved in two probes: bisect
+            b = max(lower, self._step_up(f"line{line.t}", lo, hi))    # not halved in two probes
         return b
 
     # ---- the largest batch --------------------------------------------------------------
@@ -400,12 +412,7 @@ class MaxBatch:
 
         b = min(max(largest_true(fits_at, lower, upper), lower), upper)
         if self._stalled("even") and hi is not None and b > lower:
-            b = (lo + hi) // 2       # not halved in two probes: bisect
-            h = self.even_los
-            if len(h) >= 2 and h[-1] > h[-2]:
-                # the fits' last guess fitted, too low (a staircase): twice that step up
-                # from lo, not the middle of a bracket whose upper end may lie far off
-                b = min(b, lo + 2 * (h[-1] - h[-2]))
+            b = self._step_up("even", lo, hi)       # not halved in two probes
         for cand in [b] + list(range(b - 1, lower - 1, -1))[:4] + list(range(b + 1, upper + 1))[:4]:
             s = tuple(even_split(cand, self.n))
             if valid_split(s, self.m) and s not in obs.by_split and not obs.split_fits(s) \

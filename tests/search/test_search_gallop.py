@@ -45,3 +45,19 @@ def test_gallop_leaves_the_affine_cases_alone():
         for i in range(1, s.n):
             above = sorted({p.chunk_sizes[i] for p in out.probes if p.chunk_sizes[i] > cap[i - 1]})
             assert above == [cap[i - 1] + 1], (s.name, i, above)
+
+
+def test_a_stalled_bracket_steps_up_from_a_low_guess_not_to_a_far_middle():
+    """``staircase(1)`` (two cards): along card 0's line, 311 and 312 fit (the fits' guess,
+    one sample low each time) while the bracket's upper end, 383, comes from card 0 far over
+    (14 GiB). Its middle, 347, would put card 0 gigabytes over again; twice the last raise
+    above ``lo`` (314) is over by a step, then 313 fits: the largest batch, and then the even
+    baseline, both the brute force's, certified within 10 probes (12 before)."""
+    s = staircase(1)
+    out = search.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m, max_probes=12,
+                     exact_on_oom=True)
+    want = answer(s)
+    assert out.certified and not out.even_open and len(out.probes) <= 10
+    assert out.best.batch_size == want.best == 313 and not any(s.over(out.best.chunk_sizes))
+    assert out.even is not None and out.even.batch_size == want.even
+    assert max(p.batch_size for p in out.probes[3:]) <= 314
