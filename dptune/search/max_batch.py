@@ -5,9 +5,10 @@ Each card ``i >= 1`` has a cap ``C_i`` (its largest chunk within budget), kept a
 batch ``B`` puts card 0 at the fewest samples it can take, ``c0(B) = max(0, B - sum(t))``
 (BatchNorm: no chunk of 1), so card 0's cap is a bracket on ``B`` along that line. Every
 probe puts each open card inside its bracket (where a local fit says the cap is; the
-midpoint when the bracket has not halved in two probes, or, when the last probe raised its
-lower end, twice that raise above it if lower: a fit that guesses low on a staircase) and card
-0 at the largest batch its fit allows inside its own bracket, so every probe shrinks a bracket.
+midpoint when the bracket has not halved in two probes, or, when the last probe moved one
+end only, twice that move on from it if short of the midpoint: a fit that guesses to one side
+of a staircase's step) and card 0 at the largest batch its fit allows inside its own bracket,
+so every probe shrinks a bracket.
 
 The answer is the largest batch measured within every budget. It is *certified* when one
 more sample is measured not to fit: with each card ``i >= 1`` at most ``hi_i - 1``, every
@@ -83,7 +84,8 @@ class MaxBatch:
         self.max_probes = max_probes
         self.g_tries = 0
         self.widths: dict[str, list[Optional[int]]] = {}
-        self.los: dict[str, list[int]] = {}     # each bracket's lower end, probe after probe
+        self.los: dict[str, list[int]] = {}     # each bracket's ends, probe after probe
+        self.his: dict[str, list[Optional[int]]] = {}
         self._seen = 0
         self._last_t: tuple[int, ...] = ()   # the other cards' chunks in the last line probed
 
@@ -96,28 +98,40 @@ class MaxBatch:
             elo, ehi = self.even_bracket()
             self.widths.setdefault("even", []).append(None if ehi is None else ehi - elo)
             self.los.setdefault("even", []).append(elo)
+            self.his.setdefault("even", []).append(ehi)
             return
         for i in range(1, self.n):
             self.widths.setdefault(f"card{i}", []).append(self.obs.bracket(i).width)
             self.los.setdefault(f"card{i}", []).append(self.obs.bracket(i).lo)
+            self.his.setdefault(f"card{i}", []).append(self.obs.bracket(i).hi)
         for t in {tuple(self._caps_lo()), self._last_t}:
             line = self._line(list(t))
             lo, hi = self._line_bracket(line)
             self.widths.setdefault(f"line{line.t}", []).append(None if hi is None else hi - lo)
             self.los.setdefault(f"line{line.t}", []).append(lo)
+            self.his.setdefault(f"line{line.t}", []).append(hi)
 
     def _stalled(self, key: str) -> bool:
         """The bracket has not halved in the last two probes."""
         h = self.widths.get(key, [])
         return len(h) >= 3 and h[-1] is not None and h[-3] is not None and h[-1] > h[-3] / 2
 
-    def _step_up(self, key: str, lo: int, hi: int) -> int:
-        """A stalled bracket's next point: its middle; but when the last probe raised ``lo``
-        (the fits' guess fitted, too low: a staircase), twice that raise above ``lo`` if
-        lower (the upper end may lie far off, where a probe teaches little)."""
-        h, mid = self.los.get(key, []), (lo + hi) // 2
-        if len(h) >= 2 and h[-1] == lo and h[-1] > h[-2]:
-            return min(mid, lo + 2 * (h[-1] - h[-2]))
+    def _unstall(self, key: str, lo: int, hi: int) -> int:
+        """A stalled bracket's next point: its middle; but when the last probe moved one end
+        only (the fits' guess fell to one side of a staircase's step: within budget and too
+        low, or over and too high), twice that move on from that end, if it stops short of
+        the middle (the other end may lie far off, where a probe teaches little). Down from
+        the upper end only where every over peak is measured (the simulator): on real cards
+        an out-of-memory probe bounds the failing card's peak without measuring it, so the
+        fits never saw how far over it was, and the middle does better (``plateau``)."""
+        los, his, mid = self.los.get(key, []), self.his.get(key, []), (lo + hi) // 2
+        if len(los) < 2 or los[-1] != lo:
+            return mid
+        if lo > los[-2]:
+            return min(mid, lo + 2 * (lo - los[-2]))
+        up = his[-2]
+        if self.obs.exact_on_oom and his[-1] == hi and up is not None and hi < up:
+            return max(mid, hi - 2 * (up - hi))
         return mid
 
     def _caps_lo(self) -> list[int]:
@@ -164,7 +178,7 @@ class MaxBatch:
         if upper is None:
             c = max(c, self._gallop(i, br.lo))
         if self._stalled(f"card{i}") and br.hi is not None and c > lower:
-            c = max(lower, self._step_up(f"card{i}", br.lo, br.hi))   # not halved in two probes
+            c = max(lower, self._unstall(f"card{i}", br.lo, br.hi))   # not halved in two probes
         return c if c == 0 or c >= m else m
 
     def _gallop(self, i: int, lo: int) -> int:
@@ -229,7 +243,7 @@ class MaxBatch:
             return line.total   # card 0 may fit only with no samples (no replica): try that
         b = b if b >= lower else lower
         if stalled and b > lower and hi is not None:
-            b = max(lower, self._step_up(f"line{line.t}", lo, hi))    # not halved in two probes
+            b = max(lower, self._unstall(f"line{line.t}", lo, hi))    # not halved in two probes
         return b
 
     # ---- the largest batch --------------------------------------------------------------
@@ -412,7 +426,7 @@ class MaxBatch:
 
         b = min(max(largest_true(fits_at, lower, upper), lower), upper)
         if self._stalled("even") and hi is not None and b > lower:
-            b = self._step_up("even", lo, hi)       # not halved in two probes
+            b = self._unstall("even", lo, hi)       # not halved in two probes
         for cand in [b] + list(range(b - 1, lower - 1, -1))[:4] + list(range(b + 1, upper + 1))[:4]:
             s = tuple(even_split(cand, self.n))
             if valid_split(s, self.m) and s not in obs.by_split and not obs.split_fits(s) \
