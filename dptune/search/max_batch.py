@@ -5,8 +5,10 @@ Each card ``i >= 1`` has a cap ``C_i`` (its largest chunk within budget), kept a
 batch ``B`` puts card 0 at the fewest samples it can take, ``c0(B) = max(0, B - sum(t))``
 (BatchNorm: no chunk of 1), so card 0's cap is a bracket on ``B`` along that line. Every
 probe puts each open card inside its bracket (where a local fit says the cap is; the
-midpoint when the bracket has not halved in two probes) and card 0 at the largest batch its
-fit allows inside its own bracket, so every probe shrinks a bracket.
+midpoint when the bracket has not halved in two probes, or, when the last probe moved one
+end only, twice that move on from it if short of the midpoint: a fit that guesses to one side
+of a staircase's step) and card 0 at the largest batch its fit allows inside its own bracket,
+so every probe shrinks a bracket.
 
 The answer is the largest batch measured within every budget. It is *certified* when one
 more sample is measured not to fit: with each card ``i >= 1`` at most ``hi_i - 1``, every
@@ -57,7 +59,7 @@ from typing import Optional, Sequence
 
 from dptune.search.line import Line, first_over, largest_true, last_within
 from dptune.search.loop import Proposal, fill, valid_split
-from dptune.search.models import CardFits, chord_cap
+from dptune.search.models import MIN_SLOPE_BYTES, CardFits, chord_cap
 from dptune.search.observations import Bracket, Observations, next_chunk
 from dptune.split import even_split
 
@@ -85,6 +87,8 @@ class MaxBatch:
         self.max_probes = max_probes
         self.g_tries = 0
         self.widths: dict[str, list[Optional[int]]] = {}
+        self.los: dict[str, list[int]] = {}     # each bracket's ends, probe after probe
+        self.his: dict[str, list[Optional[int]]] = {}
         self._seen = 0
         self._last_t: tuple[int, ...] = ()   # the other cards' chunks in the last line probed
 
@@ -96,18 +100,42 @@ class MaxBatch:
         if self.max_certified():     # only the phase under way counts its probes
             elo, ehi = self.even_bracket()
             self.widths.setdefault("even", []).append(None if ehi is None else ehi - elo)
+            self.los.setdefault("even", []).append(elo)
+            self.his.setdefault("even", []).append(ehi)
             return
         for i in range(1, self.n):
             self.widths.setdefault(f"card{i}", []).append(self.obs.bracket(i).width)
+            self.los.setdefault(f"card{i}", []).append(self.obs.bracket(i).lo)
+            self.his.setdefault(f"card{i}", []).append(self.obs.bracket(i).hi)
         for t in {tuple(self._caps_lo()), self._last_t}:
             line = self._line(list(t))
             lo, hi = self._line_bracket(line)
             self.widths.setdefault(f"line{line.t}", []).append(None if hi is None else hi - lo)
+            self.los.setdefault(f"line{line.t}", []).append(lo)
+            self.his.setdefault(f"line{line.t}", []).append(hi)
 
     def _stalled(self, key: str) -> bool:
         """The bracket has not halved in the last two probes."""
         h = self.widths.get(key, [])
         return len(h) >= 3 and h[-1] is not None and h[-3] is not None and h[-1] > h[-3] / 2
+
+    def _unstall(self, key: str, lo: int, hi: int) -> int:
+        """A stalled bracket's next point: its middle; but when the last probe moved one end
+        only (the fits' guess fell to one side of a staircase's step: within budget and too
+        low, or over and too high), twice that move on from that end, if it stops short of
+        the middle (the other end may lie far off, where a probe teaches little). Down from
+        the upper end only where every over peak is measured (the simulator): on real cards
+        an out-of-memory probe bounds the failing card's peak without measuring it, so the
+        fits never saw how far over it was, and the middle does better (``plateau``)."""
+        los, his, mid = self.los.get(key, []), self.his.get(key, []), (lo + hi) // 2
+        if len(los) < 2 or los[-1] != lo:
+            return mid
+        if lo > los[-2]:
+            return min(mid, lo + 2 * (lo - los[-2]))
+        up = his[-2]
+        if self.obs.exact_on_oom and his[-1] == hi and up is not None and hi < up:
+            return max(mid, hi - 2 * (up - hi))
+        return mid
 
     def _caps_lo(self) -> list[int]:
         return [self.obs.bracket(i).lo for i in range(1, self.n)]
@@ -153,7 +181,7 @@ class MaxBatch:
         if upper is None:
             c = max(c, self._gallop(i, br.lo))
         if self._stalled(f"card{i}") and br.hi is not None and c > lower:
-            c = max(lower, (br.lo + br.hi) // 2)   # not halved in two probes: bisect
+            c = max(lower, self._unstall(f"card{i}", br.lo, br.hi))   # not halved in two probes
         return c if c == 0 or c >= m else m
 
     def _gallop(self, i: int, lo: int) -> int:
@@ -218,7 +246,7 @@ class MaxBatch:
             return line.total   # card 0 may fit only with no samples (no replica): try that
         b = b if b >= lower else lower
         if stalled and b > lower and hi is not None:
-            b = max(lower, (lo + hi) // 2)    # not halved in two probes: bisect
+            b = max(lower, self._unstall(f"line{line.t}", lo, hi))    # not halved in two probes
         return b
 
     # ---- the largest batch --------------------------------------------------------------
@@ -357,17 +385,25 @@ class MaxBatch:
         hi = largest_true(lambda b: not self._even_over(b), nxt, up) + 1
         return lo, (hi if hi <= up and self._even_over(hi) else None)
 
-    def _guess_missed(self, lo: int) -> bool:
+    def _guess_missed(self, lo: int, fits: CardFits) -> bool:
         """The even split's lower end ``lo`` is known by dominance only (``even(lo)`` not
-        probed) and a probe that asked about the even split above ``lo`` found card 0 over
-        its budget (the fits guessed too high). Not when card 0's chunk there is known only
-        from the first probes (the caller's batch: far below card 0's cap)."""
+        probed), a probe that asked about the even split above ``lo`` found card 0 over its
+        budget (the fits guessed too high), and card 0's own samples cost something near
+        ``even(lo + 1)``: on a flat step (fitted slope at its floor, ``MIN_SLOPE_BYTES``) the
+        memory a smaller batch frees takes card 0 past ``lo``, so the bet that ``lo`` is its
+        cap does not hold (a staircase: it cost a probe there). Not either when card 0's chunk
+        there is known only from the first probes (the caller's batch: far below card 0's
+        cap)."""
         obs = self.obs
         if lo <= 0 or tuple(even_split(lo, self.n)) in obs.by_split:
             return False
         e0 = even_split(lo, self.n)[0]
         if not any(p.chunk >= e0 and p.batch >= lo and p.probe >= 0
                    and obs.probes[p.probe].purpose not in _START for p in obs.fit_points(0)):
+            return False
+        above = even_split(lo + 1, self.n)
+        line = fits.card0_line(above[0], lo + 1)
+        if line is not None and line.slope <= MIN_SLOPE_BYTES:
             return False
         return any(r.purpose.startswith("even-max") and r.batch_size > lo
                    and any(p.probe == k and p.over for p in obs.points[0])
@@ -387,19 +423,19 @@ class MaxBatch:
             return None
         lower, upper = max(lo + 1, self._even_start()), (self._upper() if hi is None else hi - 1)
         above = tuple(even_split(lower, self.n))
-        if self._guess_missed(lo) and valid_split(above, self.m) and above not in obs.by_split:
+        fits = CardFits(obs)
+        if self._guess_missed(lo, fits) and valid_split(above, self.m) and above not in obs.by_split:
             # E >= lo is known by dominance (a probe loaded every card at least as much) and
             # the fits already guessed too high once: ask E + 1 directly, which closes the
             # bracket when lo is the cap, rather than walk down a few samples per probe
             return Proposal(above, "even-max")
-        fits = CardFits(obs)
 
         def fits_at(b: int) -> bool:
             return self._predicted_fit(even_split(b, self.n), fits)
 
         b = min(max(largest_true(fits_at, lower, upper), lower), upper)
         if self._stalled("even") and hi is not None and b > lower:
-            b = (lo + hi) // 2       # not halved in two probes: bisect
+            b = self._unstall("even", lo, hi)       # not halved in two probes
         for cand in [b] + list(range(b - 1, lower - 1, -1))[:4] + list(range(b + 1, upper + 1))[:4]:
             s = tuple(even_split(cand, self.n))
             if valid_split(s, self.m) and s not in obs.by_split and not obs.split_fits(s) \

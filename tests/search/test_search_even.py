@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.certificate import answer
-from benchmarks.certificate_cases import random_affine, synthetic
+from benchmarks.certificate_cases import random_affine, staircase, synthetic
 from dptune import search
 from dptune.split import even_split
 
@@ -36,3 +36,36 @@ def test_largest_and_even_batches_match_the_brute_force(s):
     assert out.certified and not out.even_open
     assert out.best.batch_size == want.best and not any(s.over(out.best.chunk_sizes))
     assert (out.even.batch_size if out.even is not None else 0) == want.even
+
+
+def test_on_a_flat_step_the_even_baseline_does_not_bet_on_the_dominance_cap():
+    """``staircase(2)``: card 0 fits at 144 samples in a batch of 713 and at 145 in 714, 84-87
+    MiB under its budget both times: its own samples cost nothing there (a flat step; the
+    3 MiB is the batch's). ``even(290)`` is known to fit by dominance and the first guess,
+    ``even(308)``, is over; betting that 290 is the cap (``even(291)`` asked directly, as
+    on ``workspace_jump`` where card 0's samples do cost) would waste a probe: the smaller
+    batch frees 3 MiB a sample and E is 306. So the even baseline closes within 12 probes
+    (it was left open at 12, the largest batch exact), both answers the brute force's."""
+    s = staircase(2)
+    out = _run(s)
+    want = answer(s)
+    assert out.certified and not out.even_open and len(out.probes) <= 12
+    assert out.best.batch_size == want.best and not any(s.over(out.best.chunk_sizes))
+    assert out.even is not None and out.even.batch_size == want.even == 306
+    assert (146, 145) not in [tuple(p.chunk_sizes) for p in out.probes]   # even(291)
+
+
+def test_a_stalled_even_bracket_steps_up_from_lo_not_to_a_far_middle():
+    """``staircase(4)``: the even split's guesses 218 and 219 both fit, each one sample short
+    (a staircase); the bracket's upper end comes from card 0 over at the largest batch, far
+    off, and its middle (346) would put card 0 gigabytes over, a probe that teaches nothing.
+    Twice the last step up from ``lo`` instead: 221 (over), then 220 (within budget), which
+    is E by the brute force: every answer certified within 11 probes (open at 12 before)."""
+    s = staircase(4)
+    out = _run(s)
+    want = answer(s)
+    assert out.certified and not out.even_open and len(out.probes) <= 11
+    assert out.best.batch_size == want.best and not any(s.over(out.best.chunk_sizes))
+    assert out.even is not None and out.even.batch_size == want.even == 220
+    even_batches = [p.batch_size for p in out.probes if p.purpose.startswith("even-max")]
+    assert max(even_batches) <= 221, even_batches

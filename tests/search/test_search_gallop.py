@@ -45,3 +45,35 @@ def test_gallop_leaves_the_affine_cases_alone():
         for i in range(1, s.n):
             above = sorted({p.chunk_sizes[i] for p in out.probes if p.chunk_sizes[i] > cap[i - 1]})
             assert above == [cap[i - 1] + 1], (s.name, i, above)
+
+
+def test_a_stalled_bracket_steps_up_from_a_low_guess_not_to_a_far_middle():
+    """``staircase(1)`` (two cards): along card 0's line, 311 and 312 fit (the fits' guess,
+    one sample low each time) while the bracket's upper end, 383, comes from card 0 far over
+    (14 GiB). Its middle, 347, would put card 0 gigabytes over again; twice the last raise
+    above ``lo`` (314) is over by a step, then 313 fits: the largest batch, and then the even
+    baseline, both the brute force's, certified within 10 probes (12 before)."""
+    s = staircase(1)
+    out = search.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m, max_probes=12,
+                     exact_on_oom=True)
+    want = answer(s)
+    assert out.certified and not out.even_open and len(out.probes) <= 10
+    assert out.best.batch_size == want.best == 313 and not any(s.over(out.best.chunk_sizes))
+    assert out.even is not None and out.even.batch_size == want.even
+    assert max(p.batch_size for p in out.probes[3:]) <= 314
+
+
+def test_a_stalled_bracket_steps_down_from_a_high_guess_not_to_a_far_middle():
+    """``staircase(5)`` (four cards, the simulator): card 1 measured over at 614, then at
+    600 (the fits' guess, too high), while within budget only at 63: the middle of
+    ``[63, 600)`` (331) teaches little. Twice the last drop below 600 instead: 572 fits,
+    then the fits find the cap, 594; every answer the brute force's, certified within 10
+    probes (12 before)."""
+    s = staircase(5)
+    out = search.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m, max_probes=12,
+                     exact_on_oom=True)
+    want = answer(s)
+    assert out.certified and not out.even_open and len(out.probes) <= 10
+    assert out.best.batch_size == want.best and not any(s.over(out.best.chunk_sizes))
+    assert out.even is not None and out.even.batch_size == want.even
+    assert min(p.chunk_sizes[1] for p in out.probes[2:]) > want.caps[0] - 32
