@@ -247,7 +247,7 @@ def test_max_batch_affine():
     # were asked by the second probe (the first spread the cards: a slope across them)
     assert [p.purpose for p in r.probes] == ["spread", "fit", "max", "max", "even-max",
                                              "even-max"]
-    assert be.calls[:3] == [[64, 48, 64, 80], [64, 226, 226, 226], [92, 225, 225, 225]]
+    assert be.calls[:3] == [[64, 64, 64, 80], [64, 226, 226, 226], [92, 225, 225, 225]]
     assert r.even.batch_size == oracles.max_even_batch(truth, budgets) == 496
     assert r.even.feasible and r.batch_gain > 0.5
     assert r.fits[0].batch_slope_bytes == pytest.approx(0.011 * GiB, rel=1e-6)

@@ -15,8 +15,8 @@ more sample is measured not to fit: with each card ``i >= 1`` at most ``hi_i - 1
 split of ``B + 1`` leaves card 0 at least a chunk where it was measured over budget.
 
 The first probe is the even split of the caller's batch; on the simulator with three cards
-or more, the cards ``i >= 1`` are spread (a quarter of a share below and above), so one probe
-gives a slope across them (taken only when every card lies on it: cards that run the same
+or more, the last card takes a quarter of a share more, so one probe gives a slope across
+the cards ``i >= 1`` (taken only when every card lies on it: cards that run the same
 replica cost alike per sample). The second probe then keeps card 0's chunk (its cost per
 sample of the whole batch) and puts each card ``i >= 1`` one sample above the cap that slope
 gives: on an affine surface that is the cards' over-budget test, asked by a probe card 0
@@ -481,13 +481,14 @@ class MaxBatch:
         return even
 
     def _spread(self, s: tuple[int, ...]) -> tuple[int, ...]:
-        """The first split with the cards ``i >= 1`` at different chunks (three cards or
-        more, on the simulator): one probe then gives a slope across them, so the next probe
-        can already put each card near its cap (and one sample above it)."""
+        """The first split with the cards ``i >= 1`` at two chunks (three cards or more, on
+        the simulator): the last card a quarter of a share more. One probe then gives a slope
+        across them, so the next probe can already put each card near its cap (and one sample
+        above it); the other cards keep one chunk, which the simulator runs once."""
         if self.n < 3 or not self.obs.exact_on_oom:
             return s        # real cards: an out-of-memory probe measures only the failing card
         d = s[1] // 4
-        out = (s[0], s[1] - d, *s[2:-1], s[-1] + d)
+        out = (*s[:-1], s[1] + d)
         return out if d > 0 and valid_split(out, self.m) else s
 
     def _even_covers(self, even: tuple[int, ...], prop: tuple[int, ...]) -> bool:

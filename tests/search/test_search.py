@@ -268,7 +268,8 @@ def test_max_batch_with_real_gpu_oom_semantics(shape):
 def test_max_batch_exact_probe_sequence_mlp4():
     out, be = run(mlp(4), "max_batch", 256)
     assert be.calls == [
-        [64, 48, 64, 80],        # the hint's batch, the cards >= 1 spread: a slope across them
+        [64, 64, 64, 80],        # the hint's even split, the last card a quarter more: a slope
+                                 # across the cards >= 1
         [64, 717, 717, 717],     # card 0 as before (its batch term); each card >= 1 one sample
                                  # above the cap that slope gives: over, so hi = 717
         [579, 716, 716, 716],    # every card >= 1 at its cap, card 0 the largest batch left
@@ -297,7 +298,7 @@ def test_max_batch_exact_probe_sequence_big_output():
     shape = big_output()
     out, be = run(shape, "max_batch", 256)
     assert be.calls == [
-        [64, 48, 64, 80],
+        [64, 64, 64, 80],
         [64, 564, 564, 564],     # card 0's batch term; every card >= 1 at its cap + 1 (over)
         [432, 563, 563, 563],    # the best: every card at its cap
         [433, 563, 563, 563],    # card 0 one more at B + 1 (over)
@@ -578,8 +579,8 @@ def test_first_probe_spreads_the_cards_only_where_every_card_is_measured():
     """The spread first probe (a slope across the cards) needs every card's peak: on real
     cards an out-of-memory probe measures only the failing card, so the search starts from
     the even split there; with two cards there is no slope across cards >= 1 to take."""
-    assert run(mlp(4), "max_batch", 256)[1].calls[0] == [64, 48, 64, 80]
+    assert run(mlp(4), "max_batch", 256)[1].calls[0] == [64, 64, 64, 80]
     assert run(mlp(4), "max_batch", 256, real=True)[1].calls[0] == [64, 64, 64, 64]
     assert run(mlp(2), "max_batch", 128)[1].calls[0] == [64, 64]
     out, be = run(batchnorm(), "max_batch", 256)      # BatchNorm: still no chunk of 1
-    assert be.calls[0] == [64, 48, 64, 80] and out.certified
+    assert be.calls[0] == [64, 64, 64, 80] and out.certified

@@ -32,21 +32,29 @@ def test_prior_probes_and_no_baseline_still_exact_and_cheaper(shape):
     assert [list(p.chunk_sizes) for p in out.probes] == be.calls
 
 
-@pytest.mark.parametrize("seed", [0, 6])
-def test_prior_probes_save_probes_on_a_staircase(seed):
-    """Where the fits cannot see the cap (a staircase), the cards' brackets from a first
-    search spare the second one probes it would spend finding them again."""
+def test_prior_probes_save_probes_on_staircases():
+    """Where the fits cannot see the cap (staircases), the cards' brackets from a first
+    search spare the second one probes it would spend finding them again: fewer in all over
+    the 3- and 4-card staircases of seeds 0-19 (not on every one: a prior bracket moves where
+    the fits aim, which a staircase may punish), each answer exact and certified."""
     from benchmarks.certificate import answer
     from benchmarks.certificate_cases import staircase
 
-    s = staircase(seed)
-    first = search.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m, max_probes=16)
-    kw = dict(min_chunk=s.m, max_probes=16, compare_even=False)
-    out = search.run(s.probe, s.budgets, "max_batch", s.hint, prior=first.probes,
-                     prior_cards=list(range(2, s.n)), **kw)
-    alone = search.run(s.probe, s.budgets, "max_batch", s.hint, **kw)
-    assert out.certified and out.best.batch_size == answer(s).best == alone.best.batch_size
-    assert len(out.probes) < len(alone.probes), (len(out.probes), len(alone.probes))
+    with_prior = alone_total = 0
+    for seed in range(20):
+        s = staircase(seed)
+        if s.n < 3:
+            continue
+        first = search.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m,
+                           max_probes=16)
+        kw = dict(min_chunk=s.m, max_probes=16, compare_even=False)
+        out = search.run(s.probe, s.budgets, "max_batch", s.hint, prior=first.probes,
+                         prior_cards=list(range(2, s.n)), **kw)
+        alone = search.run(s.probe, s.budgets, "max_batch", s.hint, **kw)
+        assert out.certified and out.best.batch_size == answer(s).best == alone.best.batch_size
+        with_prior += len(out.probes)
+        alone_total += len(alone.probes)
+    assert with_prior < alone_total, (with_prior, alone_total)
 
 
 def test_prior_points_never_imply_an_even_split():
