@@ -2,8 +2,9 @@
 :meth:`dptune.result.TuneResult.wrap` does), and the warning when the training step differs
 from the one the split was tuned for (:func:`warn_settings`).
 
-Above :mod:`dptune.parallel` (the wrapper, which reads no report) and beside the result,
-which it takes as an argument (imported for typing only); torch is imported when called.
+Above :mod:`dptune.parallel` (the wrapper, which reads no report) and below the result,
+which it takes as an argument through the :class:`TunedSplit` protocol (it does not import
+the result); torch is imported when called.
 """
 
 from __future__ import annotations

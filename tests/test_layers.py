@@ -81,10 +81,13 @@ def test_no_arrow_up(module, forbidden):
     assert [m for m in found if any(m == f or m.startswith(f + ".") for f in forbidden)] == []
 
 
-def test_no_circle_among_result_report_and_parallel():
+def test_no_circle_among_result_report_parallel_and_integrations():
     nodes = ["dptune.result", "dptune.result_figures", "dptune.result_read", "dptune.result_wrap",
              "dptune.parallel", "dptune.report", "dptune.report.text",
-             "dptune.report.plots", "dptune.report.files"]
+             "dptune.report.plots", "dptune.report.files",
+             "dptune.integrations.transformers", "dptune.integrations.trainer_lengths",
+             "dptune.integrations.trainer_buckets", "dptune.integrations.trainer_workload",
+             "dptune.integrations.dataparallel"]
     edges = {n: {m for m in imports(n) if m in nodes and m != n} for n in nodes}
 
     def reaches(start: str, goal: str, seen: frozenset = frozenset()) -> bool:

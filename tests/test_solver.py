@@ -207,10 +207,11 @@ def test_max_even_batch_matches_brute_force(cs, g):
     fits, budgets = build(cs, g)
     n = len(fits)
     want = 0
-    for b in range(1, 60):
+    for b in range(1, 60):      # a user raising the batch until the first failure
         s = even_split(b, n)
-        if max_share(fits, budgets, s, b) <= 1.0:
-            want = b
+        if max_share(fits, budgets, s, b) > 1.0:
+            break
+        want = b
     got = max_even_batch(fits, budgets)
     if want < 55:
         assert got == want

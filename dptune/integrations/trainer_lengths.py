@@ -16,10 +16,11 @@ The integration's side of :mod:`dptune.lengths.trainer`::
 - :func:`with_length_plan`: the Trainer (same model, arguments, data, collator, callbacks and
   optimizers) mixed with :class:`~dptune.integrations.transformers.BalancedTrainerMixin`
   and the plan; ``BalancedTrainer(..., plan=plan)`` builds one directly.
-- :func:`bucket_dataloader` (from :mod:`dptune.integrations.trainer_buckets`): the train dataloader such a Trainer uses: the Trainer's dataset
-  (unused columns removed) and collator, batches from
-  :class:`dptune.lengths.BucketBatchSampler` (seed ``args.data_seed`` or ``args.seed``,
-  ``dataloader_drop_last`` drops each bucket's short tail batch), reshuffled every epoch.
+- :func:`bucket_dataloader` (from :mod:`dptune.integrations.trainer_buckets`): the train
+  dataloader such a Trainer uses: the Trainer's dataset (unused columns removed) and
+  collator, batches from :class:`dptune.lengths.BucketBatchSampler` (seed ``args.data_seed``
+  or ``args.seed``, ``dataloader_drop_last`` drops each bucket's short tail batch),
+  reshuffled every epoch.
 
 Limitations: a map-style train dataset whose examples' lengths dptune can read
 (``input_ids`` or :data:`dptune.lengths.trainer.LENGTH_KEYS`); a DataParallel (or one-card)

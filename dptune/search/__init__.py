@@ -36,7 +36,8 @@ class SearchOutcome:
 
     ``best``: the probe of the split returned (measured within every budget). ``even``: the
     probe of the even split compared with (balance: at the same batch; max_batch: at the
-    largest batch the even split fits), ``None`` when none was measured within budget;
+    even split's largest batch, every even batch up to it fitting, as a user raising the
+    batch finds it), ``None`` when none was measured within budget;
     ``even_split``: that split. ``even_implied_by``: when not empty, the even split was not
     probed itself; it is known to fit because these probes (1-based) measured every card
     within budget at a chunk (card 0: a chunk and a batch) at least as large, and ``even``'s

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 from dptune.search.loop import fill
 from dptune.solver import bisect_last
 
-__all__ = ["Line", "largest_true", "last_within", "first_over"]
+__all__ = ["BatchLine", "largest_true", "last_within", "first_over"]
 
 
 def largest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int:
@@ -21,7 +21,7 @@ def largest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int:
     return bisect_last(pred, lo, hi)
 
 
-def last_within(line: "Line", chunk: int, batch: int) -> int:
+def last_within(line: "BatchLine", chunk: int, batch: int) -> int:
     """The largest batch up to ``batch`` at which the line leaves card 0 at most ``chunk``."""
     def ok(b: int) -> bool:
         c0 = line.c0(b)
@@ -29,7 +29,7 @@ def last_within(line: "Line", chunk: int, batch: int) -> int:
     return largest_true(ok, 0, batch)
 
 
-def first_over(line: "Line", chunk: int, batch: int) -> int:
+def first_over(line: "BatchLine", chunk: int, batch: int) -> int:
     """The smallest batch from ``batch`` at which the line leaves card 0 at least ``chunk``."""
     def below(b: int) -> bool:
         c0 = line.c0(b)
@@ -37,7 +37,7 @@ def first_over(line: "Line", chunk: int, batch: int) -> int:
     return largest_true(below, batch, batch + line.total + chunk + 1) + 1
 
 
-class Line:
+class BatchLine:
     """Card 0 along the batch, with the other cards at most at chunks ``t``."""
 
     def __init__(self, t: list[int], m: int):

@@ -15,7 +15,7 @@ more sample is measured not to fit: with each card ``i >= 1`` at most ``hi_i - 1
 split of ``B + 1`` leaves card 0 at least a chunk where it was measured over budget.
 
 The first probe is the even split of the caller's batch; on the simulator with three cards
-or more, the last card takes a quarter of a share more, so one probe gives a slope across
+or more, the last card is set to card 1's share and a quarter, so one probe gives a slope across
 the cards ``i >= 1`` (taken only when every card lies on it: cards that run the same
 replica cost alike per sample). The second probe then keeps card 0's chunk (its cost per
 sample of the whole batch) and puts each card ``i >= 1`` one sample above the cap that slope
@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from dptune.search.line import Line, first_over, largest_true, last_within
+from dptune.search.line import BatchLine, first_over, largest_true, last_within
 from dptune.search.loop import Proposal, fill, valid_split
 from dptune.search.models import MIN_SLOPE_BYTES, CardFits, chord_cap
 from dptune.search.observations import Bracket, Observations, next_chunk
@@ -120,20 +120,21 @@ class MaxBatch:
         return len(h) >= 3 and h[-1] is not None and h[-3] is not None and h[-1] > h[-3] / 2
 
     def _unstall(self, key: str, lo: int, hi: int) -> int:
-        """A stalled bracket's next point: its middle; but when the last probe moved one end
-        only (the fits' guess fell to one side of a staircase's step: within budget and too
-        low, or over and too high), twice that move on from that end, if it stops short of
-        the middle (the other end may lie far off, where a probe teaches little). Down from
-        the upper end only where every over peak is measured (the simulator): on real cards
-        an out-of-memory probe bounds the failing card's peak without measuring it, so the
-        fits never saw how far over it was, and the middle does better (``plateau``)."""
+        """A stalled bracket's next point: its middle; but on the simulator (every card's
+        peak measured, over budget or not), when the last probe moved one end of the bracket
+        (the fits' guess fell to one side of a staircase's step: within budget and too low,
+        or over and too high), twice that move on from that end, if it stops short of the
+        middle (the other end may lie far off, where a probe teaches little). On real cards
+        an out-of-memory probe bounds the failing card's peak without measuring the others,
+        so the fits saw less and the middle does better there (31 cases of 3+ cards under
+        real-card semantics: 1,330 probes with the middle, 1,392 with the steps)."""
         los, his, mid = self.los.get(key, []), self.his.get(key, []), (lo + hi) // 2
-        if len(los) < 2 or los[-1] != lo:
+        if not self.obs.exact_on_oom or len(los) < 2 or los[-1] != lo:
             return mid
         if lo > los[-2]:
             return min(mid, lo + 2 * (lo - los[-2]))
         up = his[-2]
-        if self.obs.exact_on_oom and his[-1] == hi and up is not None and hi < up:
+        if his[-1] == hi and up is not None and hi < up:
             return max(mid, hi - 2 * (up - hi))
         return mid
 
@@ -202,10 +203,10 @@ class MaxBatch:
         return lo + 2 ** k * self.m if k >= 2 else lo
 
     # ---- card 0 along the line -------------------------------------------------------
-    def _line(self, t: list[int]) -> Line:
-        return Line(t, self.m)
+    def _line(self, t: list[int]) -> BatchLine:
+        return BatchLine(t, self.m)
 
-    def _line_bracket(self, line: Line) -> tuple[int, Optional[int]]:
+    def _line_bracket(self, line: BatchLine) -> tuple[int, Optional[int]]:
         """``[lo, hi)`` of the batch along ``line``, from card 0's measured points."""
         lo = 0
         for p in self.obs.fit_points(0):
@@ -218,7 +219,7 @@ class MaxBatch:
             lo = hi - 1
         return lo, hi
 
-    def _line_target(self, line: Line, fits: CardFits) -> Optional[int]:
+    def _line_target(self, line: BatchLine, fits: CardFits) -> Optional[int]:
         lo, hi = self._line_bracket(line)
         lower, upper = lo + 1, (None if hi is None else hi - 1)
         # BatchNorm: the smallest batches may have no split on this line (a chunk of 1); start
@@ -261,7 +262,7 @@ class MaxBatch:
         for i in range(1, self.n):
             br = self.obs.bracket(i)
             caps.append(batch if br.hi is None else br.hi - 1)
-        c0 = Line(caps, self.m).c0(batch)
+        c0 = BatchLine(caps, self.m).c0(batch)
         return c0 is None or self.obs.card0_over(c0, batch)
 
     def _max_step(self) -> Optional[Proposal]:
@@ -359,7 +360,9 @@ class MaxBatch:
             return 0
         known = min((max((p.chunk for p in self.obs.fit_points(i)), default=0)
                      for i in range(1, n)), default=top)
-        b = max(start, min(n * known, top))
+        b = min(n * known, top)
+        if b < start:
+            b = start - 1       # nothing below start known: start itself is asked first
         while b + 1 <= top and (not valid_split(even_split(b + 1, n), self.m)
                                 or self._even_fits(b + 1)):
             b += 1
@@ -482,7 +485,8 @@ class MaxBatch:
 
     def _spread(self, s: tuple[int, ...]) -> tuple[int, ...]:
         """The first split with the cards ``i >= 1`` at two chunks (three cards or more, on
-        the simulator): the last card a quarter of a share more. One probe then gives a slope
+        the simulator): the last card set to card 1's share and a quarter (``torch.chunk``
+        may have left it less, or none). One probe then gives a slope
         across them, so the next probe can already put each card near its cap (and one sample
         above it); the other cards keep one chunk, which the simulator runs once."""
         if self.n < 3 or not self.obs.exact_on_oom:

@@ -77,10 +77,11 @@ class CardFits:
         self.n = obs.n
         self.g = self._batch_slope()
         others = [s for s in (self._slope(i) for i in range(1, self.n)) if s is not None]
+        pooled = None if others else self._pooled_slope()
         #: True when the slope is taken across the cards (none measured at two chunks)
-        self.pooled = not others and self._pooled_slope() is not None
+        self.pooled = pooled is not None
         self.median_slope: Optional[float] = sorted(others)[len(others) // 2] if others \
-            else self._pooled_slope()
+            else pooled
 
     # ---- card 0's cost per sample of the whole batch ------------------------------------
     def _batch_slope(self) -> Optional[float]:
@@ -111,7 +112,8 @@ class CardFits:
     def _pooled_slope(self) -> Optional[float]:
         """No card ``i >= 1`` measured at two chunks yet: the slope across the cards (a
         first probe that gave them different chunks; cards that run the same replica cost
-        alike per sample, a guess that only chooses the next probe)."""
+        alike per sample, a guess that only chooses the next probe). With the points at two
+        chunks only, the 2% check tests that the cards at one chunk agree."""
         pts = [(p.chunk, float(p.peak_bytes)) for i in range(1, self.n) for p in self._exact(i)]
         line = secant(pts, max((c for c, _ in pts), default=0))
         if line is None or any(abs(line.at(c) - y) > POOLED_TOLERANCE * y for c, y in pts):

@@ -584,3 +584,17 @@ def test_first_probe_spreads_the_cards_only_where_every_card_is_measured():
     assert run(mlp(2), "max_batch", 128)[1].calls[0] == [64, 64]
     out, be = run(batchnorm(), "max_batch", 256)      # BatchNorm: still no chunk of 1
     assert be.calls[0] == [64, 64, 64, 80] and out.certified
+
+
+def test_stalled_bracket_steps_from_an_end_only_on_the_simulator():
+    """A card's bracket [100, 200) whose lower end rose by 4 in the last probe (the fits'
+    guess fitted, too low): on the simulator the next point is 4 x 2 above it (a staircase's
+    step); on real cards, where an out-of-memory probe measures only the failing card, the
+    middle (fewer probes there over the 3+-card synthetic cases: 1,330 against 1,392)."""
+    from dptune.search.max_batch import MaxBatch
+    from dptune.search.observations import Observations
+
+    for exact, want in ((True, 108), (False, 150)):
+        mb = MaxBatch(Observations([10**12] * 3, exact_on_oom=exact), 64, 12)
+        mb.los["card1"], mb.his["card1"] = [96, 100], [200, 200]
+        assert mb._unstall("card1", 100, 200) == want

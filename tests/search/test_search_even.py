@@ -69,3 +69,31 @@ def test_a_stalled_even_bracket_steps_up_from_lo_not_to_a_far_middle():
     assert out.even is not None and out.even.batch_size == want.even == 220
     even_batches = [p.batch_size for p in out.probes if p.purpose.startswith("even-max")]
     assert max(even_batches) <= 221, even_batches
+
+
+@pytest.mark.parametrize("real", [False, True])
+def test_no_even_baseline_when_the_first_even_split_does_not_fit(real):
+    """BatchNorm on 4 cards, card 3 unable to hold 2 samples: even(8) = (2, 2, 2, 2) is over,
+    and even(9) = (3, 3, 3, 0) fits, but a user raising the batch never gets past 8, so
+    there is no even baseline (the brute force's scan: 0). The search once started its scan
+    above even(8) without asking it and reported 9."""
+    from benchmarks.certificate_surface import GiB, MiB, Surface
+    from dptune.types import ProbeResult
+
+    w, a = GiB, 50 * MiB
+    s = Surface("bn-weak-card3", "test", [22 * GiB] * 3 + [w + a], f=lambda i, c: w + a * c,
+                g=lambda c0, b: w + a * max(c0, 1) + GiB + 4096 * b, m=2, hint=64)
+    assert any(s.over(even_split(8, 4))) and not any(s.over(even_split(9, 4)))
+    assert answer(s).even == 0
+
+    def probe(split):  # type: ignore[no-untyped-def]
+        peaks = s.peaks(tuple(split))
+        over = [i for i in range(4) if (i == 0 or split[i]) and peaks[i] > s.budgets[i]]
+        if not real or not over:
+            return ProbeResult(tuple(split), tuple(peaks))
+        return ProbeResult(tuple(split), tuple(p if i == over[0] else 0 for i, p in
+                                               enumerate(peaks)), oom_device=over[0])
+    out = search.run(probe, s.budgets, "max_batch", s.hint, min_chunk=2, max_probes=16,
+                     exact_on_oom=not real)
+    assert out.even is None and not out.even_open
+    assert out.best.batch_size == answer(s).best and out.certified

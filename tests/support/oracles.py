@@ -82,7 +82,10 @@ def _even_fits(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, cap
 
 def max_even_batch(fits: Sequence[Fit], budgets: Sequence[int], *, min_chunk_nonzero: int = 1,
                    caps: Caps = None, limit: Optional[int] = None) -> int:
-    """The largest batch whose plain even split (``torch.chunk``'s) is predicted to fit; 0 if none."""
+    """The even split's largest batch as a user raising DataParallel's batch finds it: every
+    plain even split (``torch.chunk``'s) up to it predicted to fit (BatchNorm: splits with a
+    chunk of 1 skipped), the next one not; 0 if none. ``torch.chunk`` is not monotone per
+    card, so a larger batch that fits again above the first failure does not count."""
     n = len(fits)
     m = max(1, int(min_chunk_nonzero))
 
@@ -105,6 +108,8 @@ def max_even_batch(fits: Sequence[Fit], budgets: Sequence[int], *, min_chunk_non
     for b in range(lo + 1, min(upper, lo + 2 * n + 2) + 1):  # last cards may get less
         if _even_fits(fits, budgets, b, caps, m):
             best = b
+        elif not any(0 < c < m for c in even_split(b, n)):
+            break                       # the first failure: a user stops here
     if best and not _even_fits(fits, budgets, best, caps, m):  # pragma: no cover
         best = 0
     return best
