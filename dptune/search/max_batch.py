@@ -439,7 +439,7 @@ class MaxBatch:
         b = min(max(largest_true(fits_at, lower, upper), lower), upper)
         if self._stalled("even") and hi is not None and b > lower:
             b = self._unstall("even", lo, hi)       # not halved in two probes
-        for cand in [b] + list(range(b - 1, lower - 1, -1))[:4] + list(range(b + 1, upper + 1))[:4]:
+        for cand in [b, *range(b - 1, lower - 1, -1)[:4], *range(b + 1, upper + 1)[:4]]:
             s = tuple(even_split(cand, self.n))
             if valid_split(s, self.m) and s not in obs.by_split and not obs.split_fits(s) \
                     and not obs.split_over(s):
