@@ -19,6 +19,17 @@ def _run(s):  # type: ignore[no-untyped-def]
                       exact_on_oom=True)
 
 
+def _exact_within(s, most: int):  # type: ignore[no-untyped-def]
+    """The search on ``s``: both answers certified within ``most`` probes and the brute
+    force's (the largest batch measured within every budget, the even baseline)."""
+    out = _run(s)
+    want = answer(s)
+    assert out.certified and not out.even_open and len(out.probes) <= most
+    assert out.best.batch_size == want.best and not any(s.over(out.best.chunk_sizes))
+    assert out.even is not None and out.even.batch_size == want.even
+    return out
+
+
 def test_a_fitting_batch_above_the_first_failure_is_not_the_baseline():
     s = random_affine(3)          # three cards, card 2's cap 108 samples
     assert not any(s.over(even_split(326, 3))) and any(s.over(even_split(327, 3)))
@@ -47,11 +58,8 @@ def test_on_a_flat_step_the_even_baseline_does_not_bet_on_the_dominance_cap():
     batch frees 3 MiB a sample and E is 306. So the even baseline closes within 12 probes
     (it was left open at 12, the largest batch exact), both answers the brute force's."""
     s = staircase(2)
-    out = _run(s)
-    want = answer(s)
-    assert out.certified and not out.even_open and len(out.probes) <= 12
-    assert out.best.batch_size == want.best and not any(s.over(out.best.chunk_sizes))
-    assert out.even is not None and out.even.batch_size == want.even == 306
+    out = _exact_within(s, 12)
+    assert out.even is not None and out.even.batch_size == 306
     assert (146, 145) not in [tuple(p.chunk_sizes) for p in out.probes]   # even(291)
 
 
@@ -62,11 +70,8 @@ def test_a_stalled_even_bracket_steps_up_from_lo_not_to_a_far_middle():
     Twice the last step up from ``lo`` instead: 221 (over), then 220 (within budget), which
     is E by the brute force: every answer certified within 11 probes (open at 12 before)."""
     s = staircase(4)
-    out = _run(s)
-    want = answer(s)
-    assert out.certified and not out.even_open and len(out.probes) <= 11
-    assert out.best.batch_size == want.best and not any(s.over(out.best.chunk_sizes))
-    assert out.even is not None and out.even.batch_size == want.even == 220
+    out = _exact_within(s, 11)
+    assert out.even is not None and out.even.batch_size == 220
     even_batches = [p.batch_size for p in out.probes if p.purpose.startswith("even-max")]
     assert max(even_batches) <= 221, even_batches
 
