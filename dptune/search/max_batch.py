@@ -468,6 +468,9 @@ class MaxBatch:
             spread = self._spread(tuple(s))
             return Proposal(spread, "even" if spread == tuple(s) else "spread")
         self._record_widths()
+        halved = self._halved()
+        if halved is not None:
+            return halved
         even = None if not self.compare_even or self.even_certified() else self._even_step()
         if not self.max_certified():
             packed = self._packed(even)
@@ -482,6 +485,22 @@ class MaxBatch:
                     return Proposal(even.split, "even-max")
                 return prop
         return even
+
+    def _halved(self) -> Optional[Proposal]:
+        """On real cards, while none of two probes or more has fitted: the even split of half
+        the last batch. An out-of-memory probe names one failing card only, so with many
+        cards over budget the fits learn one card a probe, and an oversized first batch
+        could use up every probe before anything fits (10 cards, 5 times too large: 16
+        probes, none within budget); halving finds a fitting batch in about log2 of that."""
+        obs = self.obs
+        if obs.exact_on_oom or len(obs.probes) < 2 or any(obs.within_budget(r) for r in obs.probes):
+            return None
+        batch = max(self.m * self.n if self.m > 1 else 1, obs.probes[-1].batch_size // 2)
+        s = tuple(even_split(batch, self.n))
+        while not valid_split(s, self.m) and batch > 1:
+            batch -= 1
+            s = tuple(even_split(batch, self.n))
+        return Proposal(s, "max") if valid_split(s, self.m) and s not in obs.by_split else None
 
     def _spread(self, s: tuple[int, ...]) -> tuple[int, ...]:
         """The first split with the cards ``i >= 1`` at two chunks (three cards or more, on

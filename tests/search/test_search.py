@@ -598,3 +598,26 @@ def test_stalled_bracket_steps_from_an_end_only_on_the_simulator():
         mb = MaxBatch(Observations([10**12] * 3, exact_on_oom=exact), 64, 12)
         mb.los["card1"], mb.his["card1"] = [96, 100], [200, 200]
         assert mb._unstall("card1", 100, 200) == want
+
+
+def test_probes_run_out_before_anything_fits_says_so_not_that_nothing_fits():
+    """Real cards, a first batch 15 times too large and 2 probes: nothing measured within
+    budget, but a batch of 1 was never asked, so the error does not claim it does not fit."""
+    from dptune.errors import NoFeasibleSplitError
+
+    with pytest.raises(NoFeasibleSplitError) as e:
+        run(mlp(4), "max_batch", 40000, real=True, max_probes=2)
+    msg = str(e.value)
+    assert "batch size 1 " not in msg and "a smaller one was not tried" in msg
+
+
+def test_real_cards_halve_an_oversized_first_batch_until_one_fits():
+    """Real cards, many over budget at the first batch: an out-of-memory probe names one
+    card, so the search halves the even batch while nothing has fitted, rather than learn
+    the cards one probe each; the answer is then found and certified."""
+    shape = mlp(4)
+    out, be = run(shape, "max_batch", 40000, real=True, max_probes=16)
+    sums = [sum(c) for c in be.calls]
+    first_fit = next(k for k, c in enumerate(be.calls) if fits(shape, c))
+    assert all(b2 <= b1 // 2 + 1 for b1, b2 in zip(sums[1:first_fit], sums[2:first_fit + 1]))
+    assert out.best.batch_size == best_batch(shape) and out.certified

@@ -102,3 +102,59 @@ def test_no_even_baseline_when_the_first_even_split_does_not_fit(real):
                      exact_on_oom=not real)
     assert out.even is None and not out.even_open
     assert out.best.batch_size == answer(s).best and out.certified
+
+
+def _surface(seed: int):  # type: ignore[no-untyped-def]
+    """A random surface of 3-10 cards: affine or a staircase, mixed budgets, BatchNorm or
+    not, card 0 paying for the whole batch."""
+    import itertools
+    import random
+
+    from benchmarks.certificate_surface import GiB, MiB, Surface
+
+    rng = random.Random(seed)
+    n = rng.randint(3, 10)
+    w, a = rng.randint(1, 6) * GiB // 2, rng.randint(2, 200) * MiB
+    steps = list(itertools.accumulate(rng.randint(1, 9) * 37 * MiB for _ in range(3000)))
+    width = rng.randint(1, 7)
+    stairs = rng.random() < 0.5
+
+    def f(i: int, c: int) -> int:
+        return w + (steps[min(c // width, 2999)] if stairs else a * c)
+    per_b, extra = rng.choice([0, 4096, MiB, 3 * MiB]), rng.randint(0, 8) * GiB // 2
+    budgets = [rng.choice([10, 14, 22, 38, 78]) * GiB for _ in range(n)]
+    return Surface(f"random{seed}", "test", budgets, f=f,
+                   g=lambda c0, b: f(0, c0) + extra + per_b * b, m=rng.choice([1, 1, 2]),
+                   hint=rng.choice([8, 64, 512]) * n)
+
+
+@pytest.mark.parametrize("real", [False, True])
+def test_random_surfaces_never_give_a_wrong_certified_answer(real):
+    """Over random surfaces of 3-10 cards, on the simulator and with real cards' semantics
+    (an out-of-memory probe measures only the failing card): whatever the search certifies
+    is the brute force's answer, what it returns fits, and it stops early only when done."""
+    from dptune.types import ProbeResult
+
+    for seed in range(40):
+        s = _surface(seed)
+        want = answer(s)
+
+        def probe(split, s=s):  # type: ignore[no-untyped-def]
+            peaks = s.peaks(tuple(split))
+            over = [i for i in range(s.n) if (i == 0 or split[i]) and peaks[i] > s.budgets[i]]
+            if not real or not over:
+                return ProbeResult(tuple(split), tuple(peaks))
+            return ProbeResult(tuple(split), tuple(p if i == over[0] else 0
+                                                   for i, p in enumerate(peaks)),
+                               oom_device=over[0])
+        out = search.run(probe, s.budgets, "max_batch", s.hint, min_chunk=s.m, max_probes=16,
+                         exact_on_oom=not real)
+        even = out.even.batch_size if out.even is not None else 0
+        assert not any(s.over(out.best.chunk_sizes)), s.name
+        if out.certified:
+            assert out.best.batch_size == want.best, s.name
+        if not out.even_open:
+            assert even == want.even, s.name
+        else:
+            assert even <= want.even, s.name
+        assert len(out.probes) == 16 or (out.certified and not out.even_open), s.name
