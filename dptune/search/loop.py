@@ -15,7 +15,7 @@ from typing import Callable, Optional, Protocol, Sequence
 from dptune.backends.base import ProbeResult
 from dptune.search.observations import Observations
 
-__all__ = ["Proposal", "Strategy", "refine", "valid_split", "fill"]
+__all__ = ["Proposal", "Strategy", "refine", "valid_split", "fill", "raise_cards"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +83,29 @@ def refine(probe: Callable[[Sequence[int]], ProbeResult], strategy: Strategy,
                                f"{len(r.peak_bytes)} peaks; asked for {list(prop.split)}")
         obs.add(dataclasses.replace(r, purpose=prop.purpose))
         on_probe()
+
+
+def raise_cards(base: Sequence[int], tests: dict[int, int], n: int,
+                m: int) -> Optional[tuple[int, ...]]:
+    """``base`` with the tested cards raised to their test chunks, the samples taken from the
+    other cards ``i >= 1`` (untested ones first) down to ``m`` (``min_chunk``); ``None`` when
+    no card could be raised (the largest-batch search's packed probes)."""
+    s = list(base)
+    raised: list[int] = []
+    for i in sorted(tests):
+        need = tests[i] - s[i]
+        if need <= 0:
+            continue
+        donors = sorted((j for j in range(1, n) if j != i and j not in raised and s[j] > m),
+                        key=lambda j: (j in tests, -s[j]))
+        if sum(s[j] - m for j in donors) < need:
+            continue
+        for j in donors:
+            take = min(need, s[j] - m)
+            s[j] -= take
+            need -= take
+            if need == 0:
+                break
+        s[i] = tests[i]
+        raised.append(i)
+    return tuple(s) if raised else None

@@ -58,7 +58,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from dptune.search.line import BatchLine, first_over, largest_true, last_within
-from dptune.search.loop import Proposal, fill, valid_split
+from dptune.search.loop import Proposal, fill, raise_cards, valid_split
 from dptune.search.models import MIN_SLOPE_BYTES, CardFits, chord_cap
 from dptune.search.observations import Bracket, Observations, next_chunk
 from dptune.split import even_split
@@ -569,7 +569,7 @@ class MaxBatch:
             base, purpose = q_max, "max"
         else:
             return None
-        split = self._raise_cards(base, tests)
+        split = raise_cards(base, tests, self.n, self.m)
         if split is None or split in obs.by_split or not valid_split(split, self.m):
             return None
         return Proposal(split, f"{purpose}+cards")
@@ -587,28 +587,3 @@ class MaxBatch:
                 return None          # the fits do not yet put this card's cap at lo
             tests[i] = x
         return tests
-
-    def _raise_cards(self, base: Sequence[int], tests: dict[int, int]) -> Optional[tuple[int, ...]]:
-        """``base`` with the tested cards raised to their test chunks, the samples taken from
-        the other cards (untested ones first) down to ``min_chunk``; ``None`` when no card
-        could be raised."""
-        n, m = self.n, self.m
-        s = list(base)
-        raised: list[int] = []
-        for i in sorted(tests):
-            need = tests[i] - s[i]
-            if need <= 0:
-                continue
-            donors = sorted((j for j in range(1, n) if j != i and j not in raised and s[j] > m),
-                            key=lambda j: (j in tests, -s[j]))
-            if sum(s[j] - m for j in donors) < need:
-                continue
-            for j in donors:
-                take = min(need, s[j] - m)
-                s[j] -= take
-                need -= take
-                if need == 0:
-                    break
-            s[i] = tests[i]
-            raised.append(i)
-        return tuple(s) if raised else None
