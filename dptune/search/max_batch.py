@@ -86,38 +86,33 @@ class MaxBatch:
         self.hint = max(hint, self.m)
         self.max_probes = max_probes
         self.g_tries = 0
-        self.widths: dict[str, list[Optional[int]]] = {}
-        self.los: dict[str, list[int]] = {}     # each bracket's ends, probe after probe
-        self.his: dict[str, list[Optional[int]]] = {}
+        #: each bracket's ``(lo, hi)``, probe after probe (its width and moves derive from it)
+        self.ends: dict[str, list[tuple[int, Optional[int]]]] = {}
         self._seen = 0
         self._last_t: tuple[int, ...] = ()   # the other cards' chunks in the last line probed
 
     # ---- bookkeeping ------------------------------------------------------------------
-    def _record_widths(self) -> None:
+    def _record_brackets(self) -> None:
         if len(self.obs.probes) == self._seen:
             return
         self._seen = len(self.obs.probes)
         if self.max_certified():     # only the phase under way counts its probes
-            elo, ehi = self.even_bracket()
-            self.widths.setdefault("even", []).append(None if ehi is None else ehi - elo)
-            self.los.setdefault("even", []).append(elo)
-            self.his.setdefault("even", []).append(ehi)
+            self.ends.setdefault("even", []).append(self.even_bracket())
             return
         for i in range(1, self.n):
-            self.widths.setdefault(f"card{i}", []).append(self.obs.bracket(i).width)
-            self.los.setdefault(f"card{i}", []).append(self.obs.bracket(i).lo)
-            self.his.setdefault(f"card{i}", []).append(self.obs.bracket(i).hi)
+            br = self.obs.bracket(i)
+            self.ends.setdefault(f"card{i}", []).append((br.lo, br.hi))
         for t in {tuple(self._caps_lo()), self._last_t}:
             line = self._line(list(t))
-            lo, hi = self._line_bracket(line)
-            self.widths.setdefault(f"line{line.t}", []).append(None if hi is None else hi - lo)
-            self.los.setdefault(f"line{line.t}", []).append(lo)
-            self.his.setdefault(f"line{line.t}", []).append(hi)
+            self.ends.setdefault(f"line{line.t}", []).append(self._line_bracket(line))
 
     def _stalled(self, key: str) -> bool:
         """The bracket has not halved in the last two probes."""
-        h = self.widths.get(key, [])
-        return len(h) >= 3 and h[-1] is not None and h[-3] is not None and h[-1] > h[-3] / 2
+        h = self.ends.get(key, [])
+        if len(h) < 3:
+            return False
+        (lo1, hi1), (lo3, hi3) = h[-1], h[-3]
+        return hi1 is not None and hi3 is not None and hi1 - lo1 > (hi3 - lo3) / 2
 
     def _unstall(self, key: str, lo: int, hi: int) -> int:
         """A stalled bracket's next point: its middle; but on the simulator (every card's
@@ -128,13 +123,13 @@ class MaxBatch:
         an out-of-memory probe bounds the failing card's peak without measuring the others,
         so the fits saw less and the middle does better there (31 cases of 3+ cards under
         real-card semantics: 1,330 probes with the middle, 1,392 with the steps)."""
-        los, his, mid = self.los.get(key, []), self.his.get(key, []), (lo + hi) // 2
-        if not self.obs.exact_on_oom or len(los) < 2 or los[-1] != lo:
+        h, mid = self.ends.get(key, []), (lo + hi) // 2
+        if not self.obs.exact_on_oom or len(h) < 2 or h[-1][0] != lo:
             return mid
-        if lo > los[-2]:
-            return min(mid, lo + 2 * (lo - los[-2]))
-        up = his[-2]
-        if his[-1] == hi and up is not None and hi < up:
+        (lo2, up), hi1 = h[-2], h[-1][1]
+        if lo > lo2:
+            return min(mid, lo + 2 * (lo - lo2))
+        if hi1 == hi and up is not None and hi < up:
             return max(mid, hi - 2 * (up - hi))
         return mid
 
@@ -467,7 +462,7 @@ class MaxBatch:
                 s = fill(self.hint, [self.hint] * self.n, self.m) or s
             spread = self._spread(tuple(s))
             return Proposal(spread, "even" if spread == tuple(s) else "spread")
-        self._record_widths()
+        self._record_brackets()
         halved = self._halved()
         if halved is not None:
             return halved
@@ -495,7 +490,7 @@ class MaxBatch:
         obs = self.obs
         if obs.exact_on_oom or len(obs.probes) < 2 or any(obs.within_budget(r) for r in obs.probes):
             return None
-        batch = max(self.m * self.n if self.m > 1 else 1, obs.probes[-1].batch_size // 2)
+        batch = max(self._even_start(), obs.probes[-1].batch_size // 2)
         s = tuple(even_split(batch, self.n))
         while not valid_split(s, self.m) and batch > 1:
             batch -= 1

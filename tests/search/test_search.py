@@ -596,7 +596,7 @@ def test_stalled_bracket_steps_from_an_end_only_on_the_simulator():
 
     for exact, want in ((True, 108), (False, 150)):
         mb = MaxBatch(Observations([10**12] * 3, exact_on_oom=exact), 64, 12)
-        mb.los["card1"], mb.his["card1"] = [96, 100], [200, 200]
+        mb.ends["card1"] = [(96, 200), (100, 200)]
         assert mb._unstall("card1", 100, 200) == want
 
 
