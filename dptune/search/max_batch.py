@@ -89,6 +89,7 @@ class MaxBatch:
         #: each bracket's ``(lo, hi)``, probe after probe (its width and moves derive from it)
         self.ends: dict[str, list[tuple[int, Optional[int]]]] = {}
         self._seen = 0
+        self._even_memo: Optional[tuple[int, tuple[int, Optional[int]]]] = None   # (probes, bracket)
         self._last_t: tuple[int, ...] = ()   # the other cards' chunks in the last line probed
 
     # ---- bookkeeping ------------------------------------------------------------------
@@ -374,7 +375,15 @@ class MaxBatch:
 
     def even_bracket(self) -> tuple[int, Optional[int]]:
         """``[lo, hi)``: ``lo`` the even split's largest batch known so far (every even batch
-        up to it known to fit, :meth:`_even_prefix`), ``hi`` a batch above it known over."""
+        up to it known to fit, :meth:`_even_prefix`), ``hi`` a batch above it known over.
+        Asked several times a probe (the bookkeeping, the certificate, the next step, the
+        outcome), computed once per probe."""
+        k = len(self.obs.probes)
+        if self._even_memo is None or self._even_memo[0] != k:
+            self._even_memo = (k, self._even_bracket())
+        return self._even_memo[1]
+
+    def _even_bracket(self) -> tuple[int, Optional[int]]:
         up, start = self._upper(), self._even_start()
         lo = self._even_prefix(start, up)
         nxt = self._even_next(lo)
