@@ -42,6 +42,9 @@ example: install
 lint: install
 	$(PY) -m ruff check dptune tests benchmarks
 	$(PY) -m mypy dptune
+	@# a soft size warning: a long module is a hint to split it by concern, never a failure
+	@find dptune -name '*.py' | xargs wc -l | awk '$$2 != "total" && $$1 > 600 \
+	    {print "note: " $$2 " has " $$1 " lines (over 600: does it hold one concern?)"}'
 
 # Both cores (pytest-xdist); tests marked `slow` are left to `make test-slow`, which CI also runs.
 test: lint

@@ -384,7 +384,7 @@ def auto_probes() -> list[str]:
     from dptune.backends.simulated import SimulatedBackend, parse_cluster
     from dptune.examples.models import TinyGPT
     from dptune.tuner import Tuner
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     lines = []
     for spec in ("3x1GB", "4x1GB"):

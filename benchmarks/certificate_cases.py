@@ -108,7 +108,7 @@ def model_surface(name: str) -> Surface:
     from benchmarks.search import Curves
     from dptune.backends.simulated import SimulatedBackend, parse_cluster
     from dptune.examples import models
-    from dptune.workload import Workload, has_batchnorm
+    from dptune.step.workload import Workload, has_batchnorm
 
     cls, kw, spec = MODELS[name]
     model = getattr(models, cls)(**kw)

@@ -22,9 +22,9 @@ from typing import Optional, Sequence
 
 from dptune import ddp
 from dptune.backends.simulated import parse_cluster
-from dptune.backends.simulated_ddp import SimulatedDDPRank, card_of
+from dptune.backends.simulated.ddp import SimulatedDDPRank, card_of
 from dptune.units import parse_bytes
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 from benchmarks import config
 from benchmarks.output import write_table

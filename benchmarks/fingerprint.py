@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from benchmarks import config
-from dptune.backends.cluster import parse_cluster
+from dptune.hardware.cluster import parse_cluster
 from dptune.backends.simulated import SimulatedBackend
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 MODELS = ("MLP", "GPT", "ResNet", "BERT", "SegNet")
 CLUSTERS = ("4x24GB", "2x80GB,2x40GB", "4x24GB,used=0:6GB")

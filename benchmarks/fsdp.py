@@ -29,13 +29,13 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from dptune import ddp
-from dptune.backends.cluster import parse_cluster
+from dptune.hardware.cluster import parse_cluster
 from dptune.backends.simulated.ddp import SimulatedDDPRank, card_of
 from dptune.backends.simulated.fsdp import FakeGroup, SimulatedFSDPRank
 from dptune.ddp.fsdp import FSDPOptions, mixed_precision
 from dptune.examples.models import TinyGPT, n_params
 from dptune.units import format_bytes, parse_bytes
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 from benchmarks import config
 from benchmarks.output import write_table

@@ -120,7 +120,7 @@ def cases() -> list[tuple[str, Callable[[], Any], Sequence[int]]]:
 def time_facts(device: str, steps: int) -> list[dict]:
     import torch
 
-    from dptune.workload import batch_to_args
+    from dptune.step.workload import batch_to_args
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rows = []

@@ -41,7 +41,7 @@ from dptune.lengths import BucketBatchSampler, plan_lengths
 from dptune.lengths.plan import LengthPlan
 from dptune.split import even_split
 from dptune.units import parse_bytes
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 HEADROOM = "1GiB"
 #: samples per case: enough that every bucket holds several of its planned batches (the

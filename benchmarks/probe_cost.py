@@ -73,7 +73,7 @@ def _plain_step(model: Any, sample: Callable[[int], Any], batch: int, repeats: i
 
     from dptune._torch_private import fake_tensor_mode
     from dptune.backends.simulated.fake_model import _fake_module
-    from dptune.workload import batch_to_args
+    from dptune.step.workload import batch_to_args
 
     mode = fake_tensor_mode(allow_non_fake_inputs=True)
     times = []
@@ -97,7 +97,7 @@ def _probe(model: Any, sample: Callable[[int], Any], cards: int, per_card: int, 
     import torch
 
     from dptune.backends.simulated import SimulatedBackend
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     wl = Workload(model, sample, _loss, lambda ps: torch.optim.AdamW(ps, foreach=True))
     backend = SimulatedBackend(wl, f"{cards}x24GB", **backend_kw)

@@ -2,7 +2,7 @@
 
 For each benchmark model, one even split on a simulated cluster: the probe's simulated step
 time, the time the allocator model's replay adds (set-up + warm-up step + measured step per
-card, :mod:`dptune.backends.reserved`; like cards with like traces share one replay, the
+card, :mod:`dptune.backends.simulated.reserved`; like cards with like traces share one replay, the
 ``replays`` column), and per card the allocated peak (the ledger's, as
 ``max_memory_allocated``), the predicted reserved peak, the predicted total use (reserved +
 CUDA context + NCCL) and, where reserved exceeds allocated widely, the reserved peak predicted
@@ -27,9 +27,9 @@ def measure(names: Sequence[str], cluster: str = "4x24GB", repeats: int = 3,
             per_card: Optional[int] = None) -> list[dict[str, Any]]:
     """One row per model: times (seconds) and per-card figures (bytes)."""
     from benchmarks.config import MODELS, optimizer
-    from dptune.backends.reserved import ReservedModel
+    from dptune.backends.simulated.reserved import ReservedModel
     from dptune.backends.simulated import SimulatedBackend, parse_cluster
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     n = len(parse_cluster(cluster))
     rows = []
@@ -91,11 +91,11 @@ def varied(name: str, batches: Sequence[int], cluster: str = "1x24GB") -> str:
     measured after the others; reserved peak in the default mode and with expandable
     segments, against the same last step run after itself (markdown)."""
     from benchmarks.config import MODELS, optimizer
-    from dptune.backends.allocator import AllocatorConfig
-    from dptune.backends.reserved import ReservedModel, predict_steps
+    from dptune.backends.simulated.allocator import AllocatorConfig
+    from dptune.backends.simulated.reserved import ReservedModel, predict_steps
     from dptune.backends.simulated import SimulatedBackend
     from dptune.units import format_bytes
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     spec = MODELS[name]
     model, sample = spec.workload_args()

@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 from dptune.backends.simulated import SimulatedBackend, parse_cluster
 from dptune.split import even_split
 from dptune.units import GiB, parse_bytes
-from dptune.workload import Workload, has_batchnorm
+from dptune.step.workload import Workload, has_batchnorm
 
 from benchmarks import config, search
 from benchmarks.output import write_csv

@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 from dptune.backends.simulated import Cluster, SimulatedBackend
 from dptune.parallel import gpu0_split
 from dptune.split import scale_split
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 __all__ = ["Curves", "largest_true", "power_then_binary", "GridResult", "grid_gpu0_bsz",
            "max_batch_optimum", "BalanceOptimum", "balance_optimum", "linf_distance",

@@ -4,7 +4,7 @@
 simulated, headroom :data:`benchmarks.config.HEADROOM`, AdamW. For each model x cluster,
 ``Tuner(objective="throughput")`` at the batch ``hint_per_card x cards`` gives, from its
 probes (every figure the simulator's estimate: FLOPs and bytes against the cards' datasheet
-peaks, DataParallel's copies over PCIe; see :mod:`dptune.backends.timing`):
+peaks, DataParallel's copies over PCIe; see :mod:`dptune.backends.simulated.timing`):
 
 - **even**: ``torch.chunk``'s split (plain DataParallel);
 - **memory-balanced**: ``objective="balance"`` (the same share of memory on every card);
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from dptune import Tuner
-from dptune.backends.cluster import parse_cluster
+from dptune.hardware.cluster import parse_cluster
 
 from benchmarks import config
 from benchmarks.output import write_table

@@ -151,7 +151,7 @@ class Case:
 
     @property
     def step_label(self) -> str:
-        from dptune.workload import StepSettings
+        from dptune.step.workload import StepSettings
 
         return StepSettings(**self.step).describe()
 
@@ -224,7 +224,7 @@ def plain_step(model: Any, opt: Any, host_batches: list, amp: Optional[str], dev
 
     import torch
 
-    from dptune.workload import batch_to_args, default_loss
+    from dptune.step.workload import batch_to_args, default_loss
 
     def to_card(obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
@@ -284,7 +284,7 @@ def measure_probe(case: Case, batch: int) -> int:
     import torch
 
     from dptune.backends.cuda import CudaBackend
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     torch.manual_seed(0)
     model = case.factory()
@@ -315,11 +315,11 @@ def estimate_levels(case: Any, batch: int, cluster: Any) -> dict[str, int]:
     """The simulator's three levels (allocated, reserved, total use) for the same step (the allocator model on)."""
     import torch
 
-    from dptune.backends.allocator import AllocatorConfig
-    from dptune.backends.fixed_costs import FixedCosts
-    from dptune.backends.reserved import ReservedModel
+    from dptune.backends.simulated.allocator import AllocatorConfig
+    from dptune.budget import FixedCosts
+    from dptune.backends.simulated.reserved import ReservedModel
     from dptune.backends.simulated import SimulatedBackend
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     with torch.device("meta"):
         shape_model = case.factory()

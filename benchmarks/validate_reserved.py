@@ -10,7 +10,7 @@ steps as in training: no ``empty_cache``) gives the three levels of the card's m
   before the first allocation (``mem_get_info`` right after CUDA started: this process's
   context and other processes).
 
-against the simulator with the allocator model (:mod:`dptune.backends.reserved`, the options
+against the simulator with the allocator model (:mod:`dptune.backends.simulated.reserved`, the options
 of ``PYTORCH_CUDA_ALLOC_CONF`` in this environment) on a one-card cluster like this one
 (context = what was measured before the first allocation, no NCCL on one card). It prints
 the relative error per level and writes ``reports/benchmarks/validate_reserved.csv``. Without

@@ -4,7 +4,7 @@ For a few models and batch sizes (AdamW, the default loss), a training step on `
 measured as :mod:`benchmarks.gpu_facts` does it (the step's wall time between
 ``torch.cuda.synchronize`` calls, the host's time to issue it without one, the profiler's
 summed kernel time; the median of ``--steps`` steps after two warm-up steps), and
-:class:`dptune.backends.timing.TimedBackend`'s model estimates the same step on a simulated
+:class:`dptune.backends.simulated.timing.TimedBackend`'s model estimates the same step on a simulated
 card of this card's type (``--card`` names it when the GPU's name is not recognised). Three
 errors per row: the device part (against the summed kernel time), the host part (against
 the host's issue time) and the step (against its wall time), with the median per model; the
@@ -13,10 +13,10 @@ Without a GPU it says so and exits 0.
 
 ``--cpu`` (no GPU needed) re-scores measurements made before (``--facts``: a ``time.json.gz``
 of :mod:`benchmarks.gpu_facts`, by default the H200's of 2026-11-27) with the current
-estimate and with the first one (:data:`dptune.timing.ROOFLINE`: datasheet peaks, 5 us per
+estimate and with the first one (:data:`dptune.hardware.speeds.ROOFLINE`: datasheet peaks, 5 us per
 kernel, no host), and the steps of the validate_time runs beside it (``validate_time.csv`` in
 its folder and in the folders named like it with a suffix: the same steps measured again,
-not fitted on) as a check. ``--fit`` fits the constants (:class:`dptune.timing.Calibration`) on
+not fitted on) as a check. ``--fit`` fits the constants (:class:`dptune.hardware.speeds.Calibration`) on
 those facts and gives each model's errors with the constants fitted on the other models
 (leave one model out; the tensor cores' efficiency is left at the peak when no model left in
 runs them).
@@ -36,7 +36,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from dptune.timing import CALIBRATION, CARD_SPEEDS, ROOFLINE, Calibration, CardSpeed
+from dptune.hardware.speeds import CALIBRATION, CARD_SPEEDS, ROOFLINE, Calibration, CardSpeed
 
 from benchmarks.gpu_facts import cases  # the models and batches (one home)
 
@@ -67,7 +67,7 @@ class Simulated:
     the batch's copy from the host (seconds)."""
 
     ops: int
-    costs: tuple[Any, ...]        # dptune.backends.timing.OpCost
+    costs: tuple[Any, ...]        # dptune.backends.simulated.timing.OpCost
     copy_seconds: float
 
     def device(self, speed: CardSpeed, cal: Calibration = CALIBRATION) -> float:
@@ -85,8 +85,8 @@ def simulate(model: Any, sample: Callable[[int], Any], batch: int, card: str) ->
     import torch
 
     from dptune.backends.simulated import SimulatedBackend
-    from dptune.backends.timing import OpCounter, TimedBackend
-    from dptune.workload import Workload
+    from dptune.backends.simulated.timing import OpCounter, TimedBackend
+    from dptune.step.workload import Workload
 
     wl = Workload(model=model, sample=sample, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4))
     backend = TimedBackend(SimulatedBackend(wl, card))
@@ -107,8 +107,8 @@ def estimate(model: Any, sample: Callable[[int], Any], batch: int, card: str) ->
     import torch
 
     from dptune.backends.simulated import SimulatedBackend
-    from dptune.backends.timing import TimedBackend
-    from dptune.workload import Workload
+    from dptune.backends.simulated.timing import TimedBackend
+    from dptune.step.workload import Workload
 
     wl = Workload(model=model, sample=sample, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4))
     backend = TimedBackend(SimulatedBackend(wl, card))
@@ -223,7 +223,7 @@ def rescore(facts_path: str, card: str, do_fit: bool) -> list[dict]:
           f"{facts.get('date', '?')}); estimated as {card}")
     print_rows("before (datasheet peaks, 5 us per kernel, no host):", score(rows, sims, speed, ROOFLINE))
     now = score(rows, sims, speed, CALIBRATION)
-    print_rows("now (step = max(host, device), dptune.timing.CALIBRATION):", now)
+    print_rows("now (step = max(host, device), dptune.hardware.speeds.CALIBRATION):", now)
     here = os.path.dirname(facts_path)
     for path in [os.path.join(here, "validate_time.csv")] + sorted(
             os.path.join(d, "validate_time.csv") for d in _glob(here + "-*")):
@@ -279,7 +279,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     gpu = torch.cuda.get_device_name(0)
     card = args.card or card_name(gpu)
     if card is None:
-        print(f"{gpu!r} is not in the card table: give --card NAME (dptune.timing.CARD_SPEEDS)")
+        print(f"{gpu!r} is not in the card table: give --card NAME (dptune.hardware.speeds.CARD_SPEEDS)")
         return 2
     from benchmarks.gpu_facts import time_facts
 

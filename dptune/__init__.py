@@ -27,20 +27,20 @@ __version__ = "0.1.0"
 _LAZY = {
     # tuning
     "Tuner": "dptune.tuner",
-    "TuneResult": "dptune.result",
-    "load_result": "dptune.result",
-    "StepSettings": "dptune.workload",
-    "Workload": "dptune.workload",
-    "WorkloadSpec": "dptune.spec",
+    "TuneResult": "dptune.result.model",
+    "load_result": "dptune.result.model",
+    "StepSettings": "dptune.step.workload",
+    "Workload": "dptune.step.workload",
+    "WorkloadSpec": "dptune.step.spec",
     # wrapping
     "BalancedDataParallel": "dptune.parallel",
     "patch_dataparallel": "dptune.integrations.dataparallel",
     # simulation
     "estimate_memory": "dptune.backends.simulated",
-    "Cluster": "dptune.backends.cluster",
-    "parse_cluster": "dptune.backends.cluster",
+    "Cluster": "dptune.hardware.cluster",
+    "parse_cluster": "dptune.hardware.cluster",
     # devices
-    "devices": "dptune.gpus",
+    "devices": "dptune.hardware.devices",
     "Device": "dptune.types",
     "ProbeResult": "dptune.types",
     # checkpoints

@@ -30,6 +30,14 @@
   under the forward's torch-function modes, so an activation checkpoint's recomputation must
   enter them again (the Trainer integration captures them when the forward runs).
 
+- The private aten ops ``aten._grouped_mm`` (a mixture of experts' expert layers) and
+  ``aten._pack_padded_sequence`` (``pack_padded_sequence``): their fake kernels act unlike
+  CUDA's, so the simulator recognizes them by identity (:func:`private_op`; ``None`` on a
+  torch without the op).
+- The file names of torch's own modules (``torch/nn/modules/rnn.py``, the fake and meta
+  kernels' files): whether an error was raised inside one of them (:func:`torch_file`,
+  :func:`fake_kernel_files`), where torch gives no exception type of its own.
+
 Everything is imported lazily: importing this module imports nothing heavy.
 """
 
@@ -42,7 +50,7 @@ __all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "fu
            "replica_module", "safe_softmax", "scatter_chunks", "sdp_priority_order", "sdpa_cudnn",
            "sdpa_efficient", "sdpa_flash", "include_dispatch_key", "exclude_dispatch_key",
            "PythonKernels", "amp_as_if_cuda", "fake_process_group_store", "register_fake_backend",
-           "storage_resize_hook", "dtensor_meta_aside"]
+           "storage_resize_hook", "dtensor_meta_aside", "private_op", "torch_file", "fake_kernel_files"]
 
 
 def scatter_chunks(tensor: Any, device_ids: list, chunk_sizes: list, dim: int) -> tuple:
@@ -421,3 +429,31 @@ class dtensor_meta_aside:
         if self._cls is not None:
             self._cls._propagate_tensor_meta_non_cached = self._orig
             self._cls = self._orig = None
+
+
+def private_op(name: str) -> Any:
+    """The default overload of the private aten op ``aten.<name>`` (``"_grouped_mm"``,
+    ``"_pack_padded_sequence"``), or ``None`` where this torch has no such op."""
+    import torch
+
+    packet = getattr(torch.ops.aten, name, None)
+    return getattr(packet, "default", None) if packet is not None else None
+
+
+def torch_file(*parts: str) -> str:
+    """The path of one of torch's own source files (``torch_file("nn", "modules", "rnn.py")``),
+    to tell whether an exception was raised inside it."""
+    import os
+
+    import torch
+
+    return os.path.join(os.path.dirname(torch.__file__), *parts)
+
+
+def fake_kernel_files() -> tuple:
+    """The paths of torch's fake and meta kernels (which stand in for CUDA's on fake tensors):
+    the meta registrations, the references, the decompositions, the primitives and the fake
+    implementations; a frame inside them is torch's kernel, not the user's code."""
+
+    return tuple(torch_file(*p.split("/")) for p in ("_meta_registrations.py", "_refs", "_decomp",
+                                                      "_prims", "_subclasses/fake_impls.py"))

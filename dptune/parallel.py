@@ -30,7 +30,7 @@ module is called directly; without CUDA (``device_ids == []``) the wrapper is a 
 pass-through, exactly like DataParallel.
 
 A saved split is reused with ``dptune.load_result("reports/mynet").wrap(net)``
-(:meth:`dptune.result.TuneResult.wrap`): the result reads reports; this module only wraps.
+(:meth:`dptune.result.model.TuneResult.wrap`): the result reads reports; this module only wraps.
 
 Known limitations:
 
@@ -51,7 +51,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 import torch
 from torch import nn
 
-from dptune import _torch_private, _tree
+from dptune import _torch_private
+from dptune.step import tree as _tree
 from dptune.errors import UsageError
 from dptune.split import even_split, scale_split, validate_chunk_sizes
 
@@ -154,7 +155,7 @@ def split_inputs(args: Sequence[Any], kwargs: Optional[dict[str, Any]], chunk_si
                  ) -> SplitInputs:
     """Split a call's arguments into per-device calls with the given chunk sizes.
 
-    The containers follow ``torch.nn.parallel.scatter`` (:func:`dptune._tree.scatter`): every
+    The containers follow ``torch.nn.parallel.scatter`` (:func:`dptune.step.tree.scatter`): every
     tensor, at any depth of tuples, lists and dicts (namedtuples and dict types are kept), is
     split along ``dim`` with the same sizes by ``scatter_fn`` (the CUDA scatter in
     :class:`BalancedDataParallel`, :func:`narrow_scatter` on the CPU); every other value is

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
-from dptune.backends.ddp_memory import DDPOptions
-from dptune.backends.reserved import BudgetLevel, ReservedModel, level_settings, real_cards_measured
+from dptune.backends.simulated.ddp_memory import DDPOptions
+from dptune.backends.simulated.reserved import BudgetLevel, ReservedModel, level_settings, real_cards_measured
 from dptune.errors import UsageError
 from dptune.split import MAX_BATCH_SIZE
 from dptune.types import Objective, Strategy

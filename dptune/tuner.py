@@ -3,7 +3,7 @@
 :class:`Tuner` is the front door of dptune's Python API::
 
     tuner = Tuner(model, sample, batch_size=256, simulate="4x24GB")
-    result = tuner.fit()          # a dptune.result.TuneResult
+    result = tuner.fit()          # a dptune.result.model.TuneResult
     model = result.model          # BalancedDataParallel with the chosen split
 
 The search itself lives in :mod:`dptune.search` (brackets from measured probes, fits only to
@@ -19,21 +19,21 @@ import time
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from dptune import search
-from dptune.advice import unread_outputs_advice
-from dptune.backends.allocator import AllocatorConfig
+from dptune.step.advice import unread_outputs_advice
+from dptune.backends.simulated.allocator import AllocatorConfig
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
 from dptune.backends.choice import BackendChoice, build_backend, choose_backend, timed
-from dptune.backends.reserved import DEFAULT_LEVEL, BudgetLevel, ReservedModel, advice_lines, at_level
+from dptune.backends.simulated.reserved import DEFAULT_LEVEL, BudgetLevel, ReservedModel, advice_lines, at_level
 from dptune.errors import BackendUnavailableError, UsageError
-from dptune.result import SplitFigures, TuneResult, imbalance
+from dptune.result.model import SplitFigures, TuneResult, imbalance
 from dptune.search.messages import card0_holdings
 from dptune.search.output_card import reuse, swapped, swapped_outcome
 from dptune.search.throughput import check_global_batch
 from dptune.settings import Settings
-from dptune.spec import WorkloadSpec
+from dptune.step.spec import WorkloadSpec
 from dptune.types import BackendKind, Objective, card_in_use
 from dptune.units import format_bytes
-from dptune.workload import Workload, has_batchnorm, model_name
+from dptune.step.workload import Workload, has_batchnorm, model_name
 
 __all__ = ["Tuner", "BackendChoice", "choose_backend"]
 
@@ -55,7 +55,7 @@ class Tuner:
     """Find the per-card split of a DataParallel batch that balances memory, or the largest batch.
 
     - ``model``, ``sample``, ``loss_fn``, ``optimizer``: the training step, as in
-      :class:`dptune.workload.Workload` (``model`` may be a zero-argument factory).
+      :class:`dptune.step.workload.Workload` (``model`` may be a zero-argument factory).
     - ``batch_size``: the total batch. With ``objective="balance"`` it is kept and split
       so every card uses the same share of its memory; with ``objective="throughput"`` it is
       kept and split for the shortest step that fits every card's memory (cards differ in
@@ -70,14 +70,14 @@ class Tuner:
     - ``headroom``: memory left free on every card (bytes or a string such as ``"1GiB"``);
       each card's budget is its memory minus what others use minus this. Default: 256 MiB at
       ``budget_level="reserved"`` (the default), 1 GiB at ``"allocated"`` (why:
-      :data:`dptune.backends.reserved.DEFAULT_HEADROOM`).
+      :data:`dptune.backends.simulated.reserved.DEFAULT_HEADROOM`).
     - ``budget_level``: the figure checked against each budget: ``"reserved"`` (the default:
       the caching allocator's reserved peak plus NCCL's buffers, what runs out on a card; on
-      simulated cards predicted by the allocator model, :mod:`dptune.backends.allocator`; on
+      simulated cards predicted by the allocator model, :mod:`dptune.backends.simulated.allocator`; on
       real cards ``max_memory_reserved``) or ``"allocated"`` (the allocated peak alone).
       ``allocator``: the allocator's options in ``PYTORCH_CUDA_ALLOC_CONF`` syntax for the
       model (default: that environment variable); ``nccl_bytes``: NCCL's buffers per card
-      (default: :mod:`dptune.backends.fixed_costs`).
+      (default: :mod:`dptune.budget`).
     - ``max_probes``: the most training steps run (each one is a probe); ``tolerance``: the
       largest miss between a prediction and a probe for the fit to be trusted, as a fraction
       of the card's budget (or of its peak, where that is smaller).
@@ -88,10 +88,10 @@ class Tuner:
       integration counts them for the default batch) and the tuner decide once.
     - ``verbose``: a progress bar and notices on stderr; ``False`` prints nothing.
     - ``amp`` (``None``, ``"bf16"``, ``"fp16"``), ``accumulate``, ``clip_grad_norm``, ``step``:
-      the training step's settings, as in :class:`dptune.workload.Workload`; the result
+      the training step's settings, as in :class:`dptune.step.workload.Workload`; the result
       records them (``result.settings``).
     - A training step named by import strings (the command line's flags) is a
-      :class:`dptune.spec.WorkloadSpec`: :meth:`from_spec` builds the tuner from it, and can
+      :class:`dptune.step.spec.WorkloadSpec`: :meth:`from_spec` builds the tuner from it, and can
       run each probe in a child process (``isolate=True``).
     - ``output_device``: the card DataParallel gathers the outputs on (default 0). ``"auto"``
       (``max_batch``, on a backend that can probe it: the simulated cluster, or real cards with

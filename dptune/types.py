@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any, Mapping, Optional, Union
 
 from dptune.errors import UsageError
-from dptune.timing import StepTime
+from dptune.hardware.speeds import StepTime
 
 __all__ = ["Device", "ProbeResult", "CATEGORIES", "Category", "Objective", "Strategy", "BackendKind",
            "card_in_use", "budget_share"]
@@ -161,16 +161,16 @@ class ProbeResult:
     note: str = ""
     # gathered output entries the loss never read: (entry, bytes on the output card)
     unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
-    # the allocator model (dptune.backends.reserved): predicted card use (reserved peak + CUDA
+    # the allocator model (dptune.backends.simulated.reserved): predicted card use (reserved peak + CUDA
     # context + NCCL), per-card figures under torch.cuda.memory_stats()'s key names, and the
     # reserved peak with expandable_segments:True (set when reserved exceeds allocated widely)
     total_bytes: Optional[tuple[int, ...]] = None
     memory_stats: Optional[tuple[dict[str, int], ...]] = None
     expandable_reserved_bytes: Optional[tuple[int, ...]] = None
-    # set when peak_bytes holds the budget level 'reserved' (dptune.backends.reserved.at_level):
+    # set when peak_bytes holds the budget level 'reserved' (dptune.backends.simulated.reserved.at_level):
     # the allocated peak, which peak_bytes holds otherwise
     allocated_peak_bytes: Optional[tuple[int, ...]] = None
-    # the step's time, per card and in all, measured or estimated (dptune.timing)
+    # the step's time, per card and in all, measured or estimated (dptune.hardware.speeds)
     time: Optional[StepTime] = None
 
     @property

@@ -23,7 +23,7 @@ from dptune.errors import DptuneWarning, OutputError, ReportError, SpecError, Us
 from dptune.parallel import BalancedDataParallel
 from dptune.report import files as report_mod
 from dptune.report import plot_result, write_report
-from dptune.result import TuneResult, load_result
+from dptune.result.model import TuneResult, load_result
 
 from tests.report.test_report import make_result
 
@@ -466,7 +466,7 @@ def test_card0_fit_panel_draws_probes_where_they_were_measured():
 def many_cards(n: int, objective: str = "balance") -> TuneResult:
     """A hand-built result over n 24 GiB cards (a few with memory taken by others)."""
     from dptune.backends.base import Device, ProbeResult
-    from dptune.result import Fit, SplitFigures, imbalance
+    from dptune.result.model import Fit, SplitFigures, imbalance
     from dptune.split import even_split
     from dptune.units import GiB
 
@@ -597,7 +597,7 @@ def test_a_ddp_wrapped_model_is_unwrapped_with_one_line():
     all unwrapping reads, so one is assembled without one."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from dptune.workload import unwrap_parallel
+    from dptune.step.workload import unwrap_parallel
 
     net = nn.Linear(4, 4)
     ddp = DistributedDataParallel.__new__(DistributedDataParallel)

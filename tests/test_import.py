@@ -41,8 +41,8 @@ def test_import_loads_nothing_heavy():
     assert info == {"heavy": [], "torch": False, "cuda_initialised": False}
 
 
-@pytest.mark.parametrize("module", ["dptune.parallel", "dptune.checkpoint", "dptune.gpus",
-                                    "dptune._nvml", "dptune.split", "dptune.result",
+@pytest.mark.parametrize("module", ["dptune.parallel", "dptune.checkpoint", "dptune.cli.devices",
+                                    "dptune.hardware.nvml", "dptune.split", "dptune.result.model",
                                     "dptune.integrations.dataparallel"])
 def test_modules_are_lazy_about_cuda_nvml_pandas(module):
     # torch itself may import pynvml (torch.cuda does, where it is installed): only what the
@@ -79,9 +79,9 @@ def test_every_public_name_resolves(name):
 
 
 @pytest.mark.parametrize("module, must_not_load", [
-    ("dptune.result", ["dptune.report", "dptune.cli"]),      # types below rendering
+    ("dptune.result.model", ["dptune.report", "dptune.cli"]),      # types below rendering
     ("dptune.parallel", ["dptune.report", "dptune.cli"]),    # reads reports through result
-    ("dptune.presets", ["dptune.cli"]),                      # built-ins below the CLI
+    ("dptune.step.presets", ["dptune.cli"]),                      # built-ins below the CLI
     ("dptune.backends.cuda", ["dptune.cli", "dptune.report"]),  # the isolated child's side
 ])
 def test_imports_go_one_way(module, must_not_load):

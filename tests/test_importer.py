@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from dptune.errors import ImportStringError, UsageError
-from dptune.importer import import_from_string
+from dptune.step.importer import import_from_string
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_imports_from_installed_package():
 
 
 def test_dotted_attribute():
-    assert import_from_string("dptune.result:TuneResult.load").__name__ == "load"
+    assert import_from_string("dptune.result.model:TuneResult.load").__name__ == "load"
 
 
 def test_imports_from_working_directory(in_tmp, modname):

@@ -2,7 +2,7 @@
 every ``import`` counts, at module level or inside a function (a lazy import is an arrow too),
 except those under ``if TYPE_CHECKING:``, which only type-checkers follow.
 
-- ``dptune.result`` (the data) never imports ``dptune.report`` (its renderer) nor the CLI; its
+- ``dptune.result.model`` (the data) never imports ``dptune.report`` (its renderer) nor the CLI; its
   figures, its checked reader and its model wrapping sit below it and never import it;
 - ``dptune.parallel`` (the wrapper, below the backends) imports nothing that reads reports:
   neither the result, the report, the workload, the tuner nor the CLI;
@@ -55,25 +55,25 @@ def imports(module: str) -> set[str]:
 
 
 def test_the_parser_sees_lazy_imports_and_skips_type_checking():
-    found = imports("dptune.result_wrap")
+    found = imports("dptune.result.wrap")
     assert "dptune.parallel" in found          # wrap_model's lazy import (downward: fine)
-    assert "dptune.workload" in found
-    assert "dptune.result" not in found        # only under TYPE_CHECKING there
+    assert "dptune.step.workload" in found
+    assert "dptune.result.model" not in found        # only under TYPE_CHECKING there
     text = imports("dptune.report.text")
-    assert "dptune.result" not in text         # only under TYPE_CHECKING there
+    assert "dptune.result.model" not in text         # only under TYPE_CHECKING there
 
 
 @pytest.mark.parametrize("module, forbidden", [
-    ("dptune.result", ["dptune.report", "dptune.cli", "dptune.tuner"]),
-    ("dptune.result_figures", ["dptune.result", "dptune.report", "dptune.cli", "dptune.tuner"]),
-    ("dptune.result_read", ["dptune.result", "dptune.result_wrap", "dptune.report", "dptune.cli",
+    ("dptune.result.model", ["dptune.report", "dptune.cli", "dptune.tuner"]),
+    ("dptune.result.figures", ["dptune.result.model", "dptune.report", "dptune.cli", "dptune.tuner"]),
+    ("dptune.result.read", ["dptune.result.model", "dptune.result.wrap", "dptune.report", "dptune.cli",
                             "dptune.tuner"]),
-    ("dptune.result_wrap", ["dptune.result", "dptune.result_read", "dptune.report", "dptune.cli",
+    ("dptune.result.wrap", ["dptune.result.model", "dptune.result.read", "dptune.report", "dptune.cli",
                             "dptune.tuner"]),
-    ("dptune.parallel", ["dptune.result", "dptune.report", "dptune.workload", "dptune.tuner",
+    ("dptune.parallel", ["dptune.result.model", "dptune.report", "dptune.step.workload", "dptune.tuner",
                          "dptune.cli"]),
-    ("dptune.report.text", ["dptune.result", "dptune.cli", "dptune.tuner"]),
-    ("dptune.report.plots", ["dptune.result", "dptune.cli", "dptune.tuner"]),
+    ("dptune.report.text", ["dptune.result.model", "dptune.cli", "dptune.tuner"]),
+    ("dptune.report.plots", ["dptune.result.model", "dptune.cli", "dptune.tuner"]),
     ("dptune.report.files", ["dptune.cli", "dptune.tuner"]),
 ])
 def test_no_arrow_up(module, forbidden):
@@ -82,7 +82,7 @@ def test_no_arrow_up(module, forbidden):
 
 
 def test_no_circle_among_result_report_parallel_and_integrations():
-    nodes = ["dptune.result", "dptune.result_figures", "dptune.result_read", "dptune.result_wrap",
+    nodes = ["dptune.result.model", "dptune.result.figures", "dptune.result.read", "dptune.result.wrap",
              "dptune.parallel", "dptune.report", "dptune.report.text",
              "dptune.report.plots", "dptune.report.files",
              "dptune.integrations.transformers", "dptune.integrations.trainer_lengths",
@@ -109,5 +109,7 @@ def test_the_cli_is_on_top():
     assert {m: found for m, found in up.items() if found} == {}
     below_app = [m for m in cli_modules if m != "dptune.cli.app"]
     assert [m for m in below_app if "dptune.cli.app" in imports(m)] == []
-    assert [m for m in cli_modules if m != "dptune.cli.arguments"
+    # the shared flags sit on the flags' types and checks (cli.checks), nothing else of the CLI
+    assert [m for m in cli_modules if m not in ("dptune.cli.arguments", "dptune.cli.checks")
             and m in imports("dptune.cli.arguments")] == []
+    assert [m for m in cli_modules if m in imports("dptune.cli.checks")] == []

@@ -13,8 +13,8 @@ import dptune
 
 ROOT = pathlib.Path(dptune.__file__).parent
 #: what sits above the backends: the search, the planners, the result and its rendering, the CLI
-ABOVE_BACKENDS = ("dptune.tuner", "dptune.cli", "dptune.result", "dptune.report", "dptune.search",
-                  "dptune.ddp", "dptune.integrations", "dptune.lengths", "dptune.solver")
+ABOVE_BACKENDS = ("dptune.tuner", "dptune.cli", "dptune.result.model", "dptune.report", "dptune.search",
+                  "dptune.ddp", "dptune.integrations", "dptune.lengths", "dptune.solve.memory")
 
 
 def dptune_imports(path: pathlib.Path) -> set[str]:
@@ -54,10 +54,12 @@ def test_the_two_backends_do_not_import_each_other(path):
 
 
 def test_the_bottom_modules_stay_at_the_bottom():
-    assert dptune_imports(ROOT / "types.py") == {"dptune.errors", "dptune.timing"}
-    assert dptune_imports(ROOT / "timing.py") == set()     # card speeds, StepTime: no dptune
+    assert dptune_imports(ROOT / "types.py") == {"dptune.errors", "dptune.hardware.speeds"}
+    # the one card table, and the speeds and time model read from it: nothing of dptune above units
+    assert dptune_imports(ROOT / "hardware" / "cards.py") == {"dptune.units"}
+    assert dptune_imports(ROOT / "hardware" / "speeds.py") == {"dptune.hardware.cards"}
     assert dptune_imports(ROOT / "backends" / "base.py") == {"dptune.types"}
-    assert dptune_imports(ROOT / "backends" / "cluster.py") == {
-        "dptune.backends.base", "dptune.errors", "dptune.units", "dptune.timing"}
-    # (the table of `dptune devices` is rendered above, in dptune.gpus)
-    assert dptune_imports(ROOT / "backends" / "cuda" / "devices.py") == {"dptune._nvml"}
+    assert dptune_imports(ROOT / "hardware" / "cluster.py") == {
+        "dptune.types", "dptune.errors", "dptune.units", "dptune.hardware.speeds", "dptune.hardware.cards"}
+    # (the table of `dptune devices` is rendered above, in dptune.cli.devices)
+    assert dptune_imports(ROOT / "hardware" / "devices.py") == {"dptune.hardware.nvml"}

@@ -1,4 +1,4 @@
-"""OOM classification (dptune.oom) from real exception types and torch's message shapes."""
+"""OOM classification (dptune.step.oom) from real exception types and torch's message shapes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import traceback
 import pytest
 import torch
 
-from dptune.oom import is_oom, oom_device, oom_summary, original_message, replica_where
+from dptune.step.oom import is_oom, oom_device, oom_summary, original_message, replica_where
 
 NEW_MSG = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
            "79.19 GiB of which 1.25 GiB is free. Including non-PyTorch memory, this process has "

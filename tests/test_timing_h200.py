@@ -10,7 +10,7 @@ in the two runs differs by up to 74% (ResNet at batch 64: 5.64 and 9.83 ms), and
 4.7 to 7.8 ms to issue the same ops (GPT at batches 1 to 16; ResNet 5.5 to 7.7 ms): one cost
 per op is 25% or more off the ends of that range, so a row's host time and step get 40%; the
 summed kernel times are steadier (25%). The constants
-(:data:`dptune.timing.CALIBRATION`) were fitted on ``time.json.gz``'s rows (five constants,
+(:data:`dptune.hardware.speeds.CALIBRATION`) were fitted on ``time.json.gz``'s rows (five constants,
 fifteen rows); fitted on two models, the third model's rows stay within 37%
 (``python -m benchmarks.validate_time --cpu --fit``). The first estimate (datasheet peaks,
 no host) was 25% to 90% low on these rows and fails every check here.
@@ -30,10 +30,10 @@ import torch
 from benchmarks.validate_time import cases
 from dptune.backends.base import ProbeResult
 from dptune.backends.simulated import SimulatedBackend
-from dptune.backends.timing import TimedBackend
+from dptune.backends.simulated.timing import TimedBackend
 from dptune.search.throughput import speed_notes, step_model
-from dptune.timing import StepTime
-from dptune.workload import Workload
+from dptune.hardware.speeds import StepTime
+from dptune.step.workload import Workload
 
 MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "measured" / "h200-2026-11-27"
 BUILDS = {label: build for label, build, _ in cases()}

@@ -1,4 +1,4 @@
-"""dptune._tree against torch's own scatter and gather, on every container type torch handles."""
+"""dptune.step.tree against torch's own scatter and gather, on every container type torch handles."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torch.nn.parallel.scatter_gather as sg
-from dptune import _tree
+from dptune.step import tree as _tree
 from dptune.errors import UsageError, UserCodeError
 
 Pair = collections.namedtuple("Pair", ["x", "y"])

@@ -12,7 +12,7 @@ import oracles
 from dptune.backends.base import Device, ProbeResult
 from dptune.errors import BackendUnavailableError, NoFeasibleSplitError, UsageError
 from dptune.report import render_table
-from dptune.result import Fit, TuneResult
+from dptune.result.model import Fit, TuneResult
 from dptune.tuner import Tuner
 
 GiB = 2**30

@@ -8,8 +8,8 @@ import torch
 from dptune import Tuner
 from dptune.backends.simulated import SimulatedBackend
 from dptune.examples.models import SmallResNet, TinyGPT
-from dptune.result import TuneResult, shares
-from dptune.workload import Workload
+from dptune.result.model import TuneResult, shares
+from dptune.step.workload import Workload
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # BalancedDataParallel on CPU
 

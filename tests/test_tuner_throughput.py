@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from dptune import Tuner
 from dptune.errors import UsageError
-from dptune.presets import adamw
+from dptune.step.presets import adamw
 
 
 def cnn() -> nn.Module:
@@ -92,7 +92,7 @@ def test_a_global_batch_too_large_for_one_step_runs_as_the_fastest_micro_batches
     assert any(n.startswith(f"global batch 1024: {k} micro-batch") for n in r.notes)
     assert any(f"{k} accumulation step" in a for a in r.advice)
     from dptune.backends.simulated.backend import SimulatedBackend
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     one_step = SimulatedBackend(Workload(model=cnn(), sample=images, optimizer=adamw),
                                 cluster).probe([512, 512])

@@ -91,7 +91,7 @@ def test_dptunes_backends_declare_what_they_can_do():
     import torch
 
     from dptune.backends.simulated import SimulatedBackend
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
     sim = SimulatedBackend(Workload(model, lambda n: torch.randn(n, 4)), "2x1GB")
@@ -120,7 +120,7 @@ def test_choice_counts_its_cards(monkeypatch):
 
 def test_from_spec_decides_the_cards_once(monkeypatch):
     import dptune.tuner as tuner_mod
-    from dptune.spec import WorkloadSpec
+    from dptune.step.spec import WorkloadSpec
 
     calls = []
     real = tuner_mod.choose_backend

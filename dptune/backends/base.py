@@ -33,7 +33,7 @@ class Capabilities:
       lower bounds;
     - ``output_device``: ``probe(sizes, output_device=k)`` gathers the outputs on card k;
     - ``op_observer``: the backend shows every op of the step to its ``op_observer`` (the
-      simulator: :class:`dptune.backends.timing.TimedBackend` estimates the step's time so).
+      simulator: :class:`dptune.backends.simulated.timing.TimedBackend` estimates the step's time so).
     """
 
     kind: str                    # a BackendKind; a foreign backend's own kind otherwise

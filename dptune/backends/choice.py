@@ -62,7 +62,7 @@ def choose_backend(device_ids: Optional[Sequence[int]] = None, simulate: Any = N
     ``device_ids`` picks real GPUs and raises :class:`BackendUnavailableError` when they are
     not all visible; neither: every visible GPU, or the simulated ``4x24GB`` when none is.
     """
-    from dptune.backends.cluster import DEFAULT_CLUSTER, parse_cluster
+    from dptune.hardware.cluster import DEFAULT_CLUSTER, parse_cluster
 
     if simulate is not None and device_ids is not None:
         raise UsageError("give real GPUs (device_ids=, --devices) or simulated cards "
@@ -87,7 +87,7 @@ def build_backend(workload: Any, choice: BackendChoice, isolated: Any = None,
     that rebuild the workload from that spec; ``reserved``: the allocator model of simulated
     cards (real cards measure their reserved memory)."""
     if choice.simulated:   # Tuner.from_spec refuses isolate=True on simulated cards
-        from dptune.backends.simulated import SimulatedBackend
+        from dptune.backends.simulated.backend import SimulatedBackend
 
         return SimulatedBackend(workload, choice.cluster, reserved=reserved)
     from dptune.backends.cuda import CudaBackend
@@ -100,7 +100,7 @@ def build_backend(workload: Any, choice: BackendChoice, isolated: Any = None,
 def timed(backend: Backend) -> Backend:
     """A simulated backend whose probes carry the step's estimated time."""
     if capabilities(backend).op_observer:
-        from dptune.backends.timing import TimedBackend
+        from dptune.backends.simulated.timing import TimedBackend
 
         return TimedBackend(backend)
     return backend

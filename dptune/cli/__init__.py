@@ -22,7 +22,7 @@ Exit codes (also in ``dptune --help``)::
 
 Errors dptune diagnoses are one line on stderr, ``dptune: error: <message>``, with no
 traceback; so are argparse's own (with the command's ``--help`` to read instead of the usage
-block). Inputs out of any sensible range are checked before any work (:mod:`dptune.cli_checks`).
+block). Inputs out of any sensible range are checked before any work (:mod:`dptune.cli.checks`).
 Each subcommand is registered by a ``*_parser(subparsers)`` function; the work is done by plain
 functions that take and return values (:func:`search`, :func:`ddp_plan`), and printing is
 kept apart from them. One module per concern:
@@ -40,13 +40,13 @@ from dptune.cli.arguments import (DEFAULT_BATCH_SIZE, EPILOG, EXIT_INTERRUPTED, 
 from dptune.cli.failures import format_user_traceback
 from dptune.cli.plan_command import ddp_plan
 from dptune.cli.search_command import default_report_dir, search, search_trainer
-from dptune.presets import (LOSSES, OPTIMIZERS, adam, adamw, cross_entropy_loss, mean_loss, mse_loss,
+from dptune.step.presets import (LOSSES, OPTIMIZERS, adam, adamw, cross_entropy_loss, mean_loss, mse_loss,
                             sgd, sum_loss)
-from dptune.spec import DTYPES, WorkloadSpec
+from dptune.step.spec import DTYPES, WorkloadSpec
 
 __all__ = ["main", "build_parser", "search", "search_trainer", "ddp_plan", "workload_spec",
            "WorkloadSpec", "DTYPES",
-           # the built-ins, from dptune.presets
+           # the built-ins, from dptune.step.presets
            "LOSSES", "OPTIMIZERS", "sum_loss", "mean_loss", "cross_entropy_loss", "mse_loss",
            "sgd", "adam", "adamw",
            # the parts of the subcommands

@@ -1,7 +1,7 @@
 """The flags ``search`` and ``plan`` share (the model and batch, the training step, the
-headroom and the objective), and how they become a :class:`~dptune.spec.WorkloadSpec`; the
+headroom and the objective), and how they become a :class:`~dptune.step.spec.WorkloadSpec`; the
 exit codes' epilog every command's ``--help`` ends with. The other argument types and checks
-are in :mod:`dptune.cli_checks`.
+are in :mod:`dptune.cli.checks`.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import argparse
 import json
 from typing import Any, Optional
 
-from dptune.cli_checks import accumulate_arg, batch_size_arg, headroom_arg, positive_float, positive_int
+from dptune.cli.checks import accumulate_arg, batch_size_arg, headroom_arg, positive_float, positive_int
 from dptune.errors import (EXIT_BACKEND, EXIT_INTERNAL, EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, EXIT_USER_CODE,
                            UsageError)
-from dptune.spec import DTYPES, WorkloadSpec, import_users, users_code
+from dptune.step.spec import DTYPES, WorkloadSpec, import_users, users_code
 
 __all__ = ["EPILOG", "EXIT_INTERRUPTED", "DEFAULT_BATCH_SIZE", "parse_model_kwargs", "parse_shape",
            "workload_spec", "workload_arguments", "step_arguments", "headroom_argument",
@@ -68,7 +68,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
-    """The :class:`~dptune.spec.WorkloadSpec` the flags of ``search`` and ``plan`` describe."""
+    """The :class:`~dptune.step.spec.WorkloadSpec` the flags of ``search`` and ``plan`` describe."""
     return WorkloadSpec(
         model=args.model, model_kwargs=parse_model_kwargs(args.model_kwargs), sample=args.sample,
         input_shape=args.input_shape, dtype=args.dtype, vocab_size=args.vocab_size,
@@ -76,7 +76,7 @@ def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
         clip_grad_norm=args.clip_grad_norm, step=args.step)
 
 
-# ---- argument types (the others are in dptune.cli_checks) ---------------------------------
+# ---- argument types (the others are in dptune.cli.checks) ---------------------------------
 
 def _shape(text: str) -> tuple[int, ...]:
     try:

@@ -57,7 +57,7 @@ def length_arguments(p: argparse.ArgumentParser) -> None:
 def length_sample(sample: Any, axis: int) -> tuple[Callable[[int, int], Any], Optional[int]]:
     """``sample(batch_size, length)`` from the workload's batch builder, and the longest
     length the model takes when the batch is given by its shape."""
-    from dptune.spec import RandomBatch
+    from dptune.step.spec import RandomBatch
 
     if isinstance(sample, RandomBatch):
         shape = list(sample.shape)
@@ -121,7 +121,7 @@ def _check_flags(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace, spec: Any) -> int:
     """``dptune search --lengths``: plan, print one line per bucket, write the report
-    (``spec``: the :class:`dptune.spec.WorkloadSpec` the CLI made of the flags; ``None`` with
+    (``spec``: the :class:`dptune.step.spec.WorkloadSpec` the CLI made of the flags; ``None`` with
     ``--hf-trainer``)."""
     from dptune.lengths.search import plan_lengths
 

@@ -10,13 +10,13 @@ import json
 import sys
 from typing import Any, Optional
 
-from dptune.backends.reserved import DEFAULT_LEVEL
+from dptune.backends.simulated.reserved import DEFAULT_LEVEL
 from dptune.cli.arguments import (EPILOG, headroom_argument, objective_argument, step_arguments,
                                   workload_arguments, workload_spec)
-from dptune.cli_checks import (check_cards, check_level_flags, check_plan_out, level_arguments,
+from dptune.cli.checks import (check_cards, check_level_flags, check_plan_out, level_arguments,
                                level_options, out_path, positive_float, positive_int)
 from dptune.errors import EXIT_OK, UsageError
-from dptune.spec import WorkloadSpec
+from dptune.step.spec import WorkloadSpec
 
 __all__ = ["ddp_plan", "plan_parser"]
 
@@ -34,7 +34,7 @@ def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
     the default sharding, ``mp_param_dtype`` ("bf16", "fp16") the ``MixedPrecisionPolicy``'s
     parameter dtype (gradients reduced in fp32). ``micro_batches``: as :func:`dptune.ddp.plan`'s
     (``"auto"``: ``global_batch`` per optimizer step, with gradient accumulation)."""
-    from dptune.backends.cluster import parse_cluster
+    from dptune.hardware.cluster import parse_cluster
     from dptune.ddp import plan
 
     cluster = parse_cluster(simulate)   # a bad spec is a usage error before the user's code runs
@@ -115,7 +115,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     simulate = args.simulate
     if simulate is None:
-        from dptune.backends.cluster import DEFAULT_CLUSTER
+        from dptune.hardware.cluster import DEFAULT_CLUSTER
 
         simulate = DEFAULT_CLUSTER
         if not args.quiet:

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, simulate: str) -> int:
     """``dptune plan --lengths``: plan, print one line per bucket, write the report."""
     from dptune.cli import lengths_command
     from dptune.cli.arguments import workload_spec
-    from dptune.cli_checks import REPORT_TEMP_ROOM, check_out
+    from dptune.cli.checks import REPORT_TEMP_ROOM, check_out
 
     _refuse(args)
     if args.out:   # before minutes of planning

@@ -10,7 +10,7 @@ import pathlib
 from typing import Any, Optional
 
 from dptune.cli.arguments import EPILOG
-from dptune.cli_checks import check_out, out_path
+from dptune.cli.checks import check_out, out_path
 from dptune.errors import EXIT_OK, ReportError, UsageError
 
 __all__ = ["show_parser", "plot_parser", "devices_parser"]
@@ -75,7 +75,7 @@ def _length_plan_text(path: str, as_json: bool) -> str:
     from dptune.lengths.budget import token_budgets
     from dptune.lengths.plan import LengthPlan
     from dptune.lengths.render import render_text
-    from dptune.result_read import read_json
+    from dptune.result.read import read_json
 
     file, data = read_json(path, "", "length plan", "dptune search --lengths FILE")
     try:
@@ -126,7 +126,7 @@ def devices_parser(subparsers: Any) -> None:
 
 
 def _devices_command(args: argparse.Namespace) -> int:
-    from dptune.gpus import devices, format_devices
+    from dptune.cli.devices import devices, format_devices
 
     print(format_devices(devices()))
     return EXIT_OK

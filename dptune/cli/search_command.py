@@ -12,18 +12,18 @@ import pathlib
 import sys
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
-from dptune.backends.reserved import DEFAULT_LEVEL
+from dptune.backends.simulated.reserved import DEFAULT_LEVEL
 from dptune.cli.arguments import (DEFAULT_BATCH_SIZE, load_trainer, model_only_flags, EPILOG, headroom_argument,
                                   objective_argument, step_arguments, workload_arguments,
                                   workload_spec)
-from dptune.cli_checks import (REPORT_TEMP_ROOM, card_or_auto, check_cards, check_level_flags,
+from dptune.cli.checks import (REPORT_TEMP_ROOM, card_or_auto, check_cards, check_level_flags,
                                check_out, device_ids_arg, level_arguments, level_options,
                                out_path, positive_int)
 from dptune.errors import EXIT_OK, UsageError
-from dptune.spec import WorkloadSpec
+from dptune.step.spec import WorkloadSpec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dptune.result import TuneResult
+    from dptune.result.model import TuneResult
 
 __all__ = ["search", "search_trainer", "default_report_dir", "search_parser"]
 
@@ -61,7 +61,7 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
     ``ignored`` names flags given that describe a model, which the Trainer already defines;
     ``levels``: ``budget_level``, ``allocator``, ``nccl_bytes`` for the :class:`dptune.Tuner`.
     """
-    from dptune.backends.cluster import parse_cluster
+    from dptune.hardware.cluster import parse_cluster
 
     if ignored:
         raise UsageError(f"--hf-trainer takes the model, batch, loss, optimizer and step "

@@ -13,7 +13,7 @@ dptune plans, torchrun launches, DDP trains: nothing here runs the training.
 
 from __future__ import annotations
 
-from dptune.backends.ddp_memory import DDPOptions
+from dptune.backends.simulated.ddp_memory import DDPOptions
 from dptune.ddp.planner import OBJECTIVES, plan
 from dptune.ddp.result import DDPPlan, RankPlan, RankProbe
 from dptune.ddp.sampler import UnevenBatchSampler

@@ -25,8 +25,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from dptune.backends.fixed_costs import FixedCosts
-from dptune.backends.reserved import at_level
+from dptune.budget import FixedCosts
+from dptune.backends.simulated.reserved import at_level
 from dptune.ddp.ranks import simulated_peak
 from dptune.errors import UsageError
 
@@ -124,7 +124,7 @@ class SimulatedFSDPProber:
         from dptune.backends.simulated.ddp import card_of
         from dptune.backends.fsdp import FakeGroup
         from dptune.backends.simulated.fsdp import SimulatedFSDPRank
-        from dptune.workload import model_name
+        from dptune.step.workload import model_name
 
         self.device = cluster.devices[rank]
         if self._GROUP not in shared:
@@ -189,9 +189,9 @@ class CudaFSDPProber:
     def __init__(self, workload: Any, device: Optional[int], world_size: int, rank: int,
                  options: FSDPOptions, headroom_bytes: int, host: Optional[str], level: Any):
         from dptune.backends.cuda.fsdp import CudaFSDPRank
-        from dptune.backends.cuda.runtime import CudaRuntime
+        from dptune.hardware.runtime import CudaRuntime
         from dptune.errors import BackendUnavailableError
-        from dptune.workload import model_name
+        from dptune.step.workload import model_name
 
         from dptune.ddp.ranks import local_card
 

@@ -13,7 +13,7 @@ of its own at a batch size decided from what all ranks know, and the results are
   or it cannot fit even the smallest batch) is gathered too and raised on every rank.
 
 Per rank, memory is affine-ish in its own batch ``b`` (DDP gathers nothing, so ranks do
-not depend on each other). The plan uses :mod:`dptune.solver`'s fits and splits with
+not depend on each other). The plan uses :mod:`dptune.solve.memory`'s fits and splits with
 ``every_card=True`` (no rank may sit out a step):
 
 1. every rank probes the smallest batch (1, or 2 with BatchNorm); a rank over its budget
@@ -47,8 +47,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
-from dptune.backends.allocator_config import AllocatorConfig
-from dptune.backends.reserved import DEFAULT_LEVEL, BudgetLevel
+from dptune.backends.simulated.allocator_config import AllocatorConfig
+from dptune.backends.simulated.reserved import DEFAULT_LEVEL, BudgetLevel
 from dptune.ddp.group import Group, LocalGroup, TorchGroup
 from dptune.ddp.probers import Prober, SimulatedProber, local_cuda_prober
 from dptune.ddp.ranks import RankInfo
@@ -137,7 +137,7 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     the same :class:`DDPPlan`. Raises :class:`NoFeasibleSplitError` (on every rank) when
     some rank cannot fit its share.
     """
-    from dptune.backends.simulated_ddp import make_workload
+    from dptune.backends.simulated.ddp import make_workload
 
     t0 = time.perf_counter()
     settings = Settings.for_plan(
@@ -189,7 +189,7 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
 
 def _job(settings: Settings) -> _Job:
     """The cards and the ranks: a simulated cluster and/or the ``torch.distributed`` job."""
-    from dptune.backends.cluster import parse_cluster
+    from dptune.hardware.cluster import parse_cluster
 
     cluster = parse_cluster(settings.simulate) if settings.simulate is not None else None
     settings.budget.check_cards(cluster is not None)

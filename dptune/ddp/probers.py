@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Protocol
 
-from dptune.backends.ddp_memory import DDPOptions, bucket_bytes, params_of
-from dptune.backends.fixed_costs import FixedCosts
-from dptune.backends.reserved import BudgetLevel, ReservedModel, at_level
+from dptune.backends.simulated.ddp_memory import DDPOptions, bucket_bytes, params_of
+from dptune.budget import FixedCosts
+from dptune.backends.simulated.reserved import BudgetLevel, ReservedModel, at_level
 from dptune.ddp.ranks import RankInfo, local_card, min_batch, simulated_peak, step_settings
 from dptune.errors import BackendUnavailableError
 
@@ -30,8 +30,8 @@ class SimulatedProber:
     def __init__(self, workload: Any, cluster: Any, rank: int, options: DDPOptions,
                  headroom_bytes: int, host: Optional[str], shared: Optional[dict] = None,
                  reserved: Optional[ReservedModel] = None):
-        from dptune.backends.simulated_ddp import SimulatedDDPRank, card_of
-        from dptune.workload import model_name
+        from dptune.backends.simulated.ddp import SimulatedDDPRank, card_of
+        from dptune.step.workload import model_name
 
         self.device = cluster.devices[rank]
         # a rank's peak depends only on its card type: ranks simulated in one process share
@@ -79,7 +79,7 @@ class CudaProber:
                  host: Optional[str], level: BudgetLevel = BudgetLevel.ALLOCATED,
                  runtime: Any = None):
         from dptune.backends.cuda import CudaBackend
-        from dptune.workload import model_name
+        from dptune.step.workload import model_name
 
         self.backend = CudaBackend(workload, device_ids=[device_index], repeats=self.REPEATS,
                                    runtime=runtime)
@@ -130,7 +130,7 @@ def local_cuda_prober(workload: Any, device: Optional[int], options: DDPOptions,
                       level: BudgetLevel = BudgetLevel.ALLOCATED) -> Prober:
     """This rank's CUDA card: ``device``, else ``LOCAL_RANK``'s, else the current device
     (on :attr:`CudaProber.runtime`, the real CUDA runtime unless a test set another)."""
-    from dptune.backends.cuda.runtime import CudaRuntime
+    from dptune.hardware.runtime import CudaRuntime
 
     runtime = CudaProber.runtime if CudaProber.runtime is not None else CudaRuntime()
     if not runtime.is_available():

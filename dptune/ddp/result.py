@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from dptune.backends.base import Device
-from dptune.backends.ddp_memory import DDPOptions
+from dptune.backends.simulated.ddp_memory import DDPOptions
 from dptune.errors import OutputError, ReportError, UsageError
-from dptune.result import read_json
+from dptune.result.model import read_json
 from dptune.search.ranks import RankProbe
 from dptune.types import Objective, _StrEnum
-from dptune.solver import Fit
+from dptune.solve.memory import Fit
 from dptune.units import format_bytes
 
 __all__ = ["RankPlan", "RankProbe", "RankReason", "DDPPlan", "PLAN_KIND", "PLAN_VERSION",
@@ -389,7 +389,7 @@ class DDPPlan:
                          "not certified: the search stopped before every rank's limit was closed")
         lines.append(f"DDP: {self.options.describe()}")
         if self.settings:
-            from dptune.workload import StepSettings
+            from dptune.step.workload import StepSettings
 
             try:
                 lines.append("step: " + StepSettings.from_dict(self.settings).describe())

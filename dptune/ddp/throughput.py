@@ -2,12 +2,12 @@
 
 A DDP step ends when the slowest rank's backward has finished and the gradients are
 all-reduced, so the step time is ``max_r t_r(b_r) + all-reduce``. Each rank's time is fitted
-on its own probes (affine in its batch, :func:`dptune.throughput.fit_time`: the fixed cost
+on its own probes (affine in its batch, :func:`dptune.solve.time.fit_time`: the fixed cost
 that makes a small batch inefficient, plus a cost per sample); its batch is capped by its
 memory (its fit, below any batch measured over budget); each rank is a process of its own, so
-its host's time to issue the step (:mod:`dptune.timing`: its ops x the host's cost per op) is a
+its host's time to issue the step (:mod:`dptune.hardware.speeds`: its ops x the host's cost per op) is a
 floor on that rank's step, and the step is at least the largest host time of the ranks plus the
-all-reduce. :func:`dptune.throughput.fastest_split`
+all-reduce. :func:`dptune.solve.time.fastest_split`
 with ``every_card=True`` gives the batches that equalise the ranks' step times within their
 memory caps; they are probed, and a rank over budget tightens its cap, until every rank is
 measured within budget.
@@ -18,7 +18,7 @@ makes the same plan): on the simulated cluster the simulator's estimate (:class:
 FLOPs and bytes against each card's datasheet peaks), on real cards inside a job the card's
 forward and backward measured by CUDA events (:class:`dptune.ddp.probers.CudaProber`).
 :class:`ProbeTimes` fits them. The all-reduce is a ring over the simulated link
-(:func:`dptune.backends.timing.ddp_allreduce_seconds`), not overlapped with the backward; on
+(:func:`dptune.backends.simulated.timing.ddp_allreduce_seconds`), not overlapped with the backward; on
 real cards it is not timed (it is the same for every plan where every rank takes part).
 The plan says, per rank, why it got its batch (its memory cap, or an equal step time), and
 when leaving a rank out of the job would be faster. Where no time is known (FSDP; inside a job
@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 from dptune.ddp.result import RankReason
 from dptune.errors import NoFeasibleSplitError
 from dptune.search.ranks import beyond_the_ranks
-from dptune.throughput import (SplitTime, TimeFit, fastest_accumulation, fastest_split, fit_time,
+from dptune.solve.time import (SplitTime, TimeFit, fastest_accumulation, fastest_split, fit_time,
                                 micro_batch_counts)
 
 __all__ = ["RankTimer", "ProbeTimes", "EqualSpeed", "ThroughputPlan", "equal_split",
@@ -51,14 +51,14 @@ class RankTimer:
     """
 
     def __init__(self, probers: dict, cluster: Any):
-        from dptune.timing import ClusterSpeed
+        from dptune.hardware.speeds import ClusterSpeed
 
         self.probers, self.cluster = probers, cluster
         self.speed = ClusterSpeed.of(cluster.names, cluster.spec)
         self.ops: dict[tuple[str, int], Any] = {}   # (card type, batch) -> RankStepOps
 
     def probe(self, r: int, b: int) -> Optional[int]:
-        from dptune.backends.timing import counted_rank_step
+        from dptune.backends.simulated.timing import counted_rank_step
 
         prober = self.probers[r]
         peak, ops = counted_rank_step(prober.backend, self.speed, r, lambda: prober.probe(b))
@@ -74,14 +74,14 @@ class RankTimer:
 
     def host_seconds(self, r: int, b: int) -> Optional[float]:
         """Rank r's host's time to issue its step at batch b: the ops it dispatched x the
-        host's cost per op (:mod:`dptune.timing`); ``None`` when not probed."""
+        host's cost per op (:mod:`dptune.hardware.speeds`); ``None`` when not probed."""
         ops = self.ops.get((self.cluster.names[r], b))
         return None if ops is None else ops.host_seconds(self.speed)
 
 
 class ProbeTimes:
     """Each rank's step time fitted on the times that came with its probes (affine in its
-    batch, :func:`dptune.throughput.fit_time`). ``source``: ``"estimated"`` (the simulator's)
+    batch, :func:`dptune.solve.time.fit_time`). ``source``: ``"estimated"`` (the simulator's)
     or ``"measured"`` (CUDA events); ``link_bandwidth``: the simulated link of the ring
     all-reduce (``None`` on real cards: the all-reduce is not timed)."""
 
@@ -101,7 +101,7 @@ class ProbeTimes:
         return lambda used: max((hosts[r] for r in used), default=0.0)
 
     def allreduce(self, grad_bytes: int) -> Callable[[frozenset[int]], float]:
-        from dptune.backends.timing import ddp_allreduce_seconds
+        from dptune.backends.simulated.timing import ddp_allreduce_seconds
 
         bw = self.link_bandwidth
         if bw is None:
@@ -186,7 +186,7 @@ def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
     ``timer``: the ranks' step times (estimated or measured), or :class:`EqualSpeed` where
     there are none. ``accumulate``: ``global_batch`` is trained as ``k`` equal micro-batches
     (``k`` divides it), ``k`` and the split of a micro-batch chosen together for the least
-    time per global batch (:func:`dptune.throughput.fastest_accumulation`; without times, the
+    time per global batch (:func:`dptune.solve.time.fastest_accumulation`; without times, the
     fewest micro-batches whose batches fit).
     """
     n, m = state.n, state.m

@@ -58,7 +58,7 @@ def chunk_sizes_of(tuned: Tuned) -> list[int]:
     a report folder or ``report.json`` written by ``dptune search``, or a list of ints."""
     sizes: Any
     if isinstance(tuned, (str, os.PathLike)):
-        from dptune.result import TuneResult
+        from dptune.result.model import TuneResult
 
         sizes = TuneResult.load(os.fspath(tuned)).chunk_sizes  # UsageError names what is wrong
     else:

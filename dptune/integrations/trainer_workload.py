@@ -25,7 +25,7 @@ from dptune.errors import UsageError
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from dptune.workload import StepSettings
+    from dptune.step.workload import StepSettings
 
 __all__ = ["TrainerSample", "trainer_sample", "TrainerOptimizer", "trainer_optimizer",
            "TrainerLoss", "trainer_step_settings", "checkpointing", "is_sentence_transformers"]
@@ -162,7 +162,7 @@ class TrainerLoss:
     def __call__(self, model: Any, batch: Any) -> Any:
         import torch
 
-        from dptune import _tree
+        from dptune.step import tree as _tree
 
         if not isinstance(batch, Mapping):
             raise UsageError("the Trainer's data collator must build a dict of the model's "
@@ -230,7 +230,7 @@ def trainer_step_settings(args: Any) -> "StepSettings":
     """The step settings ``TrainingArguments`` describe: ``bf16``/``fp16`` → amp,
     ``gradient_accumulation_steps``, ``max_grad_norm`` (the Trainer clips when it is > 0) and
     activation (gradient) checkpointing."""
-    from dptune.workload import StepSettings
+    from dptune.step.workload import StepSettings
 
     amp = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else None
     clip = getattr(args, "max_grad_norm", None)

@@ -60,7 +60,7 @@ from dptune.integrations.trainer_workload import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from dptune.lengths.plan import LengthPlan
-    from dptune.result import TuneResult
+    from dptune.result.model import TuneResult
 
 __all__ = ["tune_trainer", "BalancedTrainer", "BalancedTrainerMixin", "TrainerSample",
            "TrainerOptimizer", "TrainerLoss", "trainer_step_settings", "trainer_sample",
@@ -245,7 +245,7 @@ class BalancedTrainerMixin:
         tuned for another step than these arguments describe, as ``TuneResult.wrap`` warns."""
         import os
 
-        from dptune.result import TuneResult, _warn_settings
+        from dptune.result.model import TuneResult, _warn_settings
 
         if isinstance(tuned, (str, os.PathLike)):
             tuned = TuneResult.load(os.fspath(tuned))

@@ -2,11 +2,11 @@
 
 :class:`DDPRanks` is the probe interface over DDP ranks that :func:`dptune.search.run` takes
 (rank ``r`` runs its own step at ``split[r]``, nothing gathered), and every probe carries the
-DDP step's estimated time (:class:`dptune.timing.StepTime`): each rank's card work (the
+DDP step's estimated time (:class:`dptune.hardware.speeds.StepTime`): each rank's card work (the
 simulator's op counter against that card's datasheet peaks, the batch's copy from the host),
 each rank's host issue time (its ops x the host's cost per op: every rank is a process of its
 own), and the ring all-reduce of the gradient buckets over the simulated link
-(:func:`dptune.backends.timing.ddp_allreduce_seconds`, not overlapped with the backward). The
+(:func:`dptune.backends.simulated.timing.ddp_allreduce_seconds`, not overlapped with the backward). The
 step is modelled as :mod:`dptune.ddp.throughput` models it::
 
     T(b) = all-reduce + max(slowest rank's host, max_r card_r(b_r))
@@ -15,8 +15,8 @@ step is modelled as :mod:`dptune.ddp.throughput` models it::
 per-rank batches with the most tokens per second: each rank's batch at most its memory cap
 at that length (the largest batch measured within its budget: a rank's memory depends only
 on its own batch), at least the smallest batch (DDP needs every rank in every step), its
-time fitted affine on the bucket's probes (:func:`dptune.throughput.fit_time`), the
-split solved by :func:`dptune.throughput.fastest_split` (``every_card=True``, the batch
+time fitted affine on the bucket's probes (:func:`dptune.solve.time.fit_time`), the
+split solved by :func:`dptune.solve.time.fastest_split` (``every_card=True``, the batch
 free), probed, and solved again with the new point until the answer was probed. The answer
 is the probe measured within every budget with the most samples per second (the length is
 the bucket's: tokens per second in proportion).
@@ -28,9 +28,9 @@ import dataclasses
 from typing import Any, Callable, Optional, Sequence
 
 from dptune.backends.base import ProbeResult
-from dptune.backends.reserved import BudgetLevel, at_level
-from dptune.throughput import SplitTime, TimeFit, fastest_split, fit_time
-from dptune.timing import StepTime, TimeSource
+from dptune.backends.simulated.reserved import BudgetLevel, at_level
+from dptune.solve.time import SplitTime, TimeFit, fastest_split, fit_time
+from dptune.hardware.speeds import StepTime, TimeSource
 
 __all__ = ["DDPRanks", "fastest_ranks", "ddp_step_seconds"]
 
@@ -47,15 +47,15 @@ class DDPRanks:
     rank is refused by the caller). With ``reserved`` (an allocator model) each rank's peak
     is at the reserved level: its own probe's trace replayed, NCCL's buffers as for a world of
     all the ranks; the allocated peaks are kept in ``allocated_peak_bytes``, as
-    :func:`dptune.backends.reserved.at_level` does. Each probe's ``time``: see the module
+    :func:`dptune.backends.simulated.reserved.at_level` does. Each probe's ``time``: see the module
     docstring (estimated).
     """
 
     kind = "simulated"
 
     def __init__(self, workload: Any, cluster: Any, reserved: Any = None):
-        from dptune.backends.simulated_ddp import SimulatedDDP
-        from dptune.timing import ClusterSpeed
+        from dptune.backends.simulated.ddp import SimulatedDDP
+        from dptune.hardware.speeds import ClusterSpeed
 
         self.sim = SimulatedDDP(workload, cluster, reserved=reserved)
         self.devices = self.sim.devices
@@ -71,7 +71,7 @@ class DDPRanks:
 
     def _peaks(self, r: int, b: int) -> tuple[int, int]:
         """Rank ``r``'s (allocated, budget-level) peaks at local batch ``b``; its time kept."""
-        from dptune.backends.timing import counted_rank_step
+        from dptune.backends.simulated.timing import counted_rank_step
 
         if b <= 0:
             return 0, 0
@@ -105,7 +105,7 @@ class DDPRanks:
 
     def step_time(self, split: Sequence[int]) -> Optional[StepTime]:
         """The DDP step's estimated time at ``split`` (``None``: a rank's step was not timed)."""
-        from dptune.backends.timing import ddp_allreduce_seconds
+        from dptune.backends.simulated.timing import ddp_allreduce_seconds
 
         got = [self._rank_seconds(r, b) for r, b in enumerate(split)]
         if any(t is None for t in got):
@@ -190,7 +190,7 @@ def fastest_ranks(outcome: Any, probe: Callable[[Sequence[int]], ProbeResult],
     the most samples per second (see the module docstring), and a note on them (with the
     padded tokens per second at ``length``, when given). At most ``max_probes`` more probes;
     without step times the outcome is returned as it was."""
-    from dptune.backends.timing import ddp_allreduce_seconds
+    from dptune.backends.simulated.timing import ddp_allreduce_seconds
 
     def allreduce(used: frozenset[int]) -> float:
         return ddp_allreduce_seconds(grad_bytes, len(used), link_bandwidth)

@@ -135,7 +135,7 @@ class LengthPlan:
     def batch_length(self, args: Any, kwargs: Any = None) -> int:
         """A batch's padded length: the longest size along :attr:`length_axis` of its
         tensors (:class:`UsageError` when none has that axis)."""
-        from dptune import _tree
+        from dptune.step import tree as _tree
 
         sizes = [t.shape[self.length_axis] for t in _tree.leaves((args, kwargs or {}))
                  if t.dim() > self.length_axis]

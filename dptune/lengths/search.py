@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from dptune import search
 from dptune.backends.base import Backend, ProbeResult
-from dptune.backends.reserved import DEFAULT_LEVEL, BudgetLevel, at_level, level_settings
+from dptune.backends.simulated.reserved import DEFAULT_LEVEL, BudgetLevel, at_level, level_settings
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.lengths.buckets import Buckets, assign, bucket_edges
 from dptune.lengths.plan import BucketPlan, LengthPlan
@@ -50,7 +50,7 @@ class LengthSample:
         self.__name__ = getattr(fn, "__name__", "sample")
 
     def __call__(self, batch_size: int) -> Any:
-        from dptune import _tree
+        from dptune.step import tree as _tree
 
         batch = self.fn(batch_size, self.length)
         sizes = {tuple(t.shape)[self.axis] for t in _tree.leaves(batch) if t.dim() > self.axis}
@@ -193,7 +193,7 @@ def _bucket_plans(found: Sequence[BucketSearch], counts: Sequence[int], budgets:
 def _min_chunk(workload: Any) -> int:
     import torch
 
-    from dptune.workload import has_batchnorm
+    from dptune.step.workload import has_batchnorm
 
     model = workload.model
     try:
@@ -208,7 +208,7 @@ def _min_chunk(workload: Any) -> int:
 def _level_notes(level: BudgetLevel, simulated: bool, allocator: Any, nccl_bytes: Any) -> list[str]:
     """The note saying which level the budgets were checked against (and the refusal of
     allocator-model options where real cards are measured)."""
-    from dptune.backends.reserved import real_cards_measured
+    from dptune.backends.simulated.reserved import real_cards_measured
 
     given = [n for n, v in (("allocator", allocator), ("nccl_bytes", nccl_bytes)) if v is not None]
     if given and not simulated:
@@ -256,7 +256,7 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     through the allocator model (simulated cards) or measured (``max_memory_reserved``).
     ``choice``: the cards, already chosen (a :class:`dptune.backends.choice.BackendChoice`).
     """
-    from dptune.workload import Workload, model_name
+    from dptune.step.workload import Workload, model_name
 
     t0 = time.perf_counter()
     data = list(lengths)

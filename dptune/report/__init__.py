@@ -1,7 +1,7 @@
-"""Rendering of a :class:`~dptune.result.TuneResult`: text, plots and report folders.
+"""Rendering of a :class:`~dptune.result.model.TuneResult`: text, plots and report folders.
 
-Rendering sits above the result: these modules import :mod:`dptune.result` for typing only
-(``read_report`` reads through :func:`dptune.result.load_result` when called), and the result
+Rendering sits above the result: these modules import :mod:`dptune.result.model` for typing only
+(``read_report`` reads through :func:`dptune.result.model.load_result` when called), and the result
 never imports them. Render functions are pure: they return text, a ``pandas.DataFrame`` or a
 matplotlib ``Figure``; :func:`write_report` and :func:`write_plots` write files. pandas and
 matplotlib are imported inside the functions that need them, so importing this is cheap.

@@ -30,7 +30,7 @@ from dptune.report.text import PLOT_KINDS, plot_kinds, probes_table, render_summ
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from dptune.result import TuneResult
+    from dptune.result.model import TuneResult
 
 __all__ = ["REPORT_FILES", "check_output_folder", "write_report", "write_plots", "read_report",
            "figure_dpi", "report_dict", "default_folder"]
@@ -196,8 +196,8 @@ def figure_dpi(fig: "Figure") -> float:
 
 def read_report(path: str | pathlib.Path) -> TuneResult:
     """Read and check a result from a report folder or its ``report.json``: the one reader,
-    :func:`dptune.result.load_result` (also ``TuneResult.load``)."""
-    from dptune.result import load_result   # the data layer below; kept out of import time
+    :func:`dptune.result.model.load_result` (also ``TuneResult.load``)."""
+    from dptune.result.model import load_result   # the data layer below; kept out of import time
 
     return load_result(path)
 

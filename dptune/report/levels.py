@@ -2,7 +2,7 @@
 
 A probe's ``peak_bytes`` is the figure checked against each budget: the reserved peak plus
 NCCL's buffers at ``reserved`` (the default), the allocated peak at ``allocated``
-(:func:`dptune.backends.reserved.at_level`, which then keeps the allocated peak in
+(:func:`dptune.backends.simulated.reserved.at_level`, which then keeps the allocated peak in
 ``allocated_peak_bytes``). Where the probe also carries the allocator's figures (the
 allocator model on simulated cards at the reserved level; ``max_memory_reserved`` and NVML
 on real cards), a report shows per card:
@@ -24,7 +24,7 @@ from dptune.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from dptune.backends.base import ProbeResult
-    from dptune.result import TuneResult
+    from dptune.result.model import TuneResult
 
 __all__ = ["CardMemory", "budget_level", "probe_for", "card_memory", "split_memory",
            "memory_stats", "level_lines", "has_total", "ALLOCATED_KEY", "RESERVED_KEY", "RETRIES_KEY"]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from dptune.result import TuneResult
+    from dptune.result.model import TuneResult
 
 __all__ = ["plot_result", "fit_cards", "highest_peak", "DETAIL_CARDS", "FIT_PANELS"]
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas
 
     from dptune.backends.base import ProbeResult
-    from dptune.result import TuneResult
+    from dptune.result.model import TuneResult
 
 __all__ = ["PLOT_KINDS", "plot_kinds", "device_label", "result_table", "probes_table",
            "render_table", "render_summary", "budget_text"]

@@ -23,7 +23,7 @@ from dptune.search.max_batch import MaxBatch
 from dptune.search.messages import card0_holdings, infeasible_error
 from dptune.search.models import CardFits
 from dptune.search.observations import Bracket, Observations
-from dptune.solver import Fit
+from dptune.solve.memory import Fit
 from dptune.split import even_split
 from dptune.types import Objective
 

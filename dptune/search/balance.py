@@ -3,7 +3,7 @@
 Probe the even split and a second split that changes every card's chunk; fit each card near
 the split of interest (a secant through its two nearest measured points; card 0 only on
 points at this batch, chunk 0 apart); solve for the split that minimises the largest share
-(:func:`dptune.solver.solve_balance`), with every card capped below a chunk measured over
+(:func:`dptune.solve.memory.solve_balance`), with every card capped below a chunk measured over
 budget; verify it with a probe. When the probe matches its prediction within ``tolerance``,
 one more probe certifies it: every card other than the heaviest one is given one more sample
 (the heaviest gives them). If each is then at least at the heaviest card's share, no split
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from dptune import solver
+from dptune.solve import memory as solver
 from dptune.backends.base import ProbeResult
 from dptune.errors import NoFeasibleSplitError
 from dptune.search.loop import Proposal, valid_split

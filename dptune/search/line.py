@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from dptune.search.loop import fill
-from dptune.solver import bisect_last
+from dptune.solve.memory import bisect_last
 
 __all__ = ["BatchLine", "largest_true", "last_within", "first_over"]
 

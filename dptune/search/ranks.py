@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from dptune.errors import NoFeasibleSplitError
 from dptune.search.observations import Bracket
-from dptune.solver import MIN_SLOPE_BYTES, Fit, fit_affine, solve_balance
+from dptune.solve.memory import MIN_SLOPE_BYTES, Fit, fit_affine, solve_balance
 
 __all__ = ["RankProbe", "RankObservations", "Runner", "cap_of", "balance_ranks", "bracket_ranks",
            "beyond_the_ranks"]

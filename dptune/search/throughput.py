@@ -2,10 +2,10 @@
 
 After the memory search at the batch (``balance``: its probes give each card's memory fit
 and, with timed probes, each card's time at several chunks), :func:`fastest` fits each
-card's step time (affine in its chunk, :func:`dptune.throughput.fit_time`), the output
+card's step time (affine in its chunk, :func:`dptune.solve.time.fit_time`), the output
 card's serial work (affine in the batch) and the copies between cards, caps each card's
 chunk by memory (its fit, and any chunk measured over budget), solves for the split with
-the shortest step (:func:`dptune.throughput.fastest_split`, dropping cards where that is
+the shortest step (:func:`dptune.solve.time.fastest_split`, dropping cards where that is
 faster), and probes it. A split over budget tightens that card's cap and the solver runs
 again. Only splits a probe measured within every budget are returned, as for the other
 objectives; among them the one with the shortest step time.
@@ -29,10 +29,10 @@ from typing import Callable, Optional, Sequence
 
 from dptune.backends.base import ProbeResult
 from dptune.errors import UsageError
-from dptune.solver import Fit
+from dptune.solve.memory import Fit
 from dptune.split import even_split
-from dptune.throughput import SplitTime, StepModel, TimeFit, fit_time
-from dptune.timing import StepTime
+from dptune.solve.time import SplitTime, StepModel, TimeFit, fit_time
+from dptune.hardware.speeds import StepTime
 from dptune.types import Objective
 
 __all__ = ["SpeedFigure", "ThroughputOutcome", "Goal", "fastest", "step_model", "figures",
@@ -116,7 +116,7 @@ def step_model(probes: Sequence[ProbeResult], n: int) -> Optional[StepModel]:
 def host_model(timed: Sequence[tuple[ProbeResult, StepTime]], n: int
                ) -> Callable[[frozenset[int]], float]:
     """The host's time to issue a step on the cards ``S`` (estimated steps,
-    :class:`dptune.timing.StepTime`): card 0's own part plus each used card's replica's, each
+    :class:`dptune.hardware.speeds.StepTime`): card 0's own part plus each used card's replica's, each
     the mean over the probes that gave it (the ops do not depend on the chunk); a card never
     given samples: the largest known card's. No host part known: 0."""
     per_card: list[list[float]] = [[] for _ in range(n)]
@@ -260,7 +260,7 @@ def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int
     At most ``max_probes`` more probes are run. ``global_batch``: train that many samples per
     optimizer step as equal micro-batches (gradient accumulation): the number of
     micro-batches and the micro-batch's split are chosen together
-    (:func:`dptune.throughput.fastest_accumulation`); ``batch`` is then only where the
+    (:func:`dptune.solve.time.fastest_accumulation`); ``batch`` is then only where the
     memory search ran. ``up_to``: the most samples per second with at most ``batch``
     samples (a smaller batch, or a card left out, may be faster per sample).
     """

@@ -1,4 +1,4 @@
-"""The caching-allocator model (dptune.backends.allocator) on small hand-computed traces.
+"""The caching-allocator model (dptune.backends.simulated.allocator) on small hand-computed traces.
 
 Each test names the constant or the branch of c10/cuda/CUDACachingAllocator.cpp it pins; the
 expected figures are worked out by hand in the comments, not taken from the code's output.
@@ -11,7 +11,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dptune.backends.allocator import (AllocatorConfig, CachingAllocator, Event, replay,
+from dptune.backends.simulated.allocator import (AllocatorConfig, CachingAllocator, Event, replay,
                                        round_size)
 from dptune.errors import SpecError
 

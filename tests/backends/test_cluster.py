@@ -7,7 +7,8 @@ import subprocess
 import sys
 import textwrap
 
-from dptune.backends import cluster, simulated
+from dptune.backends import simulated
+from dptune.hardware import cluster
 from dptune.units import GiB, MiB
 
 
@@ -21,7 +22,7 @@ def run_python(code: str) -> dict:
 def test_parsing_a_spec_imports_no_torch():
     info = run_python("""
         import json, sys
-        from dptune.backends.cluster import parse_cluster
+        from dptune.hardware.cluster import parse_cluster
         c = parse_cluster("2xA100-80GB,2x40GB,used=0:6GB")
         d = c.devices
         import dptune

@@ -8,11 +8,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dptune.backends.ddp_memory import DDPOptions, ParamInfo, bucket_bytes, bucket_layout, params_of
+from dptune.backends.simulated.ddp_memory import DDPOptions, ParamInfo, bucket_bytes, bucket_layout, params_of
 from dptune.backends.simulated import estimate_memory, parse_cluster
-from dptune.backends.simulated_ddp import SimulatedDDP, estimate_ddp_memory
+from dptune.backends.simulated.ddp import SimulatedDDP, estimate_ddp_memory
 from dptune.errors import UsageError
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 from tiny_models import HID, IN, OUT, mlp, sample  # the hand-counted MLP (tests/support)
 
 R = 512

@@ -1,4 +1,4 @@
-"""The allocator model on the simulator's traces (dptune.backends.reserved)."""
+"""The allocator model on the simulator's traces (dptune.backends.simulated.reserved)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-from dptune.backends.allocator import AllocatorConfig, CachingAllocator, replay
-from dptune.backends.fixed_costs import NCCL_COMMUNICATOR_BYTES, FixedCosts
-from dptune.backends.reserved import ReservedModel, TraceRecorder
+from dptune.backends.simulated.allocator import AllocatorConfig, CachingAllocator, replay
+from dptune.budget import NCCL_COMMUNICATOR_BYTES, FixedCosts
+from dptune.backends.simulated.reserved import ReservedModel, TraceRecorder
 from dptune.backends.simulated import SimulatedBackend
 from dptune.examples.models import MLP, TinyGPT
 from dptune.units import MiB
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 
 def mlp_workload() -> Workload:
@@ -122,7 +122,7 @@ def test_small_mlp_example_runs():
 # -- the budget level in the tuner -----------------------------------------------------------------
 @pytest.mark.slow
 def test_tuner_reserved_level_checks_reserved_plus_nccl():
-    from dptune.backends.reserved import DEFAULT_HEADROOM, BudgetLevel
+    from dptune.backends.simulated.reserved import DEFAULT_HEADROOM, BudgetLevel
     from dptune.tuner import Tuner
 
     wl = mlp_workload()
@@ -149,7 +149,7 @@ def test_tuner_reserved_level_checks_reserved_plus_nccl():
 
 def test_budget_level_errors_and_real_card_figures():
     from dptune.backends.base import Device, ProbeResult
-    from dptune.backends.reserved import BudgetLevel, at_level
+    from dptune.backends.simulated.reserved import BudgetLevel, at_level
     from dptune.errors import BackendUnavailableError, UsageError
     from dptune.tuner import Tuner
 
@@ -166,7 +166,7 @@ def test_budget_level_errors_and_real_card_figures():
 
 def test_advice_names_the_expandable_segments_figure():
     from dptune.backends.base import ProbeResult
-    from dptune.backends.reserved import advice_lines
+    from dptune.backends.simulated.reserved import advice_lines
 
     stats = ({"allocated_bytes.all.peak": 1024 * MiB, "reserved_bytes.all.peak": 1700 * MiB},
              {"allocated_bytes.all.peak": 1024 * MiB, "reserved_bytes.all.peak": 1100 * MiB})
@@ -179,7 +179,7 @@ def test_advice_names_the_expandable_segments_figure():
 
 
 def _deep(n: int, layers: int = 30) -> list:
-    from dptune.backends.allocator import Event
+    from dptune.backends.simulated.allocator import Event
     ev = [Event(k, n * 12 * MiB) for k in range(layers)]      # kept for the backward
     return ev + [Event(k, -1) for k in reversed(range(layers))]
 
@@ -227,7 +227,7 @@ def test_warmup_traces_of_other_shapes():
 
 
 def test_ddp_ranks_get_reserved_and_nccl_figures():
-    from dptune.backends.simulated_ddp import SimulatedDDP
+    from dptune.backends.simulated.ddp import SimulatedDDP
 
     wl = mlp_workload()
     plain = SimulatedDDP(wl, "2x24GB,context=0MiB").probe([8, 16])
@@ -246,7 +246,7 @@ def test_ddp_ranks_get_reserved_and_nccl_figures():
 
 
 def test_report_json_keeps_the_allocator_figures(tmp_path):
-    from dptune.result import TuneResult
+    from dptune.result.model import TuneResult
     from dptune.tuner import Tuner
 
     wl = mlp_workload()
@@ -266,7 +266,7 @@ def test_report_json_keeps_the_allocator_figures(tmp_path):
 def test_steps_of_changing_batch_fragment_by_default_not_with_expandable_segments():
     # the allocator note's scenario on the simulator's own traces: a batch that changes
     # slightly from step to step in a transformer
-    from dptune.backends.reserved import predict_steps
+    from dptune.backends.simulated.reserved import predict_steps
 
     torch.manual_seed(0)
     m = TinyGPT(n_layers=2)
@@ -289,7 +289,7 @@ def test_steps_of_changing_batch_fragment_by_default_not_with_expandable_segment
 def test_real_card_probe_reports_torch_key_names_and_the_reserved_level():
     # the CUDA backend on test_cuda_backend's fake runtime: its measured figures under
     # torch.cuda.memory_stats()'s names, and the reserved level checks max_memory_reserved
-    from dptune.backends.reserved import BudgetLevel, at_level
+    from dptune.backends.simulated.reserved import BudgetLevel, at_level
     from tests.backends.cuda.test_cuda_backend import FakeRuntime, backend as cuda_backend
 
     rt = FakeRuntime()

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from dptune import ddp
-from dptune.backends.allocator import CachingAllocator
-from dptune.backends.cluster import parse_cluster
-from dptune.backends.fixed_costs import FixedCosts
-from dptune.backends.reserved import ReservedModel
+from dptune.backends.simulated.allocator import CachingAllocator
+from dptune.hardware.cluster import parse_cluster
+from dptune.budget import FixedCosts
+from dptune.backends.simulated.reserved import ReservedModel
 from dptune.backends.simulated import SimulatedBackend
 from dptune.backends.simulated.ddp import card_of
 from dptune.backends.simulated.fsdp import SimulatedFSDPRank
@@ -19,7 +19,7 @@ from dptune.ddp.fsdp import FSDPOptions
 from dptune.examples.models import TinyGPT
 from dptune.lengths import plan_lengths
 from dptune.units import MiB
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 from fsdp_models import MLPStack
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -150,7 +150,7 @@ def test_lengths_buckets_at_the_reserved_level_equal_exhaustive():
 
 @pytest.mark.slow
 def test_lengths_ddp_ranks_at_the_reserved_level():
-    from dptune.backends.simulated_ddp import SimulatedDDP
+    from dptune.backends.simulated.ddp import SimulatedDDP
 
     plan = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate=LEN_SPEC, headroom=0,
                         ddp=True, nccl_bytes=NCCL, max_probes=32)

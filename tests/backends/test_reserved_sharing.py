@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-import dptune.backends.reserved as reserved_mod
-from dptune.backends.allocator import AllocatorConfig, Event, replay
-from dptune.backends.fixed_costs import NCCL_COMMUNICATOR_BYTES, FixedCosts
-from dptune.backends.reserved import ReservedModel
+import dptune.backends.simulated.reserved as reserved_mod
+from dptune.backends.simulated.allocator import AllocatorConfig, Event, replay
+from dptune.budget import NCCL_COMMUNICATOR_BYTES, FixedCosts
+from dptune.backends.simulated.reserved import ReservedModel
 from dptune.backends.simulated import SimulatedBackend
 from dptune.types import Device
 from dptune.units import GiB, MiB
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 
 def _trace(base: int, sizes: list[int]) -> list[Event]:

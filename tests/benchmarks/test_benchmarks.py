@@ -17,7 +17,7 @@ from benchmarks import config, run, search
 from dptune.backends.simulated import SimulatedBackend, parse_cluster
 from dptune.examples.models import MLP
 from dptune.split import even_split
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 CLUSTER = "3x41.125MiB,context=0"  # ~0.5 MiB per sample: the even split fits ~50 samples
 HEADROOM = "1MiB"
@@ -180,7 +180,7 @@ def test_ddp_benchmark_exact_caps_agree_with_the_plan():
 
     from benchmarks.ddp import DDPRow, exact_caps, table
     from dptune import ddp
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     def net() -> nn.Module:
         return nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 8))

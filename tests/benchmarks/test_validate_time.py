@@ -8,7 +8,7 @@ import torch
 
 from benchmarks import validate_time
 from dptune.examples.models import MLP
-from dptune.timing import CARD_SPEEDS
+from dptune.hardware.speeds import CARD_SPEEDS
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -37,8 +37,8 @@ def test_the_estimate_half_runs_on_the_cpu():
 def test_the_fit_finds_the_constants_that_made_the_times():
     """Times made from known constants (ops of each dtype class, memory-bound ops, kernels):
     the fit gives those constants back."""
-    from dptune.backends.timing import OpCost
-    from dptune.timing import Calibration
+    from dptune.backends.simulated.timing import OpCost
+    from dptune.hardware.speeds import Calibration
 
     speed = CARD_SPEEDS["H200"]
     true = Calibration({"fp32": 0.6, "tf32": 0.3, "fp16": 0.3, "bf16": 0.3}, 0.4, 9e-6, 30e-6)

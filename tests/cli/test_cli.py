@@ -17,10 +17,10 @@ import pytest
 
 from dptune import cli
 from dptune.cli import main, search_command
-from dptune.spec import RandomBatch, WorkloadSpec
+from dptune.step.spec import RandomBatch, WorkloadSpec
 from dptune.errors import UsageError
 from dptune.report import report_dict, write_report
-from dptune.result import TuneResult
+from dptune.result.model import TuneResult
 
 from tests.report.test_report import make_result
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from dptune.cli import main
-from dptune.cli_checks import accumulate_arg, check_cards, check_plan_out
+from dptune.cli.checks import accumulate_arg, check_cards, check_plan_out
 from dptune.errors import EXIT_NO_FIT, EXIT_OK, EXIT_USAGE, NoFeasibleSplitError, UsageError
 from dptune.report import write_report
 from dptune.units import parse_bytes
@@ -117,9 +117,9 @@ def _rank_capacity(budget_cards: str = "1x2GB") -> int:
     """Oracle: the largest local batch of one rank of the test's model (AdamW, the CLI's
     default, and the default loss) within its budget, by bisection on the simulated card."""
     from dptune import parse_cluster
-    from dptune.backends.simulated_ddp import SimulatedDDP
-    from dptune.presets import adamw
-    from dptune.workload import Workload
+    from dptune.backends.simulated.ddp import SimulatedDDP
+    from dptune.step.presets import adamw
+    from dptune.step.workload import Workload
 
     wl = Workload(lambda: nn.Linear(16, 16), lambda b: torch.randn(b, 16), optimizer=adamw)
     budget = parse_cluster(budget_cards).devices[0].budget_bytes(2**30)
@@ -153,7 +153,7 @@ def test_plan_beyond_the_cards_says_what_they_take(model, capsys):
 @pytest.mark.slow
 def test_plan_bound_is_the_same_for_another_batch_and_a_range_when_rounds_run_out():
     from dptune.ddp import plan
-    from dptune.presets import adamw
+    from dptune.step.presets import adamw
 
     cap = _rank_capacity()
     with pytest.raises(NoFeasibleSplitError, match=f"at most {2 * cap} samples together"):
@@ -177,7 +177,7 @@ def test_accumulate_beyond_the_bound_is_a_usage_error(capsys):
              "see 'dptune search --help'")
     assert accumulate_arg("1024") == 1024
     with pytest.raises(UsageError, match="at most 1024 micro-batches"):   # the API too
-        from dptune.workload import StepSettings
+        from dptune.step.workload import StepSettings
         StepSettings(accumulate=1025)
 
 

@@ -14,7 +14,7 @@ import torch.nn as nn
 from dptune import ddp
 from dptune.ddp import DDPPlan
 from dptune.errors import UsageError
-from dptune.presets import adamw
+from dptune.step.presets import adamw
 
 
 def wide() -> nn.Module:

@@ -14,11 +14,11 @@ import torch.nn as nn
 
 from dptune import ddp
 from dptune.backends.simulated import parse_cluster
-from dptune.backends.simulated_ddp import SimulatedDDPRank, card_of
+from dptune.backends.simulated.ddp import SimulatedDDPRank, card_of
 from dptune.ddp.result import RankReason
 from dptune.ddp.throughput import equal_split
-from dptune.presets import adamw
-from dptune.workload import Workload
+from dptune.step.presets import adamw
+from dptune.step.workload import Workload
 
 
 def mlp() -> nn.Module:

@@ -12,13 +12,13 @@ import torch.nn as nn
 
 from dptune import ddp
 from dptune.backends.simulated import parse_cluster
-from dptune.backends.simulated_ddp import SimulatedDDPRank, card_of
+from dptune.backends.simulated.ddp import SimulatedDDPRank, card_of
 from dptune.ddp.sampler import last_steps, tail_split
 from dptune.errors import NoFeasibleSplitError, UsageError
-from dptune.result import Fit
-from dptune.solver import solve_balance
+from dptune.result.model import Fit
+from dptune.solve.memory import solve_balance
 from oracles import solve_max_batch
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 
 # ---- the solver's every-card rule -----------------------------------------------------------
@@ -323,7 +323,7 @@ def test_cli_plan_errors(argv, code, message, capsys):
 
 
 def test_step_options_reach_the_rank_step_and_the_plan(tmp_path, capsys):
-    from dptune.backends.simulated_ddp import estimate_ddp_memory
+    from dptune.backends.simulated.ddp import estimate_ddp_memory
     from dptune.cli import main
 
     plain = estimate_ddp_memory(net, batch, [64], "24GB", optimizer=adamw).peak_bytes[0]

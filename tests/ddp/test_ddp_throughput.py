@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from dptune import ddp
 from dptune.errors import UsageError
-from dptune.presets import adamw
+from dptune.step.presets import adamw
 
 
 def mlp() -> nn.Module:
@@ -86,7 +86,7 @@ def test_a_rank_worth_leaving_out_is_named():
 
 def test_a_tiny_model_is_host_bound_on_every_rank_and_the_plan_says_so():
     # each rank is a process of its own: its host's time to issue the step (its ops x the
-    # host's cost per op, dptune.timing) floors its step; the tiny MLP's card work is far less
+    # host's cost per op, dptune.hardware.speeds) floors its step; the tiny MLP's card work is far less
     fast = ddp.plan(mlp(), vectors, optimizer=adamw, global_batch=90, simulate="2x24GB,12GB",
                     objective="throughput")
     note = next(n for n in fast.notes if n.startswith("the ranks' hosts set the step"))

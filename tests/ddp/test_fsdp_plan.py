@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from dptune import ddp
-from dptune.backends.cluster import parse_cluster
+from dptune.hardware.cluster import parse_cluster
 from dptune.backends.simulated.ddp import card_of
 from dptune.backends.simulated.fsdp import SimulatedFSDPRank
 from dptune.ddp.fsdp import FSDPOptions, repeated_blocks
 from dptune.errors import NoFeasibleSplitError, UsageError
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 from fsdp_models import Decoder, MLPStack
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -21,7 +21,7 @@ from dptune.integrations.transformers import (
     BalancedTrainer, TrainerSample, trainer_optimizer, trainer_sample, trainer_step_settings,
 )
 from dptune.parallel import BalancedDataParallel
-from dptune.workload import StepSettings
+from dptune.step.workload import StepSettings
 from hf_models import SEQ, VOCAB, TokenData, tiny_gpt2, training_args
 
 class MeanLossNet(nn.Module):
@@ -385,7 +385,7 @@ def _report_with(tmp_path, name, settings):
 
     from tests.test_result_wrap import write_report
 
-    from dptune.result import TuneResult
+    from dptune.result.model import TuneResult
 
     folder = write_report(tmp_path / name, [1, 3, 3, 3])
     result = dataclasses.replace(TuneResult.load(str(folder)), settings=settings)
@@ -400,7 +400,7 @@ def test_a_report_for_other_settings_warns_as_wrap_does(tmp_path):
 
     from dptune import load_result
     from dptune.errors import DptuneWarning
-    from dptune.result import TuneResult
+    from dptune.result.model import TuneResult
 
     # TrainingArguments clip at max_grad_norm=1.0 by default
     bf16 = _report_with(tmp_path, "bf16", StepSettings(amp="bf16", clip_grad_norm=1.0))

@@ -102,7 +102,7 @@ def test_a_subclass_compute_loss_is_the_one_probed(tmp_path):
 
 def test_compute_loss_excludes_loss_fn_and_step():
     from dptune.errors import UsageError
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     model = torch.nn.Linear(2, 2)
     for extra in ({"loss_fn": lambda o, b: o.sum()}, {"step": lambda m, b, o: None}):

@@ -126,7 +126,7 @@ def test_a_users_subclass_of_the_stand_in_builds_itself():
 def test_accepts_a_result_a_report_folder_or_a_list(tmp_path):
     from tests.test_result_wrap import write_report  # the shared report fixture
 
-    from dptune.result import TuneResult
+    from dptune.result.model import TuneResult
 
     folder = write_report(tmp_path / "rep", [2, 6])
     assert chunk_sizes_of(TuneResult.load(str(folder))) == [2, 6]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dptune.backends.base import ProbeResult
 from dptune.lengths.ddp_speed import fastest_ranks
-from dptune.timing import StepTime, TimeSource
+from dptune.hardware.speeds import StepTime, TimeSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,10 +135,10 @@ def test_simulated_ranks_equal_the_grid_over_every_batch():
     step's peak at b fits, at b + 1 does not), each rank's step timed at every batch up to it
     (the others at one sample), and the grid over all those batches with the step composed by
     hand (the ring all-reduce of the gradient buckets, then the slowest card or host)."""
-    from dptune.backends.simulated_ddp import SimulatedDDP
+    from dptune.backends.simulated.ddp import SimulatedDDP
     from dptune.lengths import plan_lengths
     from dptune.lengths.ddp_speed import DDPRanks
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     from tests.lengths.test_lengths_search import LENGTHS, gpt, gpt_sample
 
@@ -215,7 +215,7 @@ def test_ranks_of_one_card_type_are_timed_at_their_own_speed():
     rank's time at batch 8 is its own card's, whatever order they were probed in: ranks 0
     and 1 alike, rank 2 as a one-card cluster of its speed times it, and slower."""
     from dptune.lengths.ddp_speed import DDPRanks
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     from tests.lengths.test_lengths_search import gpt, gpt_sample
 

@@ -22,7 +22,7 @@ from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.examples.models import BertClassifier
 from dptune.lengths import plan_lengths
 from dptune.lengths.search import search_buckets
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 
 # ---- a synthetic surface, enumerated ------------------------------------------------------
@@ -189,7 +189,7 @@ def test_neighbour_and_scratch_agree_on_the_simulator():
 
 @pytest.mark.slow
 def test_ddp_buckets_each_rank_at_its_own_largest_batch():
-    from dptune.backends.simulated_ddp import SimulatedDDP
+    from dptune.backends.simulated.ddp import SimulatedDDP
 
     spec = "1x403.125MB,1x404.125MB,context=384MiB"
     plan = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate=spec, headroom=0, ddp=True,

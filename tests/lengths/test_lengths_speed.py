@@ -41,9 +41,9 @@ def test_throughput_per_bucket_is_faster_than_the_largest_batch_and_fits():
     is measured within every budget and moves more tokens per second than the largest batch's
     split, both timed by the same simulated backend here (the oracle: two probes)."""
     from dptune.backends.simulated import SimulatedBackend
-    from dptune.backends.timing import TimedBackend
+    from dptune.backends.simulated.timing import TimedBackend
     from dptune.lengths import plan_lengths
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     from tests.lengths.test_lengths_search import LENGTHS, gpt, gpt_sample
 

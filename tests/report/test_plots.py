@@ -10,7 +10,7 @@ import pytest
 
 from dptune.backends.base import Device
 from dptune.report import figure_dpi, highest_peak, plot_kinds, plot_result
-from dptune.result import TuneResult
+from dptune.result.model import TuneResult
 from plot_check import text_problems
 from tests.report.test_report import make_result
 

@@ -14,7 +14,7 @@ from dptune.backends.base import CATEGORIES, Device, ProbeResult
 from dptune.errors import UsageError
 from dptune.report import (plot_kinds, plot_result, probes_table, read_report, render_summary,
                            render_table, result_table, write_report)
-from dptune.result import Fit, SplitFigures, TuneResult, imbalance
+from dptune.result.model import Fit, SplitFigures, TuneResult, imbalance
 from dptune.units import GiB
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,13 +21,13 @@ import torch
 from torch import nn
 
 from dptune.backends.base import ProbeResult
-from dptune.backends.fixed_costs import NCCL_COMMUNICATOR_BYTES
+from dptune.budget import NCCL_COMMUNICATOR_BYTES
 from dptune.cli import main
 from dptune.errors import EXIT_OK, EXIT_USAGE
 from dptune.report import (budget_level, memory_stats, plot_result, probes_table, read_report,
                            render_summary, render_table, result_table, write_report)
 from dptune.report.files import figure_dpi
-from dptune.result import TuneResult, imbalance
+from dptune.result.model import TuneResult, imbalance
 from dptune.units import GiB, MiB, format_bytes
 
 from plot_check import text_problems
@@ -306,10 +306,10 @@ def adamw(p):
 @pytest.mark.slow
 def test_plan_at_the_reserved_level_checks_reserved_plus_nccl():
     from dptune import ddp
-    from dptune.backends.fixed_costs import FixedCosts
-    from dptune.backends.reserved import ReservedModel
-    from dptune.backends.simulated_ddp import SimulatedDDP
-    from dptune.workload import Workload
+    from dptune.budget import FixedCosts
+    from dptune.backends.simulated.reserved import ReservedModel
+    from dptune.backends.simulated.ddp import SimulatedDDP
+    from dptune.step.workload import Workload
 
     spec = "2x12GB,used=0:11GB,used=1:10.5GB"
     nccl = 64 * MiB

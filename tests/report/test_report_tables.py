@@ -42,7 +42,7 @@ def test_one_alignment_per_column():
 
 def test_ddp_plan_and_devices_tables_line_up():
     from dptune.ddp.result import DDPPlan, RankPlan
-    from dptune.gpus import GpuInfo, format_devices
+    from dptune.cli.devices import GpuInfo, format_devices
     from dptune.types import Device
 
     GiB = 2**30

@@ -13,7 +13,7 @@ from dptune.backends.simulated import SimulatedBackend, parse_cluster
 from dptune.examples.models import MLP, BertClassifier, SegNet, SmallResNet, TinyGPT, ViT
 from dptune.split import even_split
 from dptune.tuner import Tuner
-from dptune.workload import Workload, has_batchnorm
+from dptune.step.workload import Workload, has_batchnorm
 
 HEADROOM = 64 * 2**20
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from dptune.solver import (MIN_SLOPE_BYTES, Caps, Fit, _cap, _card_bytes, _choose_cards, _cmax_at,
+from dptune.solve.memory import (MIN_SLOPE_BYTES, Caps, Fit, _cap, _card_bytes, _choose_cards, _cmax_at,
                            bisect_last, over_budget, predict, shares_of, solve_balance)
 from dptune.split import even_split
 

@@ -1,6 +1,6 @@
-"""Test helpers for :mod:`dptune.state`: compare the present with a snapshot.
+"""Test helpers for :mod:`dptune.step.state`: compare the present with a snapshot.
 
-``differences(snap)`` lists what differs from what :func:`dptune.state.snapshot` recorded
+``differences(snap)`` lists what differs from what :func:`dptune.step.state.snapshot` recorded
 (empty when everything is as it was); ``preserved(model)`` snapshots on enter and restores on
 exit. Only tests use them, so they live here, not in the package.
 """
@@ -13,7 +13,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from dptune.state import Snapshot, _cudnn_flags, _numpy_random, _Saved, restore, snapshot
+from dptune.step.state import Snapshot, _cudnn_flags, _numpy_random, _Saved, restore, snapshot
 
 
 @contextlib.contextmanager

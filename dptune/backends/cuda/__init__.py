@@ -1,8 +1,8 @@
 """Real-GPU probes: one DataParallel training step per probe, measured by the CUDA allocator.
 
-The modules, bottom to top: :mod:`~dptune.backends.cuda.devices` (the one device layer: the
+The modules, bottom to top: :mod:`~dptune.hardware.devices` (the one device layer: the
 visible cards matched to NVML, used by ``dptune devices`` too),
-:mod:`~dptune.backends.cuda.runtime` (every ``torch.cuda`` and NVML call of a probe, and
+:mod:`~dptune.hardware.runtime` (every ``torch.cuda`` and NVML call of a probe, and
 :func:`check_devices`), :mod:`~dptune.backends.cuda.step` (the step a probe runs) and
 :mod:`~dptune.backends.cuda.backend` (:class:`CudaBackend`: the measurement protocol, in its
 docstring, and isolation).
@@ -17,15 +17,16 @@ from typing import Any
 
 __all__ = ["CudaBackend", "CudaRuntime", "StepContext", "default_step", "check_devices"]
 
-_HOME = {"CudaBackend": "backend", "CudaRuntime": "runtime", "check_devices": "runtime",
-         "StepContext": "step", "default_step": "step"}
+_HOME = {"CudaBackend": "dptune.backends.cuda.backend", "CudaRuntime": "dptune.hardware.runtime",
+         "check_devices": "dptune.hardware.runtime", "StepContext": "dptune.backends.cuda.step",
+         "default_step": "dptune.backends.cuda.step"}
 
 
 def __getattr__(name: str) -> Any:
     home = _HOME.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value
 

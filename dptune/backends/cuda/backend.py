@@ -5,7 +5,7 @@
 :class:`dptune.parallel.BalancedDataParallel` with the split: the batch from
 ``workload.sample(B)`` is built on the host and scattered from there (as the simulated backend
 assumes; ``batch_on_card0=True`` moves it to ``device_ids[0]`` first, as a loop that calls
-``x.cuda()`` does), then the workload's step (:func:`dptune.workload.run_step`, shared with
+``x.cuda()`` does), then the workload's step (:func:`dptune.step.workload.run_step`, shared with
 the simulated backend): per micro-batch the forward and the loss on ``device_ids[0]`` (under
 ``torch.autocast`` with ``amp=``), the backward (through a ``GradScaler`` for fp16), then
 clipping and ``optimizer.step()`` (when the workload has an optimizer factory); or the
@@ -16,7 +16,7 @@ user's own ``step(model, batch, optimizer)`` with the wrapper as ``model``. Grad
 
 How a probe measures, in order:
 
-1. Per-probe state is saved (RNGs, cuDNN flags, grad mode; :mod:`dptune.state`), grad mode
+1. Per-probe state is saved (RNGs, cuDNN flags, grad mode; :mod:`dptune.step.state`), grad mode
    on, ``torch.backends.cudnn.benchmark`` off (cuDNN itself as the user set it).
 2. **Warm-up.** One unmeasured step creates what a training loop creates once and keeps:
    the optimizer's state, cuBLAS/cuDNN handles and workspaces, lazily loaded kernels. It runs
@@ -39,7 +39,7 @@ How a probe measures, in order:
 5. After the step (also after a failure): gradients dropped, ``gc.collect()``,
    ``empty_cache()``, peaks reset; the per-probe state is restored.
 
-**Out of memory** on any card (see :mod:`dptune.oom`) makes the probe infeasible: the
+**Out of memory** on any card (see :mod:`dptune.step.oom`) makes the probe infeasible: the
 result has ``oom_device`` set (a position in ``device_ids``) and peaks that are lower
 bounds. The card comes from the message ("GPU 1 has a total capacity..." / "in replica 1 on
 device 1"); when the message does not say, the card whose allocator had reserved the largest
@@ -53,7 +53,7 @@ traceback's frames are cleared (lines kept, locals dropped) so its tensors are f
 **Model placement.** A model object is moved to ``device_ids[0]`` for probing (a no-op when
 it is already there; DataParallel needs the master weights there) and, on :meth:`close`,
 put back exactly as it was: same ``Parameter`` objects, same device, values, ``.grad``,
-``requires_grad``, buffers and ``training`` flags (:mod:`dptune.state`; the snapshot is a
+``requires_grad``, buffers and ``training`` flags (:mod:`dptune.step.state`; the snapshot is a
 host copy of its weights and gradients). Between probes the model stays on
 ``device_ids[0]`` and its weights are those the probe steps left. Its train/eval mode is
 used as it is (as the simulated backend does). A model factory is called once, under
@@ -70,7 +70,7 @@ memory taken by others.
 
 **Isolation.** ``isolate=True`` runs each probe in a spawned child process (so a sticky CUDA
 error costs only that child; :mod:`dptune.backends.cuda.isolated`). The child rebuilds the
-workload: isolation needs a picklable :class:`~dptune.spec.WorkloadSpec` (import strings, as the
+workload: isolation needs a picklable :class:`~dptune.step.spec.WorkloadSpec` (import strings, as the
 command line has); a model object or closure given to ``Tuner(model=...)`` does not pickle
 reliably (lambdas, local classes, a model on a card) and is refused with a
 :class:`~dptune.errors.UsageError`. In the child every probe warms up (a fresh process), and
@@ -94,15 +94,15 @@ from typing import Any, Callable, Optional, Sequence, Union
 from dptune.backends.base import Capabilities, Device, ModelFacts, ProbeResult
 from dptune.backends.cuda.card_timer import CardTimer, measured_time
 from dptune.backends.cuda.isolated import IsolatedProbe, probe_in_child
-from dptune.backends.cuda.runtime import CudaRuntime, alloc_retries, check_devices
+from dptune.hardware.runtime import CudaRuntime, alloc_retries, check_devices
 from dptune.backends.cuda.step import StepContext, default_step
 from dptune.errors import DptuneError, UsageError, UserCodeError
-from dptune.oom import is_oom, oom_device, oom_summary, replica_where
-from dptune.spec import WorkloadSpec
+from dptune.step.oom import is_oom, oom_device, oom_summary, replica_where
+from dptune.step.spec import WorkloadSpec
 from dptune.split import validate_chunk_sizes
-from dptune.state import Snapshot, restore, snapshot
+from dptune.step.state import Snapshot, restore, snapshot
 from dptune.types import BackendKind
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 __all__ = ["CudaBackend"]
 
@@ -149,7 +149,7 @@ class CudaBackend:
     """Probes on real CUDA cards (see the module docstring for what a probe does).
 
     Args:
-        workload: a :class:`~dptune.workload.Workload`, or a :class:`WorkloadSpec` (needed
+        workload: a :class:`~dptune.step.workload.Workload`, or a :class:`WorkloadSpec` (needed
             for ``isolate=True``).
         device_ids: torch device indices; default all visible cards. ``device_ids[0]``
             holds the master weights.
@@ -234,7 +234,7 @@ class CudaBackend:
         """Whether the model has BatchNorm (``None`` for a factory not built yet)."""
         import torch
 
-        from dptune.workload import has_batchnorm
+        from dptune.step.workload import has_batchnorm
 
         if self._ctx is not None:
             return has_batchnorm(self._ctx.model)
@@ -559,7 +559,7 @@ class CudaBackend:
                      "share of its memory in use was taken")
 
     def _user_error(self, failure: _Failure, sizes: list[int]) -> UserCodeError:
-        from dptune.oom import original_message
+        from dptune.step.oom import original_message
 
         exc = failure.exc
         assert exc is not None

@@ -21,7 +21,7 @@ A card's time is the sum over its forwards (one per micro-batch) of ``forward en
 start`` plus ``backward end - backward start``: its own work, without the scatter, the
 broadcast of the weights, the gather, the loss, the reduction of the gradients and the
 optimizer's step (the rest of the step's wall time). Events come from the runtime's clock
-(:meth:`dptune.backends.cuda.runtime.CudaRuntime.event_clock`; a test passes a fake one) and
+(:meth:`dptune.hardware.runtime.CudaRuntime.event_clock`; a test passes a fake one) and
 are read after the step's synchronisation.
 """
 
@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Protocol, Sequence
 
-from dptune.timing import StepTime, TimeSource
+from dptune.hardware.speeds import StepTime, TimeSource
 
 __all__ = ["EventClock", "CardTimer", "SINKS", "measured_time"]
 
@@ -65,7 +65,7 @@ class _Pass:
 
 
 def _tensors(obj: Any) -> Iterator[Any]:
-    from dptune import _tree
+    from dptune.step import tree as _tree
 
     return iter(_tree.leaves(obj))
 

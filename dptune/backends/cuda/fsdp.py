@@ -36,7 +36,7 @@ from dptune.backends.cuda.backend import CudaBackend
 from dptune.backends.cuda.step import StepContext, _to_device
 from dptune.backends.fsdp import FakeGroup, apply_shard
 from dptune.errors import DptuneError, UsageError, UserCodeError
-from dptune.workload import StepRuntime, Workload, run_step
+from dptune.step.workload import StepRuntime, Workload, run_step
 
 __all__ = ["CudaFSDPRank", "fsdp_step"]
 

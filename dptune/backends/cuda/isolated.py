@@ -3,7 +3,7 @@
 A sticky CUDA error (an illegal memory access, a device-side assert) leaves a process's CUDA
 context unusable; run in a child, it costs only that child. Each probe gets a new process
 (``concurrent.futures.ProcessPoolExecutor`` with one worker and the ``spawn`` start method),
-which rebuilds the workload from its :class:`~dptune.spec.WorkloadSpec` and runs one probe
+which rebuilds the workload from its :class:`~dptune.step.spec.WorkloadSpec` and runs one probe
 with an ordinary :class:`~dptune.backends.cuda.backend.CudaBackend`. The child answers with a
 small tuple (its result as a dict, or the error's kind and text): dptune's exceptions are
 rebuilt from their class names in the parent, the user's keep the child's traceback as text.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from dptune.errors import DptuneError, UsageError, UserCodeError
-from dptune.spec import WorkloadSpec
+from dptune.step.spec import WorkloadSpec
 from dptune.types import ProbeResult
 
 __all__ = ["IsolatedProbe", "probe_in_child"]

@@ -7,7 +7,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from dptune.workload import StepOutcome, StepRuntime, Workload, run_step
+from dptune.step.workload import StepOutcome, StepRuntime, Workload, run_step
 
 
 @dataclass
@@ -35,8 +35,8 @@ class StepContext:
 
 
 def _to_device(obj: Any, device: Any) -> Any:
-    """Every tensor of a batch moved to ``device`` (:func:`dptune._tree.map_tensors`)."""
-    from dptune import _tree
+    """Every tensor of a batch moved to ``device`` (:func:`dptune.step.tree.map_tensors`)."""
+    from dptune.step import tree as _tree
 
     return _tree.map_tensors(lambda t: t.to(device), obj)
 
@@ -47,7 +47,7 @@ _STAGES = {"forward": "the forward", "loss": "the loss", "backward": "the backwa
 
 def default_step(ctx: StepContext, chunk_sizes: Sequence[int]) -> None:
     """One training step through ``BalancedDataParallel`` with ``chunk_sizes``: the workload's
-    step (:func:`dptune.workload.run_step`: mixed precision, accumulation, clipping, or the
+    step (:func:`dptune.step.workload.run_step`: mixed precision, accumulation, clipping, or the
     user's own step function), after dropping the gradients. The outputs are gathered on
     ``ctx.devices[ctx.output_device]``, where the loss's targets are moved too."""
     wl = ctx.workload

@@ -21,15 +21,35 @@ to the virtual card that makes it; what is modelled and what is not is said in
 - :mod:`~dptune.backends.simulated.ddp`: one DDP rank per card (``SimulatedDDPRank``);
 - :mod:`~dptune.backends.simulated.fsdp`: one FSDP2 rank per card (``SimulatedFSDPRank``).
 
-The cluster spec and the card table are in :mod:`dptune.backends.cluster` (no torch); they
-are re-exported here.
+The cluster spec and the card table are in :mod:`dptune.hardware.cluster` (no torch); they
+are re-exported here. Every name is imported on first use: the allocator replay and the
+reserved-level model below need no torch.
 """
 
-from dptune.backends.cluster import (CARD_CAPABILITY, CARD_TYPES, DEFAULT_CAPABILITY,
-                                     DEFAULT_CLUSTER, DEFAULT_CONTEXT_BYTES, Cluster, parse_cluster)
-from dptune.backends.simulated.backend import MemoryEstimate, SimulatedBackend, estimate_memory
-from dptune.backends.simulated.ledger import _Ledger  # noqa: F401 (tests reach the ledger here)
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = ["Cluster", "CARD_TYPES", "CARD_CAPABILITY", "DEFAULT_CAPABILITY", "DEFAULT_CLUSTER",
            "DEFAULT_CONTEXT_BYTES", "parse_cluster", "SimulatedBackend", "MemoryEstimate",
            "estimate_memory"]
+
+_HOME = {**{n: "dptune.hardware.cluster" for n in __all__[:7]},
+         "SimulatedBackend": "dptune.backends.simulated.backend",
+         "MemoryEstimate": "dptune.backends.simulated.backend",
+         "estimate_memory": "dptune.backends.simulated.backend",
+         "_Ledger": "dptune.backends.simulated.ledger"}     # tests reach the ledger here
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -13,12 +13,12 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from dptune import _tree
+from dptune.step import tree as _tree
 from dptune._torch_private import fake_tensor_mode, new_shape_env
 from dptune.backends.base import Capabilities, ModelFacts, ProbeResult
-from dptune.backends.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
-from dptune.backends.reserved import ReservedModel, TraceRecorder
-from dptune.timing import cluster_speeds
+from dptune.hardware.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
+from dptune.backends.simulated.reserved import ReservedModel, TraceRecorder
+from dptune.hardware.speeds import cluster_speeds
 from dptune.backends.simulated import sdpa as _sdpa
 from dptune.backends.simulated.autocast import cuda_autocast
 from dptune.backends.simulated.device_rules import HOST, device_mode
@@ -31,7 +31,7 @@ from dptune.backends.simulated.sharing import ReplicaPlan, plan_replicas, with_c
 from dptune.errors import DptuneError, InternalError, UsageError, UserCodeError
 from dptune.split import validate_chunk_sizes
 from dptune.types import BackendKind
-from dptune.workload import (StepOutcome, StepRuntime, Workload, batch_to_args, gradient_checkpointing,
+from dptune.step.workload import (StepOutcome, StepRuntime, Workload, batch_to_args, gradient_checkpointing,
                              has_batchnorm, run_step)
 
 __all__ = ["SimulatedBackend", "MemoryEstimate", "estimate_memory"]
@@ -321,7 +321,7 @@ class SimulatedBackend:
         return tuple(notes)
 
     def _step(self, sizes: list[int], output_device: int = 0) -> StepOutcome:
-        """One training step (:func:`dptune.workload.run_step`) through DataParallel over the
+        """One training step (:func:`dptune.step.workload.run_step`) through DataParallel over the
         virtual cards, with CUDA autocast emulated (:mod:`dptune.backends.simulated.autocast`)."""
         ledger, module, wl = self._ledger, self._module, self.workload
         assert ledger is not None and module is not None
@@ -417,7 +417,7 @@ def estimate_memory(model: Union[nn.Module, Callable[[], nn.Module]], sample: Ca
     ``sample(batch_size)`` builds a batch; ``loss_fn(output, batch)`` the loss (default: the
     output's ``loss``, else its sum); ``optimizer`` a factory ``params -> Optimizer`` (default
     none). ``amp``, ``accumulate``, ``clip_grad_norm`` and ``step`` describe the training step
-    as in :class:`dptune.workload.Workload`. ``chunk_sizes`` has one entry per card of
+    as in :class:`dptune.step.workload.Workload`. ``chunk_sizes`` has one entry per card of
     ``cluster`` (a spec such as ``'4x24GB'`` or a :class:`Cluster`). Nothing of the model's
     size is allocated and the model, its weights and buffers are left untouched. See the
     module docstring for what is not modelled.

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from dptune import _tree
+from dptune.step import tree as _tree
 from dptune._torch_private import function_mode_active, replica_module
 from dptune.backends.simulated.device_rules import HOST
 from dptune.backends.simulated.errors import _internal, _user_error
@@ -174,7 +174,7 @@ def _mirror_view(ledger: _Ledger, card: int, piece: torch.Tensor, view0: torch.T
 
 def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0, out: int = 0,
             run: Optional[tuple] = None) -> Any:
-    """DataParallel's ``gather`` onto card ``out`` (:func:`dptune._tree.gather`: torch's rules).
+    """DataParallel's ``gather`` onto card ``out`` (:func:`dptune.step.tree.gather`: torch's rules).
 
     ``outputs`` has one entry per card of ``run`` (default ``cards``); a card of ``cards``
     that was not run takes its representative's (``ledger.sharing``)."""
@@ -191,7 +191,7 @@ def _gather(ledger: _Ledger, cards: tuple, outputs: list, dim: int = 0, out: int
 
 def _scatter(ledger: _Ledger, obj: Any, cards: Sequence[int], sizes: Sequence[int], source: int,
              path: str, run: Optional[Sequence[int]] = None) -> list:
-    """DataParallel's ``scatter`` from ``source`` (:func:`dptune._tree.scatter`: torch's rules):
+    """DataParallel's ``scatter`` from ``source`` (:func:`dptune.step.tree.scatter`: torch's rules):
     one structure per busy card (per card of ``run`` only, if given), each tensor's chunk
     moved to its card."""
     batch = sum(sizes)

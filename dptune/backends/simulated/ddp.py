@@ -3,7 +3,7 @@
 A rank runs the simulator's single-card step (the model, its batch of ``b`` samples moved
 from the host to the card, the loss, the backward and the optimizer step, all on its own
 card: nothing is gathered) with DDP's own memory added as the Reducer allocates it (see
-:mod:`dptune.backends.ddp_memory`):
+:mod:`dptune.backends.simulated.ddp_memory`):
 
 - the gradient buckets, one flat tensor per bucket, allocated before the step and kept
   (category ``gradients``);
@@ -29,14 +29,14 @@ import torch
 import torch.nn as nn
 
 from dptune.backends.base import Capabilities, Device, ProbeResult
-from dptune.backends.ddp_memory import Bucket, DDPOptions, bucket_layout, params_of
-from dptune.backends.fixed_costs import FixedCosts
-from dptune.backends.reserved import ReservedModel, merge_rank_probes
-from dptune.backends.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
+from dptune.backends.simulated.ddp_memory import Bucket, DDPOptions, bucket_layout, params_of
+from dptune.budget import FixedCosts
+from dptune.backends.simulated.reserved import ReservedModel, merge_rank_probes
+from dptune.hardware.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
 from dptune.backends.simulated.backend import MemoryEstimate, SimulatedBackend
 from dptune.errors import UsageError
 from dptune.types import BackendKind
-from dptune.workload import StepOutcome, Workload
+from dptune.step.workload import StepOutcome, Workload
 
 DEFAULT_OPTIONS = DDPOptions()
 

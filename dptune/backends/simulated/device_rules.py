@@ -31,7 +31,8 @@ from typing import Any, Callable, ContextManager, NamedTuple, Optional, Protocol
 
 import torch
 
-from dptune import _torch_private, _tree
+from dptune import _torch_private
+from dptune.step import tree as _tree
 from dptune.errors import DptuneError, InternalError
 
 __all__ = ["HOST", "DeviceMismatchError", "InputCard", "Placement", "check_devices", "device_mode",

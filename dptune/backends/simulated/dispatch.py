@@ -21,8 +21,9 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
 
-from dptune import _tree
-from dptune._torch_private import bound_size, dispatch_mode_base, no_dispatch_modes, no_function_modes
+from dptune.step import tree as _tree
+from dptune._torch_private import (bound_size, dispatch_mode_base, no_dispatch_modes, no_function_modes,
+                                   private_op)
 from dptune.backends.simulated.device_rules import (HOST, DeviceMismatchError, InputCard, check_devices,
                                                     input_cards)
 from dptune.backends.simulated.errors import _internal
@@ -109,7 +110,7 @@ def _call_as_cuda(func: Any, args: Any, kwargs: dict) -> Any:
     CUDA since torch 2.9 (through its fallback kernel), but its meta kernel still asks for
     bf16. The output's shape comes from the meta kernel on bf16 stand-ins of the same shapes,
     its dtype is ``out_dtype`` or the operands' (as the fallback makes it)."""
-    if func is torch.ops.aten._grouped_mm.default:
+    if func is _GROUPED_MM and func is not None:
         a, b = args[0], args[1]
         if a.dtype in _GROUPED_MM_FALLBACK and a.dtype == b.dtype:
             def stand_in(x: Any) -> Any:
@@ -127,7 +128,7 @@ def _call_as_cuda(func: Any, args: Any, kwargs: dict) -> Any:
                 shape = func(*plain, **named).shape
             return torch.empty(shape, dtype=out_dtype or a.dtype, device=a.device)
     out = func(*args, **kwargs)
-    if func is torch.ops.aten._pack_padded_sequence.default:
+    if func is _PACK_PADDED and func is not None:
         # batch_sizes has one entry per step up to the longest length, a value: at most the
         # padded input's longer dimension (the fake kernel sizes the packed data by the steps
         # alone, not by the sum of the lengths, so that is charged short)
@@ -137,6 +138,8 @@ def _call_as_cuda(func: Any, args: Any, kwargs: dict) -> Any:
 
 
 _GROUPED_MM_FALLBACK = (torch.float32, torch.float16)
+_GROUPED_MM = private_op("_grouped_mm")                  # None on a torch without it
+_PACK_PADDED = private_op("_pack_padded_sequence")
 
 
 class _OpFacts(NamedTuple):
@@ -159,8 +162,7 @@ def _op_facts(func: Any) -> _OpFacts:
     return _OpFacts(name, packet in _LIFTS, packet in _DATA_DEPENDENT,
                     name.startswith("_local_scalar_dense"), _SAME_DTYPE.get(packet),
                     packet in ("set_", "set", "swap_"),
-                    func is torch.ops.aten._grouped_mm.default
-                    or func is torch.ops.aten._pack_padded_sequence.default,
+                    any(func is op for op in (_GROUPED_MM, _PACK_PADDED) if op is not None),
                     scratch_kind(packet))
 
 

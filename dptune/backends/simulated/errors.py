@@ -13,6 +13,8 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
+from dptune._torch_private import fake_kernel_files
+from dptune._torch_private import torch_file as torch_file_path
 from dptune.backends.simulated.device_rules import DeviceMismatchError
 from dptune.errors import BackendUnavailableError, DptuneError, InternalError, UserCodeError
 
@@ -23,7 +25,7 @@ class _ValueReadingError(BackendUnavailableError):
 
 def _raised_in(e: BaseException, torch_file: str) -> bool:
     """Whether a frame of ``e``'s traceback is in ``torch/nn/modules/<torch_file>``."""
-    where = os.path.join(os.path.dirname(torch.__file__), "nn", "modules", torch_file)
+    where = torch_file_path("nn", "modules", torch_file)
     return any(os.path.abspath(f.filename) == where for f in traceback.extract_tb(e.__traceback__))
 
 
@@ -55,9 +57,7 @@ def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
     return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}{_fake_kernel_note(e)}")
 
 
-_FAKE_KERNEL_FILES = tuple(os.path.join(os.path.dirname(torch.__file__), p)
-                           for p in ("_meta_registrations.py", "_refs", "_decomp", "_prims",
-                                     "_subclasses" + os.sep + "fake_impls.py"))
+_FAKE_KERNEL_FILES = fake_kernel_files()
 
 
 def _fake_kernel_note(e: BaseException) -> str:

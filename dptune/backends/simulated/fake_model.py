@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from dptune._torch_private import no_dispatch_modes
 from dptune.errors import UsageError, UserCodeError
-from dptune.workload import model_name
+from dptune.step.workload import model_name
 
 
 def _fake_like(t: torch.Tensor) -> torch.Tensor:

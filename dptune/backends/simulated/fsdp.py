@@ -51,14 +51,14 @@ from typing import Any, Callable, Iterator, Optional, Union
 import torch.nn as nn
 
 from dptune._torch_private import dispatch_mode_base, dtensor_meta_aside, storage_resize_hook
-from dptune.backends.cluster import Cluster, parse_cluster
+from dptune.hardware.cluster import Cluster, parse_cluster
 from dptune.backends.fsdp import FakeGroup, apply_shard
-from dptune.backends.simulated import SimulatedBackend
+from dptune.backends.simulated.backend import SimulatedBackend
 from dptune.backends.simulated.device_rules import HOST
 from dptune.backends.simulated.fake_model import _eager, _fake_module, warmed_optimizer
 from dptune.backends.simulated.ledger import _Ledger, _rounded
 from dptune.errors import UsageError
-from dptune.workload import Workload, gradient_checkpointing, has_batchnorm
+from dptune.step.workload import Workload, gradient_checkpointing, has_batchnorm
 
 __all__ = ["SimulatedFSDPRank", "FakeGroup", "ShardFn"]
 
@@ -129,7 +129,7 @@ class SimulatedFSDPRank(SimulatedBackend):
     ``probe([b])`` work as for a one-card :class:`SimulatedBackend`, ``b`` being this
     rank's local batch. ``group`` is a :class:`FakeGroup` to use (default: one made on
     first use and closed by :meth:`close`). ``reserved`` (a
-    :class:`~dptune.backends.reserved.ReservedModel`): ``probe`` also replays the rank's trace
+    :class:`~dptune.backends.simulated.reserved.ReservedModel`): ``probe`` also replays the rank's trace
     through the allocator model (a storage FSDP2 resizes is a free and a new block there);
     FSDP2's all-gather and reduce-scatter streams are not modelled (every block on stream 0).
     """
@@ -165,7 +165,7 @@ class SimulatedFSDPRank(SimulatedBackend):
             self._group = FakeGroup(self.world_size, self.rank)
         ledger = _FSDPLedger(1)
         if self.reserved is not None:    # the allocator model, wired as the base class does
-            from dptune.backends.reserved import TraceRecorder
+            from dptune.backends.simulated.reserved import TraceRecorder
 
             ledger.on_event = self._recorder = TraceRecorder(1)
         with self._modes(ledger):

@@ -25,7 +25,7 @@ as on a GPU. Peaks are per card over the whole step. Sizes are rounded up to mul
 
 One simulated probe is a steady-state training step: master weights and buffers on card 0,
 the optimizer's state already created (as after a warm-up step), gradients set to ``None``
-(as after ``zero_grad()``), then the workload's step (:func:`dptune.workload.run_step`:
+(as after ``zero_grad()``), then the workload's step (:func:`dptune.step.workload.run_step`:
 forward, loss, backward per micro-batch, clipping, ``optimizer.step()``; or the user's own
 step function, which gets the DataParallel-wrapped model).
 
@@ -41,7 +41,7 @@ Known limitations (what is not modelled):
   attention kernels' workspaces are not charged.
 - NCCL buffers, the CUDA context beyond the fixed ``context_bytes`` per card, fragmentation
   and reserved-but-free memory (``max_memory_reserved`` is larger than the peak given here;
-  ``reserved=ReservedModel()`` predicts it: :mod:`dptune.backends.reserved`).
+  ``reserved=ReservedModel()`` predicts it: :mod:`dptune.backends.simulated.reserved`).
 - The allocator's rounding of large blocks that it does not split (a few hundred KiB at most
   per block above 1 MiB).
 - DataParallel's coalesced buckets: the broadcast and the gradient reduction are modelled per

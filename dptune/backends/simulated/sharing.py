@@ -43,7 +43,7 @@ there).
 Exact, not approximate: the per-card peak and breakdown equal those of the simulation of
 every replica, and the allocator trace equals it event for event (sizes, frees, streams, in
 order); only the events' ids, the global allocation numbers, differ (the replay of
-:mod:`dptune.backends.reserved` uses them only to pair a free with its malloc, so its figures
+:mod:`dptune.backends.simulated.reserved` uses them only to pair a free with its malloc, so its figures
 are identical too). ``tests/backends/simulated/test_sharing.py`` checks this against the full simulation on mixed
 clusters.
 

@@ -19,14 +19,14 @@ import torch.nn as nn
 
 from dptune.backends.base import Backend, ProbeResult
 from dptune.backends.cuda import CudaBackend, CudaRuntime, StepContext, default_step
-from dptune.spec import WorkloadSpec
+from dptune.step.spec import WorkloadSpec
 from dptune.errors import (BackendUnavailableError, ImportStringError, NoFeasibleSplitError, UsageError,
                            UserCodeError)
-from dptune.state import snapshot
+from dptune.step.state import snapshot
 
 from state_check import differences
 from dptune.units import GiB, MiB
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 CONTEXT = 500 * MiB
 
@@ -726,7 +726,7 @@ def test_isolation_refuses_unpicklable_parts():
 # ---- the real runtime's NVML fallbacks ---------------------------------------------------
 
 def test_real_runtime_nvml_degrades_to_none(monkeypatch):
-    from dptune import _nvml
+    from dptune.hardware import nvml as _nvml
 
     rt = CudaRuntime()
     monkeypatch.setattr(rt, "uuid", lambda d: "GPU-00000000-0000-0000-0000-000000000000")
@@ -735,7 +735,7 @@ def test_real_runtime_nvml_degrades_to_none(monkeypatch):
 
 
 def test_real_runtime_nvml_query_failure_warns_once(monkeypatch):
-    from dptune import _nvml
+    from dptune.hardware import nvml as _nvml
 
     rt = CudaRuntime()
     monkeypatch.setattr(rt, "uuid", lambda d: "GPU-00000000-0000-0000-0000-000000000000")
@@ -755,7 +755,7 @@ def test_real_runtime_nvml_query_failure_warns_once(monkeypatch):
 
 
 def test_real_runtime_nvml_matched_by_uuid(monkeypatch):
-    from dptune import _nvml
+    from dptune.hardware import nvml as _nvml
 
     rt = CudaRuntime()
     uuids = {0: "GPU-aaaaaaaa-0000-0000-0000-000000000000", 1: "GPU-bbbbbbbb-0000-0000-0000-000000000000"}

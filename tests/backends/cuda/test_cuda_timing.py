@@ -12,9 +12,9 @@ import torch
 import torch.nn as nn
 
 from dptune.backends.cuda import CudaBackend
-from dptune.timing import TimeSource
+from dptune.hardware.speeds import TimeSource
 from dptune.units import GiB, MiB
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 from tests.backends.cuda.test_cuda_backend import FakeRuntime, MemStep, tiny_workload
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import dptune
-from dptune import _nvml
-from dptune.gpus import GpuInfo, devices, format_devices
+from dptune.hardware import nvml as _nvml
+from dptune.cli.devices import GpuInfo, devices, format_devices
 
 GiB = 2**30
 
@@ -152,7 +152,7 @@ def test_real_machine_without_cuda():
 
 
 def test_package_level_function_survives_submodule_import():
-    import dptune.gpus as mod
+    import dptune.cli.devices as mod
 
     assert dptune.devices is mod.devices and callable(dptune.devices)
     assert dptune.devices() == devices()
@@ -357,7 +357,7 @@ def test_format_no_devices():
 def test_the_runtime_finds_the_cards_devices_finds(monkeypatch, uuid_kind):
     """Both go through the same matching (UUID, then PCI bus id) and the same UUID text: the
     runtime's NVML figures are the listed cards' own, also where torch gives no UUID."""
-    from dptune.backends.cuda.runtime import CudaRuntime
+    from dptune.hardware.runtime import CudaRuntime
 
     fake_torch_cuda(monkeypatch, [2, 0, 1], uuid_kind=uuid_kind)
     use_nvml(monkeypatch, fake_pynvml())
@@ -371,8 +371,8 @@ def test_the_runtime_finds_the_cards_devices_finds(monkeypatch, uuid_kind):
 
 
 def test_a_mig_instance_is_not_matched_and_is_written_alike(monkeypatch):
-    from dptune.backends.cuda.devices import format_uuid, nvml_handle
-    from dptune.backends.cuda.runtime import CudaRuntime
+    from dptune.hardware.devices import format_uuid, nvml_handle
+    from dptune.hardware.runtime import CudaRuntime
 
     use_nvml(monkeypatch, fake_pynvml())
     mig = "MIG-" + CARDS[0].uuid

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from dptune.backends.cuda.fsdp import CudaFSDPRank
 from dptune.ddp.fsdp import default_shard
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 import fsdp_workers as w
 
@@ -81,7 +81,7 @@ def test_a_real_fsdp_rank_matches_the_simulated_rank(world):
     of which 3 x 32 MiB + 1 MiB are cuBLAS workspaces; the simulated rank charges one workspace
     (683,932,672 and 524,451,840 B, -7.0% and -8.9%) and needs the backward thread's own
     workspace (another 32 MiB: -2.4% and -3.1%) to pass."""
-    from dptune.backends.cluster import Cluster
+    from dptune.hardware.cluster import Cluster
     from dptune.backends.cuda import CudaRuntime
     from dptune.backends.simulated.fsdp import SimulatedFSDPRank
 

@@ -13,11 +13,11 @@ import torch
 import torch.nn as nn
 
 from dptune.backends.cuda import CudaBackend, CudaRuntime
-from dptune.state import snapshot
+from dptune.step.state import snapshot
 
 from state_check import differences
 from dptune.units import GiB, MiB
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 pytestmark = [
     pytest.mark.cuda,
@@ -183,7 +183,7 @@ def test_device_ids_order_maps_oom_to_position():
 
 
 def test_runtime_uuid_matches_nvml_when_available():
-    from dptune import _nvml
+    from dptune.hardware import nvml as _nvml
 
     rt = CudaRuntime()
     if _nvml.nvml() is None:   # no NVML: allocator-only figures, never a crash

@@ -110,7 +110,7 @@ def _tracker_peak(factory, sample, shard, rank: int, batch: int, accumulate: int
 def _dptune_peaks(factory, sample, shard, rank: int = 0, **step) -> dict[int, int]:
     """dptune's peak (less the cuBLAS workspace) of rank ``rank`` at each local batch."""
     from dptune.backends.simulated.fsdp import SimulatedFSDPRank
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     sim = SimulatedFSDPRank(Workload(factory, sample, None, _adamw, **step), "24GB", WORLD, shard,
                             rank=rank)

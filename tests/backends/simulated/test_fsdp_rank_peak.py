@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from dptune.ddp.fsdp import default_shard
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -146,7 +146,7 @@ class Stack(nn.Module):
 @pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "plain"])
 def test_data_parallel_peaks_match_torchs_broadcast_and_reduce(split, reentrant):
     from dptune.backends.simulated import SimulatedBackend
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     wl = Workload(Stack(reentrant), lambda b: torch.randn(b, D), None, None)
     with warnings.catch_warnings():

@@ -18,7 +18,7 @@ from dptune.backends.simulated import (
     estimate_memory,
     parse_cluster,
 )
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from dptune.backends.reserved import ReservedModel
+from dptune.backends.simulated.reserved import ReservedModel
 from dptune.backends.simulated import SimulatedBackend
 from dptune.backends.simulated.sharing import plan_replicas, with_card0_mirrored
 from dptune.examples.models import TinyGPT
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 
 
 CALLS = [0]                      # forwards run (the fake copy of a model is a deep copy)
@@ -255,9 +255,9 @@ def test_the_time_estimate_is_the_same_with_one_replica_per_class(spec, split, l
     miss the views the scatter and the gather make for a card not simulated (one each, 45 us
     of a 35 ms step): the whole step within 0.5%."""
     from dptune.backends.simulated import SimulatedBackend
-    from dptune.backends.timing import TimedBackend
+    from dptune.backends.simulated.timing import TimedBackend
     from dptune.examples.models import TinyGPT
-    from dptune.workload import Workload
+    from dptune.step.workload import Workload
 
     model = TinyGPT()
     times, steps = [], []

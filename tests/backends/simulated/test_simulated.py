@@ -13,7 +13,7 @@ from dptune.backends.simulated import (CARD_TYPES, DEFAULT_CONTEXT_BYTES, Cluste
                                        estimate_memory, parse_cluster)
 from dptune.errors import SpecError, UsageError, UserCodeError
 from dptune.units import GiB, MiB
-from dptune.workload import Workload
+from dptune.step.workload import Workload
 from tiny_models import HID, IN, OUT, mlp, sample  # the hand-counted MLP (tests/support)
 
 R = 512  # the caching allocator's rounding

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator, Mapping,
                     Optional, Union)
 
-from dptune.advice import CACHE_MARK
+from dptune.step.advice import CACHE_MARK
 from dptune.errors import DptuneWarning, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -286,7 +286,7 @@ def default_loss(output: Any, batch: Any = None) -> "torch.Tensor":
     loss = _find_loss(output)
     if loss is not None:
         return loss.mean() if loss.dim() > 0 else loss
-    from dptune import _tree
+    from dptune.step import tree as _tree
 
     leaves = [t for t in _tree.leaves(output) if t.is_floating_point() and t.requires_grad]
     if not leaves:
@@ -369,7 +369,7 @@ class StepOutcome:
 
 def _watch_reads(output: Any) -> Callable[[], tuple[tuple[str, int], ...]]:
     """Hooks on the output's tensors; the returned function lists the entries never read."""
-    from dptune import _tree
+    from dptune.step import tree as _tree
 
     read: set[str] = set()
     sizes: dict[str, int] = {}
@@ -398,7 +398,7 @@ def _cache_entries(output: Any) -> set[str]:
     """The top-level entries of the output holding a cache, named as :func:`_tree.tensors` names
     their paths (a dict, a HF ``ModelOutput``, by key; a named tuple or a dataclass by field; a
     list or a tuple by position)."""
-    from dptune import _tree
+    from dptune.step import tree as _tree
 
     if isinstance(output, dict):
         items: list[tuple[str, Any]] = [(f"output[{k!r}]", v) for k, v in output.items()]

@@ -12,10 +12,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from dptune import timing
-from dptune.backends.base import Device
+from dptune.hardware import speeds as timing
+from dptune.hardware.cards import ALIASES, CARDS, DEFAULT_CAPABILITY
+from dptune.types import Device
 from dptune.errors import SpecError
-from dptune.units import GiB, MiB, format_bytes, parse_bytes
+from dptune.units import MiB, format_bytes, parse_bytes
 
 __all__ = ["Cluster", "CARD_TYPES", "CARD_CAPABILITY", "DEFAULT_CAPABILITY", "DEFAULT_CLUSTER",
            "DEFAULT_CONTEXT_BYTES", "parse_cluster"]
@@ -23,28 +24,12 @@ __all__ = ["Cluster", "CARD_TYPES", "CARD_CAPABILITY", "DEFAULT_CAPABILITY", "DE
 DEFAULT_CLUSTER = "4x24GB"
 DEFAULT_CONTEXT_BYTES = 384 * MiB     # a CUDA context with torch's kernels loaded
 
-# Total memory of common cards as torch.cuda.get_device_properties reports it (in bytes).
-CARD_TYPES: dict[str, int] = {
-    "V100-16GB": int(15.77 * GiB), "V100-32GB": int(31.74 * GiB),
-    "T4": int(14.75 * GiB), "A10": int(22.06 * GiB), "A30": int(23.50 * GiB),
-    "A100-40GB": int(39.39 * GiB), "A100-80GB": int(79.15 * GiB),
-    "L4": int(22.03 * GiB), "L40S": int(44.39 * GiB),
-    "RTX3090": int(23.68 * GiB), "RTX4090": int(23.99 * GiB), "A6000": int(47.53 * GiB),
-    "H100-80GB": int(79.10 * GiB), "H200": int(139.80 * GiB), "RTX2080Ti": int(10.76 * GiB),
-}
-_ALIASES = {"V100": "V100-16GB", "A100": "A100-80GB", "H100": "H100-80GB", "H200-141GB": "H200",
-            "RTXA6000": "A6000", "3090": "RTX3090", "4090": "RTX4090",
-            "2080Ti": "RTX2080Ti"}
+# Views of the one card table (dptune.hardware.cards): total memory and compute capability.
+CARD_TYPES: dict[str, int] = {name: card.total_memory for name, card in CARDS.items()}
+CARD_CAPABILITY: dict[str, tuple[int, int]] = {name: card.capability for name, card in CARDS.items()}
+_ALIASES = ALIASES
 _LARGE_WORKSPACE_MAJORS = (9, 10, 11, 12)   # torch's 32 MiB cuBLAS workspace: Hopper, Blackwell
 CUBLASLT_WORKSPACE_BYTES = 1 * MiB      # torch's default CUBLASLT_WORKSPACE_SIZE (1024 KiB)
-# Compute capability (major, minor) of each card: it decides the attention kernel CUDA runs.
-CARD_CAPABILITY: dict[str, tuple[int, int]] = {
-    "V100-16GB": (7, 0), "V100-32GB": (7, 0), "T4": (7, 5), "A10": (8, 6), "A30": (8, 0),
-    "A100-40GB": (8, 0), "A100-80GB": (8, 0), "L4": (8, 9), "L40S": (8, 9),
-    "RTX3090": (8, 6), "RTX4090": (8, 9), "A6000": (8, 6), "H100-80GB": (9, 0), "H200": (9, 0),
-    "RTX2080Ti": (7, 5),
-}
-DEFAULT_CAPABILITY = (8, 0)           # for a card given by its size only ('24GB'), unless cc=
 
 _SPEC_HELP = (
     "accepted forms: '4x24GB', '2x80GB,2x40GB', '8xA100-80GB', '4xV100-16GB', 'RTX4090', "
@@ -52,7 +37,7 @@ _SPEC_HELP = (
     "and 'context=384MiB' (CUDA context per card) and 'cc=8.6' (compute capability of the cards "
     "given by size only; default 8.0), and the speed options 'tflops=150' or 'tflops=1:150', "
     "'bandwidth=900GB/s' or 'bandwidth=1:900GB/s', 'link=pcie4|pcie3|pcie5|nvlink|25GB/s', 'host=20us' "
-    "(dptune.timing). Known cards: " + ", ".join(CARD_TYPES))
+    "(dptune.hardware.speeds). Known cards: " + ", ".join(CARD_TYPES))
 
 
 def _norm_card(name: str) -> str:

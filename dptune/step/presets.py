@@ -1,4 +1,4 @@
-"""The built-in losses and optimizers a :class:`~dptune.spec.WorkloadSpec` names
+"""The built-in losses and optimizers a :class:`~dptune.step.spec.WorkloadSpec` names
 (``loss="mse"``, ``optimizer="adamw"``; on the command line ``--loss mse``,
 ``--optimizer adamw``), in the parent and in an isolated probe's child alike.
 
@@ -21,7 +21,7 @@ __all__ = ["LOSSES", "OPTIMIZERS", "sum_loss", "mean_loss", "cross_entropy_loss"
 
 
 def _float_leaves(output: Any) -> list:
-    from dptune import _tree
+    from dptune.step import tree as _tree
 
     leaves = [t for t in _tree.leaves(output) if t.is_floating_point()]
     if not leaves:

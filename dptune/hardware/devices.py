@@ -4,7 +4,7 @@
 with what NVML adds where it is available: memory used on the card by anyone, the UUID and
 PCI bus id. Cards are matched to NVML by UUID, then by PCI bus id, never by index
 (:func:`nvml_handle`), and UUIDs are written one way (:func:`format_uuid`): ``dptune devices``
-and the real-GPU backend's runtime (:class:`dptune.backends.cuda.runtime.CudaRuntime`) both
+and the real-GPU backend's runtime (:class:`dptune.hardware.runtime.CudaRuntime`) both
 use these. Without CUDA the list is empty and CUDA is not initialised; without NVML the list
 holds what torch knows (``used_bytes`` is ``None``) and one warning is given.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from dptune import _nvml
+from dptune.hardware import nvml as _nvml
 
 __all__ = ["GpuInfo", "devices", "format_uuid", "nvml_handle", "torch_pci"]
 
@@ -41,7 +41,7 @@ class GpuInfo:
 
 
 def format_uuid(norm: Optional[str]) -> Optional[str]:
-    """A UUID from :func:`dptune._nvml.normalize_uuid` as CUDA and NVML print it: 32 hex
+    """A UUID from :func:`dptune.hardware.nvml.normalize_uuid` as CUDA and NVML print it: 32 hex
     digits -> ``GPU-8-4-4-4-12``, a MIG UUID as ``MIG-...`` (``None`` stays ``None``)."""
     if norm is None:
         return None

@@ -13,7 +13,7 @@ The bounds, and why:
   141 s; a plan for 1000 ranks 7 s, for 10000 ranks more than 5 minutes. DataParallel
   drives the cards of one machine, rarely more than 16.
 - :data:`MAX_HEADROOM_BYTES`: no card holds a petabyte; a larger ``--headroom`` is a typo.
-- :data:`dptune.workload.MAX_ACCUMULATE`: see there.
+- :data:`dptune.step.workload.MAX_ACCUMULATE`: see there.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import argparse
 import os
 from typing import Any, Optional, Union
 
-from dptune.backends.reserved import DEFAULT_LEVEL
+from dptune.backends.simulated.reserved import DEFAULT_LEVEL
 from dptune.errors import OutputError, UsageError
 from dptune.split import MAX_BATCH_SIZE
 from dptune.units import format_bytes, parse_bytes
-from dptune.workload import ACCUMULATE_BOUND, MAX_ACCUMULATE
+from dptune.step.workload import ACCUMULATE_BOUND, MAX_ACCUMULATE
 
 __all__ = ["MAX_SIMULATED_CARDS", "MAX_HEADROOM_BYTES", "REPORT_TEMP_ROOM", "check_out",
            "check_plan_out", "check_cards", "shorten",
@@ -116,7 +116,7 @@ def headroom_arg(text: str) -> int:
 
 
 def budget_level_arg(text: str) -> str:
-    """``--budget-level``: ``allocated`` or ``reserved`` (:class:`dptune.backends.reserved.BudgetLevel`)."""
+    """``--budget-level``: ``allocated`` or ``reserved`` (:class:`dptune.backends.simulated.reserved.BudgetLevel`)."""
     if text not in ("allocated", "reserved"):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a budget level: give 'reserved' (the caching allocator's reserved "
@@ -127,7 +127,7 @@ def budget_level_arg(text: str) -> str:
 def allocator_arg(text: str) -> str:
     """``--allocator``: caching-allocator options in ``PYTORCH_CUDA_ALLOC_CONF`` syntax,
     checked here (the text is kept: the tuner parses it again)."""
-    from dptune.backends.allocator_config import AllocatorConfig
+    from dptune.backends.simulated.allocator_config import AllocatorConfig
 
     try:
         AllocatorConfig.parse(text)
@@ -185,7 +185,7 @@ def level_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def accumulate_arg(text: str) -> int:
-    """``--accumulate``: 1 to :data:`dptune.workload.MAX_ACCUMULATE` micro-batches."""
+    """``--accumulate``: 1 to :data:`dptune.step.workload.MAX_ACCUMULATE` micro-batches."""
     value = positive_int(text)
     if value > MAX_ACCUMULATE:
         raise argparse.ArgumentTypeError(f"{text}: {ACCUMULATE_BOUND}")

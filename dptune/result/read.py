@@ -3,8 +3,8 @@ knows, and a typed read of every field that names the field and says what to do 
 wrong (:class:`~dptune.errors.ReportError`, a usage error, exit 2, in one line).
 
 This sits below the result type: :func:`result_fields` returns the checked keyword arguments
-of :class:`dptune.result.TuneResult`, which :meth:`~dptune.result.TuneResult.from_dict` and
-:func:`dptune.result.load_result` build the result from. :func:`read_json` is the one reader of
+of :class:`dptune.result.model.TuneResult`, which :meth:`~dptune.result.model.TuneResult.from_dict` and
+:func:`dptune.result.model.load_result` build the result from. :func:`read_json` is the one reader of
 dptune's JSON files (DDP plans too).
 """
 
@@ -16,11 +16,11 @@ import os
 from typing import Any, Optional, Sequence, cast
 
 from dptune.errors import ReportError, UsageError
-from dptune.result_figures import SplitFigures
+from dptune.result.figures import SplitFigures
 from dptune.search.observations import Bracket
-from dptune.solver import Fit
+from dptune.solve.memory import Fit
 from dptune.types import Device, Objective, ProbeResult
-from dptune.workload import StepSettings
+from dptune.step.workload import StepSettings
 
 __all__ = ["REPORT_VERSION", "OBJECTIVES", "read_json", "result_fields"]
 
@@ -231,8 +231,8 @@ def _read_memory_stats(c: _Checked, n: int) -> Optional[tuple[dict[str, int], ..
 
 
 def _read_time(c: _Checked) -> Any:
-    """A probe's step time (dptune.timing.StepTime), ``None`` where the report has none."""
-    from dptune.timing import StepTime
+    """A probe's step time (dptune.hardware.speeds.StepTime), ``None`` where the report has none."""
+    from dptune.hardware.speeds import StepTime
 
     raw = c.raw("time", optional=True)
     if raw is None:
@@ -305,7 +305,7 @@ def _read_bracket(c: _Checked, n: int) -> Bracket:
 
 
 def result_fields(d: Any) -> dict[str, Any]:
-    """The keyword arguments of :class:`dptune.result.TuneResult` read from ``d`` (the
+    """The keyword arguments of :class:`dptune.result.model.TuneResult` read from ``d`` (the
     form of ``TuneResult.to_dict``), every field checked."""
     c = _Checked(d)
     version = c.raw("version", optional=True)

@@ -2,11 +2,11 @@
 
 This module imports nothing heavy (no torch): the cluster spec parser checks the speed
 options through it (``tflops=``, ``bandwidth=``, ``link=``, ``host=``) and the throughput solver reads
-its types. The time of a simulated step is estimated in :mod:`dptune.backends.timing` from
+its types. The time of a simulated step is estimated in :mod:`dptune.backends.simulated.timing` from
 the step's own operations against these figures; a real card's time is measured.
 
 Every figure says what it is: :class:`TimeSource` ``measured`` (CUDA events on a real card)
-or ``estimated`` (the simulator's model, see :mod:`dptune.backends.timing`). The estimate's
+or ``estimated`` (the simulator's model, see :mod:`dptune.backends.simulated.timing`). The estimate's
 model of one step::
 
     step = max(host, device)
@@ -40,14 +40,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
+from dptune.hardware.cards import ASSUMED_SPEED, CARDS, GBPS, TFLOPS, CardSpeed
+
 __all__ = ["TimeSource", "StepTime", "CardSpeed", "CARD_SPEEDS", "ASSUMED_SPEED", "LINKS",
            "Link", "ClusterSpeed", "KERNEL_SECONDS", "LAUNCH_SECONDS", "HOST_SECONDS_PER_OP",
            "COMPUTE_EFFICIENCY", "MEMORY_EFFICIENCY", "Calibration", "CALIBRATION", "ROOFLINE",
            "SPEED_OPTIONS", "check_speed_option",
            "cluster_speeds", "cluster_link", "parse_rate", "parse_seconds"]
 
-TFLOPS = 1e12
-GBPS = 1e9
+CARD_SPEEDS: dict[str, CardSpeed] = {name: card.speed for name, card in CARDS.items()}
 # The four constants below were fitted on one H200 (torch 2.11, 2026-11-27; the facts in
 # benchmarks/measured/h200-2026-11-27/time.json.gz, 15 steps of an MLP, a ResNet and a GPT at
 # batches 1 to 2048) by `python -m benchmarks.validate_time --cpu --fit`, which also gives
@@ -121,7 +122,7 @@ class StepTime:
     ``host_seconds``, the time the Python thread takes to issue the whole step (every
     replica's ops and card 0's own), and ``card_host_seconds[i]`` (part of it), the issue time
     of card i's replica (0.0 for a card with no samples); the estimate's step is then
-    ``max(host_seconds, device_seconds)`` (see :mod:`dptune.timing`). A measured step has no
+    ``max(host_seconds, device_seconds)`` (see :mod:`dptune.hardware.speeds`). A measured step has no
     host part (0.0, ``()``): its ``step_seconds`` is the wall time, whatever bound it.
     """
 
@@ -168,79 +169,6 @@ class StepTime:
                    bytes_moved=tuple(int(x) for x in d.get("bytes_moved", ())),
                    host_seconds=float(d.get("host_seconds", 0.0)),
                    card_host_seconds=tuple(float(x) for x in d.get("card_host_seconds", ())))
-
-
-@dataclass(frozen=True)
-class CardSpeed:
-    """One card's peaks (FLOP/s per dtype class, bytes/s) and its links."""
-
-    fp32: float
-    tf32: float
-    fp16: float
-    bf16: float
-    bandwidth: float
-    pcie: int = 4
-    nvlink: float = 0.0
-    source: str = ""
-    assumed: bool = False        # not from the table: a card given by size only
-
-    def peak(self, kind: str) -> float:
-        """FLOP/s for ``kind`` (``fp32``, ``tf32``, ``fp16``, ``bf16``; else fp32)."""
-        return float(getattr(self, kind, self.fp32)) if kind in ("fp32", "tf32", "fp16", "bf16") \
-            else self.fp32
-
-
-def _card(fp32: float, tf32: float, fp16: float, bf16: Optional[float], bw_gbs: float, pcie: int,
-          nvlink_gbs: float, source: str) -> CardSpeed:
-    return CardSpeed(fp32=fp32 * TFLOPS, tf32=tf32 * TFLOPS, fp16=fp16 * TFLOPS,
-                     bf16=(bf16 if bf16 is not None else fp32) * TFLOPS, bandwidth=bw_gbs * GBPS,
-                     pcie=pcie, nvlink=nvlink_gbs * GBPS, source=source)
-
-
-# Dense peaks (TFLOPS: fp32, tf32, fp16, bf16), memory GB/s, PCIe generation, NVLink GB/s per
-# direction. Names as in dptune.backends.cluster.CARD_TYPES.
-CARD_SPEEDS: dict[str, CardSpeed] = {
-    # NVIDIA Tesla V100 datasheet (SXM2): 15.7 FP32, 125 tensor (FP16); 900 GB/s; NVLink 300 GB/s
-    # total (150 per direction); no TF32/BF16 tensor cores.
-    "V100-16GB": _card(15.7, 15.7, 125, None, 900, 3, 150, "V100 SXM2 datasheet"),
-    "V100-32GB": _card(15.7, 15.7, 125, None, 900, 3, 150, "V100 SXM2 datasheet"),
-    # NVIDIA T4 datasheet: 8.1 FP32, 65 FP16 mixed precision; 320 GB/s.
-    "T4": _card(8.1, 8.1, 65, None, 320, 3, 0, "T4 datasheet"),
-    # NVIDIA A10 datasheet: 31.2 FP32, 62.5 TF32, 125 BF16/FP16 (dense); 600 GB/s.
-    "A10": _card(31.2, 62.5, 125, 125, 600, 4, 0, "A10 datasheet"),
-    # NVIDIA A30 datasheet: 10.3 FP32, 82 TF32, 165 BF16/FP16 (dense); 933 GB/s; NVLink 200 GB/s.
-    "A30": _card(10.3, 82, 165, 165, 933, 4, 100, "A30 datasheet"),
-    # NVIDIA A100 datasheet (SXM): 19.5 FP32, 156 TF32, 312 BF16/FP16 (dense); 1,555 GB/s (40GB),
-    # 2,039 GB/s (80GB); NVLink 600 GB/s total (300 per direction).
-    "A100-40GB": _card(19.5, 156, 312, 312, 1555, 4, 300, "A100 SXM datasheet"),
-    "A100-80GB": _card(19.5, 156, 312, 312, 2039, 4, 300, "A100 SXM datasheet"),
-    # NVIDIA L4 datasheet: 30.3 FP32, 60 TF32, 121 BF16/FP16 (dense; 120/242 with sparsity); 300 GB/s.
-    "L4": _card(30.3, 60, 121, 121, 300, 4, 0, "L4 datasheet"),
-    # NVIDIA L40S datasheet: 91.6 FP32, 183 TF32, 362 BF16/FP16 (dense); 864 GB/s.
-    "L40S": _card(91.6, 183, 362, 362, 864, 4, 0, "L40S datasheet"),
-    # NVIDIA Ampere GA102 whitepaper, RTX 3090: 35.6 FP32, 35.6 TF32, 71 FP16/BF16 with FP32
-    # accumulate (dense); 936 GB/s.
-    "RTX3090": _card(35.6, 35.6, 71, 71, 936, 4, 0, "GA102 whitepaper"),
-    # NVIDIA Ada Lovelace whitepaper, RTX 4090: 82.6 FP32, 82.6 TF32, 165.2 FP16/BF16 with
-    # FP32 accumulate (dense); 1,008 GB/s.
-    "RTX4090": _card(82.6, 82.6, 165.2, 165.2, 1008, 4, 0, "Ada whitepaper"),
-    # NVIDIA RTX A6000 datasheet: 38.7 FP32, 309.7 tensor TFLOPS with sparsity (154.8 dense
-    # FP16/BF16, 77.4 dense TF32); 768 GB/s; NVLink bridge 112.5 GB/s total.
-    "A6000": _card(38.7, 77.4, 154.8, 154.8, 768, 4, 56, "RTX A6000 datasheet"),
-    # NVIDIA Turing whitepaper, RTX 2080 Ti (reference): 13.4 FP32, 53.8 FP16 tensor with
-    # FP32 accumulate; 616 GB/s; no TF32/BF16 tensor cores.
-    "RTX2080Ti": _card(13.4, 13.4, 53.8, None, 616, 3, 0, "Turing whitepaper"),
-    # NVIDIA H100 datasheet (SXM): 67 FP32, 494.7 TF32, 989.4 BF16/FP16 (dense); 3.35 TB/s;
-    # NVLink 900 GB/s total (450 per direction).
-    "H100-80GB": _card(67, 494.7, 989.4, 989.4, 3350, 5, 450, "H100 SXM datasheet"),
-    # NVIDIA H200 datasheet (SXM): compute as H100 SXM; 4.8 TB/s; NVLink 900 GB/s total.
-    "H200": _card(67, 494.7, 989.4, 989.4, 4800, 5, 450, "H200 SXM datasheet"),
-}
-#: A card given by its size only ('24GB'): assumed, the same for every such card (so the
-#: estimate compares splits but not cards); set the real figures with tflops= and bandwidth=.
-ASSUMED_SPEED = CardSpeed(fp32=20 * TFLOPS, tf32=80 * TFLOPS, fp16=160 * TFLOPS, bf16=160 * TFLOPS,
-                          bandwidth=1000 * GBPS, pcie=4, source="assumed (card given by size)",
-                          assumed=True)
 
 
 @dataclass(frozen=True)

@@ -5,17 +5,17 @@ is seen by an :class:`OpCounter` with the card it runs on:
 
 - FLOPs from ``torch.utils.flop_counter``'s formulas (the table ``FlopCounterMode`` uses:
   matmuls, convolutions, attention kernels, forward and backward), against the card's peak
-  for the op's dtype (:class:`dptune.timing.CardSpeed`: float32 matmuls at the FP32 rate,
+  for the op's dtype (:class:`dptune.hardware.speeds.CardSpeed`: float32 matmuls at the FP32 rate,
   float32 convolutions at TF32, half precision on tensor cores);
 - bytes moved: the sum of the op's input and output tensor bytes (a simple roofline: an op
   reads its inputs and writes its outputs once), against the card's memory bandwidth;
-- one :data:`dptune.timing.KERNEL_SECONDS` per kernel; views and ``empty`` cost nothing on
+- one :data:`dptune.hardware.speeds.KERNEL_SECONDS` per kernel; views and ``empty`` cost nothing on
   the card.
 
 An op takes the longer of its compute and memory times (the roofline), each at the fraction
-of the peak real kernels reach (:data:`dptune.timing.COMPUTE_EFFICIENCY`,
-:data:`dptune.timing.MEMORY_EFFICIENCY`, fitted on an H200). The host's part: every aten op
-dispatched (views and allocations too) costs :attr:`dptune.timing.ClusterSpeed.host_seconds_per_op`
+of the peak real kernels reach (:data:`dptune.hardware.speeds.COMPUTE_EFFICIENCY`,
+:data:`dptune.hardware.speeds.MEMORY_EFFICIENCY`, fitted on an H200). The host's part: every aten op
+dispatched (views and allocations too) costs :attr:`dptune.hardware.speeds.ClusterSpeed.host_seconds_per_op`
 of the Python thread that issues the step; the step is ``max(host, device)`` (the card runs
 behind the host; a small step waits for the host, a large one for the card).
 
@@ -27,7 +27,7 @@ counting them in the sum makes the host time an upper bound for several cards. A
 thus adds its replica's issue time to a host-bound step, which is what makes dropping a card
 worth it for a small model. DataParallel's
 copies (the moves the simulator makes between cards) are timed over the link
-(:class:`dptune.timing.Link`): the scatter of the batch from the host runs in parallel on
+(:class:`dptune.hardware.speeds.Link`): the scatter of the batch from the host runs in parallel on
 every card's own PCIe link, the broadcast of the weights and the reduction of the gradients
 as NCCL's pipelined collectives (one copy's time, whatever the number of cards), the gather
 of the outputs and the scatter of their gradient one copy after another through the output
@@ -48,10 +48,10 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
 
-from dptune import _tree
+from dptune.step import tree as _tree
 from dptune.backends.simulated.device_rules import HOST
 from dptune.backends.base import ProbeResult
-from dptune.timing import CALIBRATION, Calibration, CardSpeed, ClusterSpeed, StepTime, TimeSource
+from dptune.hardware.speeds import CALIBRATION, Calibration, CardSpeed, ClusterSpeed, StepTime, TimeSource
 
 __all__ = ["OpCost", "op_cost", "OpCounter", "TimedBackend", "RankStepOps", "counted_rank_step",
            "count_ops", "ddp_allreduce_seconds"]

@@ -1,6 +1,6 @@
 """The CUDA GPUs this process can see (``dptune devices``, :func:`dptune.devices`).
 
-The device layer lives in :mod:`dptune.backends.cuda.devices`, shared with the real-GPU
+The device layer lives in :mod:`dptune.hardware.devices`, shared with the real-GPU
 backend; this module keeps the public names where they were, and renders the list as a table
 (:func:`format_devices`, with the one table renderer of :mod:`dptune.report.tables`).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dptune.backends.cuda.devices import GpuInfo, devices
+from dptune.hardware.devices import GpuInfo, devices
 from dptune.units import format_bytes
 
 __all__ = ["GpuInfo", "devices", "format_devices"]

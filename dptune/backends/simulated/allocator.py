@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple, Optional, Sequence
 
-from dptune.backends.allocator_config import AllocatorConfig, kLargeBuffer
+from dptune.backends.simulated.allocator_config import AllocatorConfig, kLargeBuffer
 
 __all__ = ["kMinBlockSize", "kSmallSize", "kSmallBuffer", "kLargeBuffer", "kMinLargeAlloc",
            "kRoundLarge", "AllocatorConfig", "Event", "AllocatorStats", "CachingAllocator",

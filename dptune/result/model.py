@@ -5,11 +5,11 @@ round-trip it through ``report.json`` (``REPORT_VERSION``). Memory figures are `
 
 The result's concerns, one module each, all below rendering (:mod:`dptune.report`) and the CLI:
 
-- :mod:`dptune.result_figures`: the figures of a split (shares, imbalance, the budget check,
+- :mod:`dptune.result.figures`: the figures of a split (shares, imbalance, the budget check,
   :class:`SplitFigures`);
-- :mod:`dptune.result_read`: reading ``report.json`` back, checked (:func:`load_result` and
+- :mod:`dptune.result.read`: reading ``report.json`` back, checked (:func:`load_result` and
   :meth:`TuneResult.from_dict` build the result from it);
-- :mod:`dptune.result_wrap`: wrapping a model with the split (:meth:`TuneResult.wrap`).
+- :mod:`dptune.result.wrap`: wrapping a model with the split (:meth:`TuneResult.wrap`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dptune.errors import ReportError
-from dptune.result_figures import BudgetCheck, SplitFigures, budget_check, imbalance, shares
-from dptune.result_read import OBJECTIVES, REPORT_VERSION, read_json, result_fields
-from dptune.result_wrap import NOT_GIVEN, wrap_model
-from dptune.result_wrap import warn_settings as _warn_settings  # noqa: F401 (integrations.transformers)
+from dptune.result.figures import BudgetCheck, SplitFigures, budget_check, imbalance, shares
+from dptune.result.read import OBJECTIVES, REPORT_VERSION, read_json, result_fields
+from dptune.result.wrap import NOT_GIVEN, wrap_model
+from dptune.result.wrap import warn_settings as _warn_settings  # noqa: F401 (integrations.transformers)
 from dptune.search.observations import Bracket
-from dptune.solver import Fit
+from dptune.solve.memory import Fit
 from dptune.types import Device, ProbeResult
-from dptune.workload import StepSettings
+from dptune.step.workload import StepSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

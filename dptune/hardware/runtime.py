@@ -8,17 +8,17 @@ import os
 import warnings
 from typing import Any, Mapping, Optional, Sequence
 
-from dptune.backends.cuda.devices import format_uuid, nvml_handle, torch_pci
+from dptune.hardware.devices import format_uuid, nvml_handle, torch_pci
 from dptune.errors import BackendUnavailableError, UsageError
 
 
 class CudaRuntime:
     """The real CUDA runtime and NVML, as the backend uses them (device indices are torch's).
 
-    NVML figures come from :mod:`dptune._nvml`, the card found as the device layer
-    (:mod:`dptune.backends.cuda.devices`) finds it: by UUID, then PCI bus id, never by index;
+    NVML figures come from :mod:`dptune.hardware.nvml`, the card found as the device layer
+    (:mod:`dptune.hardware.devices`) finds it: by UUID, then PCI bus id, never by index;
     where NVML is missing, or a card does not answer a query, the ``nvml_*`` methods return
-    ``None`` (one warning per runtime for a failed query; :mod:`dptune._nvml` warns once for
+    ``None`` (one warning per runtime for a failed query; :mod:`dptune.hardware.nvml` warns once for
     a missing library).
     """
 
@@ -59,10 +59,10 @@ class CudaRuntime:
         return int(torch.cuda.get_device_properties(d).total_memory)
 
     def uuid(self, d: int) -> Optional[str]:
-        """The card's UUID as :func:`~dptune.backends.cuda.devices.format_uuid` writes it."""
+        """The card's UUID as :func:`~dptune.hardware.devices.format_uuid` writes it."""
         import torch
 
-        from dptune import _nvml
+        from dptune.hardware import nvml as _nvml
 
         return format_uuid(_nvml.normalize_uuid(getattr(torch.cuda.get_device_properties(d), "uuid", None)))
 
@@ -150,7 +150,7 @@ class CudaRuntime:
         if handle is None:
             return None
         try:
-            from dptune import _nvml
+            from dptune.hardware import nvml as _nvml
 
             info = _nvml.memory_info(handle)
         except Exception as exc:  # noqa: BLE001
@@ -164,7 +164,7 @@ class CudaRuntime:
         if handle is None:
             return None
         try:
-            from dptune import _nvml
+            from dptune.hardware import nvml as _nvml
 
             m = _nvml.nvml()
             if m is None:

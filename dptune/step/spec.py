@@ -4,7 +4,7 @@
 what an isolated CUDA probe pickles and rebuilds in its child process, and what a script can
 hand to :meth:`dptune.Tuner.from_spec`. Every field is a string, a number or a mapping of
 them, so the spec pickles; :meth:`WorkloadSpec.build` imports what the strings name and
-returns the :class:`~dptune.workload.Workload` (the model as a factory: a simulated card
+returns the :class:`~dptune.step.workload.Workload` (the model as a factory: a simulated card
 builds it on the meta device, a real one on the card). The callables it builds (model
 factory, batch builders, optimizer factory) are small classes holding the same strings, so
 the built workload pickles too.
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from dptune.errors import DptuneError, UsageError, UserCodeError
-from dptune.importer import import_from_string
-from dptune.presets import LOSSES, OPTIMIZERS, Named
-from dptune.workload import Workload
+from dptune.step.importer import import_from_string
+from dptune.step.presets import LOSSES, OPTIMIZERS, Named
+from dptune.step.workload import Workload
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -209,7 +209,7 @@ class WorkloadSpec:
       or ``"mymod:loss"`` called as ``loss(output, batch)``.
     - ``optimizer``: a built-in name (``adamw``, ``adam``, ``sgd``, ``none``) or
       ``"torch.optim:SGD"`` / ``"mymod:make_opt"`` called as ``f(params, **optimizer_kwargs)``.
-    - ``amp``, ``accumulate``, ``clip_grad_norm``: as :class:`~dptune.workload.Workload`;
+    - ``amp``, ``accumulate``, ``clip_grad_norm``: as :class:`~dptune.step.workload.Workload`;
       ``step``: ``"mymod:train_step"``, the user's own ``step(model, batch, optimizer)``.
     """
 

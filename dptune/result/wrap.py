@@ -1,5 +1,5 @@
 """Wrapping a model with a result's split: :func:`wrap_model` (what
-:meth:`dptune.result.TuneResult.wrap` does), and the warning when the training step differs
+:meth:`dptune.result.model.TuneResult.wrap` does), and the warning when the training step differs
 from the one the split was tuned for (:func:`warn_settings`).
 
 Above :mod:`dptune.parallel` (the wrapper, which reads no report) and below the result,
@@ -13,7 +13,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 from dptune.errors import UsageError
-from dptune.workload import StepSettings
+from dptune.step.workload import StepSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -24,7 +24,7 @@ __all__ = ["wrap_model", "warn_settings", "NOT_GIVEN", "TunedSplit"]
 
 
 class TunedSplit(Protocol):
-    """What wrapping needs of a result (:class:`dptune.result.TuneResult` has it): the split,
+    """What wrapping needs of a result (:class:`dptune.result.model.TuneResult` has it): the split,
     where the outputs are gathered, the step it was tuned for, and what to call it in a
     message. A protocol, so that this module does not import the result back."""
 
@@ -92,7 +92,7 @@ def warn_settings(tuned: StepSettings, model: "torch.nn.Module", where: str, **g
     """One :class:`DptuneWarning` listing how the step described by ``given`` (those given)
     and the model's gradient checkpointing differ from the result's ``tuned`` settings."""
     from dptune.errors import DptuneWarning
-    from dptune.workload import function_name, gradient_checkpointing
+    from dptune.step.workload import function_name, gradient_checkpointing
 
     if given.get("step") is not NOT_GIVEN and callable(given.get("step")):
         given["step"] = function_name(given["step"])

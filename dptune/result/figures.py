@@ -2,7 +2,7 @@
 imbalance, what the search reads from a probe (:func:`budget_check`), and
 :class:`SplitFigures` (a split and what a probe measured for it, e.g. the even split).
 
-:mod:`dptune.result` re-exports them; the report's reader (:mod:`dptune.result_read`) builds
+:mod:`dptune.result.model` re-exports them; the report's reader (:mod:`dptune.result.read`) builds
 them. Memory figures are ``int`` bytes.
 """
 

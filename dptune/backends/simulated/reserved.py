@@ -5,8 +5,8 @@ The simulator's ledger calls a hook for every storage it charges to a card or fr
 (weights, buffers, the optimizer state a warm-up step makes) is one trace per card; each
 probe's step is another. :meth:`ReservedModel.predict` replays, per card, set-up + the step
 as warm-up + the step measured (peaks reset before it, as ``reset_peak_memory_stats`` after a
-warm-up step) through :mod:`dptune.backends.allocator`, and adds the fixed costs
-(:mod:`dptune.backends.fixed_costs`). The replay depends only on the trace and the capacity, so
+warm-up step) through :mod:`dptune.backends.simulated.allocator`, and adds the fixed costs
+(:mod:`dptune.budget`). The replay depends only on the trace and the capacity, so
 cards of one type given the same work (their traces alike up to the ids' names) share one.
 
 Streams: a DataParallel step runs each replica on its card's current (default) stream, so
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional, Protocol, Sequence
 
-from dptune.backends.allocator import AllocatorConfig, AllocatorStats, Event, replay
+from dptune.backends.simulated.allocator import AllocatorConfig, AllocatorStats, Event, replay
 from dptune.backends.base import Device, ProbeResult
-from dptune.backends.fixed_costs import FixedCosts
+from dptune.budget import FixedCosts
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.units import format_bytes
 

@@ -10,7 +10,7 @@ when fitted, :class:`TimeFit`), ``serial`` what runs on the output card alone (l
 optimizer, the gather) and ``overhead(S)`` what depends on which cards take part
 (DataParallel's broadcast of the weights and reduction of the gradients when any card but
 card 0 has samples; DDP's all-reduce over ``|S|`` ranks). ``host(S)``: the time the host
-takes to issue the step, which the cards cannot beat (:mod:`dptune.timing`; DataParallel's
+takes to issue the step, which the cards cannot beat (:mod:`dptune.hardware.speeds`; DataParallel's
 replicas are issued one after another, so it grows with the cards used, not with the
 samples). A card with no samples costs no time: dropping a card is one of the splits
 considered.
@@ -91,7 +91,7 @@ def fit_time(points: Sequence[tuple[int, float]]) -> Optional[TimeFit]:
 
 @dataclass(frozen=True)
 class StepModel:
-    """A step's time as :mod:`this module <dptune.throughput>` models it (seconds)."""
+    """A step's time as :mod:`this module <dptune.solve.time>` models it (seconds)."""
 
     cards: tuple[TimeFit, ...]
     serial: TimeFit = TimeFit(0.0, 0.0)     # against the whole batch
