@@ -7,7 +7,9 @@ Public API (grouped):
 
 - Tuning: :class:`Tuner`, :class:`TuneResult`, :func:`load_result` (a saved report; its
   ``.wrap(model)`` reuses the split), :class:`StepSettings` (what a split was tuned for),
-  :class:`Workload` (the training step), :class:`WorkloadSpec` (the same, by import strings)
+  :class:`Workload` (the training step), :class:`WorkloadSpec` (the same, by import strings),
+  :class:`Budget` (what each card is checked against), :class:`SearchSettings` (how hard
+  the search looks)
 - Wrapping: :class:`BalancedDataParallel`, :func:`patch_dataparallel` (scripts that build
   ``torch.nn.DataParallel`` themselves); the Hugging Face Trainer: :mod:`dptune.integrations.transformers`
 - Simulation: :func:`estimate_memory`, :class:`Cluster`, :func:`parse_cluster`
@@ -32,6 +34,8 @@ _LAZY = {
     "StepSettings": "dptune.step.workload",
     "Workload": "dptune.step.workload",
     "WorkloadSpec": "dptune.step.spec",
+    "Budget": "dptune.settings",
+    "SearchSettings": "dptune.settings",
     # wrapping
     "BalancedDataParallel": "dptune.parallel",
     "patch_dataparallel": "dptune.integrations.dataparallel",

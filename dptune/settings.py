@@ -1,25 +1,34 @@
-"""One frozen settings object for the tuner and the DDP planner, checked once.
+"""The settings of every entry point, as small frozen objects checked once.
 
-:class:`dptune.Tuner` and :func:`dptune.ddp.plan` take their settings as keyword arguments
-(their public signatures); each builds one :class:`Settings` from them
-(:meth:`Settings.for_tuner`, :meth:`Settings.for_plan`), which checks every value once, with
-one message per mistake (:class:`dptune.errors.UsageError`, exit code 2). What both share (the
-objective, the batch, the memory budget, the probe limit, the cards) has one check; what only
-one of them takes is kept beside it, with its default.
+- :class:`Budget`: what each card's peak is checked against (level, headroom, the allocator
+  model's options); :meth:`Budget.at` builds one from the user's words.
+- :class:`SearchSettings`: how hard the search looks (probes, tolerance, verbosity).
+- :class:`~dptune.backends.simulated.ddp_memory.DDPOptions` and
+  :class:`dptune.ddp.fsdp.FSDPOptions`: the strategy's own arguments (``strategy=``).
+- :class:`Settings`: everything one tuner or plan was asked for (:meth:`Settings.for_tuner`,
+  :meth:`Settings.for_plan`).
+
+:class:`dptune.Tuner`, :func:`dptune.ddp.plan` and :func:`dptune.lengths.plan_lengths` take
+these objects (``budget=``, ``search=``, ``strategy=``); the keywords of the step (``amp``,
+``accumulate``, ``clip_grad_norm``, ``step``) and the budget's and the search's own keywords
+(``headroom=``, ``max_probes=``, ...) are accepted as a shorthand and sorted into the objects
+once (:func:`sort_keywords`). Every mistake is one :class:`dptune.errors.UsageError` (exit 2).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from dptune.backends.simulated.ddp_memory import DDPOptions
-from dptune.backends.simulated.reserved import BudgetLevel, ReservedModel, level_settings, real_cards_measured
+from dptune.backends.simulated.reserved import (DEFAULT_LEVEL, BudgetLevel, ReservedModel, level_settings,
+                                                real_cards_measured)
 from dptune.errors import UsageError
 from dptune.split import MAX_BATCH_SIZE
 from dptune.types import Objective, Strategy
 
-__all__ = ["Budget", "Settings", "Strategy", "check_int"]
+__all__ = ["Budget", "SearchSettings", "Settings", "Strategy", "Keywords",
+           "sort_keywords", "check_int", "STEP_KEYWORDS"]
 
 
 def check_int(name: str, value: Any, least: int) -> int:
@@ -39,6 +48,15 @@ class Budget:
     headroom_bytes: int = 0
     reserved: Optional[ReservedModel] = None
     model_options: tuple[str, ...] = ()
+
+    @classmethod
+    def at(cls, level: Any = None, headroom: Any = None, allocator: Any = None,
+           nccl_bytes: Any = None) -> "Budget":
+        """The budget a user asks for: ``level`` ``"reserved"`` (the default) or
+        ``"allocated"``; ``headroom`` kept free on every card (bytes or ``"1GiB"``; default
+        per level); ``allocator`` (``PYTORCH_CUDA_ALLOC_CONF`` syntax) and ``nccl_bytes`` (NCCL's
+        buffers per card) for the allocator model of simulated cards."""
+        return cls.of(DEFAULT_LEVEL.value if level is None else level, headroom, allocator, nccl_bytes)
 
     @classmethod
     def of(cls, budget_level: Any, headroom: Any, allocator: Any, nccl_bytes: Any) -> "Budget":
@@ -62,7 +80,7 @@ class Settings:
     :mod:`dptune.ddp.planner`), ``batch_size`` (the tuner's total batch, the plan's
     ``global_batch``), ``budget``, ``max_probes`` (the tuner's probes, the plan's rounds) and
     ``simulate``. The tuner's: ``tolerance``, ``device_ids``, ``output_device``, ``verbose``.
-    The planner's: ``ddp`` (the DDP arguments), ``strategy``, the FSDP2 arguments,
+    The planner's: ``ddp`` (the DDP arguments), ``strategy``, ``fsdp_options`` (FSDP2's),
     ``device`` and ``micro_batches`` (the global batch trained as that many micro-batches with
     gradient accumulation; ``"auto"``: the planner chooses).
     """
@@ -78,9 +96,7 @@ class Settings:
     verbose: bool = True
     ddp: DDPOptions = DDPOptions()
     strategy: Strategy = Strategy.DDP
-    shard: Optional[Callable[..., Any]] = None
-    reshard_after_forward: bool = True
-    mp_policy: Any = None
+    fsdp_options: Any = None       # a dptune.ddp.fsdp.FSDPOptions with strategy FSDP
     device: Optional[int] = None
     micro_batches: Union[int, str] = 1
 
@@ -89,11 +105,10 @@ class Settings:
         return self.strategy is Strategy.FSDP
 
     @classmethod
-    def for_tuner(cls, *, batch_size: Any, objective: Any, headroom: Any, budget_level: Any,
-                  allocator: Any, nccl_bytes: Any, max_probes: Any, tolerance: Any,
+    def for_tuner(cls, *, batch_size: Any, objective: Any, budget: "Budget", search: "SearchSettings",
                   device_ids: Optional[Sequence[int]], simulate: Any, output_device: Any,
-                  verbose: Any, choice: Any = None) -> "Settings":
-        """:class:`dptune.Tuner`'s arguments (``choice``: cards already chosen)."""
+                  choice: Any = None) -> "Settings":
+        """:class:`dptune.Tuner`'s settings (``choice``: cards already chosen)."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UsageError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if batch_size > MAX_BATCH_SIZE:
@@ -103,10 +118,6 @@ class Settings:
         if choice is not None and (device_ids is not None or simulate is not None):
             raise UsageError("give the cards once: choice= (already chosen) or device_ids= / "
                              "simulate=, not both")
-        budget = Budget.of(budget_level, headroom, allocator, nccl_bytes)
-        check_int("max_probes", max_probes, 3)
-        if not (isinstance(tolerance, (int, float)) and 0 < tolerance < 1):
-            raise UsageError(f"tolerance must be a fraction of the budget in (0, 1), got {tolerance!r}")
         ids = None if device_ids is None else tuple(device_ids)
         if ids is not None and (not ids or any(isinstance(d, bool) or not isinstance(d, int)
                                                or d < 0 for d in ids)):
@@ -118,17 +129,16 @@ class Settings:
         if goal is Objective.THROUGHPUT and output_device != 0:
             raise UsageError("objective='throughput' gathers the outputs on card 0; "
                              "output_device is not supported with it yet")
-        return cls(objective=goal, batch_size=batch_size, budget=budget, max_probes=max_probes,
-                   simulate=simulate, tolerance=float(tolerance), device_ids=ids,
-                   output_device=output_device, verbose=bool(verbose))
+        return cls(objective=goal, batch_size=batch_size, budget=budget, max_probes=search.max_probes,
+                   simulate=simulate, tolerance=search.tolerance, device_ids=ids,
+                   output_device=output_device, verbose=search.verbose)
 
     @classmethod
-    def for_plan(cls, *, global_batch: Any, objective: Any, headroom: Any, budget_level: Any,
-                 allocator: Any, nccl_bytes: Any, max_rounds: Any, simulate: Any,
-                 bucket_cap_mb: Any, gradient_as_bucket_view: Any, strategy: Any, shard: Any,
-                 reshard_after_forward: Any, mp_policy: Any, device: Any,
+    def for_plan(cls, *, global_batch: Any, objective: Any, budget: "Budget", max_rounds: Any,
+                 simulate: Any, strategy: Strategy, ddp: DDPOptions, fsdp: Any, device: Any,
                  micro_batches: Any = 1) -> "Settings":
-        """:func:`dptune.ddp.plan`'s arguments (``objective=None``: the default)."""
+        """:func:`dptune.ddp.plan`'s settings (``objective=None``: the default; ``fsdp``: the
+        FSDP2 options, a :class:`dptune.ddp.fsdp.FSDPOptions`, with ``strategy=Strategy.FSDP``)."""
         goal = None if objective is None else Objective.parse(objective)
         if global_batch is not None:
             check_int("global_batch", global_batch, 1)
@@ -138,23 +148,90 @@ class Settings:
             raise UsageError(f"{what} splits a global batch: pass global_batch=N "
                              "(or objective='max_batch' for the largest that fits)")
         check_int("max_rounds", max_rounds, 3)
-        budget = Budget.of(budget_level, headroom, allocator, nccl_bytes)
-        options = DDPOptions(bucket_cap_mb, gradient_as_bucket_view)
-        if strategy not in tuple(Strategy):
-            raise UsageError(f"strategy must be 'ddp' or 'fsdp', got {strategy!r}")
-        how = Strategy(strategy)
-        if how is Strategy.FSDP:
-            if goal is Objective.THROUGHPUT:
-                raise UsageError("objective='throughput' is not available with strategy='fsdp' "
-                                 "(FSDP's all-gathers and reduce-scatters are not timed); use "
-                                 "'balance' or 'max_batch'")
-        elif shard is not None or mp_policy is not None or reshard_after_forward is not True:
-            raise UsageError("shard, reshard_after_forward and mp_policy are FSDP's: pass strategy='fsdp'")
-        _check_micro_batches(micro_batches, global_batch, goal, how)
+        if strategy is Strategy.FSDP and goal is Objective.THROUGHPUT:
+            raise UsageError("objective='throughput' is not available with strategy='fsdp' "
+                             "(FSDP's all-gathers and reduce-scatters are not timed); use "
+                             "'balance' or 'max_batch'")
+        _check_micro_batches(micro_batches, global_batch, goal, strategy)
         return cls(objective=goal, batch_size=global_batch, budget=budget, max_probes=max_rounds,
-                   simulate=simulate, ddp=options, strategy=how, shard=shard,
-                   reshard_after_forward=reshard_after_forward, mp_policy=mp_policy, device=device,
+                   simulate=simulate, ddp=ddp, strategy=strategy, fsdp_options=fsdp, device=device,
                    micro_batches=micro_batches)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How hard the search looks: ``max_probes`` (the most training steps run, each a probe;
+    a length plan's per bucket), ``tolerance`` (the largest miss between a prediction and a
+    probe for the fit to be trusted, as a fraction of the card's budget) and ``verbose`` (a
+    progress bar and notices on stderr)."""
+
+    max_probes: int = 12
+    tolerance: float = 0.02
+    verbose: bool = True
+
+    def __post_init__(self) -> None:
+        check_int("max_probes", self.max_probes, 3)
+        t = self.tolerance
+        if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0 < t < 1):
+            raise UsageError(f"tolerance must be a fraction of the budget in (0, 1), got {t!r}")
+        object.__setattr__(self, "tolerance", float(t))
+        object.__setattr__(self, "verbose", bool(self.verbose))
+
+
+#: the training step's keywords (:class:`dptune.step.workload.Workload`'s settings)
+STEP_KEYWORDS = ("amp", "accumulate", "clip_grad_norm", "step")
+_BUDGET_KEYWORDS = {"headroom": "headroom", "budget_level": "level", "allocator": "allocator",
+                    "nccl_bytes": "nccl_bytes"}
+_SEARCH_KEYWORDS = ("max_probes", "tolerance", "verbose")
+
+
+@dataclass(frozen=True)
+class Keywords:
+    """An entry point's ``**keywords``, sorted: the step's settings, the budget, the search
+    settings and the entry point's own remaining options."""
+
+    step: Mapping[str, Any]
+    budget: Budget
+    search: SearchSettings
+    rest: Mapping[str, Any]
+
+
+def sort_keywords(entry: str, keywords: Mapping[str, Any], *, budget: Optional[Budget] = None,
+                  search: Optional[SearchSettings] = None,
+                  search_default: SearchSettings = SearchSettings(),
+                  own: Sequence[str] = ()) -> Keywords:
+    """Sort ``keywords`` given to ``entry`` (e.g. ``"Tuner()"``) into the objects they shorten.
+
+    The budget's keywords (``headroom``, ``budget_level``, ``allocator``, ``nccl_bytes``) may
+    not be given beside ``budget=``, nor the search's (``max_probes``, ``tolerance``,
+    ``verbose``) beside ``search=``; ``own`` names the entry point's other keywords. Anything
+    else is a :class:`UsageError` that lists what ``entry`` takes.
+    """
+    known = set(STEP_KEYWORDS) | set(_BUDGET_KEYWORDS) | set(_SEARCH_KEYWORDS) | set(own)
+    unknown = sorted(set(keywords) - known)
+    if unknown:
+        raise UsageError(f"{entry} got unexpected keyword(s) {', '.join(unknown)}; it takes "
+                         f"{', '.join(sorted(known))}, and the objects budget=, search=")
+    # None is every budget keyword's default: not given
+    asked = {_BUDGET_KEYWORDS[k]: v for k, v in keywords.items() if k in _BUDGET_KEYWORDS and v is not None}
+    if budget is not None and asked:
+        raise UsageError(f"{entry}: give the budget once, budget= or "
+                         f"{', '.join(k for k in _BUDGET_KEYWORDS if keywords.get(k) is not None)}, "
+                         "not both")
+    looks = {k: v for k, v in keywords.items() if k in _SEARCH_KEYWORDS}
+    if search is not None and looks:
+        raise UsageError(f"{entry}: give the search settings once, search= or "
+                         f"{', '.join(sorted(looks))}, not both")
+    if budget is not None and not isinstance(budget, Budget):
+        raise UsageError(f"{entry}: budget must be a dptune.Budget (Budget.at(level=..., "
+                         f"headroom=...)), got {type(budget).__name__}")
+    if search is not None and not isinstance(search, SearchSettings):
+        raise UsageError(f"{entry}: search must be a dptune.SearchSettings, got {type(search).__name__}")
+    if search is None:
+        search = SearchSettings(**{**search_default.__dict__, **looks})
+    return Keywords(step={k: v for k, v in keywords.items() if k in STEP_KEYWORDS},
+                    budget=budget if budget is not None else Budget.at(**asked), search=search,
+                    rest={k: v for k, v in keywords.items() if k in own})
 
 
 def _check_micro_batches(micro: Any, global_batch: Optional[int], goal: Optional[Objective],

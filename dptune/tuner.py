@@ -20,16 +20,15 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from dptune import search
 from dptune.step.advice import unread_outputs_advice
-from dptune.backends.simulated.allocator import AllocatorConfig
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
 from dptune.backends.choice import BackendChoice, build_backend, choose_backend, timed
-from dptune.backends.simulated.reserved import DEFAULT_LEVEL, BudgetLevel, ReservedModel, advice_lines, at_level
+from dptune.backends.simulated.reserved import BudgetLevel, ReservedModel, advice_lines, at_level
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result.model import SplitFigures, TuneResult, imbalance
 from dptune.search.messages import card0_holdings
 from dptune.search.output_card import reuse, swapped, swapped_outcome
 from dptune.search.throughput import check_global_batch
-from dptune.settings import Settings
+from dptune.settings import Budget, SearchSettings, Settings, sort_keywords
 from dptune.step.spec import WorkloadSpec
 from dptune.types import BackendKind, Objective, card_in_use
 from dptune.units import format_bytes
@@ -67,26 +66,25 @@ class Tuner:
     - ``simulate``: a cluster spec such as ``"4x24GB"`` or a ``Cluster``: tune on simulated
       cards. ``None``: real GPUs when there are any, else the simulated ``"4x24GB"`` (with a
       one-line notice on stderr when ``verbose``).
-    - ``headroom``: memory left free on every card (bytes or a string such as ``"1GiB"``);
-      each card's budget is its memory minus what others use minus this. Default: 256 MiB at
-      ``budget_level="reserved"`` (the default), 1 GiB at ``"allocated"`` (why:
-      :data:`dptune.backends.simulated.reserved.DEFAULT_HEADROOM`).
-    - ``budget_level``: the figure checked against each budget: ``"reserved"`` (the default:
-      the caching allocator's reserved peak plus NCCL's buffers, what runs out on a card; on
-      simulated cards predicted by the allocator model, :mod:`dptune.backends.simulated.allocator`; on
-      real cards ``max_memory_reserved``) or ``"allocated"`` (the allocated peak alone).
-      ``allocator``: the allocator's options in ``PYTORCH_CUDA_ALLOC_CONF`` syntax for the
-      model (default: that environment variable); ``nccl_bytes``: NCCL's buffers per card
-      (default: :mod:`dptune.budget`).
-    - ``max_probes``: the most training steps run (each one is a probe); ``tolerance``: the
-      largest miss between a prediction and a probe for the fit to be trusted, as a fraction
-      of the card's budget (or of its peak, where that is smaller).
+    - ``budget``: what each card's peak is checked against, a :class:`dptune.Budget`
+      (``Budget.at(level="reserved", headroom="1GiB")``); default: the caching allocator's
+      reserved peak plus the strategy's fixed costs (NCCL's buffers), with 256 MiB of headroom
+      (1 GiB at ``level="allocated"``; why: :data:`dptune.backends.simulated.reserved.DEFAULT_HEADROOM`).
+      On simulated cards the reserved level is predicted by a model of the allocator
+      (:mod:`dptune.backends.simulated.allocator`); on real cards it is ``max_memory_reserved``.
+      The shorthand keywords ``headroom=``, ``budget_level=``, ``allocator=``, ``nccl_bytes=``
+      build the same object.
+    - ``search``: a :class:`dptune.SearchSettings`: ``max_probes`` (the most training steps
+      run, each one a probe), ``tolerance`` (the largest miss between a prediction and a
+      probe for the fit to be trusted, as a fraction of the card's budget) and ``verbose``;
+      the keywords ``max_probes=``, ``tolerance=``, ``verbose=`` build the same object.
+    - ``model`` may be a whole :class:`dptune.Workload` (then no ``sample``, ``loss_fn``,
+      ``optimizer`` nor step keywords beside it).
     - ``backend``: an already-built backend (:class:`dptune.backends.base.Backend`); skips
       the selection above and is not closed by the tuner.
     - ``choice``: the cards already chosen by :func:`choose_backend` (instead of
       ``device_ids``/``simulate``), so that a caller that needed them first (the Hugging Face
       integration counts them for the default batch) and the tuner decide once.
-    - ``verbose``: a progress bar and notices on stderr; ``False`` prints nothing.
     - ``amp`` (``None``, ``"bf16"``, ``"fp16"``), ``accumulate``, ``clip_grad_norm``, ``step``:
       the training step's settings, as in :class:`dptune.step.workload.Workload`; the result
       records them (``result.settings``).
@@ -105,34 +103,28 @@ class Tuner:
       advice say how many micro-batches).
     """
 
-    def __init__(self, model: Any, sample: Callable[[int], Any], batch_size: int = 256,
+    def __init__(self, model: Any, sample: Optional[Callable[[int], Any]] = None, batch_size: int = 256,
                  loss_fn: Optional[Callable[[Any, Any], Any]] = None,
                  optimizer: Optional[Callable[[Iterable[Any]], Any]] = None, *,
+                 objective: Union[str, Objective] = Objective.BALANCE,
                  device_ids: Optional[Sequence[int]] = None, simulate: Any = None,
-                 objective: Union[str, Objective] = Objective.BALANCE, headroom: Union[int, str, None] = None,
-                 verbose: bool = True, max_probes: int = 12, tolerance: float = 0.02,
-                 backend: Optional[Backend] = None, amp: Optional[str] = None,
-                 accumulate: int = 1, clip_grad_norm: Optional[float] = None,
-                 step: Optional[Callable[[Any, Any, Any], None]] = None,
-                 output_device: Union[int, str] = 0, choice: Optional[BackendChoice] = None,
-                 budget_level: str = DEFAULT_LEVEL.value,
-                 allocator: Union[str, AllocatorConfig, None] = None,
-                 nccl_bytes: Union[int, str, None] = None, global_batch: Optional[int] = None):
+                 budget: Optional[Budget] = None, search: Optional[SearchSettings] = None,
+                 output_device: Union[int, str] = 0, global_batch: Optional[int] = None,
+                 **keywords: Any):
+        kw = sort_keywords("Tuner()", keywords, budget=budget, search=search, own=("backend", "choice"))
+        backend: Optional[Backend] = kw.rest.get("backend")
+        choice: Optional[BackendChoice] = kw.rest.get("choice")
         #: every setting, checked once (:class:`dptune.settings.Settings`)
         self.settings = Settings.for_tuner(
-            batch_size=batch_size, objective=objective, headroom=headroom,
-            budget_level=budget_level, allocator=allocator, nccl_bytes=nccl_bytes,
-            max_probes=max_probes, tolerance=tolerance, device_ids=device_ids, simulate=simulate,
-            output_device=output_device, verbose=verbose, choice=choice)
-        self.workload = Workload(model=model, sample=sample, loss_fn=loss_fn, optimizer=optimizer,
-                                 amp=amp, accumulate=accumulate, clip_grad_norm=clip_grad_norm,
-                                 step=step)
+            batch_size=batch_size, objective=objective, budget=kw.budget, search=kw.search,
+            device_ids=device_ids, simulate=simulate, output_device=output_device, choice=choice)
+        self.workload = _workload(model, sample, loss_fn, optimizer, kw.step)
         self.backend = backend
         self.choice = choice
         self._isolated: Optional[WorkloadSpec] = None    # set by from_spec(isolate=True)
         #: the speed figures of the last fit (even, memory-balanced, fastest), when timed
         self.speed: tuple = ()
-        self.global_batch = check_global_batch(global_batch, self.objective, accumulate)
+        self.global_batch = check_global_batch(global_batch, self.objective, self.workload.accumulate)
 
     # read-only: a tuner's settings are fixed when it is made (the others: ``tuner.settings``)
     @property
@@ -178,11 +170,7 @@ class Tuner:
                     "here; drop isolate to tune on the simulated cluster (simulate=, --simulate)")
             raise UsageError("isolate=True (--isolate) runs each probe on real GPUs in a child "
                              "process; it does not apply to simulated cards (simulate=, --simulate)")
-        wl = spec.build()
-        tuner = cls(wl.model, wl.sample, batch_size, wl.loss_fn, wl.optimizer,
-                    choice=choice, amp=wl.amp,
-                    accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm, step=wl.step,
-                    **options)
+        tuner = cls(spec.build(), batch_size=batch_size, choice=choice, **options)
         tuner._isolated = spec if isolate else None
         return tuner
 
@@ -479,3 +467,20 @@ def _advice(best: ProbeResult, even: SplitFigures, outcome: search.SearchOutcome
             "forward, a larger card 0" + (", or a smaller optimizer state" if "optimizer"
                                           in holds else "") + " would help")
     return out
+
+
+def _workload(model: Any, sample: Optional[Callable[[int], Any]], loss_fn: Any, optimizer: Any,
+              step: Any) -> Workload:
+    """The training step: ``model`` given as a :class:`Workload` (nothing else of the step
+    beside it), or built from the model, ``sample`` and the step's keywords."""
+    if isinstance(model, Workload):
+        given = [n for n, v in (("sample", sample), ("loss_fn", loss_fn), ("optimizer", optimizer))
+                 if v is not None] + sorted(step)
+        if given:
+            raise UsageError(f"the model is given as a Workload, which holds the whole step: drop "
+                             f"{', '.join(given)} (or give them to the Workload)")
+        return model
+    if sample is None:
+        raise UsageError("Tuner(model, sample, ...) needs sample(batch_size) -> batch, or the "
+                         "whole step as a dptune.Workload")
+    return Workload(model=model, sample=sample, loss_fn=loss_fn, optimizer=optimizer, **step)

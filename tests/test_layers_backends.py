@@ -24,10 +24,13 @@ def dptune_imports(path: pathlib.Path) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("dptune")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dptune"):
-            if node.module == "dptune":   # from dptune import _tree
+            # from dptune.step import tree: the module dptune.step.tree (a package's submodule)
+            subs = {f"{node.module}.{a.name}" for a in node.names
+                    if (ROOT.parent / f"{node.module}.{a.name}".replace(".", "/")).with_suffix(".py").exists()}
+            if node.module == "dptune":   # from dptune import errors
                 found |= {f"dptune.{a.name}" for a in node.names}
             else:
-                found.add(node.module)
+                found |= subs or {node.module}
     return found
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from dptune import Tuner, ddp
+from dptune import Budget, SearchSettings, Tuner, Workload, ddp
+from dptune.backends.simulated.ddp_memory import DDPOptions
 from dptune.backends.simulated.reserved import BudgetLevel
 from dptune.errors import UsageError
 from dptune.settings import Settings
@@ -67,13 +68,52 @@ def test_the_settings_are_frozen_and_typed():
     assert s.budget.reserved is not None and s.max_probes == 12
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.max_probes = 99  # type: ignore[misc]
-    plan = Settings.for_plan(global_batch=8, objective=None, headroom=None,
-                             budget_level="allocated", allocator=None, nccl_bytes=None,
-                             max_rounds=16, simulate="2x24GB", bucket_cap_mb=None,
-                             gradient_as_bucket_view=False, strategy="fsdp", shard=None,
-                             reshard_after_forward=True, mp_policy=None, device=None)
+    plan = Settings.for_plan(global_batch=8, objective=None, budget=Budget.at(level="allocated"),
+                             max_rounds=16, simulate="2x24GB", strategy=Strategy.FSDP,
+                             ddp=DDPOptions(), fsdp=None, device=None)
     assert plan.objective is None and plan.strategy is Strategy.FSDP and plan.fsdp
     assert plan.budget.headroom_bytes == 1 << 30     # the allocated level's default
+
+
+def test_entry_points_take_objects_and_the_keywords_build_the_same():
+    """Issue 34: budget= and search= objects, or their keywords, give the same settings; the
+    keywords beside their object, and unknown keywords, are one usage error each."""
+    by_words = Tuner(model(), sample, 8, simulate="2x24GB", headroom="512MiB",
+                     budget_level="allocated", max_probes=7, tolerance=0.05, verbose=False)
+    by_objects = Tuner(model(), sample, 8, simulate="2x24GB",
+                       budget=Budget.at(level="allocated", headroom="512MiB"),
+                       search=SearchSettings(max_probes=7, tolerance=0.05, verbose=False))
+    assert by_words.settings == by_objects.settings
+    assert by_objects.settings.budget.headroom_bytes == 512 << 20
+    assert (by_objects.settings.max_probes, by_objects.settings.tolerance) == (7, 0.05)
+    assert "give the budget once" in _message(lambda: Tuner(
+        model(), sample, 8, simulate="2x24GB", budget=Budget.at(), headroom="1GiB"))
+    assert "give the search settings once" in _message(lambda: Tuner(
+        model(), sample, 8, simulate="2x24GB", search=SearchSettings(), max_probes=5))
+    assert "unexpected keyword(s) max_probe;" in _message(lambda: Tuner(
+        model(), sample, 8, simulate="2x24GB", max_probe=5))
+    assert "max_probes must be an int >= 3" in _message(lambda: SearchSettings(max_probes=2))
+    # the whole step as one Workload, and nothing of the step beside it
+    wl = Workload(model=model(), sample=sample, amp="bf16", accumulate=2)
+    tuner = Tuner(wl, batch_size=8, simulate="2x24GB", verbose=False)
+    assert tuner.workload is wl and tuner.workload.settings.accumulate == 2
+    assert "drop sample, amp" in _message(lambda: Tuner(wl, sample, 8, amp="fp16"))
+    # the DDP planner: the strategy as its options object, or as words and keywords
+    assert "are FSDP's: pass strategy='fsdp'" in _message(lambda: ddp.plan(
+        model(), sample, global_batch=8, simulate="2x24GB", mp_policy=None, shard=print))
+    assert "strategy= is given as options already: drop bucket_cap_mb" in _message(lambda: ddp.plan(
+        model(), sample, global_batch=8, simulate="2x24GB", strategy=DDPOptions(), bucket_cap_mb=5))
+
+
+def test_no_entry_point_takes_more_than_twelve_parameters():
+    import inspect
+
+    from dptune.lengths import plan_lengths
+
+    for fn in (Tuner.__init__, ddp.plan, plan_lengths):
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
+        assert len(params) <= 12, (fn.__qualname__, len(params))
 
 
 def test_every_objective_goes_through_the_enum():

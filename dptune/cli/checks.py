@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from dptune.backends.simulated.reserved import DEFAULT_LEVEL
 from dptune.errors import OutputError, UsageError
@@ -28,13 +28,16 @@ from dptune.split import MAX_BATCH_SIZE
 from dptune.units import format_bytes, parse_bytes
 from dptune.step.workload import ACCUMULATE_BOUND, MAX_ACCUMULATE
 
+if TYPE_CHECKING:  # pragma: no cover
+    from dptune.settings import Budget
+
 __all__ = ["MAX_SIMULATED_CARDS", "MAX_HEADROOM_BYTES", "REPORT_TEMP_ROOM", "check_out",
            "check_plan_out", "check_cards", "shorten",
            # argparse types
            "card_or_auto", "positive_int", "positive_float", "batch_size_arg", "byte_size",
            "headroom_arg", "accumulate_arg", "out_path", "device_ids_arg", "budget_level_arg",
            "allocator_arg", "nccl_bytes_arg", "level_arguments", "check_level_flags",
-           "level_options"]
+           "budget_of"]
 
 #: The most cards ``--simulate`` takes (``search`` and ``plan``); see the module docstring.
 MAX_SIMULATED_CARDS = 1024
@@ -179,9 +182,14 @@ def check_level_flags(args: argparse.Namespace) -> None:
                              f"{' and '.join(given)}")
 
 
-def level_options(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(budget_level=args.budget_level, allocator=args.allocator,
-                nccl_bytes=args.nccl_bytes)
+def budget_of(args: argparse.Namespace) -> "Budget":
+    """The budget the flags ask for (``--budget-level``, ``--headroom``, ``--allocator``,
+    ``--nccl-bytes``), checked and built once."""
+    from dptune.settings import Budget
+
+    check_level_flags(args)
+    return Budget.at(level=args.budget_level, headroom=args.headroom, allocator=args.allocator,
+                     nccl_bytes=args.nccl_bytes)
 
 
 def accumulate_arg(text: str) -> int:

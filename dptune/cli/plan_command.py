@@ -8,29 +8,30 @@ import argparse
 import contextlib
 import json
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from dptune.backends.simulated.reserved import DEFAULT_LEVEL
 from dptune.cli.arguments import (EPILOG, headroom_argument, objective_argument, step_arguments,
                                   workload_arguments, workload_spec)
 from dptune.cli.checks import (check_cards, check_level_flags, check_plan_out, level_arguments,
-                               level_options, out_path, positive_float, positive_int)
+                               budget_of, out_path, positive_float, positive_int)
 from dptune.errors import EXIT_OK, UsageError
 from dptune.step.spec import WorkloadSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dptune.settings import Budget
 
 __all__ = ["ddp_plan", "plan_parser"]
 
 
 def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
              simulate: str = "4x24GB", objective: Optional[str] = None,
-             headroom_bytes: Optional[int] = None, bucket_cap_mb: Optional[float] = None,
-             gradient_as_bucket_view: bool = False, budget_level: str = DEFAULT_LEVEL.value,
-             allocator: Optional[str] = None, nccl_bytes: Optional[int] = None,
-             strategy: str = "ddp", reshard_after_forward: bool = True,
-             mp_param_dtype: Optional[str] = None, micro_batches: Any = 1) -> Any:
+             budget: Optional["Budget"] = None, bucket_cap_mb: Optional[float] = None,
+             gradient_as_bucket_view: bool = False, strategy: str = "ddp",
+             reshard_after_forward: bool = True, mp_param_dtype: Optional[str] = None,
+             micro_batches: Any = 1) -> Any:
     """``dptune plan`` without the printing: per-rank DDP batch sizes on a simulated cluster
     (one rank per card) for the step ``spec`` describes; returns the :class:`dptune.ddp.DDPPlan`.
-    ``headroom_bytes`` ``None``: the budget level's default. ``strategy="fsdp"``: FSDP2 with
+    ``budget``: a :class:`dptune.Budget` (``None``: the default). ``strategy="fsdp"``: FSDP2 with
     the default sharding, ``mp_param_dtype`` ("bf16", "fp16") the ``MixedPrecisionPolicy``'s
     parameter dtype (gradients reduced in fp32). ``micro_batches``: as :func:`dptune.ddp.plan`'s
     (``"auto"``: ``global_batch`` per optimizer step, with gradient accumulation)."""
@@ -51,12 +52,12 @@ def ddp_plan(spec: WorkloadSpec, *, global_batch: Optional[int] = None,
         raise UsageError("--no-reshard-after-forward and --mp-param-dtype are FSDP's: add "
                          "--strategy fsdp")
     wl = spec.build()
+    ddp: dict[str, Any] = {} if fsdp else dict(bucket_cap_mb=bucket_cap_mb,
+                                               gradient_as_bucket_view=gradient_as_bucket_view)
     return plan(wl.model, wl.sample, wl.loss_fn, wl.optimizer, global_batch=global_batch,
-                objective=objective, simulate=cluster, headroom=headroom_bytes,
-                bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
-                amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
-                step=wl.step, budget_level=budget_level, allocator=allocator,
-                nccl_bytes=nccl_bytes, micro_batches=micro_batches, **fsdp)
+                objective=objective, simulate=cluster, budget=budget, amp=wl.amp,
+                accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm, step=wl.step,
+                micro_batches=micro_batches, **ddp, **fsdp)
 
 
 def plan_parser(subparsers: Any) -> None:
@@ -145,10 +146,10 @@ def _plan_command(args: argparse.Namespace) -> int:
             workload_spec(args), simulate=simulate,
             global_batch=args.batch_size if args.global_batch is None else args.global_batch,
             micro_batches=1 if args.global_batch is None else "auto",
-            objective=args.objective, headroom_bytes=args.headroom,
+            objective=args.objective, budget=budget_of(args),
             bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
             strategy=args.strategy, reshard_after_forward=not args.no_reshard_after_forward,
-            mp_param_dtype=args.mp_param_dtype, **level_options(args))
+            mp_param_dtype=args.mp_param_dtype)
         if args.out:
             target = args.out
         else:

@@ -12,54 +12,51 @@ import pathlib
 import sys
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
-from dptune.backends.simulated.reserved import DEFAULT_LEVEL
 from dptune.cli.arguments import (DEFAULT_BATCH_SIZE, load_trainer, model_only_flags, EPILOG, headroom_argument,
                                   objective_argument, step_arguments, workload_arguments,
                                   workload_spec)
-from dptune.cli.checks import (REPORT_TEMP_ROOM, card_or_auto, check_cards, check_level_flags,
-                               check_out, device_ids_arg, level_arguments, level_options,
+from dptune.cli.checks import (REPORT_TEMP_ROOM, card_or_auto, check_cards, check_out, device_ids_arg, level_arguments, budget_of,
                                out_path, positive_int)
 from dptune.errors import EXIT_OK, UsageError
+from dptune.settings import SearchSettings
 from dptune.step.spec import WorkloadSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from dptune.result.model import TuneResult
+    from dptune.settings import Budget
 
 __all__ = ["search", "search_trainer", "default_report_dir", "search_parser"]
 
 
 def search(spec: WorkloadSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
            devices: Optional[Sequence[int]] = None, simulate: Optional[str] = None,
-           objective: str = "balance", headroom_bytes: Optional[int] = None, max_probes: int = 12,
-           verbose: bool = True, isolate: bool = False,
-           output_device: Union[int, str] = 0, budget_level: str = DEFAULT_LEVEL.value,
-           allocator: Optional[str] = None, nccl_bytes: Optional[int] = None,
-           global_batch: Optional[int] = None) -> "TuneResult":
+           objective: str = "balance", budget: Optional["Budget"] = None,
+           search_settings: Optional["SearchSettings"] = None, isolate: bool = False,
+           output_device: Union[int, str] = 0, global_batch: Optional[int] = None) -> "TuneResult":
     """``dptune search`` without the printing: :meth:`dptune.Tuner.from_spec`, then ``fit``.
     With neither ``devices`` nor ``simulate``, all visible GPUs are used, or the default
-    simulated cluster when none is visible (the tuner says so once). ``headroom_bytes``
-    ``None``: the budget level's default; ``budget_level``, ``allocator``, ``nccl_bytes``: as
-    :class:`dptune.Tuner`'s."""
+    simulated cluster when none is visible (the tuner says so once). ``budget`` and
+    ``search_settings``: as :class:`dptune.Tuner`'s ``budget=`` and ``search=`` (``None``:
+    the defaults)."""
     from dptune.tuner import Tuner
 
     tuner = Tuner.from_spec(spec, batch_size, device_ids=list(devices) if devices else None,
                             simulate=simulate, isolate=isolate, objective=objective,
-                            headroom=headroom_bytes, verbose=verbose, max_probes=max_probes,
-                            output_device=output_device, budget_level=budget_level,
-                            allocator=allocator, nccl_bytes=nccl_bytes, global_batch=global_batch)
+                            budget=budget, search=search_settings, output_device=output_device,
+                            global_batch=global_batch)
     return tuner.fit()
 
 
 def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
                    batch_size: Optional[int] = None, devices: Optional[Sequence[int]] = None,
                    simulate: Optional[str] = None, objective: str = "balance",
-                   headroom_bytes: Optional[int] = None, max_probes: int = 12,
-                   verbose: bool = True, **levels: Any) -> "TuneResult":
+                   budget: Optional["Budget"] = None,
+                   search_settings: Optional["SearchSettings"] = None) -> "TuneResult":
     """``dptune search --hf-trainer mymod:make_trainer``: call ``make_trainer()`` and tune the
     Trainer it returns with :func:`dptune.integrations.transformers.tune_trainer`.
 
     ``ignored`` names flags given that describe a model, which the Trainer already defines;
-    ``levels``: ``budget_level``, ``allocator``, ``nccl_bytes`` for the :class:`dptune.Tuner`.
+    ``budget`` and ``search_settings``: as :class:`dptune.Tuner`'s ``budget=`` and ``search=``.
     """
     from dptune.hardware.cluster import parse_cluster
 
@@ -71,9 +68,9 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
     trainer = load_trainer(make_trainer)
     from dptune.integrations.transformers import tune_trainer
 
-    return tune_trainer(trainer, objective=objective, simulate=cluster, headroom=headroom_bytes,
-                        batch_size=batch_size, device_ids=list(devices) if devices else None,
-                        max_probes=max_probes, verbose=verbose, **levels)
+    return tune_trainer(trainer, objective=objective, simulate=cluster, batch_size=batch_size,
+                        device_ids=list(devices) if devices else None, budget=budget,
+                        search=search_settings)
 
 
 def default_report_dir(result: "TuneResult") -> pathlib.Path:
@@ -142,7 +139,8 @@ def _search_command(args: argparse.Namespace) -> int:
     if args.out:  # before minutes of probing
         check_out(args.out, "--out", room=REPORT_TEMP_ROOM, report=True)
     check_cards(args.simulate, args.devices, 0 if args.hf_trainer else args.output_device)
-    check_level_flags(args)
+    budget = budget_of(args)          # the flags' objects, built once
+    look = SearchSettings(max_probes=args.max_probes, verbose=not args.quiet)
     if args.global_batch is not None and (args.objective != "throughput" or args.hf_trainer
                                           or args.lengths is not None):
         raise UsageError("--global-batch needs --objective throughput, with the model flags "
@@ -159,16 +157,14 @@ def _search_command(args: argparse.Namespace) -> int:
             result = search_trainer(
                 args.hf_trainer, ignored=model_only_flags(args), batch_size=args.batch_size,
                 devices=args.devices, simulate=args.simulate,
-                objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
-                max_probes=args.max_probes, verbose=not args.quiet, **level_options(args))
+                objective=args.objective.replace("-", "_"), budget=budget, search_settings=look)
         else:
             result = search(
                 workload_spec(args), batch_size=args.batch_size or DEFAULT_BATCH_SIZE,
                 devices=args.devices, simulate=args.simulate,
-                objective=args.objective.replace("-", "_"), headroom_bytes=args.headroom,
-                max_probes=args.max_probes, verbose=not args.quiet, isolate=args.isolate,
-                output_device=args.output_device, global_batch=args.global_batch,
-                **level_options(args))
+                objective=args.objective.replace("-", "_"), budget=budget, search_settings=look,
+                isolate=args.isolate, output_device=args.output_device,
+                global_batch=args.global_batch)
         folder = pathlib.Path(args.out) if args.out else default_report_dir(result)
         write_report(result, folder, plots=not args.no_plots)
     if args.json:

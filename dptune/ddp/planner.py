@@ -45,18 +45,18 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
-from dptune.backends.simulated.allocator_config import AllocatorConfig
-from dptune.backends.simulated.reserved import DEFAULT_LEVEL, BudgetLevel
+from dptune.backends.simulated.reserved import BudgetLevel
 from dptune.ddp.group import Group, LocalGroup, TorchGroup
 from dptune.ddp.probers import Prober, SimulatedProber, local_cuda_prober
 from dptune.ddp.ranks import RankInfo
 from dptune.ddp.result import DDPPlan, RankPlan, RankReason, loss_scales
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.search.ranks import RankObservations, Runner, balance_ranks, bracket_ranks, cap_of
-from dptune.settings import Settings
-from dptune.types import BackendKind, Objective
+from dptune.backends.simulated.ddp_memory import DDPOptions
+from dptune.settings import Budget, Settings, sort_keywords
+from dptune.types import BackendKind, Objective, Strategy
 from dptune.units import format_bytes
 
 __all__ = ["plan", "OBJECTIVES"]
@@ -94,18 +94,16 @@ class _Found:
 def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..., Any]] = None,
          optimizer: Optional[Callable[..., Any]] = None, *, global_batch: Optional[int] = None,
          objective: Optional[str] = None, simulate: Optional[Union[str, Any]] = None,
-         headroom: Union[int, str, None] = None, bucket_cap_mb: Optional[float] = None,
-         gradient_as_bucket_view: bool = False, max_rounds: int = 16,
-         device: Optional[int] = None, strategy: str = "ddp", shard: Optional[Callable] = None,
-         reshard_after_forward: bool = True, mp_policy: Any = None,
-         budget_level: str = DEFAULT_LEVEL.value, allocator: Union[str, AllocatorConfig, None] = None,
-         nccl_bytes: Union[int, str, None] = None, micro_batches: Union[int, str] = 1,
-         **step_options: Any) -> DDPPlan:
+         device: Optional[int] = None, budget: Optional[Budget] = None, strategy: Any = "ddp",
+         micro_batches: Union[int, str] = 1, **keywords: Any) -> DDPPlan:
     """Per-rank batch sizes for ``DistributedDataParallel`` on unequal cards.
 
-    ``model``, ``sample``, ``loss_fn``, ``optimizer`` and ``step_options`` (``amp``,
+    ``model``, ``sample``, ``loss_fn``, ``optimizer`` and the step's keywords (``amp``,
     ``accumulate``, ``clip_grad_norm``, ``step``) describe one rank's training step as for
-    :class:`dptune.Tuner`; ``sample(b)`` builds a local batch of ``b``.
+    :class:`dptune.Tuner`; ``sample(b)`` builds a local batch of ``b``. ``budget``: a
+    :class:`dptune.Budget`, as for :class:`dptune.Tuner` (or its keywords ``headroom=``,
+    ``budget_level=``, ``allocator=``, ``nccl_bytes=``); ``max_rounds=`` (default 16) bounds
+    the probing rounds, every rank probing once a round.
 
     - ``objective``: by default (``None``) the fastest per-rank batches of ``global_batch``
       that fit (``"throughput"``: each rank's step time estimated on the simulated cluster,
@@ -117,20 +115,20 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
       process group the whole plan is made in this process; inside a ``torchrun`` job rank
       r simulates card r. Inside a job without ``simulate``, each rank probes its own CUDA
       card (``device``, default ``torch.cuda.current_device()``): call ``plan`` on every rank.
-    - ``headroom``: kept free on every card (default 256 MiB at the reserved level, the
-      default; 1 GiB at ``budget_level="allocated"``);
-      ``bucket_cap_mb``, ``gradient_as_bucket_view``: the DDP arguments you will use.
+    - ``strategy``: ``"ddp"`` (the default; ``bucket_cap_mb=``, ``gradient_as_bucket_view=``:
+      the DDP arguments you will use, or ``strategy=DDPOptions(...)``) or ``"fsdp"`` (below).
     - ``micro_batches``: ``global_batch`` trained as that many equal micro-batches with
       gradient accumulation (1: one step; an int that divides it; ``"auto"``: with the
       throughput objective, the number and the split that finish it fastest within every
       rank's memory); the plan's batches are one micro-batch's, ``plan.micro_batches`` the
       number, and ``plan.scale_loss`` divides each micro-batch's loss by it.
-    - ``budget_level``, ``allocator``, ``nccl_bytes``: as :class:`dptune.Tuner`'s; at
-      ``"reserved"`` (the default) each rank's peak is the caching allocator's reserved peak plus NCCL's
-      buffers (simulated ranks: the allocator model; real cards: ``max_memory_reserved``).
-    - ``strategy="fsdp"``: the model is sharded with FSDP2 (``fully_shard``) instead, by
-      ``shard(model, mesh)`` or by default each ``ModuleList`` block then the root with
-      ``reshard_after_forward`` and ``mp_policy`` (see :mod:`dptune.ddp.fsdp`); on simulated
+    - ``budget``: at the reserved level (the default) each rank's peak is the caching
+      allocator's reserved peak plus NCCL's buffers (simulated ranks: the allocator model;
+      real cards: ``max_memory_reserved``).
+    - ``strategy="fsdp"`` (or ``strategy=FSDPOptions(...)``): the model is sharded with FSDP2
+      (``fully_shard``) instead, by ``shard(model, mesh)`` or by default each ``ModuleList``
+      block then the root with ``reshard_after_forward`` and ``mp_policy`` (see
+      :mod:`dptune.ddp.fsdp`); on simulated
       cards, or inside a job on each rank's own CUDA card (:mod:`dptune.backends.cuda.fsdp`).
 
     The arguments are checked once (:class:`dptune.settings.Settings`). Every rank returns
@@ -140,19 +138,16 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     from dptune.backends.simulated.ddp import make_workload
 
     t0 = time.perf_counter()
+    kw = sort_keywords("plan()", keywords, budget=budget, own=_PLAN_KEYWORDS)
+    if "max_probes" in keywords or "tolerance" in keywords:
+        raise UsageError("plan() takes max_rounds= (the probing rounds, every rank at once), "
+                         "not max_probes= or tolerance=")
+    how, options, fsdp = _strategy(strategy, kw.rest)
     settings = Settings.for_plan(
-        global_batch=global_batch, objective=objective, headroom=headroom,
-        budget_level=budget_level, allocator=allocator, nccl_bytes=nccl_bytes,
-        max_rounds=max_rounds, simulate=simulate, bucket_cap_mb=bucket_cap_mb,
-        gradient_as_bucket_view=gradient_as_bucket_view, strategy=strategy, shard=shard,
-        reshard_after_forward=reshard_after_forward, mp_policy=mp_policy, device=device,
-        micro_batches=micro_batches)
-    fsdp: Any = None
-    if settings.fsdp:
-        from dptune.ddp.fsdp import FSDPOptions
-
-        fsdp = FSDPOptions(shard, reshard_after_forward, mp_policy)
-    workload = make_workload(model, sample, loss_fn, optimizer, step_options)
+        global_batch=global_batch, objective=objective, budget=kw.budget,
+        max_rounds=kw.rest.get("max_rounds", 16), simulate=simulate, strategy=how, ddp=options,
+        fsdp=fsdp, device=device, micro_batches=micro_batches)
+    workload = make_workload(model, sample, loss_fn, optimizer, dict(kw.step))
     job = _job(settings)
     probers: dict[int, Prober] = {}
     shared: dict = {}     # simulated ranks on one card type share one simulator
@@ -185,6 +180,35 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
         for p in probers.values():
             p.close()
     return _the_plan(settings, job, obs, infos, found, fsdp, time.perf_counter() - t0)
+
+
+_DDP_KEYWORDS = ("bucket_cap_mb", "gradient_as_bucket_view")
+_FSDP_KEYWORDS = ("shard", "reshard_after_forward", "mp_policy")
+_PLAN_KEYWORDS = ("max_rounds",) + _DDP_KEYWORDS + _FSDP_KEYWORDS
+
+
+def _strategy(strategy: Any, rest: Mapping[str, Any]) -> tuple[Strategy, DDPOptions, Any]:
+    """``strategy=`` (``"ddp"``, ``"fsdp"``, a :class:`DDPOptions` or an
+    :class:`~dptune.ddp.fsdp.FSDPOptions`) and the strategy's keywords, as the strategy, the
+    DDP options and the FSDP2 options (``None`` under DDP)."""
+    from dptune.ddp.fsdp import FSDPOptions
+
+    ddp_kw = {k: rest[k] for k in _DDP_KEYWORDS if k in rest}
+    fsdp_kw = {k: rest[k] for k in _FSDP_KEYWORDS if k in rest}
+    if isinstance(strategy, (DDPOptions, FSDPOptions)) and (ddp_kw or fsdp_kw):
+        raise UsageError(f"strategy= is given as options already: drop {', '.join(ddp_kw | fsdp_kw)}")
+    if isinstance(strategy, DDPOptions):
+        return Strategy.DDP, strategy, None
+    if isinstance(strategy, FSDPOptions):
+        return Strategy.FSDP, DDPOptions(), strategy
+    if not (isinstance(strategy, Strategy) or strategy in tuple(s.value for s in Strategy)):
+        raise UsageError(f"strategy must be 'ddp' or 'fsdp' (or a DDPOptions / FSDPOptions), got {strategy!r}")
+    how = Strategy(strategy)
+    if how is Strategy.DDP:
+        if fsdp_kw:
+            raise UsageError("shard, reshard_after_forward and mp_policy are FSDP's: pass strategy='fsdp'")
+        return how, DDPOptions(**ddp_kw), None
+    return how, DDPOptions(**ddp_kw), FSDPOptions(**fsdp_kw)
 
 
 def _job(settings: Settings) -> _Job:

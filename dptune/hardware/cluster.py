@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from dptune.hardware import speeds as timing
+import dptune.hardware.speeds as timing
 from dptune.hardware.cards import ALIASES, CARDS, DEFAULT_CAPABILITY
 from dptune.types import Device
 from dptune.errors import SpecError

@@ -154,14 +154,16 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
     _check_trainer(trainer, tuner_options)
     step = _probe_step(trainer, tuner_options)
     device_ids = tuner_options.pop("device_ids", None)
-    verbose = tuner_options.pop("verbose", True)
+    search = tuner_options.get("search")
+    verbose = search.verbose if search is not None else tuner_options.pop("verbose", True)
+    looks = {} if search is not None else {"verbose": verbose}
     cards_given, batch_size, batch_note = _cards_and_batch(trainer, tuner_options, device_ids,
                                                            simulate, batch_size)
     settings = trainer_step_settings(trainer.args)
     with checkpointing(trainer.model, trainer.args):
         tuner = Tuner(trainer.model, trainer_sample(trainer), batch_size=batch_size,
                       loss_fn=step.loss_fn, optimizer=step.optimizer, **cards_given,
-                      objective=objective, headroom=headroom, verbose=verbose, amp=settings.amp,
+                      objective=objective, headroom=headroom, **looks, amp=settings.amp,
                       accumulate=settings.accumulate, clip_grad_norm=settings.clip_grad_norm,
                       **tuner_options)
         if step.own_loss:   # the Trainer's compute_loss in place of model(**batch) and a loss_fn

@@ -21,6 +21,7 @@ import inspect
 from typing import Any, Callable, Iterable, Optional
 
 from dptune.errors import UsageError
+from dptune.settings import STEP_KEYWORDS, SearchSettings
 from dptune.lengths.buckets import Buckets
 from dptune.lengths.plan import LengthPlan
 
@@ -68,19 +69,22 @@ def fit_lengths(tuner: Any, lengths: Iterable[Any], buckets: Buckets = 8, *,
     if wl.compute_loss is not None:
         raise UsageError("fit_lengths runs the step's loss_fn/step; a compute_loss (the "
                          "Trainer's) is planned with dptune.integrations.trainer_lengths")
-    budget = settings.budget
-    reserved = budget.reserved          # the tuner's allocator model, as it will plan with it
-    given: dict[str, Any] = dict(
-        loss_fn=wl.loss_fn, optimizer=wl.optimizer, amp=wl.amp, accumulate=wl.accumulate,
-        clip_grad_norm=wl.clip_grad_norm, step=wl.step, headroom=budget.headroom_bytes,
-        budget_level=budget.level.value,
-        allocator=reserved.config if reserved is not None else None,
-        nccl_bytes=reserved.fixed.nccl_bytes if reserved is not None else None,
-        batch_size=tuner.batch_size, tolerance=settings.tolerance, verbose=settings.verbose,
-        max_probes=max(settings.max_probes, 16))
+    search = SearchSettings(max_probes=max(settings.max_probes, 16), tolerance=settings.tolerance,
+                            verbose=settings.verbose)
+    given: dict[str, Any] = dict(loss_fn=wl.loss_fn, optimizer=wl.optimizer,
+                                 batch_size=tuner.batch_size, **_step_keywords(wl))
+    if not any(k in options for k in ("headroom", "budget_level", "allocator", "nccl_bytes", "budget")):
+        given["budget"] = settings.budget        # the tuner's, unless the options ask for another
+    if not any(k in options for k in ("max_probes", "tolerance", "verbose", "search")):
+        given["search"] = search
     if tuner.choice is not None:
         given["choice"] = tuner.choice
     else:
         given.update(device_ids=settings.device_ids, simulate=settings.simulate)
     given.update(options)
     return plan_lengths(wl.model, fn, lengths, buckets, **given)
+
+
+def _step_keywords(wl: Any) -> dict[str, Any]:
+    """The step's settings of a workload, as the keywords that build it again."""
+    return {k: getattr(wl, k) for k in STEP_KEYWORDS}

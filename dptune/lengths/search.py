@@ -20,15 +20,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from dptune import search
 from dptune.backends.base import Backend, ProbeResult
-from dptune.backends.simulated.reserved import DEFAULT_LEVEL, BudgetLevel, at_level, level_settings
+from dptune.backends.simulated.reserved import BudgetLevel, at_level
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.lengths.buckets import Buckets, assign, bucket_edges
 from dptune.lengths.plan import BucketPlan, LengthPlan
 from dptune.split import scale_split
+from dptune.settings import SearchSettings, sort_keywords
 from dptune.types import Objective
 
 __all__ = ["LengthSample", "BucketSearch", "search_buckets", "plan_lengths", "next_split"]
@@ -205,12 +206,15 @@ def _min_chunk(workload: Any) -> int:
         return 1
 
 
-def _level_notes(level: BudgetLevel, simulated: bool, allocator: Any, nccl_bytes: Any) -> list[str]:
+_LENGTH_KEYWORDS = ("pad_to_multiple_of", "length_axis", "max_length", "from_neighbour", "choice")
+_QUIET_SEARCH = SearchSettings(max_probes=16, verbose=False)     # per bucket
+
+
+def _level_notes(level: BudgetLevel, simulated: bool, given: Sequence[str]) -> list[str]:
     """The note saying which level the budgets were checked against (and the refusal of
-    allocator-model options where real cards are measured)."""
+    allocator-model options, named in ``given``, where real cards are measured)."""
     from dptune.backends.simulated.reserved import real_cards_measured
 
-    given = [n for n, v in (("allocator", allocator), ("nccl_bytes", nccl_bytes)) if v is not None]
     if given and not simulated:
         raise UsageError(real_cards_measured(given))
     if level is BudgetLevel.ALLOCATED:
@@ -224,17 +228,8 @@ def _level_notes(level: BudgetLevel, simulated: bool, allocator: Any, nccl_bytes
 def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterable[int],
                  buckets: Buckets = 8, *, loss_fn: Optional[Callable[[Any, Any], Any]] = None,
                  optimizer: Optional[Callable[..., Any]] = None, simulate: Any = None,
-                 device_ids: Optional[Sequence[int]] = None, headroom: Union[int, str, None] = None,
-                 pad_to_multiple_of: Optional[int] = None, length_axis: int = 1,
-                 max_length: Optional[int] = None, batch_size: int = 256, max_probes: int = 16,
-                 tolerance: float = 0.02, amp: Optional[str] = None, accumulate: int = 1,
-                 clip_grad_norm: Optional[float] = None,
-                 step: Optional[Callable[[Any, Any, Any], None]] = None,
-                 from_neighbour: bool = True, ddp: bool = False,
-                 verbose: bool = False, objective: str = "max_batch",
-                 budget_level: str = DEFAULT_LEVEL.value,
-                 allocator: Any = None, nccl_bytes: Union[int, str, None] = None,
-                 choice: Any = None) -> LengthPlan:
+                 device_ids: Optional[Sequence[int]] = None, batch_size: int = 256,
+                 objective: str = "max_batch", ddp: bool = False, **keywords: Any) -> LengthPlan:
     """For every bucket of ``lengths``, the largest DataParallel batch that fits each card at
     the bucket's longest (padded) length, and its per-card split (a :class:`LengthPlan`).
 
@@ -255,12 +250,22 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     :class:`dptune.Tuner`: at ``"reserved"`` (the default) each bucket's probe is replayed
     through the allocator model (simulated cards) or measured (``max_memory_reserved``).
     ``choice``: the cards, already chosen (a :class:`dptune.backends.choice.BackendChoice`).
+    ``budget=`` (a :class:`dptune.Budget`) and ``search=`` (a :class:`dptune.SearchSettings`,
+    default 16 probes per bucket, quiet) may stand for their keywords; the length options are
+    ``pad_to_multiple_of``, ``length_axis`` (default 1), ``max_length`` and ``from_neighbour``
+    (default True: a bucket's search starts from its neighbour's answer).
     """
     from dptune.step.workload import Workload, model_name
 
     t0 = time.perf_counter()
+    budget_given, search_given = keywords.pop("budget", None), keywords.pop("search", None)
+    kw = sort_keywords("plan_lengths()", keywords, budget=budget_given, search=search_given,
+                       search_default=_QUIET_SEARCH, own=_LENGTH_KEYWORDS)
+    pad_to_multiple_of: Optional[int] = kw.rest.get("pad_to_multiple_of")
+    length_axis: int = kw.rest.get("length_axis", 1)
     data = list(lengths)
-    edges = bucket_edges(data, buckets, pad_to_multiple_of=pad_to_multiple_of, max_length=max_length)
+    edges = bucket_edges(data, buckets, pad_to_multiple_of=pad_to_multiple_of,
+                         max_length=kw.rest.get("max_length"))
     bucket_of = assign(data, edges, pad_to_multiple_of)
     counts, tokens = [0] * len(edges), [0] * len(edges)
     for k, x in zip(bucket_of, data):
@@ -271,13 +276,13 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
         raise UsageError(f"objective={objective!r}: a length plan takes 'max_batch' (the largest "
                          "batch per bucket) or 'throughput' (its fastest split, or with ddp=True "
                          "the DDP ranks' fastest batches)")
-    level, headroom_bytes, reserved = level_settings(budget_level, headroom, allocator, nccl_bytes)
+    budget, look = kw.budget, kw.search
+    level, headroom_bytes, reserved = budget.level, budget.headroom_bytes, budget.reserved
     ls = LengthSample(sample, length_axis, edges[0])
-    wl = Workload(model=model, sample=ls, loss_fn=loss_fn, optimizer=optimizer, amp=amp,
-                  accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step)
-    choice = choice or _choose(device_ids, simulate)
+    wl = Workload(model=model, sample=ls, loss_fn=loss_fn, optimizer=optimizer, **kw.step)
+    choice = kw.rest.get("choice") or _choose(device_ids, simulate)
     notes = ([choice.notice] if choice.notice else []) + _level_notes(   # checks them first
-        level, choice.simulated, allocator, nccl_bytes)
+        level, choice.simulated, budget.model_options)
     backend = _backend(wl, choice, ddp, reserved)
     budgets = [d.budget_bytes(headroom_bytes) for d in backend.devices]
 
@@ -287,11 +292,11 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
         return r if ddp else at_level(r, backend.devices, level)
     try:
         found = search_buckets(probe_at, budgets, edges, start=batch_size,
-                               min_chunk=_min_chunk(wl), max_probes=max_probes,
-                               tolerance=tolerance,
+                               min_chunk=_min_chunk(wl), max_probes=look.max_probes,
+                               tolerance=look.tolerance,
                                exact_on_oom=getattr(backend, "kind", "") == "simulated",
-                               from_neighbour=from_neighbour,
-                               on_bucket=_say if verbose else lambda s: None)
+                               from_neighbour=kw.rest.get("from_neighbour", True),
+                               on_bucket=_say if look.verbose else lambda s: None)
         found, speed_notes = _speed(found, probe_at, budgets, counts, tokens, objective, wl,
                                     backend if ddp else None)
     finally:

@@ -237,6 +237,11 @@ class WorkloadSpec:
             if not isinstance(getattr(self, name), Mapping):
                 raise UsageError(f"{name} must be a mapping of keyword arguments, got "
                                  f"{type(getattr(self, name)).__name__}")
+        self._check_batch_source()
+        self._check_step()
+
+    def _check_batch_source(self) -> None:
+        """``input_shape`` (with ``dtype`` and ``vocab_size``) or ``sample``: one of them, well formed."""
         if self.input_shape is not None:
             if not isinstance(self.input_shape, (tuple, list)):
                 raise UsageError(f"--input-shape {self.input_shape!r}: give one sample's shape as a "
@@ -270,6 +275,9 @@ class WorkloadSpec:
                                                 or not isinstance(self.vocab_size, int)
                                                 or self.vocab_size < 1):
                 raise UsageError(f"--vocab-size must be an int >= 1, got {self.vocab_size!r}")
+
+    def _check_step(self) -> None:
+        """The loss, the optimizer and the step function: built-in names or import strings."""
         for what, value, table in (("--loss", self.loss, LOSSES),
                                    ("--optimizer", self.optimizer, OPTIMIZERS)):
             if not isinstance(value, str) or (":" not in value and value not in table):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dptune.settings import SearchSettings
 from dptune import cli
 from dptune.cli import main, search_command
 from dptune.step.spec import RandomBatch, WorkloadSpec
@@ -559,7 +560,8 @@ def test_isolate_builds_an_isolated_backend_from_the_flags_spec(monkeypatch):
          '{"vocab_size": 100}', "--input-shape", "16", "--vocab-size", "100", "--loss",
          "cross_entropy", "--devices", "0,1", "--isolate"])
     with pytest.raises(RuntimeError, match="stop here"):
-        cli.search(cli.workload_spec(args), devices=args.devices, isolate=True, verbose=False)
+        cli.search(cli.workload_spec(args), devices=args.devices, isolate=True,
+                   search_settings=SearchSettings(verbose=False))
     spec = captured["spec"]
     assert isinstance(spec, WorkloadSpec) and captured["isolate"] and captured["device_ids"] == [0, 1]
     assert (spec.loss, spec.optimizer, spec.batch_dtype, spec.vocab_size) == (
