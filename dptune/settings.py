@@ -199,19 +199,22 @@ class Keywords:
 def sort_keywords(entry: str, keywords: Mapping[str, Any], *, budget: Optional[Budget] = None,
                   search: Optional[SearchSettings] = None,
                   search_default: SearchSettings = SearchSettings(),
-                  own: Sequence[str] = ()) -> Keywords:
+                  own: Sequence[str] = (), takes_search: bool = True) -> Keywords:
     """Sort ``keywords`` given to ``entry`` (e.g. ``"Tuner()"``) into the objects they shorten.
 
     The budget's keywords (``headroom``, ``budget_level``, ``allocator``, ``nccl_bytes``) may
     not be given beside ``budget=``, nor the search's (``max_probes``, ``tolerance``,
-    ``verbose``) beside ``search=``; ``own`` names the entry point's other keywords. Anything
-    else is a :class:`UsageError` that lists what ``entry`` takes.
+    ``verbose``) beside ``search=``; ``own`` names the entry point's other keywords
+    (``takes_search=False``: an entry point without search settings). Anything else is a
+    :class:`UsageError` that lists what ``entry`` takes.
     """
-    known = set(STEP_KEYWORDS) | set(_BUDGET_KEYWORDS) | set(_SEARCH_KEYWORDS) | set(own)
+    known = set(STEP_KEYWORDS) | set(_BUDGET_KEYWORDS) | set(own)
+    known |= set(_SEARCH_KEYWORDS) if takes_search else set()
     unknown = sorted(set(keywords) - known)
     if unknown:
+        objects = "budget=, search=" if takes_search else "budget="
         raise UsageError(f"{entry} got unexpected keyword(s) {', '.join(unknown)}; it takes "
-                         f"{', '.join(sorted(known))}, and the objects budget=, search=")
+                         f"{', '.join(sorted(known))}, and the objects {objects}")
     # None is every budget keyword's default: not given
     asked = {_BUDGET_KEYWORDS[k]: v for k, v in keywords.items() if k in _BUDGET_KEYWORDS and v is not None}
     if budget is not None and asked:

@@ -138,10 +138,10 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
     from dptune.backends.simulated.ddp import make_workload
 
     t0 = time.perf_counter()
-    kw = sort_keywords("plan()", keywords, budget=budget, own=_PLAN_KEYWORDS)
     if "max_probes" in keywords or "tolerance" in keywords:
         raise UsageError("plan() takes max_rounds= (the probing rounds, every rank at once), "
                          "not max_probes= or tolerance=")
+    kw = sort_keywords("plan()", keywords, budget=budget, own=_PLAN_KEYWORDS, takes_search=False)
     how, options, fsdp = _strategy(strategy, kw.rest)
     settings = Settings.for_plan(
         global_batch=global_batch, objective=objective, budget=kw.budget,
