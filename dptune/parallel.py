@@ -1,45 +1,14 @@
 """``BalancedDataParallel``: ``torch.nn.DataParallel`` with per-device chunk sizes.
 
-DataParallel splits every batch evenly, but card 0 also holds the master weights, the
-gradients reduced onto it, the optimizer state and the gathered outputs, so it runs out of
-memory first. ``BalancedDataParallel`` takes one chunk size per device (card 0 may get more
-or fewer samples than the others, or none) and otherwise behaves like DataParallel::
+- :class:`BalancedDataParallel`: ``torch.nn.DataParallel`` whose scatter gives each device its own chunk size.
+- :class:`SplitInputs`: What :func:`split_inputs` returns: one entry per device that gets samples.
+- :func:`split_inputs`: Split a call's arguments into per-device calls with the given chunk sizes.
+- :func:`narrow_scatter`: A scatter that splits without moving anything (views, autograd-friendly).
+- :func:`find_batch_size`: ``(size along dim, path)`` of the first tensor in ``args`` then ``kwargs``, or ``None``.
+- :func:`gpu0_split`: The old ``gpu0_bsz`` reading: card 0 gets ``min(gpu0_bsz, B)``, the rest share evenly.
+- :func:`weighted_reduce`: Mean of per-chunk losses weighted by the chunk sizes, as a differentiable tensor op.
 
-    model = BalancedDataParallel(net, chunk_sizes=[6, 10, 10, 10]).cuda()
-    out = model(x)                           # x.size(0) == 36; other sizes are scaled
-    loss = model.reduce(out)                 # when forward returns a per-replica loss
-
-How a batch is split:
-
-- ``chunk_sizes=[...]``: one non-negative int per device. A batch of another size (the last
-  one of an epoch) gets the split scaled in proportion (:func:`dptune.split.scale_split`:
-  largest remainder, zeros stay zero, the sum is exact).
-- ``gpu0_bsz=n`` (the old transformer-xl ``BalancedDataParallel``): card 0 gets
-  ``min(n, B)`` samples of a batch of ``B`` and the other cards share the rest evenly
-  (largest remainder; earlier cards get the extra sample). It is resolved at every forward,
-  not scaled.
-- neither: the even split DataParallel itself uses (``torch.chunk``: ``ceil(B/n)`` each
-  until the batch runs out), through the same code path.
-
-A device given 0 samples gets no input and no replica runs there. When that is
-``device_ids[0]``, it keeps the master weights, broadcasts them to the others and receives
-their summed gradients, without a replica of its own (through DataParallel's ``replicate``
-autograd would fill that unused replica's gradients with zeros: a second copy of the
-gradients on the card). On one device the
-module is called directly; without CUDA (``device_ids == []``) the wrapper is a plain
-pass-through, exactly like DataParallel.
-
-A saved split is reused with ``dptune.load_result("reports/mynet").wrap(net)``
-(:meth:`dptune.result.model.TuneResult.wrap`): the result reads reports; this module only wraps.
-
-Known limitations:
-
-- Like DataParallel, replicas are made at every forward and in-place changes to a replica
-  other than card 0's are lost (BatchNorm statistics come from card 0's chunk; a chunk of 1
-  sample breaks BatchNorm in training).
-- Per-replica losses (a 0-dim tensor from ``forward``) come back as a vector with one entry
-  per replica that ran; with uneven chunks their plain mean weights samples unequally: use
-  :meth:`BalancedDataParallel.reduce`.
+Design notes: docs/concepts/design-notes.md, "dptune/parallel.py".
 """
 
 from __future__ import annotations

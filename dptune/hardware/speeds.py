@@ -1,36 +1,15 @@
 """How fast each card is: the speed table, the link between cards, and what a step's time is.
 
-This module imports nothing heavy (no torch): the cluster spec parser checks the speed
-options through it (``tflops=``, ``bandwidth=``, ``link=``, ``host=``) and the throughput solver reads
-its types. The time of a simulated step is estimated in :mod:`dptune.backends.simulated.timing` from
-the step's own operations against these figures; a real card's time is measured.
+- :class:`TimeSource`: Where a time comes from.
+- :class:`StepTime`: The time of one training step, per card and in all (seconds).
+- :class:`Link`: The link DataParallel's copies and DDP's all-reduce use (bytes/s, effective).
+- :class:`ClusterSpeed`: The speeds of a cluster's cards and their link, as the time estimate uses them.
+- :class:`Calibration`: The constants of the estimate (see the module docstring): what kernels reach of the peaks, a kernel's fixed time, the host's time per op, and ...
+- :func:`check_speed_option`: Check one speed option of a cluster spec (raises ``ValueError`` with what is wrong).
+- :func:`cluster_speeds`: Each card's speed: the table's (or :data:`ASSUMED_SPEED`), with the spec's ``tflops=``/``bandwidth=`` overrides (raises ``ValueError`` for a card ...
+- :func:`cluster_link`: The link between the cards: the spec's ``link=``, else the slowest card's PCIe.
 
-Every figure says what it is: :class:`TimeSource` ``measured`` (CUDA events on a real card)
-or ``estimated`` (the simulator's model, see :mod:`dptune.backends.simulated.timing`). The estimate's
-model of one step::
-
-    step = max(host, device)
-    host   = HOST_SECONDS_PER_OP x the aten ops the step dispatches (views included)
-    device = sum over kernels of max(FLOPs / (peak x COMPUTE_EFFICIENCY[kind]),
-                                     bytes / (bandwidth x MEMORY_EFFICIENCY)) + KERNEL_SECONDS
-
-Eager PyTorch issues kernels asynchronously: the card runs behind the Python thread that
-issues them, and a step ends when the later of the two is done. The constants come from one
-machine (an NVIDIA H200 with torch 2.11, 2026-11-27, ``benchmarks/measured/h200-2026-11-27``:
-the step's wall time, the host's time to issue it, the profiler's summed kernel time), fitted
-by ``python -m benchmarks.validate_time --cpu --fit``; the host's cost is that machine's CPU's
-(the spec's ``host=`` sets another, e.g. ``host=30us``).
-
-The card table gives dense peaks (no 2:4 sparsity) from the vendors' datasheets and
-architecture whitepapers, per card:
-
-- ``fp32``: CUDA-core FP32 (what a float32 matmul runs at: PyTorch leaves TF32 off for
-  matmuls by default, ``torch.backends.cuda.matmul.allow_tf32``);
-- ``tf32``: TF32 tensor cores (float32 convolutions: cuDNN's TF32 is on by default);
-- ``fp16``/``bf16``: half-precision tensor cores with FP32 accumulation (what PyTorch uses);
-  a card without BF16 tensor cores runs bfloat16 at its FP32 rate;
-- ``bandwidth``: memory bandwidth in bytes per second; ``pcie``: the PCIe generation of the
-  card's host link; ``nvlink``: NVLink bandwidth per direction (0: none).
+Design notes: docs/concepts/design-notes.md, "dptune/hardware/speeds.py".
 """
 
 from __future__ import annotations

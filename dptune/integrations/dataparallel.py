@@ -1,38 +1,9 @@
 """``patch_dataparallel``: make scripts that build ``torch.nn.DataParallel`` themselves balanced.
 
-Some training scripts construct DataParallel in their own code, e.g. YOLOv5's ``train.py`` in its
-single-process multi-GPU mode::
+- :func:`patch_dataparallel`: Under this context, ``torch.nn.DataParallel(...)`` builds a ``BalancedDataParallel``.
+- :func:`chunk_sizes_of`: The split in ``tuned``: a :class:`~dptune.TuneResult` (or anything with ``chunk_sizes``), a report folder or ``report.json`` written by ``dptune ...
 
-    # DP mode
-    if cuda and RANK == -1 and torch.cuda.device_count() > 1:
-        model = torch.nn.DataParallel(model)
-
-Forks of such scripts paste a hand-tuned ``BalancedDataParallel(gpu0_bsz, ...)`` at that line.
-Instead, leave the script as it is and run it under the patch::
-
-    import dptune
-    with dptune.patch_dataparallel("reports/yolov5s-4xV100"):      # or a TuneResult, or [10, 18, 18, 18]
-        train.run(data="coco128.yaml", weights="yolov5s.pt", batch_size=64, device="0,1,2,3")
-
-Inside the ``with`` block, ``torch.nn.DataParallel(module, device_ids=..., output_device=...,
-dim=...)`` returns a :class:`dptune.BalancedDataParallel` with the tuned split and every other
-argument as given; a batch of another size than the tuned one is split in the same proportions.
-On exit (also after an exception) the original class is back. ``isinstance(x,
-torch.nn.DataParallel)`` keeps its meaning inside the block (true for plain and balanced
-wrappers alike), and patches nest: the innermost split applies, and each exit restores what was
-there when its block was entered.
-
-Known limitations:
-
-- Only the names ``torch.nn.DataParallel`` and ``torch.nn.parallel.DataParallel`` are patched,
-  so code must look them up when it builds the wrapper (``torch.nn.DataParallel(...)``,
-  ``nn.DataParallel(...)``). A ``from torch.nn import DataParallel`` executed *before* the block
-  keeps the original class.
-- The patch is process-wide while the block runs (other threads see it too), and blocks must be
-  exited in the reverse order of entering them, as ``with`` statements are.
-- Where the model returns one loss per replica, weight them with ``model.reduce(losses)``
-  (see :class:`dptune.BalancedDataParallel`); YOLOv5 computes its loss on the gathered
-  predictions, so it needs nothing more.
+Design notes: docs/concepts/design-notes.md, "dptune/integrations/dataparallel.py".
 """
 
 from __future__ import annotations
@@ -140,7 +111,7 @@ def patch_dataparallel(tuned: Tuned) -> Iterator[list[int]]:
     :class:`~dptune.UsageError` that says so. The block's value is the split (empty for a plan).
 
     The original class is restored on exit, also after an exception; blocks nest (the innermost
-    split applies). See the module docstring for an example and the known limitations.
+    split applies). Its example and known limitations: docs/concepts/design-notes.md.
     """
     import torch.nn
     import torch.nn.parallel

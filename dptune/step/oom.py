@@ -1,35 +1,12 @@
 """Is this exception an out-of-memory on a GPU, and on which card?
 
-A probe that runs out of memory is a result (the split does not fit), not an error. Torch
-reports it in several shapes:
+- :func:`is_oom`: True when ``exc`` is a GPU out-of-memory (see the module docstring for the shapes).
+- :func:`oom_device`: The torch device index the OOM happened on, when the message says; else ``None``.
+- :func:`oom_summary`: A one-line summary of the OOM for notes: the original message's first line.
+- :func:`original_message`: The exception's own text; for a DataParallel replica re-raise, the original's text.
+- :func:`replica_where`: ``(replica, torch_device)`` from "in replica R on device D", else ``None``.
 
-- ``torch.OutOfMemoryError`` from the caching allocator::
-
-      CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of
-      79.19 GiB of which 1.25 GiB is free. ...
-
-  (torch < 2.1 wrote ``... (GPU 1; 79.19 GiB total capacity; ...)``).
-- The same from a DataParallel replica thread: ``parallel_apply`` catches it in the thread
-  and re-raises it in the caller through ``ExceptionWrapper.reraise``, as the *original
-  exception type* with the message::
-
-      Caught OutOfMemoryError in replica 1 on device 1.
-      Original Traceback (most recent call last):
-        File ...
-      torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ...
-
-- OOMs in disguise: a library that fails to allocate its own workspace or handle raises a
-  plain ``RuntimeError``: ``CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling
-  `cublasCreate(handle)```, ``cuDNN error: CUDNN_STATUS_ALLOC_FAILED`` (cuDNN 9 also
-  ``CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED``),
-  ``CUDNN_STATUS_NOT_ENOUGH_WORKSPACE``, ``CUDA error: out of memory`` (a raw
-  ``cudaMalloc`` outside the caching allocator), and ``CUBLAS_STATUS_NOT_INITIALIZED`` when
-  ``cublasCreate`` fails (which it does when the card is full).
-
-:func:`is_oom` checks the type first and falls back to matching the message; for a
-replica-thread message only the original exception's own text is matched, never the source
-lines quoted in its traceback. :func:`oom_device` returns the *torch* device index the
-message names (the caller maps it to a position in its device list), or ``None``.
+Design notes: docs/concepts/design-notes.md, "dptune/step/oom.py".
 """
 
 from __future__ import annotations

@@ -1,84 +1,8 @@
 """Real-GPU probes: one DataParallel training step per probe, measured by the CUDA allocator.
 
-:class:`CudaBackend` has the probe interface of :mod:`dptune.backends.base`: ``devices`` and
-``probe(chunk_sizes) -> ProbeResult``. A probe runs a real training step through
-:class:`dptune.parallel.BalancedDataParallel` with the split: the batch from
-``workload.sample(B)`` is built on the host and scattered from there (as the simulated backend
-assumes; ``batch_on_card0=True`` moves it to ``device_ids[0]`` first, as a loop that calls
-``x.cuda()`` does), then the workload's step (:func:`dptune.step.workload.run_step`, shared with
-the simulated backend): per micro-batch the forward and the loss on ``device_ids[0]`` (under
-``torch.autocast`` with ``amp=``), the backward (through a ``GradScaler`` for fp16), then
-clipping and ``optimizer.step()`` (when the workload has an optimizer factory); or the
-user's own ``step(model, batch, optimizer)`` with the wrapper as ``model``. Gradients are set to
-``None`` before each step (``zero_grad(set_to_none=True)``, torch's default). When a
-``loss_fn`` is given and the batch is on the host, the batch's tensors are copied to
-``device_ids[0]`` for the loss (the loss's targets must live where the output is).
+- :class:`CudaBackend`: Probes on real CUDA cards (what a probe does and how it is measured: docs/concepts/design-notes.md).
 
-How a probe measures, in order:
-
-1. Per-probe state is saved (RNGs, cuDNN flags, grad mode; :mod:`dptune.step.state`), grad mode
-   on, ``torch.backends.cudnn.benchmark`` off (cuDNN itself as the user set it).
-2. **Warm-up.** One unmeasured step creates what a training loop creates once and keeps:
-   the optimizer's state, cuBLAS/cuDNN handles and workspaces, lazily loaded kernels. It runs
-   on the first probe, and again on any later probe that gives samples to a card that has
-   not run a step yet (each card's cuBLAS workspace is made by its first step). The
-   optimizer (built from the workload's factory) lives as long as the backend, so its state
-   is created once.
-3. Each measured step: gradients dropped, ``gc.collect()``, every card synchronised,
-   ``torch.cuda.empty_cache()`` before the probe's first step only (later ones start from the
-   cache the step before left, as in training: ``max_memory_reserved`` is the steady state),
-   ``reset_peak_memory_stats`` and a baseline (``memory_allocated``, ``num_alloc_retries``) on
-   every card, the step, a synchronise, then per card ``max_memory_allocated`` (``peak_bytes``),
-   ``max_memory_reserved``, NVML's used bytes and the allocation retries during the step.
-4. Figures: the maximum over the repeats; ``repeat_spread_bytes``: max - min of the peaks per
-   card; ``seconds``: the whole probe's wall time (warm-up included).
-   **Time** (``ProbeResult.time``, measured): the median over the measured steps of the
-   step's wall time (between synchronisations of every card) and of each card's forward and
-   backward time, from CUDA events on its stream recorded by hooks in DataParallel's replica
-   threads (:mod:`~dptune.backends.cuda.card_timer`; none when the step never calls the model).
-5. After the step (also after a failure): gradients dropped, ``gc.collect()``,
-   ``empty_cache()``, peaks reset; the per-probe state is restored.
-
-**Out of memory** on any card (see :mod:`dptune.step.oom`) makes the probe infeasible: the
-result has ``oom_device`` set (a position in ``device_ids``) and peaks that are lower
-bounds. The card comes from the message ("GPU 1 has a total capacity..." / "in replica 1 on
-device 1"); when the message does not say, the card whose allocator had reserved the largest
-share of its available memory is named, and the note says it was inferred. The exception is
-not kept (its frames hold the step's tensors): recovery runs after the ``except`` block and
-is itself guarded. **Any other exception** from the user's model, batch builder, loss or
-optimizer is raised as :class:`~dptune.errors.UserCodeError`, chained to the original, with
-the stage, the split and the card ("in replica 1 on device 1") in the message; its
-traceback's frames are cleared (lines kept, locals dropped) so its tensors are freed.
-
-**Model placement.** A model object is moved to ``device_ids[0]`` for probing (a no-op when
-it is already there; DataParallel needs the master weights there) and, on :meth:`close`,
-put back exactly as it was: same ``Parameter`` objects, same device, values, ``.grad``,
-``requires_grad``, buffers and ``training`` flags (:mod:`dptune.step.state`; the snapshot is a
-host copy of its weights and gradients). Between probes the model stays on
-``device_ids[0]`` and its weights are those the probe steps left. Its train/eval mode is
-used as it is (as the simulated backend does). A model factory is called once, under
-``torch.device(device_ids[0])``, and the model is dropped on :meth:`close`. The optimizer is
-built fresh from the workload's factory over the model's parameters; the user's own
-optimizer is never touched.
-
-**Budgets.** ``Device.total_bytes`` is the card's total (``mem_get_info``);
-``Device.context_bytes`` is this process's memory on the card that the allocator does not
-count (NVML's figure for this process minus ``memory_reserved``; 0 where NVML cannot say,
-e.g. in a container whose PID namespace hides our PID, in which case the context counts as
-used by others); ``Device.used_bytes`` = ``(total - free) - memory_reserved - context``:
-memory taken by others.
-
-**Isolation.** ``isolate=True`` runs each probe in a spawned child process (so a sticky CUDA
-error costs only that child; :mod:`dptune.backends.cuda.isolated`). The child rebuilds the
-workload: isolation needs a picklable :class:`~dptune.step.spec.WorkloadSpec` (import strings, as the
-command line has); a model object or closure given to ``Tuner(model=...)`` does not pickle
-reliably (lambdas, local classes, a model on a card) and is refused with a
-:class:`~dptune.errors.UsageError`. In the child every probe warms up (a fresh process), and
-the parent's CUDA context stays on the cards while the child runs, so isolated probes are a
-little pessimistic at the edge.
-
-**Testability.** ``torch.cuda`` and NVML are called through a :class:`CudaRuntime`, the step is
-``step_fn(ctx, chunk_sizes)``: tests give a fake runtime and a step that allocates from it.
+Design notes: docs/concepts/design-notes.md, "dptune/backends/cuda/backend.py".
 """
 
 from __future__ import annotations
@@ -146,7 +70,7 @@ class _Steps:
 
 
 class CudaBackend:
-    """Probes on real CUDA cards (see the module docstring for what a probe does).
+    """Probes on real CUDA cards (what a probe does and how it is measured: docs/concepts/design-notes.md).
 
     Args:
         workload: a :class:`~dptune.step.workload.Workload`, or a :class:`WorkloadSpec` (needed
@@ -510,7 +434,7 @@ class CudaBackend:
 
     def _result(self, ctx: StepContext, sizes: list[int], steps: _Steps, notes: list[str],
                 t0: float) -> ProbeResult:
-        """The probe's figures: the maximum over the steps run (see the module docstring)."""
+        """The probe's figures: the maximum over the steps run (how: docs/concepts/design-notes.md)."""
         n = len(self.device_ids)
         runs, failure = steps.runs, steps.failure
         all_runs = runs + ([steps.failed_figures] if steps.failed_figures is not None else [])

@@ -1,36 +1,13 @@
 """What ``DistributedDataParallel`` adds to one rank's memory: the Reducer's gradient buckets.
 
-Read from ``torch/nn/parallel/distributed.py`` and the C++ ``Reducer``
-(``torch/csrc/distributed/c10d/reducer.cpp``), and checked against a real DDP model on the
-gloo backend (``tests/backends/test_ddp_memory.py`` compares with ``_get_ddp_logging_data()``):
+- :class:`DDPOptions`: The ``DistributedDataParallel`` arguments that change a rank's memory.
+- :class:`Bucket`: One of the Reducer's flat gradient buffers: which parameters (positions in the list given to :func:`bucket_layout`), its dtype and its size.
+- :func:`bucket_layout`: The buckets DDP settles on after its first iteration.
+- :func:`bucket_bytes`: Bytes the buckets take on a card (the sum of their rounded allocations).
+- :class:`ParamInfo`: What bucketing needs of one parameter: its element count, element size and dtype.
+- :func:`params_of`: The parameters DDP buckets, in gradient-ready order: ``module.parameters()`` (deduplicated, so tied weights count once) that require grad, reversed.
 
-- **Buckets.** The Reducer keeps one flat tensor per bucket (``bucket.gradients``) on the
-  parameters' card, allocated when DDP is built and kept for its whole life. Every parameter
-  that requires grad sits in exactly one bucket, so the buckets hold one whole copy of the
-  gradients, whatever ``bucket_cap_mb`` is; the cap only decides how they are grouped, hence
-  how many allocations there are (each rounded up to 512 bytes by the caching allocator).
-- **Grouping.** Built once with every parameter in one bucket, then rebuilt after the first
-  iteration in the order gradients became ready (about the reverse of ``parameters()``):
-  parameters of one dtype are added to the open bucket until it holds at least its limit,
-  the first bucket's limit being ``dist._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB) when
-  ``bucket_cap_mb`` is left at its default (25 MiB), ``bucket_cap_mb`` otherwise.
-- **gradient_as_bucket_view=False** (the default). During the backward each gradient is
-  copied into its bucket (``mul_out``, in place, dividing by the world size), the bucket is
-  all-reduced in place, and copied back into ``param.grad`` (in place). So the step holds
-  the gradients *and* their copy in the buckets: a rank's peak is the single-card step's peak
-  plus the buckets' bytes.
-- **gradient_as_bucket_view=True.** The copy is made, then ``param.grad`` is pointed at its
-  slice of the bucket and the freshly computed gradient is freed. With
-  ``zero_grad(set_to_none=True)`` (torch's default) each backward allocates one gradient at
-  a time and drops it once copied; the buckets *are* the gradients. No second copy.
-- Nothing is gathered: each rank's output, loss and inputs stay on its own card.
-- ``broadcast_buffers=True`` (default) broadcasts the module's buffers from rank 0 at the
-  start of every forward through a flattened copy of at most 250 MiB per chunk (a
-  transient of the buffers' size). Not modelled: at the start of the forward a card holds
-  its least, so it does not move a peak. NCCL's own buffers are allocated outside torch's
-  caching allocator (they show in NVML's figures, not in ``max_memory_allocated``).
-
-All sizes are ``int`` bytes. This module does not import torch.
+Design notes: docs/concepts/design-notes.md, "dptune/backends/simulated/ddp_memory.py".
 """
 
 from __future__ import annotations

@@ -1,46 +1,8 @@
 """The simulated cluster in "fsdp" mode: one FSDP2 (``fully_shard``) rank on one virtual card.
 
-A rank is simulated as torch runs it, not from a formula: the user's model is built with
-fake tensors (as for the single-card simulator, :mod:`dptune.backends.simulated`), sharded
-by the user's ``shard(model, mesh)`` function with torch's own ``fully_shard`` on a 1-D
-device mesh over a *fake* process group of the job's real world size (torch's "fake"
-backend: collectives that move nothing), then the workload's step runs: forward, loss,
-backward per micro-batch, clipping, ``optimizer.step()`` (or the user's own step), amp,
-activation checkpointing, all as on one card. So everything FSDP2 itself allocates is
-seen where it allocates it:
+- :class:`SimulatedFSDPRank`: One FSDP2 rank of ``world_size`` on one virtual card (see the module docstring).
 
-- the rank's shards of the parameters (equal, padded shards on every rank, as FSDP2 makes
-  them), of the gradients and of the optimizer state (the optimizer runs on the ``DTensor``
-  shards);
-- the all-gather buffers and the unsharded parameters of every unit while it is unsharded
-  (FSDP2 frees and re-allocates them by resizing their storages:
-  ``UntypedStorage.resize_`` is followed while the step runs), with ``reshard_after_forward``
-  as the sharding function chose it, and the units it prefetches (FSDP2's implicit
-  prefetching in the backward, and any explicit prefetching the user set);
-- the reduce-scatter buffers and the unsharded gradients until they are reduced;
-- ``MixedPrecisionPolicy``: the low-precision all-gather and unsharded parameters, the
-  reduce dtype's gradient copies.
-
-DTensor's sharding propagation, which runs each op it has not cached on fake tensors of the
-*global* shapes to learn its output's metadata, runs aside: those storages exist on no card
-(torch 2.11 misses its cache for the optimizer's foreach ops on every step, which charged
-about one unsharded model to the step).
-
-The rank's memory is charged to its card by the simulator's ledger (storages rounded to 512
-bytes as the CUDA caching allocator rounds them, the cuBLAS workspace, the local batch on
-the card), so the peak compares with ``torch.cuda.max_memory_allocated`` over a step of a
-real rank. FSDP2 shards each parameter's rows with ``torch.chunk``: the all-gather buffers
-are padded to equal shards on every rank, but a rank's own shard (and the optimizer state and
-gradient shard made like it) has ``ceil(rows / world_size)`` rows on the first ranks and
-fewer, or none, on the last. So rank 0 holds the most and its peak bounds every rank's (by a
-few rows per parameter): offline, one simulation of rank 0 per (card, local batch) serves
-every rank; inside a job each rank simulates its own shards.
-
-Not modelled: the communication library's own buffers (NCCL's are outside torch's
-allocator), the separate CUDA streams FSDP2 uses for all-gathers and reduce-scatters (the
-caching allocator keeps a block used on another stream until that stream is done with it,
-which can hold memory a little longer than the simulation does), CPU offloading
-(``OffloadPolicy``), and everything the single-card simulator does not model.
+Design notes: docs/concepts/design-notes.md, "dptune/backends/simulated/fsdp.py".
 """
 
 from __future__ import annotations

@@ -2,35 +2,10 @@
 fake kernels, run on the CPU, never allocate: a new peak while the op runs, where the op
 comes at the step's peak.
 
-Measured on an H200 (torch 2.11, the allocator's history in
-``benchmarks/measured/h200-2026-11-27/memory.json.gz``, read by ``benchmarks/memory_gap.py``)
-and read in torch's source:
+- :func:`scratch_kind`: ``'matrix'``, ``'conv'`` or ``None``: whether an aten op (its overload packet's name) may allocate scratch on CUDA.
+- :func:`scratch_bytes`: The bytes an op of ``kind`` (:func:`scratch_kind`) allocates while it runs on a CUDA card and frees before it returns (none charged for operands ...
 
-- **a matrix operand cuBLAS cannot read as it is** (``aten/src/ATen/native/cuda/Blas.cpp``,
-  ``prepare_matrix_for_cublas``): a 2-D operand of ``mm``/``addmm`` that is neither dense
-  nor strided as a column- or row-major matrix (a leading stride below the other size, e.g.
-  the stride-0 gradient that ``loss = out.sum()`` sends into a linear layer's backward) is
-  copied with ``clone(MemoryFormat::Contiguous)`` for the call. The batched ops (``bmm``,
-  ``baddbmm``) copy a 3-D operand whose last two dimensions are neither (the
-  ``prepare_batch_matrix_for_cublas`` rule, taken without its dependence on the output's
-  layout). TinyGPT's head at batch 4 copies its 131 MB gradient twice this way on the
-  H200, the step's peak.
-- **cuDNN's convolution workspace** (``aten/src/ATen/native/cudnn/Conv_v8.cpp``: the plan's
-  workspace is taken from the caching allocator for the call and freed after it) and, in the
-  backward, a copy of an output gradient that is not contiguous in the input's memory format
-  (cuDNN takes dense tensors; on the H200 SegNet's last convolution copies the stride-0
-  gradient of ``out.sum()``, 5.5 MB, for its backward). The workspace's size is cuDNN's
-  choice (its heuristics pick the algorithm, with ``cudnn.benchmark`` off), not in torch's
-  source: it is charged as a bound, :data:`CONV_WORKSPACE_BASE` plus the larger of the
-  convolution's input and output, fitted on the H200: every workspace of SmallResNet's and
-  SegNet's steps is under it (from 400 bytes to 37.9 MB, which is SegNet's 25.2 MB input plus
-  12.8 MB; the tightest, 1.5 MB under, ResNet's 256-channel layers' 14.2 MB beside 1 MB
-  tensors). Affine in the batch, as the rest of a step's memory, so that the searches' lines
-  still fit. In the backward the data and the weight gradients use a workspace each, one
-  after the other: one is charged. A calibration on one card, one cuDNN and two models, not
-  a law: another card or cuDNN may pick algorithms with larger workspaces.
-
-The cuBLAS workspaces are not scratch (they stay allocated): ``Cluster.workspace_bytes``.
+Design notes: docs/concepts/design-notes.md, "dptune/backends/simulated/scratch.py".
 """
 
 from __future__ import annotations

@@ -1,39 +1,12 @@
 """Which attention kernel CUDA runs for ``F.scaled_dot_product_attention``, and running it.
 
-On a CUDA card, ``scaled_dot_product_attention`` picks one of four kernels (flash,
-memory-efficient, cuDNN, or the math composite) from the inputs' dtype, head size, mask,
-dropout, the card's compute capability and the ``torch.backends.cuda.*_sdp_enabled`` flags.
-They keep very different tensors for the backward: the math path saves the B×H×L×S attention
-matrix (and, with dropout, its mask), the fused kernels only their output and a logsumexp.
-The CPU build that the simulator runs on picks by other rules (the math path whenever
-dropout > 0), so the simulated cluster asks :func:`select_kernel` instead and runs that
-kernel's aten op through its meta kernel (:func:`run_kernel`): the saved tensors are then
-the ones the card would keep.
+- :class:`SdpaCall`: What the kernel choice depends on, read from one call's arguments.
+- :class:`SdpaFlags`: The switches torch consults: ``torch.backends.cuda.*_sdp_enabled()`` and the order.
+- :func:`run_kernel`: The output of ``scaled_dot_product_attention`` computed the way CUDA does with ``kernel``.
+- :func:`sdpa_mode`: A torch-function mode that runs every ``F.scaled_dot_product_attention`` as CUDA would.
+- :func:`select_kernel`: The kernel CUDA runs for ``call`` on a card of compute ``capability``.
 
-:func:`select_kernel` is pure and follows ``select_sdp_backend`` in torch's
-``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (CUDA builds, not ROCm):
-
-- priority ``flash, efficient, math, cudnn`` (torch's default order, or the order set with
-  ``torch.nn.attention.sdpa_kernel(..., set_priority=True)``); on sm 9.0 and 10.x cuDNN goes
-  first, as torch does with cuDNN newer than 9.15 (``TORCH_CUDNN_SDPA_DEPRIORITIZED=1``
-  turns that off);
-- flash: fp16/bf16, sm 8.0–12.1, no ``attn_mask``, q/k/v head sizes equal and ≤ 256, no
-  training with head size in (192, 224] (or (224, 256] with dropout) on sm 8.6–8.9/12.x,
-  ``is_causal`` only with equal query/key lengths;
-- memory-efficient: fp32/fp16 (and bf16 from sm 8.0), sm 5.0–12.1, head sizes divisible by
-  the GEMM alignment (8 for fp16/bf16 with tensor cores, 4 for fp32 from sm 8.0, else 1),
-  aligned storage offsets from sm 8.0; masks allowed;
-- cuDNN: fp16/bf16, sm 8.0–12.1, dropout a multiple of 1/16, head size ≤ 128 (256 on sm 9.0
-  and 10.x) and a multiple of 8, key length ≠ 1, batch and heads ≤ 65535, not with
-  ``torch.use_deterministic_algorithms(True)``;
-- all fused kernels: 4-D dense inputs, last dimension with stride 1, non-empty sequences,
-  equal batch sizes, equal head counts (or, for flash and cuDNN only, grouped-query heads
-  with ``enable_gqa``: memory-efficient attention takes none, so such a call in fp32 runs
-  the math path, which repeats the key and value heads);
-- math when it is enabled, else ``"error"`` (torch raises "No available kernel").
-
-Assumed about the torch build on the card (not knowable here): a CUDA 12.x or 13.x build with
-flash and memory-efficient attention compiled in and cuDNN ``CUDNN_VERSION_ASSUMED``.
+Design notes: docs/concepts/design-notes.md, "dptune/backends/simulated/sdpa.py".
 """
 
 from __future__ import annotations

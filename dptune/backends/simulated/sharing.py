@@ -1,68 +1,10 @@
 """One replica simulated for every card that would run the same one.
 
-In a DataParallel step every busy card other than card 0 goes through the same events: the
-scatter's copy of its chunk, the broadcast copies of the weights, its replica's forward and
-backward, its share of the output's gradient and its gradients handed to the reduction. What
-a card allocates and frees, in its own order, depends only on
+- :class:`ReplicaPlan`: Which cards a step simulates, and whose results each card takes.
+- :func:`plan_replicas`: The plan for a step with ``sizes`` where card ``c`` behaves as ``card_keys[c]`` says (workspace, capability, what it holds) and the cards ...
+- :func:`with_card0_mirrored`: ``plan`` with card 0's replica taken from the first class card (not ``pinned``) whose chunk and spec (``spec_keys[c]``: workspace, capability, ...
 
-- the card's workspace size and compute capability (the cuBLAS workspace; the attention
-  kernel CUDA picks: :mod:`dptune.backends.simulated.sdpa`), not on its total memory;
-- its chunk of the batch;
-- what it held before the step (live bytes by category: equal on all cards but card 0 unless
-  a step function keeps tensors across steps).
-
-Cards equal in all three form a class, and the step is simulated with one card per class
-(:class:`ReplicaPlan`); each card of the class takes that card's results (peak, breakdown at
-the peak, allocator trace). Card 0 (the master weights, the reduction of the gradients, the
-optimizer), the output card (the gathered outputs) and the card the batch is on
-(``batch_on_card0``) are always simulated on their own, with what they hold for the others
-accounted in full: the gather concatenates one output per card (the class's, repeated), the
-reduction makes one buffer per weight whatever the number of replicas.
-
-Card 0's own replica goes through the same events as a class card's where the two cards have
-the same chunk and spec (workspace, capability, speed): its replica differs only in using the
-master weights themselves (no copies) and, when card 0 is the output card, in getting a view
-of the output's gradient where the others get a copy. Such a class card's replica then stands
-for card 0's too (``ReplicaPlan.mirror``, :func:`with_card0_mirrored`): card 0 runs no replica,
-and the ledger charges every storage that card's replica makes to card 0 as well, at the same
-moment and with the same size, category, stream and lifetime (``_Ledger.mirror``), except the
-copies of the weights, the card's workspace and its copy of the gradient piece (card 0's view
-keeps the whole gradient alive as long as that copy lives). Card 0's own events (the master
-weights, the gathered outputs, the loss, the reduction, the optimizer) are simulated as
-before, so its trace is the trace of the simulation of every replica: card 0 has no events of
-its own while another replica runs, so running its replica's events at the time of another
-card's changes nothing in card 0's order. The time estimate counts the replica's ops for
-card 0 as well (and takes back the gather's read of card 0's output from the other card).
-Card 0 runs its own replica again (for the step and from then on) where its gradient piece
-is a view laid out unlike a copy (the sum of the output as the loss hands every replica an
-expanded, stride-0 gradient: card 0's replica could make other copies than the class card's),
-and where a user's error is raised with card 0 mirrored (raised again by card 0's replica,
-as every replica's simulation raises it). Not with the batch on card 0 (its chunk is a view
-there).
-
-Exact, not approximate: the per-card peak and breakdown equal those of the simulation of
-every replica, and the allocator trace equals it event for event (sizes, frees, streams, in
-order); only the events' ids, the global allocation numbers, differ (the replay of
-:mod:`dptune.backends.simulated.reserved` uses them only to pair a free with its malloc, so its figures
-are identical too). ``tests/backends/simulated/test_sharing.py`` checks this against the full simulation on mixed
-clusters.
-
-Where the events of one card depend on the number of replicas, the step is simulated again
-with every replica (the simulated step says so with ``diverged``, and the backend keeps to the
-full simulation for that model from then on):
-
-- the reduction run more than once in a step (a reentrant activation checkpoint runs the
-  backward of each segment on its own, and autograd fills every other replica's missing
-  gradients with zeros on its card);
-- a batch that is not the probe's (a step function that calls the model on another batch
-  size: its split is scaled, and the classes may differ);
-- batch tensors that require grad scattered from card 0 (their gradients are copied back to
-  card 0, one per replica).
-
-What is not covered: a step function that keeps tensors alive on cards other than card 0
-after the step ends leaves them on the simulated card only, so the next probe's classes see
-different baselines (exact for that probe, where the cards are then simulated apart; the other
-cards of the class no longer carry what they would have kept).
+Design notes: docs/concepts/design-notes.md, "dptune/backends/simulated/sharing.py".
 """
 
 from __future__ import annotations
