@@ -13,6 +13,7 @@ from typing import Any, Optional
 from dptune.backends.reserved import DEFAULT_LEVEL
 from dptune.cli.arguments import (EPILOG, headroom_argument, objective_argument, step_arguments,
                                   workload_arguments, workload_spec)
+from dptune.cli.objectives import objective_line
 from dptune.cli_checks import (check_cards, check_level_flags, check_plan_out, level_arguments,
                                level_options, out_path, positive_float, positive_int)
 from dptune.errors import EXIT_OK, UsageError
@@ -126,6 +127,8 @@ def _plan_command(args: argparse.Namespace) -> int:
 
         check_cards(simulate)
         check_level_flags(args)
+        if not args.quiet:
+            print(objective_line("plan", args.objective, lengths=True), file=sys.stderr)
         return plan_lengths.run(args, simulate)
     if args.global_batch is not None:
         if args.batch_size is not None or args.objective not in (None, "throughput"):
@@ -139,6 +142,8 @@ def _plan_command(args: argparse.Namespace) -> int:
     check_level_flags(args)
     if args.out:  # checked before minutes of planning
         check_plan_out(args.out)
+    if not args.quiet:
+        print(objective_line("plan", args.objective), file=sys.stderr)
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with redirect:
         result = ddp_plan(

@@ -16,6 +16,7 @@ from dptune.backends.reserved import DEFAULT_LEVEL
 from dptune.cli.arguments import (DEFAULT_BATCH_SIZE, load_trainer, model_only_flags, EPILOG, headroom_argument,
                                   objective_argument, step_arguments, workload_arguments,
                                   workload_spec)
+from dptune.cli.objectives import objective_line
 from dptune.cli_checks import (REPORT_TEMP_ROOM, card_or_auto, check_cards, check_level_flags,
                                check_out, device_ids_arg, level_arguments, level_options,
                                out_path, positive_int)
@@ -147,6 +148,9 @@ def _search_command(args: argparse.Namespace) -> int:
                                           or args.lengths is not None):
         raise UsageError("--global-batch needs --objective throughput, with the model flags "
                          "(not with --hf-trainer or --lengths)")
+    if not args.quiet:   # which question is answered, and how to ask the others
+        print(objective_line("search", args.objective, lengths=args.lengths is not None),
+              file=sys.stderr)
     if args.lengths is not None:   # a plan per length bucket
         from dptune.cli import lengths_command as lengths_cli
 
