@@ -28,6 +28,8 @@ $(STAMP): pyproject.toml constraints/dev.txt
 	@case "$(TORCH)" in auto|cpu|cuda|system) ;; \
 	    *) echo "TORCH=$(TORCH): expected auto, cpu, cuda or system" >&2; exit 2;; esac
 	test -x $(PY) || $(PYTHON) -m venv $(if $(filter system,$(TORCH)),--system-site-packages) $(VENV)
+	@if [ "$(TORCH)" != system ] && grep -q "include-system-site-packages = true" $(VENV)/pyvenv.cfg; then \
+	    echo "note: $(VENV) sees the host's site-packages (made by an older make): 'make clean install' makes it isolated"; fi
 	@torch=$(TORCH); \
 	if [ "$$torch" = auto ]; then \
 	    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then torch=cuda; else torch=cpu; fi; \
