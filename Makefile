@@ -9,23 +9,42 @@ STAMP  := $(VENV)/.dptune-installed
 
 DEMO   := reports/_scratch/TinyGPT-4x24GB
 
-.PHONY: install demo example test test-slow lint bench validate-gpu constraints clean
+.PHONY: install demo example test test-slow lint docs bench validate-gpu constraints clean
 
 install: $(STAMP)
 
-# The venv sees the system site-packages, so a CUDA torch already installed there is kept.
-# Without any torch, the CPU wheel torch==2.13.0 is taken (never a multi-GB CUDA build)
-# unless an NVIDIA driver is present, in which case the default (CUDA) build is installed.
+# The venv is isolated from the host's site-packages, and everything but torch is installed at
+# the exact versions of constraints/dev.txt (a lock compiled from pyproject.toml: `make
+# constraints`). torch==2.13.0 is installed first, chosen by TORCH:
+#   TORCH=auto   (default) the CPU build, or PyPI's CUDA build where an NVIDIA driver answers
+#   TORCH=cpu    the CPU build (a local wheel pip is configured with, else PyTorch's CPU index)
+#   TORCH=cuda   PyPI's default build, with its CUDA libraries
+#   TORCH=system the torch already installed on the host (any version >= 2.13), kept: only
+#                this venv sees the host's site-packages (make clean first if .venv exists)
+TORCH         ?= auto
+TORCH_VERSION := 2.13.0
+TORCH_CPU_URL ?= https://download.pytorch.org/whl/cpu
 $(STAMP): pyproject.toml constraints/dev.txt
-	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
-	@if $(PY) -c "import torch" 2>/dev/null; then \
+	@case "$(TORCH)" in auto|cpu|cuda|system) ;; \
+	    *) echo "TORCH=$(TORCH): expected auto, cpu, cuda or system" >&2; exit 2;; esac
+	test -x $(PY) || $(PYTHON) -m venv $(if $(filter system,$(TORCH)),--system-site-packages) $(VENV)
+	@if [ "$(TORCH)" != system ] && grep -q "include-system-site-packages = true" $(VENV)/pyvenv.cfg; then \
+	    echo "note: $(VENV) sees the host's site-packages (made by an older make): 'make clean install' makes it isolated"; fi
+	@torch=$(TORCH); \
+	if [ "$$torch" = auto ]; then \
+	    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then torch=cuda; else torch=cpu; fi; \
+	fi; \
+	if [ "$$torch" = system ]; then \
+	    $(PY) -c "import torch" || { echo "TORCH=system: no torch on this host's Python" >&2; exit 2; }; \
 	    echo "keeping installed torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
-	elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	    $(PY) -m pip install -q torch; \
+	elif $(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null; then \
+	    echo "keeping torch $$($(PY) -c 'import torch; print(torch.__version__)') in $(VENV)"; \
+	elif [ "$$torch" = cuda ]; then \
+	    $(PY) -m pip install -q -c constraints/dev.txt torch==$(TORCH_VERSION); \
 	else \
-	    $(PY) -m pip install -q torch==2.13.0; \
+	    $(PY) -m pip install -q --no-deps --retries 1 --index-url $(TORCH_CPU_URL) torch==$(TORCH_VERSION); \
 	fi
-	$(PY) -m pip install -q -c constraints/dev.txt -e ".[dev]"
+	$(PY) -m pip install -q -c constraints/dev.txt -e ".[dev,docs]"
 	touch $(STAMP)
 	@echo "dptune is installed in $(VENV): run '. $(VENV)/bin/activate' to use the dptune command (or call $(VENV)/bin/dptune)"
 
@@ -53,17 +72,26 @@ test: lint
 test-slow: install
 	$(PY) -m pytest -q -p no:cacheprovider -p no:benchmark -n 2 -m slow
 
-# Move the pinned dev versions forward: a fresh venv without constraints, then the tests decide.
+# Move the pinned versions forward: compile constraints/dev.txt from pyproject.toml's extras in
+# an isolated venv (uv pip compile), for Python 3.11 on Linux x86_64 with the CPU torch: the lock
+# holds only dptune's dependency tree, without torch (installed by `make install`) and without
+# the CUDA libraries that PyPI's Linux torch requires (constraints/torch-cpu-overrides.txt).
+# The versions already locked are kept where they still fit; then the tests decide.
 constraints:
-	rm -rf .venv-constraints
-	$(PYTHON) -m venv --system-site-packages .venv-constraints
-	.venv-constraints/bin/python -m pip install -q torch==2.13.0 -e ".[dev]"
-	.venv-constraints/bin/python -m pip freeze | grep "==" | grep -v -i -E "^(dptune|torch==|triton)" \
-	    | grep -v -E "^nvidia-(cu|nccl|nvj|nvtx|cufft|curand|cusparse|cusolver|cublas|cudnn|nvshmem)" \
-	    | sort -f > constraints/dev.txt.new
-	rm -rf .venv-constraints
-	mv constraints/dev.txt.new constraints/dev.txt
-	@echo "constraints/dev.txt updated: run 'make clean test test-slow' before committing it"
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q uv
+	.venv-lock/bin/uv pip compile --no-config pyproject.toml --extra dev --extra hf --extra docs \
+	    --override constraints/torch-cpu-overrides.txt --python-version 3.11 \
+	    --python-platform x86_64-manylinux_2_28 --no-emit-package torch \
+	    --custom-compile-command "make constraints" -o constraints/dev.txt $(if $(UPGRADE),--upgrade)
+	rm -rf .venv-lock
+	@echo "constraints/dev.txt compiled: run 'make clean test test-slow docs' before committing it"
+
+# The documentation site, built strictly (a broken link or reference fails); the pages are in
+# docs/, the CLI reference is generated from the argparse parsers at build time (docs/hooks.py).
+docs: install
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: install
 	$(PY) -m benchmarks
@@ -73,4 +101,4 @@ validate-gpu: install
 	$(PY) benchmarks/validate_gpu.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .mypy_cache site

@@ -1,8 +1,8 @@
-"""Write the README's benchmark table from ``reports/benchmarks/results.csv``.
+"""Write the benchmark table of the docs (docs/benchmarks.md) from ``reports/benchmarks/results.csv``.
 
 ``python -m benchmarks.readme [--csv PATH] [--readme PATH]`` replaces what lies between the
-markers ``<!-- benchmarks:start -->`` and ``<!-- benchmarks:end -->`` in the README with the
-headline table and the quality summary rendered from the benchmark output, so the README is
+markers ``<!-- benchmarks:start -->`` and ``<!-- benchmarks:end -->`` in that page with the
+headline table and the quality summary rendered from the benchmark output, so the table is
 never edited by hand. ``make bench`` runs it after the benchmarks.
 """
 
@@ -57,7 +57,7 @@ def update(readme: pathlib.Path, rows: list[dict[str, Any]]) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.readme", description=__doc__)
     p.add_argument("--csv", default="reports/benchmarks/results.csv")
-    p.add_argument("--readme", default="README.md")
+    p.add_argument("--readme", default="docs/benchmarks.md")
     args = p.parse_args(argv)
     with open(args.csv, newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))

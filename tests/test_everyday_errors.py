@@ -553,11 +553,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_commands() -> list[list[str]]:
-    """The `dptune ...` lines of the README's "From the shell" blocks, as argument lists."""
+    """The `dptune ...` lines of the quickstart's "From the shell" blocks, as argument lists."""
     import shlex
 
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("### From the shell", 1)[1].split("\n### ", 1)[0]
+    text = (ROOT / "docs" / "getting-started" / "quickstart.md").read_text(encoding="utf-8")
+    section = text.split("## From the shell", 1)[1].split("\n## ", 1)[0]
     block = "\n".join(b.split("```", 1)[0] for b in section.split("```bash")[1:])
     joined = block.replace("\\\n", " ")
     return [shlex.split(line.split(" #", 1)[0])[1:] for line in joined.splitlines()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from dptune.cli.arguments import (EPILOG, headroom_argument, objective_argument, step_arguments,
                                   workload_arguments, workload_spec)
+from dptune.cli.objectives import objective_line
 from dptune.cli.checks import (check_cards, check_level_flags, check_plan_out, level_arguments,
                                budget_of, out_path, positive_float, positive_int)
 from dptune.errors import EXIT_OK, UsageError
@@ -127,6 +128,8 @@ def _plan_command(args: argparse.Namespace) -> int:
 
         check_cards(simulate)
         check_level_flags(args)
+        if not args.quiet:
+            print(objective_line("plan", args.objective, lengths=True), file=sys.stderr)
         return plan_lengths.run(args, simulate)
     if args.global_batch is not None:
         if args.batch_size is not None or args.objective not in (None, "throughput"):
@@ -140,6 +143,8 @@ def _plan_command(args: argparse.Namespace) -> int:
     check_level_flags(args)
     if args.out:  # checked before minutes of planning
         check_plan_out(args.out)
+    if not args.quiet:
+        print(objective_line("plan", args.objective), file=sys.stderr)
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     with redirect:
         result = ddp_plan(

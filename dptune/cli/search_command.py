@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 from dptune.cli.arguments import (DEFAULT_BATCH_SIZE, load_trainer, model_only_flags, EPILOG, headroom_argument,
                                   objective_argument, step_arguments, workload_arguments,
                                   workload_spec)
+from dptune.cli.objectives import objective_line
 from dptune.cli.checks import (REPORT_TEMP_ROOM, card_or_auto, check_cards, check_out, device_ids_arg, level_arguments, budget_of,
                                out_path, positive_int)
 from dptune.errors import EXIT_OK, UsageError
@@ -145,6 +146,9 @@ def _search_command(args: argparse.Namespace) -> int:
                                           or args.lengths is not None):
         raise UsageError("--global-batch needs --objective throughput, with the model flags "
                          "(not with --hf-trainer or --lengths)")
+    if not args.quiet:   # which question is answered, and how to ask the others
+        print(objective_line("search", args.objective, lengths=args.lengths is not None),
+              file=sys.stderr)
     if args.lengths is not None:   # a plan per length bucket
         from dptune.cli import lengths_command as lengths_cli
 
