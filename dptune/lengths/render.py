@@ -101,11 +101,15 @@ def _write(path: str, text: str) -> None:
 
 def write_plan_report(plan: LengthPlan, folder: str, lengths: Optional[Sequence[int]] = None,
                       plots: bool = True) -> list[str]:
-    """``lengths.json``, ``lengths.csv``, ``summary.md`` and ``lengths.png`` in ``folder``."""
+    """``lengths.json``, ``lengths.csv``, ``summary.md``, ``report.html`` and ``lengths.png``
+    in ``folder``."""
     os.makedirs(folder, exist_ok=True)
     written = []
+    from dptune.report.html_plans import render_lengths_html
+
     for name, text in ((PLAN_FILE, plan.to_json()), ("lengths.csv", render_csv(plan)),
-                       ("summary.md", render_markdown(plan))):
+                       ("summary.md", render_markdown(plan)),
+                       ("report.html", render_lengths_html(plan))):
         _write(os.path.join(folder, name), text)
         written.append(name)
     if plots:
