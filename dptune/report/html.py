@@ -56,7 +56,8 @@ def e(text: object) -> str:
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;
 max-width:1000px;padding:12px 16px;color:#222;background:#fff}
-h1{font-size:1.35em;margin:.3em 0}h2{font-size:1.1em;margin:1.2em 0 .4em;border-bottom:1px
+h1{font-size:1.35em;margin:.3em 0}h3{font-size:.95em;margin:.6em 0 .2em}
+h2{font-size:1.1em;margin:1.2em 0 .4em;border-bottom:1px
 solid #ddd}
 .key{display:flex;flex-wrap:wrap;gap:6px 18px;margin:.4em 0;padding:8px 10px;
 background:#f5f7fa;border:1px solid #dde3ea;border-radius:4px}
