@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from dptune.errors import OutputError
+from dptune.errors import OutputError, ReportError
 from dptune.report.html import HTML_FILE, render_result_html
 from dptune.report.levels import budget_level, memory_stats
 from dptune.report.plots import plot_result
@@ -201,8 +201,18 @@ def figure_dpi(fig: "Figure") -> float:
 
 def read_report(path: str | pathlib.Path) -> TuneResult:
     """Read and check a result from a report folder or its ``report.json``: the one reader,
-    :func:`dptune.result.load_result` (also ``TuneResult.load``)."""
+    :func:`dptune.result.load_result` (also ``TuneResult.load``), plus the derived
+    ``budget_level`` a report writes, which must be the level its probes were checked at
+    (:class:`ReportError` otherwise: an edited report is not shown as it is)."""
     from dptune.result import load_result   # the data layer below; kept out of import time
+    from dptune.result_read import read_json
 
-    return load_result(path)
+    result = load_result(path)
+    _, data = read_json(result.source or path, "report.json", "report", "dptune search")
+    stored, level = data.get("budget_level"), budget_level(result)
+    if stored is not None and stored != level:   # derived from the probes when written
+        raise ReportError(f"the report {result.source!r} is not valid: budget_level is "
+                          f"{stored!r} but its probes were checked at the {level!r} level; "
+                          "re-run `dptune search` to write it again")
+    return result
 

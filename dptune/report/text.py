@@ -238,6 +238,18 @@ def _certificate(result: TuneResult) -> str:
     if not result.brackets:
         return "certified: no (no brackets recorded)"
     br = "; ".join(b.describe() for b in result.brackets)
+    whole = [b for b in result.brackets if b.what == "batch"]
+    if result.objective == Objective.MAX_BATCH and whole:
+        # a largest batch needs only the whole batch's bracket closed; the cards' own
+        # brackets say where each card's cap lies and may stay open
+        cards = "; ".join(b.describe() for b in result.brackets if b.what != "batch")
+        rest = f"; the cards' own brackets need not close: {cards}" if cards else ""
+        if result.certified:
+            return (f"certified: yes (one more sample does not fit: the whole batch's bracket "
+                    f"{whole[0].describe().removeprefix('whole batch ')} is closed, which is "
+                    f"all a largest batch needs{rest})")
+        return (f"certified: no (the whole batch's bracket "
+                f"{whole[0].describe().removeprefix('whole batch ')} is still open{rest})")
     if result.certified:
         why = ("one more sample does not fit" if result.objective == Objective.MAX_BATCH
                else "no split lowers the largest share")
