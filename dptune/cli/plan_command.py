@@ -13,8 +13,9 @@ from typing import Any, Optional
 from dptune.backends.reserved import DEFAULT_LEVEL
 from dptune.cli.arguments import (EPILOG, headroom_argument, objective_argument, step_arguments,
                                   workload_arguments, workload_spec)
-from dptune.cli_checks import (check_cards, check_level_flags, check_plan_out, level_arguments,
-                               level_options, out_path, positive_float, positive_int)
+from dptune.cli_checks import (check_cards, check_level_flags, check_nccl_bytes, check_plan_out,
+                               global_batch_arg, level_arguments, level_options, out_path,
+                               positive_float)
 from dptune.errors import EXIT_OK, UsageError
 from dptune.spec import WorkloadSpec
 
@@ -95,7 +96,7 @@ def plan_parser(subparsers: Any) -> None:
                           "shortest step that fits; balance: the same share of memory on every "
                           "card; max-batch: the largest global batch")
     p.set_defaults(objective=None)   # the planner's default: the fastest batches that fit
-    t.add_argument("--global-batch", type=positive_int, metavar="N", default=None,
+    t.add_argument("--global-batch", type=global_batch_arg, metavar="N", default=None,
                    help="instead of --batch-size: N samples per optimizer step, trained with "
                         "gradient accumulation; the plan chooses the number of micro-batches "
                         "(a divisor of N) and each rank's batch, the fastest that fit")
@@ -126,6 +127,7 @@ def _plan_command(args: argparse.Namespace) -> int:
 
         check_cards(simulate)
         check_level_flags(args)
+        check_nccl_bytes(args.nccl_bytes, simulate, args.headroom)
         return plan_lengths.run(args, simulate)
     if args.global_batch is not None:
         if args.batch_size is not None or args.objective not in (None, "throughput"):
@@ -137,6 +139,7 @@ def _plan_command(args: argparse.Namespace) -> int:
                          "give --batch-size N (or --objective max-batch for the largest that fits)")
     check_cards(simulate)
     check_level_flags(args)
+    check_nccl_bytes(args.nccl_bytes, simulate, args.headroom)
     if args.out:  # checked before minutes of planning
         check_plan_out(args.out)
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
