@@ -295,21 +295,26 @@ def _time_section(result: "TuneResult") -> Optional[Section]:
 def _fits_section(result: "TuneResult") -> Section:
     from dptune.report.plots import fit_cards
 
+    from dptune.report.fit_groups import group_note, report_fits
+
     header = ["card", "intercept", "per sample", "per batch sample", "max error", "points"]
     rows = [[f"{d.index}: {d.name}", format_bytes(f.intercept_bytes),
              format_bytes(f.slope_bytes, precision=2), format_bytes(f.batch_slope_bytes, precision=2),
              format_bytes(f.max_error_bytes), str(f.points)]
-            for d, f in zip(result.devices, result.fits)]
+            for d, f in zip(result.devices, report_fits(result))]
     charts = [_fit_chart(result, i) for i in fit_cards(result)]
     body = ('<p class="note">Memory of card <i>i</i> with chunk <i>c</i> at batch <i>B</i>: '
             "intercept + per sample × c + per batch sample × B; the max error is over every "
             "probe the line counts.</p>" + scroll(table(header, rows), len(rows))
+            + bullet_list(group_note(result))
             + '<div class="charts">' + "".join(charts) + "</div>")
     return Section("fits", "Fits", body)
 
 
 def _fit_chart(result: "TuneResult", i: int) -> str:
-    fit, B = result.fits[i], result.batch_size
+    from dptune.report.fit_groups import report_fits
+
+    fit, B = report_fits(result)[i], result.batch_size
     # on the output card memory also grows with the batch: a probe at another batch is not
     # on the line at this one, and is drawn hollow where it measured
     here = [p for p in result.probes if p.feasible and

@@ -337,8 +337,10 @@ def _draw_fit(result: TuneResult, i: int, ax: "Axes", color: str = _DPTUNE_COLOR
     hollow, at what they measured, never moved to the chosen batch (where a split that fitted
     could seem over the budget).
     """
+    from dptune.report.fit_groups import report_fits
+
     B = result.batch_size
-    fit = result.fits[i]
+    fit = report_fits(result)[i]      # identical replicas share one line
     probes = result.probes
     other_batch = fit.batch_slope_bytes != 0
 

@@ -111,3 +111,32 @@ def test_lengths_png_axes_from_zero_and_identical_cards_apart():
     assert max(abs(x - y) for x, y in zip(a.get_ydata(), b.get_ydata())) < 0.02 * 2422
     stairs = [p for p in ax.patches if p.get_label().startswith("card ")]
     assert len({p.get_linestyle() for p in stairs[:2]}) == 2
+
+
+def test_identical_replicas_share_one_line_whose_error_is_over_every_probe():
+    """Cards 1 and 2 (the same card, no other process, not the output card) run identical
+    replicas: fits.png draws one line for both, through all their probes within budget, and
+    the fits table's max error is over every one of them (numpy's least squares the oracle)."""
+    import numpy as np
+
+    r = reserved_result("max_batch")
+    fig = plot_result(r, "fits")
+    lines = {ax.get_title().split("\n")[0]: ax.lines[0] for ax in fig.axes if ax.lines}
+    names = [f"{d.index}: {d.name}" for d in r.devices]
+    one, two = lines[names[1]], lines[names[2]]
+    assert list(one.get_ydata()) == list(two.get_ydata())
+    pts = [(p.chunk_sizes[i], p.peak_bytes[i]) for p in r.probes for i in (1, 2)
+           if p.feasible and p.chunk_sizes[i] > 0]
+    slope, intercept = np.polyfit([c for c, _ in pts], [m for _, m in pts], 1)
+    x0, x1 = one.get_xdata()[:2]
+    assert one.get_ydata()[0] == pytest.approx((intercept + slope * x0) / GiB, rel=1e-9)
+    assert one.get_ydata()[1] == pytest.approx((intercept + slope * x1) / GiB, rel=1e-9)
+    err = max(abs(intercept + slope * c - m) for c, m in pts)
+    from dptune.units import format_bytes
+
+    rows = [ln for ln in render_summary(r).splitlines() if ln.startswith(("| 1:", "| 2:"))
+            and ln.count("|") == 7]
+    assert len(rows) == 2 and rows[0].split("|")[2:] == rows[1].split("|")[2:]
+    assert rows[0].split("|")[5].strip() == format_bytes(err)
+    assert rows[0].split("|")[6].strip() == str(len(pts))
+    assert "cards 1, 2 run identical replicas" in render_summary(r)
