@@ -334,9 +334,15 @@ def _fit_chart(result: "TuneResult", i: int) -> str:
                              tuple(p.peak_bytes[i] for p in elsewhere), "#555555", hollow=True,
                              titles=tuple(f"batch {p.batch_size}, {p.chunk_sizes[i]} samples: "
                                           f"{format_bytes(p.peak_bytes[i])}" for p in elsewhere)))
-    if oom:
-        series.append(Series("out of memory", tuple(p.chunk_sizes[i] for p in oom),
-                             tuple(p.peak_bytes[i] for p in oom), COLORS["over"], marker="x"))
+    here_oom = [p for p in oom if p.oom_device == i]
+    other_oom = [p for p in oom if p.oom_device != i]
+    if here_oom:
+        series.append(Series("ran out of memory here", tuple(p.chunk_sizes[i] for p in here_oom),
+                             tuple(p.peak_bytes[i] for p in here_oom), COLORS["over"], marker="x"))
+    if other_oom:
+        series.append(Series("stopped by another card", tuple(p.chunk_sizes[i] for p in other_oom),
+                             tuple(p.peak_bytes[i] for p in other_oom), COLORS["fit"], marker="v",
+                             hollow=True))
     series.append(Series("dptune split", (result.chunk_sizes[i],), (result.peak_bytes[i],),
                          COLORS["chosen"], marker="*"))
     d = result.devices[i]
