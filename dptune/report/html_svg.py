@@ -258,11 +258,11 @@ def _legend(series: Sequence[Series], hlines: Sequence[HLine], width: int, y0: i
 def _series(s: Series, px: Callable[[float], float], py: Callable[[float], float]) -> str:
     label = f' data-label="{_e(s.label)}"'
     if s.kind == "line":
-        pts = " ".join(f"{_num(px(a))},{_num(py(b) + s.dy)}" for a, b in zip(s.xs, s.ys))
-        return (f'<polyline class="series line"{label} points="{pts}" fill="none" '
+        line = " ".join(f"{_num(px(a))},{_num(py(b) + s.dy)}" for a, b in zip(s.xs, s.ys))
+        return (f'<polyline class="series line"{label} points="{line}" fill="none" '
                 f'stroke="{s.color}" stroke-width="1.5"/>')
     if s.kind == "steps":
-        pts = []
+        pts: list[str] = []
         for k, v in enumerate(s.ys):
             pts += [f"{_num(px(s.xs[k]))},{_num(py(v) + s.dy)}",
                     f"{_num(px(s.xs[k + 1]))},{_num(py(v) + s.dy)}"]
