@@ -51,7 +51,7 @@ REPORT_TEMP_ROOM = 14
 PLAN_TEMP_ROOM = 11
 
 #: What a plan folder holds (``DDPPlan.save``).
-PLAN_FILES = ("plan.json", "summary.md")
+PLAN_FILES = ("plan.json", "summary.md", "report.html")
 
 
 # ---- argparse types ------------------------------------------------------------------------

@@ -114,6 +114,10 @@ def test_show_a_plan_written_by_hand(tmp_path):
     assert lines[4].startswith("note: lengths <= 64: the batch that fits (7) is larger than the "
                                "bucket's 3 samples")
     assert "max_tokens=" in lines[5] and len(lines) == 6
+    code, out, err = run("show", str(tmp_path / "rep"), "--html")
+    assert code == EXIT_OK and out == f"wrote {tmp_path / 'rep' / 'report.html'}\n", err
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "<h1>dptune length plan: Net on 2x24GB</h1>" in page and "(32, 64]" in page
     # a folder holding an ordinary report too is that report (a missing report.json is named)
     (tmp_path / "rep" / "report.json").write_text("{}")
     code, _, err = run("show", str(tmp_path / "rep"))
