@@ -335,3 +335,19 @@ def test_arguments_are_checked():
     with pytest.raises(UsageError):
         Tuner(model, sample, device_ids=[0], simulate="2x24GB", verbose=False).fit()
     assert Tuner(model, sample, headroom=0).headroom_bytes == 0
+
+
+# ---- the fits' own figures --------------------------------------------------------------------
+
+@pytest.mark.parametrize("objective", ["balance", "max_batch"])
+def test_a_fits_max_error_is_over_every_probe_it_counts(objective):
+    """On convex cards the line drawn through the two points nearest the split misses the
+    far probes: its max error and its point count say so (probes.csv's figures)."""
+    r = tune(identical(q=0.0004 * GiB), objective=objective)
+    assert any(f.max_error_bytes > 0 for f in r.fits)
+    for i, fit in enumerate(r.fits):
+        counted = [p for p in r.probes if p.chunk_sizes[i] > 0]   # card 0 at 0: no replica
+        errors = [abs(fit.predict(p.chunk_sizes[i], p.batch_size) - p.peak_bytes[i])
+                  for p in counted]
+        assert fit.points == len(counted)
+        assert fit.max_error_bytes == pytest.approx(max(errors), abs=1)

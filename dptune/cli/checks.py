@@ -37,7 +37,7 @@ __all__ = ["MAX_SIMULATED_CARDS", "MAX_HEADROOM_BYTES", "REPORT_TEMP_ROOM", "che
            "card_or_auto", "positive_int", "positive_float", "batch_size_arg", "byte_size",
            "headroom_arg", "accumulate_arg", "out_path", "device_ids_arg", "budget_level_arg",
            "allocator_arg", "nccl_bytes_arg", "level_arguments", "check_level_flags",
-           "budget_of"]
+           "budget_of", "check_nccl_bytes"]
 
 #: The most cards ``--simulate`` takes (``search`` and ``plan``); see the module docstring.
 MAX_SIMULATED_CARDS = 1024
@@ -53,7 +53,7 @@ REPORT_TEMP_ROOM = 14
 PLAN_TEMP_ROOM = 11
 
 #: What a plan folder holds (``DDPPlan.save``).
-PLAN_FILES = ("plan.json", "summary.md")
+PLAN_FILES = ("plan.json", "summary.md", "report.html")
 
 
 # ---- argparse types ------------------------------------------------------------------------
@@ -98,6 +98,17 @@ def batch_size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text} is beyond what any cluster holds (at most {MAX_BATCH_SIZE:,} samples); give "
             "the total batch over all cards, e.g. 256")
+    return value
+
+
+def global_batch_arg(text: str) -> int:
+    """``--global-batch``: at most :data:`dptune.split.MAX_BATCH_SIZE`, as ``--batch-size``
+    (a larger one is a typo; its micro-batch counts alone would take minutes to list)."""
+    value = positive_int(text)
+    if value > MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{text} is beyond what any cluster trains in one optimizer step (at most "
+            f"{MAX_BATCH_SIZE:,} samples); give the samples per optimizer step, e.g. 4096")
     return value
 
 
@@ -190,6 +201,28 @@ def budget_of(args: argparse.Namespace) -> "Budget":
     check_level_flags(args)
     return Budget.at(level=args.budget_level, headroom=args.headroom, allocator=args.allocator,
                      nccl_bytes=args.nccl_bytes)
+
+
+def check_nccl_bytes(nccl_bytes: Optional[int], simulate: Optional[str],
+                     headroom: Optional[int] = None) -> None:
+    """``--nccl-bytes`` at least a simulated card's whole budget (its memory less the CUDA
+    context, others' use and the headroom, ``None``: the reserved level's default): NCCL's
+    buffers alone would fill it, so no batch could fit. Named before any probing, with the
+    flag (it ended in "try a smaller batch", or an internal error, once)."""
+    if nccl_bytes is None or simulate is None:
+        return
+    from dptune import parse_cluster
+    from dptune.backends.simulated.reserved import DEFAULT_HEADROOM, BudgetLevel
+
+    room = DEFAULT_HEADROOM[BudgetLevel.RESERVED] if headroom is None else headroom
+    for d in parse_cluster(simulate).devices:
+        budget = d.budget_bytes(room)
+        if nccl_bytes >= budget:
+            raise UsageError(f"--nccl-bytes {format_bytes(nccl_bytes)} is at least card "
+                             f"{d.index}'s whole budget ({format_bytes(max(budget, 0))}: its "
+                             "memory less the CUDA context, others' use and the headroom), so "
+                             "no batch fits beside NCCL's buffers; give NCCL's buffers per card, "
+                             "e.g. 1600MB (what NCCL_DEBUG=INFO or NVML shows)")
 
 
 def accumulate_arg(text: str) -> int:

@@ -28,6 +28,8 @@ __all__ = ["length_arguments", "run", "length_sample"]
 
 #: ``--lengths`` given without a file: the lengths of ``--hf-trainer``'s train dataset.
 FROM_TRAINER = ""
+#: ``--max-probes`` when not given, per bucket (a given one is kept, even below it)
+DEFAULT_BUCKET_PROBES = 16
 
 
 def bucket_arguments(g: Any) -> None:
@@ -135,7 +137,8 @@ def run(args: argparse.Namespace, spec: Any) -> int:
                         optimizer=wl.optimizer, simulate=args.simulate, device_ids=args.devices,
                         headroom=headroom, pad_to_multiple_of=args.pad_to_multiple_of,
                         length_axis=args.length_axis, max_length=longest,
-                        batch_size=args.batch_size or 256, max_probes=max(args.max_probes, 16),
+                        batch_size=args.batch_size or 256,
+                        max_probes=args.max_probes or DEFAULT_BUCKET_PROBES,
                         amp=wl.amp, accumulate=wl.accumulate, clip_grad_norm=wl.clip_grad_norm,
                         step=wl.step, ddp=args.ddp, verbose=not args.quiet, **_options(args))
     return _report(args, plan, lengths)
@@ -170,7 +173,7 @@ def _run_trainer(args: argparse.Namespace, headroom: Any) -> int:
     plan = plan_trainer_lengths(trainer, args.buckets, simulate=args.simulate,
                                 device_ids=args.devices, headroom=headroom, lengths=lengths,
                                 batch_size=args.batch_size or 256,
-                                max_probes=max(args.max_probes, 16), ddp=args.ddp,
+                                max_probes=args.max_probes or DEFAULT_BUCKET_PROBES, ddp=args.ddp,
                                 verbose=not args.quiet, **options, **_options(args))
     return _report(args, plan, lengths, trainer=args.hf_trainer)
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from dptune.cli.arguments import (EPILOG, headroom_argument, objective_argument, step_arguments,
                                   workload_arguments, workload_spec)
 from dptune.cli.objectives import objective_line
-from dptune.cli.checks import (check_cards, check_level_flags, check_plan_out, level_arguments,
-                               budget_of, out_path, positive_float, positive_int)
+from dptune.cli.checks import (budget_of, check_cards, check_level_flags, check_nccl_bytes, check_plan_out,
+                               global_batch_arg, level_arguments, out_path, positive_float)
 from dptune.errors import EXIT_OK, UsageError
 from dptune.step.spec import WorkloadSpec
 
@@ -97,7 +97,7 @@ def plan_parser(subparsers: Any) -> None:
                           "shortest step that fits; balance: the same share of memory on every "
                           "card; max-batch: the largest global batch")
     p.set_defaults(objective=None)   # the planner's default: the fastest batches that fit
-    t.add_argument("--global-batch", type=positive_int, metavar="N", default=None,
+    t.add_argument("--global-batch", type=global_batch_arg, metavar="N", default=None,
                    help="instead of --batch-size: N samples per optimizer step, trained with "
                         "gradient accumulation; the plan chooses the number of micro-batches "
                         "(a divisor of N) and each rank's batch, the fastest that fit")
@@ -130,6 +130,7 @@ def _plan_command(args: argparse.Namespace) -> int:
         check_level_flags(args)
         if not args.quiet:
             print(objective_line("plan", args.objective, lengths=True), file=sys.stderr)
+        check_nccl_bytes(args.nccl_bytes, simulate, args.headroom)
         return plan_lengths.run(args, simulate)
     if args.global_batch is not None:
         if args.batch_size is not None or args.objective not in (None, "throughput"):
@@ -141,6 +142,7 @@ def _plan_command(args: argparse.Namespace) -> int:
                          "give --batch-size N (or --objective max-batch for the largest that fits)")
     check_cards(simulate)
     check_level_flags(args)
+    check_nccl_bytes(args.nccl_bytes, simulate, args.headroom)
     if args.out:  # checked before minutes of planning
         check_plan_out(args.out)
     if not args.quiet:

@@ -26,6 +26,9 @@ def show_parser(subparsers: Any) -> None:
     p.add_argument("report", metavar="REPORT",
                    help="report folder (or its report.json, lengths.json or plan.json)")
     p.add_argument("--json", action="store_true", help="print the report's JSON instead")
+    p.add_argument("--html", metavar="FILE", nargs="?", const="", default=None,
+                   help="write the report as one self-contained HTML page (default: report.html "
+                        "in the report's folder) and print where it went")
     p.set_defaults(func=_show_command)
 
 
@@ -38,16 +41,30 @@ def _show_command(args: argparse.Namespace) -> int:
     from dptune.ddp.result import DDPPlan, is_plan_path
     from dptune.report import PLOT_KINDS, read_report, render_summary, report_dict
 
+    if args.html is not None and args.json:
+        raise UsageError("--html writes a page and --json prints the JSON: give one of them")
     if is_plan_path(args.report):   # a DDP plan written by `dptune plan`
         plan = DDPPlan.load(args.report)
+        if args.html is not None:
+            from dptune.report.html_plans import render_plan_html
+
+            return _write_page(render_plan_html(plan), args)
         print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.summary())
         return EXIT_OK
 
     lengths = _length_plan_file(args.report)
     if lengths is not None:         # a plan per length bucket, by `dptune search --lengths`
+        if args.html is not None:
+            from dptune.report.html_plans import render_lengths_html
+
+            return _write_page(render_lengths_html(_read_length_plan(lengths)), args)
         print(_length_plan_text(lengths, args.json))
         return EXIT_OK
     result = read_report(args.report)
+    if args.html is not None:
+        from dptune.report.html import render_result_html
+
+        return _write_page(render_result_html(result), args)
     if args.json:
         print(json.dumps(report_dict(result), indent=2))
         return EXIT_OK
@@ -69,19 +86,42 @@ def _length_plan_file(path: str) -> Optional[str]:
     return str(p) if p.name == PLAN_FILE and p.is_file() else None
 
 
-def _length_plan_text(path: str, as_json: bool) -> str:
-    """What ``dptune search --lengths`` printed for the plan in ``path`` (one line per bucket
-    and the token budget; with ``as_json`` its JSON), read and checked in one line on error."""
-    from dptune.lengths.budget import token_budgets
+def _write_page(text: str, args: argparse.Namespace) -> int:
+    """``dptune show --html [FILE]``: the page into FILE, or report.html in the report's folder."""
+    from dptune.errors import OutputError
+    from dptune.report.html import HTML_FILE, write_html
+
+    target = pathlib.Path(args.html) if args.html else _report_folder(args.report) / HTML_FILE
+    if target.is_dir():
+        target = target / HTML_FILE
+    try:
+        write_html(text, str(target))
+    except OSError as e:
+        raise OutputError(f"cannot write {str(target)!r} ({e.strerror or e}); give --html a "
+                          "file you can write to") from None
+    print(f"wrote {target}")
+    return EXIT_OK
+
+
+def _read_length_plan(path: str) -> Any:
+    """The length plan in ``path``, read and checked in one line on error."""
     from dptune.lengths.plan import LengthPlan
-    from dptune.lengths.render import render_text
     from dptune.result.read import read_json
 
     file, data = read_json(path, "", "length plan", "dptune search --lengths FILE")
     try:
-        plan = LengthPlan.from_dict(data)
+        return LengthPlan.from_dict(data)
     except ReportError as e:
         raise ReportError(f"{file!r}: {e}") from None
+
+
+def _length_plan_text(path: str, as_json: bool) -> str:
+    """What ``dptune search --lengths`` printed for the plan in ``path`` (one line per bucket
+    and the token budget; with ``as_json`` its JSON), read and checked in one line on error."""
+    from dptune.lengths.budget import token_budgets
+    from dptune.lengths.render import render_text
+
+    plan = _read_length_plan(path)
     if as_json:
         return json.dumps({**plan.to_dict(), "token_budget": token_budgets(plan).to_dict()},
                           indent=2)

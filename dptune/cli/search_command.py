@@ -10,14 +10,15 @@ import json
 import os
 import pathlib
 import sys
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
 
 from dptune.cli.arguments import (DEFAULT_BATCH_SIZE, load_trainer, model_only_flags, EPILOG, headroom_argument,
                                   objective_argument, step_arguments, workload_arguments,
                                   workload_spec)
 from dptune.cli.objectives import objective_line
-from dptune.cli.checks import (REPORT_TEMP_ROOM, card_or_auto, check_cards, check_out, device_ids_arg, level_arguments, budget_of,
-                               out_path, positive_int)
+from dptune.cli.checks import (REPORT_TEMP_ROOM, budget_of, card_or_auto, check_cards, check_nccl_bytes,
+                               check_out, device_ids_arg, global_batch_arg, level_arguments, out_path,
+                               positive_int)
 from dptune.errors import EXIT_OK, UsageError
 from dptune.settings import SearchSettings
 from dptune.step.spec import WorkloadSpec
@@ -27,6 +28,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from dptune.settings import Budget
 
 __all__ = ["search", "search_trainer", "default_report_dir", "search_parser"]
+
+#: ``--max-probes`` when not given (``--lengths``: :data:`lengths_command.DEFAULT_BUCKET_PROBES`
+#: per bucket)
+DEFAULT_MAX_PROBES = 12
 
 
 def search(spec: WorkloadSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
@@ -74,6 +79,23 @@ def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),
                         search=search_settings)
 
 
+@contextlib.contextmanager
+def _naming_nccl_bytes(nccl_bytes: Optional[int]) -> Iterator[None]:
+    """A search that finds no split with ``--nccl-bytes`` given names the flag: the buffers it
+    sets come out of every card's budget, and may be what leaves no room."""
+    from dptune.errors import NoFeasibleSplitError
+    from dptune.units import format_bytes
+
+    try:
+        yield
+    except NoFeasibleSplitError as e:
+        if nccl_bytes is None:
+            raise
+        raise NoFeasibleSplitError(f"{e} --nccl-bytes {format_bytes(nccl_bytes)} comes out of "
+                                   "every card's budget (NCCL's buffers): check it against what "
+                                   "NCCL_DEBUG=INFO or NVML shows") from None
+
+
 def default_report_dir(result: "TuneResult") -> pathlib.Path:
     """``reports/<Model>-<cluster>``, e.g. ``reports/TinyGPT-4x24GB`` (the cluster's
     description without its parenthesised remark, in characters safe for a file name)."""
@@ -107,9 +129,10 @@ def search_parser(subparsers: Any) -> None:
     objective_argument(t, "balance: even out memory at --batch-size (default); max-batch: the "
                            "largest batch that fits; throughput: the fastest split of --batch-size "
                            "that fits (cards may differ in speed, or be left out)")
-    t.add_argument("--max-probes", type=positive_int, default=12, metavar="N",
-                   help="at most this many training steps are probed (default 12)")
-    t.add_argument("--global-batch", type=positive_int, metavar="N",
+    t.add_argument("--max-probes", type=positive_int, default=None, metavar="N",
+                   help="at most this many training steps are probed (default 12; with "
+                        "--lengths, per bucket, default 16)")
+    t.add_argument("--global-batch", type=global_batch_arg, metavar="N",
                    help="with --objective throughput: N samples per optimizer step, as equal "
                         "micro-batches (gradient accumulation); the number of micro-batches and "
                         "the micro-batch's split that finish it fastest")
@@ -140,8 +163,13 @@ def _search_command(args: argparse.Namespace) -> int:
     if args.out:  # before minutes of probing
         check_out(args.out, "--out", room=REPORT_TEMP_ROOM, report=True)
     check_cards(args.simulate, args.devices, 0 if args.hf_trainer else args.output_device)
+    check_nccl_bytes(args.nccl_bytes, args.simulate, args.headroom)
+    if args.output_device == "auto" and args.objective != "max-batch":
+        raise UsageError(f"--output-device auto tries another card to fit a larger batch, which "
+                         f"only --objective max-batch looks for; with --objective {args.objective} "
+                         "give a card number (default 0) or drop --output-device")
     budget = budget_of(args)          # the flags' objects, built once
-    look = SearchSettings(max_probes=args.max_probes, verbose=not args.quiet)
+    look = SearchSettings(max_probes=args.max_probes or DEFAULT_MAX_PROBES, verbose=not args.quiet)
     if args.global_batch is not None and (args.objective != "throughput" or args.hf_trainer
                                           or args.lengths is not None):
         raise UsageError("--global-batch needs --objective throughput, with the model flags "
@@ -156,7 +184,7 @@ def _search_command(args: argparse.Namespace) -> int:
 
     # With --json, anything the tuner prints goes to stderr: stdout holds only the JSON.
     redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
-    with redirect:
+    with redirect, _naming_nccl_bytes(args.nccl_bytes):
         if args.hf_trainer:
             result = search_trainer(
                 args.hf_trainer, ignored=model_only_flags(args), batch_size=args.batch_size,

@@ -43,6 +43,8 @@ __all__ = ["RankPlan", "RankProbe", "RankReason", "DDPPlan", "PLAN_KIND", "PLAN_
            "is_plan_path"]
 
 PLAN_KIND = "dptune-ddp-plan"
+#: how the planner's first note names an FSDP2 plan's sharding
+_FSDP_NOTE = "strategy fsdp:"
 PLAN_VERSION = 1
 
 
@@ -320,8 +322,8 @@ class DDPPlan:
         return plan
 
     def save(self, path: str) -> str:
-        """Write ``path`` if it ends in ``.json``, else ``path/plan.json`` and ``path/summary.md``;
-        returns the JSON file's path."""
+        """Write ``path`` if it ends in ``.json``, else ``path/plan.json``, ``path/summary.md``
+        and ``path/report.html``; returns the JSON file's path."""
         text = json.dumps(self.to_dict(), indent=2) + "\n"
         folder = os.path.dirname(path) if path.endswith(".json") else path
         try:
@@ -335,6 +337,9 @@ class DDPPlan:
         else:
             target = os.path.join(path, "plan.json")
             _write(os.path.join(path, "summary.md"), self.summary() + "\n")
+            from dptune.report.html_plans import render_plan_html   # rendering, on top
+
+            _write(os.path.join(path, "report.html"), render_plan_html(self))
         _write(target, text)
         return target
 
@@ -345,6 +350,24 @@ class DDPPlan:
         return cls.from_dict(data)
 
     # ---- text -------------------------------------------------------------------------
+    @property
+    def strategy_name(self) -> str:
+        """``"FSDP2"`` for a plan of a model sharded with ``fully_shard`` (the planner's note
+        ``strategy fsdp: ...`` says so), else ``"DDP"``."""
+        return "FSDP2" if self._fsdp_note() is not None else "DDP"
+
+    def _fsdp_note(self) -> Optional[str]:
+        return next((n for n in self.notes if n.startswith(_FSDP_NOTE)), None)
+
+    def describe_options(self) -> str:
+        """``"DDP: buckets of 25 MiB"``, or FSDP2's sharding for an FSDP2 plan (whose DDP
+        bucket settings do not apply)."""
+        note = self._fsdp_note()
+        if note is None:
+            return f"DDP: {self.options.describe()}"
+        what = note[len(_FSDP_NOTE):].split(" (the DDP bucket settings", 1)[0].strip()
+        return what if what.startswith("FSDP2") else f"FSDP2: {what}"
+
     def table(self) -> str:
         """One line per rank: batch, loss scale, card, budget, predicted and measured peak,
         and why the rank got its batch (when the planner said)."""
@@ -370,7 +393,7 @@ class DDPPlan:
         return "\n".join(text_table(head, rows, align, rule=True))
 
     def summary(self) -> str:
-        title = f"DDP plan: {self.model_name or 'model'}"
+        title = f"{self.strategy_name} plan: {self.model_name or 'model'}"
         if self.cluster:
             title += f" on {self.cluster}"
         lines = [title, "",
@@ -387,7 +410,7 @@ class DDPPlan:
         if self.objective == Objective.MAX_BATCH:
             lines.append("certified: no rank fits one more sample" if self.certified else
                          "not certified: the search stopped before every rank's limit was closed")
-        lines.append(f"DDP: {self.options.describe()}")
+        lines.append(self.describe_options())
         if self.settings:
             from dptune.step.workload import StepSettings
 

@@ -73,11 +73,58 @@ class TrainerLengthSample:
     def __init__(self, trainer: Any, key: str):
         self.inner = trainer_sample(trainer)
         self.key = key
+        self.warned = False
 
     def __call__(self, n: int, length: int) -> Any:
         examples = [_resized(ex, self.key, length) for ex in self.inner._examples(n)]
-        batch = self.inner.collator(examples)
+        with _CountTorchCalls() as calls:
+            batch = self.inner.collator(examples)
+        if per_example_ops(calls.count, n) and not self.warned:
+            import warnings
+
+            from dptune.errors import DptuneWarning
+
+            self.warned = True
+            warnings.warn(DptuneWarning(
+                f"the Trainer's collator made {calls.count:,} tensor calls for a batch of {n} "
+                "examples (tensor operations example by example): on the simulated cards each "
+                "is simulated one at a time, so a length plan may take many minutes; pad lists "
+                "and build each tensor once per batch (e.g. tokenizer.pad(features, "
+                "return_tensors='pt') on lists of token ids)"), stacklevel=2)
         return dict(batch) if isinstance(batch, Mapping) else batch
+
+
+def per_example_ops(calls: int, n: int) -> bool:
+    """Whether a collator's ``calls`` torch calls for ``n`` examples grow with the examples
+    (at least one per example, past a constant for building a batch's few tensors): the
+    slow path under a simulator, where every call is simulated."""
+    return n >= 16 and calls >= n + 64
+
+
+class _CountTorchCalls:
+    """Counts the torch function calls (``torch.cat``, ``F.pad``, ``torch.tensor``, tensor
+    methods) made inside it, passing each on unchanged."""
+
+    def __init__(self) -> None:
+        from dptune._torch_private import function_mode_base
+
+        counter = self
+
+        class _Mode(function_mode_base()):  # type: ignore[misc]
+            def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                                   kwargs: Any = None) -> Any:
+                counter.count += 1
+                return func(*args, **(kwargs or {}))
+
+        self.count = 0
+        self._mode = _Mode()
+
+    def __enter__(self) -> "_CountTorchCalls":
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
 
 
 def plan_trainer_lengths(trainer: Any, buckets: Any = 8, *, simulate: Any = None,

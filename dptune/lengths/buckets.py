@@ -78,8 +78,15 @@ def read_lengths(path: str, column: Optional[str] = None) -> list[int]:
             raise UsageError(f"--lengths {path} has no column {column!r} "
                              f"(columns: {list(df.columns)})")
         return check_lengths(df[column].tolist())
-    with open(path, encoding="utf-8") as f:
-        rows = [line.strip() for line in f if line.strip()]
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = [line.strip() for line in f if line.strip()]
+    except UnicodeDecodeError:
+        raise UsageError(f"--lengths {path} is not a text file (a binary file?): give one "
+                         "integer length per line, or a CSV/Parquet file as FILE.csv:COLUMN"
+                         ) from None
+    except OSError as e:
+        raise UsageError(f"--lengths {path}: cannot be read ({e.strerror or e})") from None
     values: list[Any] = []
     for k, row in enumerate(rows):
         try:

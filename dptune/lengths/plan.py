@@ -19,6 +19,7 @@ __all__ = ["BucketPlan", "LengthPlan", "PLAN_FILE"]
 
 #: The file a plan is saved to in a report folder.
 PLAN_FILE = "lengths.json"
+_AGAIN = "re-run `dptune search ... --lengths FILE` to write it again"
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ class LengthPlan:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LengthPlan":
         try:
-            return cls(buckets=tuple(BucketPlan.from_dict(b) for b in d["buckets"]),
+            plan = cls(buckets=tuple(BucketPlan.from_dict(b) for b in d["buckets"]),
                        devices=tuple(str(x) for x in d["devices"]),
                        budget_bytes=tuple(int(x) for x in d["budget_bytes"]),
                        length_axis=int(d.get("length_axis", 1)),
@@ -173,9 +174,30 @@ class LengthPlan:
                        seconds=float(d.get("seconds", 0.0)),
                        notes=tuple(str(x) for x in d.get("notes", ())),
                        ddp=bool(d.get("ddp", False)))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, UsageError) as e:
             raise ReportError(f"not a dptune length plan ({type(e).__name__}: {e}); write one "
                               "with `dptune search ... --lengths FILE`") from None
+        plan.check()
+        return plan
+
+    def check(self) -> None:
+        """Raise :class:`ReportError` naming the first figure a plan cannot hold (a negative
+        chunk, a card count that is not the cards', ...): an edited file is refused, not shown."""
+        n = len(self.devices)
+        if len(self.budget_bytes) != n or any(b < 0 for b in self.budget_bytes):
+            raise ReportError(f"budget_bytes {list(self.budget_bytes)} must be {n} figures >= 0 "
+                              "(one per card); " + _AGAIN)
+        for k, b in enumerate(self.buckets):
+            where = f"buckets[{k}]"
+            for key, values in (("chunk_sizes", b.chunk_sizes), ("peak_bytes", b.peak_bytes)):
+                if len(values) != n or any(v < 0 for v in values):
+                    raise ReportError(f"{where}.{key} {list(values)} must be {n} integers >= 0 "
+                                      "(one per card); " + _AGAIN)
+            if b.batch_size < 1 or b.samples < 0 or b.probes < 0 or not 0 <= b.lo < b.length \
+                    or not 0 <= b.binding_card < n:
+                raise ReportError(f"{where} is not a bucket a search writes (lengths ({b.lo}, "
+                                  f"{b.length}], batch {b.batch_size}, {b.samples} samples, "
+                                  f"binding card {b.binding_card}); " + _AGAIN)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

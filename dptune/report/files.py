@@ -8,6 +8,8 @@ A report folder holds::
     probes.csv     one row per probe (numbered from 1): split, within budget and by how much,
                    per-card peaks in bytes, OOM card, seconds
     summary.md     the Markdown summary (render_summary)
+    report.html    one self-contained page: the split, every card's bars against its budget,
+                   the fits, the probes, the advice (dptune.report.html; no script, offline)
     peaks.png      per-card peak memory, even split beside dptune's, against each budget
     fits.png       per-card memory against chunk size: probes, fitted lines, chosen split
     max_batch.png  (objective max_batch) largest batch that fits, even split vs dptune
@@ -22,7 +24,8 @@ import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from dptune.errors import OutputError
+from dptune.errors import OutputError, ReportError
+from dptune.report.html import HTML_FILE, render_result_html
 from dptune.report.levels import budget_level, memory_stats
 from dptune.report.plots import plot_result
 from dptune.report.text import PLOT_KINDS, plot_kinds, probes_table, render_summary
@@ -51,7 +54,8 @@ def default_folder(model: str, cluster: str, *, prefix: str = "", suffix: str = 
 
 
 #: What a report folder holds; an existing folder with only these (or nothing) is replaced.
-REPORT_FILES = ("report.json", "probes.csv", "summary.md") + tuple(f"{k}.png" for k in PLOT_KINDS)
+REPORT_FILES = ("report.json", "probes.csv", "summary.md", "report.html") + tuple(
+    f"{k}.png" for k in PLOT_KINDS)
 
 
 def check_output_folder(directory: str | pathlib.Path, flag: str = "--out", *,
@@ -110,7 +114,7 @@ def _output_error(e: OSError, out: pathlib.Path, flag: str) -> OutputError:
 
 def write_report(result: TuneResult, directory: str | pathlib.Path, *,
                  plots: bool = True, flag: str = "--out") -> pathlib.Path:
-    """Write report.json, probes.csv, summary.md and (unless ``plots=False``) the PNG plots
+    """Write report.json, probes.csv, summary.md, report.html and (unless ``plots=False``) the PNG plots
     into ``directory``; returns the folder.
 
     Atomic: everything is written into a temporary folder beside it, which is renamed into
@@ -132,6 +136,7 @@ def write_report(result: TuneResult, directory: str | pathlib.Path, *,
         probes_table(result).to_csv(tmp / "probes.csv", index=False)
         kinds = write_plots(result, tmp) if plots else []
         (tmp / "summary.md").write_text(render_summary(result, plots=kinds), encoding="utf-8")
+        (tmp / HTML_FILE).write_text(render_result_html(result), encoding="utf-8")
         os.chmod(tmp, 0o777 & ~_umask())   # mkdtemp makes it private; a report is not
         if out.exists():
             old = out.with_name(f".{out.name}.{os.getpid()}.old")
@@ -196,8 +201,18 @@ def figure_dpi(fig: "Figure") -> float:
 
 def read_report(path: str | pathlib.Path) -> TuneResult:
     """Read and check a result from a report folder or its ``report.json``: the one reader,
-    :func:`dptune.result.model.load_result` (also ``TuneResult.load``)."""
+    :func:`dptune.result.model.load_result` (also ``TuneResult.load``), plus the derived
+    ``budget_level`` a report writes, which must be the level its probes were checked at
+    (:class:`ReportError` otherwise: an edited report is not shown as it is)."""
     from dptune.result.model import load_result   # the data layer below; kept out of import time
+    from dptune.result.read import read_json
 
-    return load_result(path)
+    result = load_result(path)
+    _, data = read_json(result.source or path, "report.json", "report", "dptune search")
+    stored, level = data.get("budget_level"), budget_level(result)
+    if stored is not None and stored != level:   # derived from the probes when written
+        raise ReportError(f"the report {result.source!r} is not valid: budget_level is "
+                          f"{stored!r} but its probes were checked at the {level!r} level; "
+                          "re-run `dptune search` to write it again")
+    return result
 

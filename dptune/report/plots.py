@@ -33,6 +33,7 @@ _EVEN_COLOR = "#9e9e9e"
 _DPTUNE_COLOR = "#1f77b4"
 _BUDGET_COLOR = "#d62728"
 _RESERVED_COLOR = "#222222"
+_FIXED_COLOR = "#dd8452"
 #: Budgets are drawn when the highest peak is at least this share of the smallest budget.
 _BUDGET_SCALE_SHARE = 0.3
 
@@ -201,6 +202,7 @@ def _draw_split_bars(result: TuneResult, ax: "Axes", bars: _Bars, width: float,
             ax.bar(x, height / GiB, width, color=_EVEN_COLOR if is_even else _DPTUNE_COLOR)
         if cards is not None:
             _draw_reserved(ax, x, width, cards[i], first=(i == 0 and not is_even))
+            _draw_fixed(ax, x, width, cards[i], bars.peaks[i], first=(i == 0 and not is_even))
         oom = is_even and even.oom_device == i
         if oom:
             ax.bar(x, bars.peaks[i] / GiB, width, fill=False, edgecolor=_BUDGET_COLOR, linewidth=2)
@@ -269,14 +271,29 @@ def _peaks_legend(ax: "Axes", used_categories: set[str]) -> None:
 
 
 def _draw_reserved(ax: "Axes", x: float, width: float, card: CardMemory, first: bool) -> None:
-    """The reserved peak as a dashed outline from the floor (above the allocated bar), the
-    card's total use as a short black line."""
+    """The reserved peak as a dashed outline from the floor (above the allocated bar); the
+    card's total use (which also counts the CUDA context the budget leaves out) as a black
+    marker at the bar's side, to be read against the card's memory (the dotted line), not
+    against the budget."""
     if card.reserved_bytes is not None:
         ax.bar(x, card.reserved_bytes / GiB, width, fill=False, edgecolor=_RESERVED_COLOR,
                linestyle="--", linewidth=1.0, label="reserved peak" if first else "_")
     if card.total_bytes is not None:
-        ax.hlines(card.total_bytes / GiB, x - width / 2, x + width / 2, colors=_RESERVED_COLOR,
-                  linewidth=2.5, label="total use (nvidia-smi)" if first else "_")
+        ax.plot([x + width / 2], [card.total_bytes / GiB], marker="<", markersize=6,
+                color=_RESERVED_COLOR, linestyle="none", gid="total-use",
+                label="total use (nvidia-smi), against the card's memory" if first else "_")
+
+
+def _draw_fixed(ax: "Axes", x: float, width: float, card: CardMemory, peak: int,
+                first: bool) -> None:
+    """What the budget level adds to the reserved peak (NCCL's buffers: the budget's fixed
+    costs) as a hatched segment on top of it, so the bar ends at the peak the budget was
+    checked on: a card at 100% of its budget reaches its budget line."""
+    if card.reserved_bytes is None or peak <= card.reserved_bytes:
+        return
+    ax.bar(x, (peak - card.reserved_bytes) / GiB, width, bottom=card.reserved_bytes / GiB,
+           color="white", edgecolor=_FIXED_COLOR, hatch="xxx", linewidth=0.8, gid="fixed-costs",
+           label="budget's fixed costs (NCCL's buffers)" if first else "_")
 
 
 def _draw_peak_shares(result: TuneResult, ax: "Axes") -> None:
@@ -320,8 +337,10 @@ def _draw_fit(result: TuneResult, i: int, ax: "Axes", color: str = _DPTUNE_COLOR
     hollow, at what they measured, never moved to the chosen batch (where a split that fitted
     could seem over the budget).
     """
+    from dptune.report.fit_groups import report_fits
+
     B = result.batch_size
-    fit = result.fits[i]
+    fit = report_fits(result)[i]      # identical replicas share one line
     probes = result.probes
     other_batch = fit.batch_slope_bytes != 0
 

@@ -238,6 +238,18 @@ def _certificate(result: TuneResult) -> str:
     if not result.brackets:
         return "certified: no (no brackets recorded)"
     br = "; ".join(b.describe() for b in result.brackets)
+    whole = [b for b in result.brackets if b.what == "batch"]
+    if result.objective == Objective.MAX_BATCH and whole:
+        # a largest batch needs only the whole batch's bracket closed; the cards' own
+        # brackets say where each card's cap lies and may stay open
+        cards = "; ".join(b.describe() for b in result.brackets if b.what != "batch")
+        rest = f"; the cards' own brackets need not close: {cards}" if cards else ""
+        if result.certified:
+            return (f"certified: yes (one more sample does not fit: the whole batch's bracket "
+                    f"{whole[0].describe().removeprefix('whole batch ')} is closed, which is "
+                    f"all a largest batch needs{rest})")
+        return (f"certified: no (the whole batch's bracket "
+                f"{whole[0].describe().removeprefix('whole batch ')} is still open{rest})")
     if result.certified:
         why = ("one more sample does not fit" if result.objective == Objective.MAX_BATCH
                else "no split lowers the largest share")
@@ -302,14 +314,18 @@ def render_summary(result: TuneResult, plots: Optional[Sequence[str]] = None) ->
     md += ["## Fits", "",
            "Memory of card *i* with chunk *c* at batch *B*: "
            "intercept + per sample x *c* + per batch sample x *B*.", ""]
+    from dptune.report.fit_groups import group_note, report_fits
+
     fit_rows = [[device_label(result, i), format_bytes(f.intercept_bytes),
                  format_bytes(f.slope_bytes, precision=2),
                  format_bytes(f.batch_slope_bytes, precision=2),
                  format_bytes(f.max_error_bytes), str(f.points)]
-                for i, f in enumerate(result.fits)]
+                for i, f in enumerate(report_fits(result))]
     fit_header = ["device", "intercept", "per sample", "per batch sample", "max error", "points"]
     md += markdown_table(fit_header, fit_rows, _first_left(fit_header))
-    md += [""]
+    md += [""] + [f"- {line}" for line in group_note(result)]
+    md += ["- max error: the largest distance from the line to a probe it counts"
+           " (every one, not only the two the line was drawn through)", ""]
 
     md += ["## Probes", ""]
     probe_rows = [[str(k), p.purpose or "-", str(list(p.chunk_sizes)),

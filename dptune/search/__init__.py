@@ -13,7 +13,7 @@ measured within every budget are ever returned).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple, Optional, Sequence
 
 from dptune.backends.base import ProbeResult
@@ -22,7 +22,7 @@ from dptune.search.loop import Proposal, refine
 from dptune.search.max_batch import MaxBatch
 from dptune.search.messages import card0_holdings, infeasible_error
 from dptune.search.models import CardFits
-from dptune.search.observations import Bracket, Observations
+from dptune.search.observations import Bracket, Observations, Point
 from dptune.solve.memory import Fit
 from dptune.split import even_split
 from dptune.types import Objective
@@ -82,8 +82,20 @@ def _fits(obs: Observations, split: Sequence[int]) -> tuple[Fit, ...]:
         if fit is None:
             peak = max((p.peak_bytes for p in obs.points[i] if p.exact), default=0)
             fit = Fit(float(peak), 0.0, points=1)
-        out.append(fit)
+        out.append(_with_error(fit, obs.points[i], card0=(i == 0)))
     return tuple(out)
+
+
+def _with_error(fit: Fit, points: Sequence[Point], card0: bool) -> Fit:
+    """``fit`` with its ``points`` and ``max_error_bytes`` taken over every measured point of
+    the card (within budget or over it, at any batch), not only the two the line was drawn
+    through: a line that misses a probe by 2.7 GiB says so. Card 0 with no samples runs no
+    replica (a step, not a point of the line: ``zero_bytes``), so those points are left out."""
+    measured = [p for p in points if p.exact and not (card0 and p.chunk == 0)]
+    if not measured:
+        return fit
+    err = max(abs(fit.predict(p.chunk, p.batch) - p.peak_bytes) for p in measured)
+    return replace(fit, max_error_bytes=float(err), points=len(measured))
 
 
 def _implied(obs: Observations, split: tuple[int, ...]) -> Optional[tuple[ProbeResult, tuple[int, ...]]]:

@@ -121,7 +121,7 @@ def test_search_subprocess_writes_every_file(tmp_path):
     assert lines[-1] == f"report written to {Path('reports', 'Net-2x2GB')}{os.sep}"
     folder = tmp_path / "reports" / "Net-2x2GB"
     assert {p.name for p in folder.iterdir()} == {
-        "report.json", "probes.csv", "summary.md", "peaks.png", "fits.png"}
+        "report.json", "probes.csv", "summary.md", "report.html", "peaks.png", "fits.png"}
     result = TuneResult.load(str(folder))
     assert result.model_name == "Net" and result.batch_size == 32
     assert len(result.devices) == 2
@@ -138,7 +138,7 @@ def test_search_in_process_max_batch_with_options(tiny, capsys):
     assert "max batch that fits: even" in out
     assert out.splitlines()[-1] == f"report written to {Path('out', 'run')}{os.sep}"
     assert {p.name for p in Path("out/run").iterdir()} == {"report.json", "probes.csv",
-                                                         "summary.md"}
+                                                         "summary.md", "report.html"}
     result = TuneResult.load("out/run")
     assert result.objective == "max_batch" and result.headroom_bytes == 512 * 2**20
 

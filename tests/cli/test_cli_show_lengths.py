@@ -107,7 +107,17 @@ def test_show_a_plan_written_by_hand(tmp_path):
     assert lines[0].startswith("Net on 2x24GB: 2 buckets, 8 probes")
     assert lines[1:3] == ["length <= 32: batch 17 = [5, 12], 544 tokens/step",
                           "length <= 64: batch 7 = [2, 5], 448 tokens/step (not certified)"]
-    assert "max_tokens=" in lines[3] and len(lines) == 4
+    # both buckets' batches hold more than their samples: said, not left to be found
+    assert lines[3] == ("note: lengths <= 32: the batch that fits (17) is larger than the "
+                        "bucket's 9 samples; its steps take every sample of the bucket, fewer "
+                        "than fit")
+    assert lines[4].startswith("note: lengths <= 64: the batch that fits (7) is larger than the "
+                               "bucket's 3 samples")
+    assert "max_tokens=" in lines[5] and len(lines) == 6
+    code, out, err = run("show", str(tmp_path / "rep"), "--html")
+    assert code == EXIT_OK and out == f"wrote {tmp_path / 'rep' / 'report.html'}\n", err
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "<h1>dptune length plan: Net on 2x24GB</h1>" in page and "(32, 64]" in page
     # a folder holding an ordinary report too is that report (a missing report.json is named)
     (tmp_path / "rep" / "report.json").write_text("{}")
     code, _, err = run("show", str(tmp_path / "rep"))
@@ -132,3 +142,27 @@ def test_plot_on_a_length_report_says_what_to_do(searched):
     code, out, err = run("plot", str(folder))
     assert code == EXIT_USAGE and out == ""
     assert "length plan" in err and "--lengths" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["buckets"][0]["chunk_sizes"].__setitem__(1, -3),
+     "buckets[0].chunk_sizes [5, -3] must be 2 integers >= 0"),
+    (lambda d: d["buckets"][1].__setitem__("chunk_sizes", [1]),
+     "buckets[1].chunk_sizes [1] must be 2 integers >= 0"),
+    (lambda d: d.__setitem__("budget_bytes", [-1, 5]), "budget_bytes [-1, 5] must be 2 figures"),
+    (lambda d: d["buckets"][0].__setitem__("binding_card", 7), "binding card 7"),
+])
+def test_an_edited_length_plan_is_refused_in_one_line(tmp_path, edit, match):
+    """A negative chunk edited into lengths.json (the issue's case) is not shown as it is."""
+    plan = LengthPlan(
+        buckets=(BucketPlan(0, 32, 90, (5, 12), (10, 10), 0, True, 5),
+                 BucketPlan(32, 64, 30, (2, 5), (10, 10), 1, True, 3)),
+        devices=("24GB", "24GB"), budget_bytes=(2**30, 2**30), cluster="2x24GB", model_name="Net")
+    d = plan.to_dict()
+    edit(d)
+    (tmp_path / "lengths.json").write_text(json.dumps(d))
+    for argv in (("show", str(tmp_path)), ("show", str(tmp_path), "--html")):
+        code, out, err = run(*argv)
+        assert code == EXIT_USAGE and out == "", err
+        assert match in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "report.html").exists()

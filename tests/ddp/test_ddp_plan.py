@@ -163,6 +163,11 @@ def test_save_load_and_show(tmp_path, capsys):
     folder = tmp_path / "plan"
     path = plan.save(str(folder))
     assert path.endswith("plan.json") and (folder / "summary.md").read_text().startswith("DDP plan")
+    page = (folder / "report.html").read_text()
+    assert "<h1>dptune DDP plan:" in page and str(plan.batch_sizes) in page
+    from dptune.cli_checks import check_plan_out
+
+    check_plan_out(str(folder))        # a plan's folder, report.html included: written again
     again = ddp.DDPPlan.load(str(folder))
     assert again == plan
     assert ddp.DDPPlan.load(plan.save(str(tmp_path / "p.json"))) == plan

@@ -154,6 +154,15 @@ def test_cli_plan_strategy_fsdp(tmp_path, capsys):
     assert sum(printed["batch_sizes"]) == 96 and printed["world_size"] == 2
     assert any("bfloat16" in n for n in printed["notes"])
     assert ddp.DDPPlan.load(str(out)).batch_sizes == printed["batch_sizes"]
+    # `dptune show` names FSDP2 in its header, not "DDP plan" / "DDP: buckets of 25 MiB"
+    assert main(["show", str(out)]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0].startswith("FSDP2 plan: MLP on 32GB,24GB")
+    assert not any("DDP: buckets" in line for line in shown)
+    assert any(line.startswith("FSDP2: fully_shard") and "bfloat16" in line for line in shown)
+    assert main(["show", str(out), "--html", str(tmp_path / "p.html")]) == 0
+    assert "<h1>dptune FSDP2 plan: MLP on 32GB,24GB</h1>" in (tmp_path / "p.html").read_text()
+    capsys.readouterr()
     assert main(["plan", "--model", "dptune.examples.models:MLP", "--simulate", "32GB,24GB",
                  "--batch-size", "96", "--strategy", "fsdp", "--gradient-as-bucket-view"]) == 2
     assert "DDP's" in capsys.readouterr().err

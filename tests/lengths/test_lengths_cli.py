@@ -32,8 +32,10 @@ def test_table_and_report(tmp_path, lengths_file, capsys):
     assert [b["length"] for b in plan["buckets"]] == [32, 64, 100]
     assert [b["samples"] for b in plan["buckets"]] == [9, 3, 1]
     assert all(b["certified"] for b in plan["buckets"])
-    for name in ("lengths.csv", "summary.md", "lengths.png"):
+    for name in ("lengths.csv", "summary.md", "lengths.png", "report.html"):
         assert (out / name).stat().st_size > 0
+    page = (out / "report.html").read_text()
+    assert 'id="staircase"' in page and "(64, 100]" in page
     csv_rows = (out / "lengths.csv").read_text().splitlines()
     assert csv_rows[0].startswith("bucket,lengths,samples,batch,per_card")
     assert len(csv_rows) == 4

@@ -175,7 +175,7 @@ def test_summary_is_markdown_with_everything(result):
 def test_write_report_writes_every_file(tmp_path, result):
     out = write_report(result, tmp_path / "reports" / "run")
     assert out == tmp_path / "reports" / "run"
-    expected = {"report.json", "probes.csv", "summary.md", "peaks.png", "fits.png"}
+    expected = {"report.json", "probes.csv", "summary.md", "report.html", "peaks.png", "fits.png"}
     if result.objective == "max_batch":
         expected.add("max_batch.png")
     assert {p.name for p in out.iterdir()} == expected

@@ -158,7 +158,8 @@ def test_peaks_plot_outlines_reserved_above_allocated(reserved):
     assert text_problems(fig, figure_dpi(fig)) == []
     ax = fig.axes[0]
     labels = ax.get_legend().get_texts()
-    assert {"reserved peak", "total use (nvidia-smi)"} <= {t.get_text() for t in labels}
+    assert {"reserved peak", "total use (nvidia-smi), against the card's memory"} <= {
+        t.get_text() for t in labels}
     outlines = sorted(round(r.get_height() * GiB) for r in ax.patches
                       if isinstance(r, Rectangle) and not r.get_fill()
                       and r.get_linestyle() == "--")
