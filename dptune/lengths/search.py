@@ -7,7 +7,7 @@ its neighbour's answer:
 
 - every card its neighbour's search measured over budget is over at the longer length too,
   so those probes close the brackets from above before any probe is run here
-  (``known_over``, lower bounds never taken as answers);
+  (``search.Known.over``, lower bounds never taken as answers);
 - the first batch probed is the neighbour's fits carried to the new length (per-sample
   cost in proportion to the length): a guess that only chooses where to probe.
 
@@ -147,7 +147,7 @@ def search_buckets(probe_at: Callable[[int, Sequence[int]], ProbeResult], budget
                                  min_chunk=min_chunk, first_split=first,
                                  max_probes=max_probes, tolerance=tolerance,
                                  exact_on_oom=exact_on_oom, compare_even=False,
-                                 known_over=known if from_neighbour else ())
+                                 known=search.Known(over=known if from_neighbour else ()))
         except NoFeasibleSplitError as e:
             prev = f"; the lengths up to {out[-1].length} fit" if out else ""
             raise NoFeasibleSplitError(

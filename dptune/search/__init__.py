@@ -117,35 +117,43 @@ def _implied(obs: Observations, split: tuple[int, ...]) -> Optional[tuple[ProbeR
 IMPLIED = "implied by probe"
 
 
+@dataclass(frozen=True)
+class Known:
+    """What other searches on these cards already measured: ``over``, probes of a surface at
+    most as high as this one (the same splits at a shorter length), whose over-budget cards
+    bound the brackets from above here (:meth:`Observations.add_bound`); ``prior``, probes of
+    another search whose measurements of the cards ``prior_cards`` still hold here
+    (``output_device="auto"``: the cards that neither gather the outputs nor held them); their
+    points narrow those cards' brackets, they are never returned."""
+
+    over: Sequence[ProbeResult] = ()
+    prior: Sequence[ProbeResult] = ()
+    prior_cards: Sequence[int] = ()
+
+
 def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], objective: str,
         batch_size: int, *, min_chunk: int = 1, max_probes: int = 12, tolerance: float = 0.02,
         exact_on_oom: bool = True, on_probe: Callable[[], None] = lambda: None,
-        known_over: Sequence[ProbeResult] = (), compare_even: bool = True,
-        first_split: Optional[Sequence[int]] = None, prior: Sequence[ProbeResult] = (),
-        prior_cards: Sequence[int] = ()) -> SearchOutcome:
+        known: Known = Known(), compare_even: bool = True,
+        first_split: Optional[Sequence[int]] = None) -> SearchOutcome:
     """Search for the balanced split of ``batch_size`` (``objective="balance"``) or the
     largest batch (``"max_batch"``, from ``batch_size`` as a first guess).
 
     ``probe(split)`` runs one training step; ``budgets`` are bytes per card; ``min_chunk=2``
     under BatchNorm (no card gets a single sample); ``exact_on_oom``: an out-of-memory probe
     still measures every card (the simulator) rather than only the failing one (real cards).
-    ``known_over``: probes of a surface at most as high as this one (the same splits at a
-    shorter length) whose over-budget cards bound the brackets from above here
-    (:meth:`Observations.add_bound`). ``compare_even=False`` (``max_batch``): the even
+    ``known``: what other searches on these cards measured (:class:`Known`).
+    ``compare_even=False`` (``max_batch``): the even
     split's largest batch is not searched for (``even`` is ``None``: a length bucket, or a
     search whose even baseline is taken from another); ``first_split``: the first split
     probed (``max_batch``; default the even split of ``batch_size``).
-    ``prior``: probes of another search on the same cards whose measurements of
-    ``prior_cards`` still hold here (``output_device="auto"``: the cards that neither gather
-    the outputs nor held them); their points narrow those cards' brackets, they are never
-    returned.
     Raises :class:`dptune.errors.NoFeasibleSplitError` when nothing fits.
     """
     obs = Observations(budgets, exact_on_oom=exact_on_oom, min_chunk=min_chunk)
-    for r in known_over:
+    for r in known.over:
         obs.add_bound(r)
-    for r in prior:
-        obs.add_prior(r, prior_cards)
+    for r in known.prior:
+        obs.add_prior(r, known.prior_cards)
     notes: list[str] = []
     if Objective.parse(objective) is Objective.BALANCE:
         bal = Balance(obs, batch_size, max_probes, tolerance, notes)

@@ -35,8 +35,11 @@ def reuse(first: Optional["SearchOutcome"], perm: list[int],
     """What a search gathering on another card takes from the first search (max_batch)."""
     if first is None or objective is not Objective.MAX_BATCH:
         return {}
-    return dict(prior=[swapped(r, perm) for r in first.probes], compare_even=False,
-                prior_cards=[i for i in range(len(perm)) if perm[i] == i])
+    from dptune.search import Known
+
+    return dict(known=Known(prior=[swapped(r, perm) for r in first.probes],
+                            prior_cards=[i for i in range(len(perm)) if perm[i] == i]),
+                compare_even=False)
 
 
 def swapped_outcome(out: "SearchOutcome", perm: list[int], k: int) -> "SearchOutcome":

@@ -18,7 +18,7 @@ def test_prior_probes_and_no_baseline_still_exact_and_never_dearer(shape):
                        max_probes=16)
     be = CurveBackend(shape)
     out = search.run(be.probe, budgets(shape), "max_batch", 64 * n, min_chunk=m,
-                     max_probes=16, prior=first.probes, prior_cards=list(range(2, n)),
+                     max_probes=16, known=search.Known(prior=first.probes, prior_cards=list(range(2, n))),
                      compare_even=False)
     assert out.best.batch_size == best_batch(shape) and out.certified
     measured_within(shape, out)
@@ -48,8 +48,8 @@ def test_prior_probes_save_probes_on_staircases():
         first = search.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m,
                            max_probes=16)
         kw = dict(min_chunk=s.m, max_probes=16, compare_even=False)
-        out = search.run(s.probe, s.budgets, "max_batch", s.hint, prior=first.probes,
-                         prior_cards=list(range(2, s.n)), **kw)
+        out = search.run(s.probe, s.budgets, "max_batch", s.hint, known=search.Known(
+                             prior=first.probes, prior_cards=list(range(2, s.n))), **kw)
         alone = search.run(s.probe, s.budgets, "max_batch", s.hint, **kw)
         assert out.certified and out.best.batch_size == answer(s).best == alone.best.batch_size
         with_prior += len(out.probes)
