@@ -121,6 +121,15 @@ def _check_flags(args: argparse.Namespace) -> Any:
     return args.headroom      # None: the budget level's default, as for search
 
 
+def _say_objective(args: argparse.Namespace) -> None:
+    """Which question a length plan answers, and how to ask the others (stderr)."""
+    if not args.quiet:
+        from dptune.cli.objectives import objective_line
+
+        command = getattr(args, "objective_of", "search")     # plan --lengths: "plan"
+        print(objective_line(command, args.objective, lengths=True), file=sys.stderr)
+
+
 def run(args: argparse.Namespace, spec: Any) -> int:
     """``dptune search --lengths``: plan, print one line per bucket, write the report
     (``spec``: the :class:`dptune.step.spec.WorkloadSpec` the CLI made of the flags; ``None`` with
@@ -129,8 +138,10 @@ def run(args: argparse.Namespace, spec: Any) -> int:
 
     headroom = _check_flags(args)
     if args.hf_trainer is not None:
+        _say_objective(args)
         return _run_trainer(args, headroom)
     lengths = _read(args.lengths)
+    _say_objective(args)      # after the inputs are read: a bad input stays one line
     wl = spec.build()
     sample, longest = length_sample(wl.sample, args.length_axis)
     plan = plan_lengths(wl.model, sample, lengths, args.buckets, loss_fn=wl.loss_fn,

@@ -128,8 +128,6 @@ def _plan_command(args: argparse.Namespace) -> int:
 
         check_cards(simulate)
         check_level_flags(args)
-        if not args.quiet:
-            print(objective_line("plan", args.objective, lengths=True), file=sys.stderr)
         check_nccl_bytes(args.nccl_bytes, simulate, args.headroom)
         return plan_lengths.run(args, simulate)
     if args.global_batch is not None:

@@ -61,5 +61,6 @@ def run(args: argparse.Namespace, simulate: str) -> int:
         check_out(args.out, "--out", room=REPORT_TEMP_ROOM, report=True)
     ns: dict[str, Any] = dict(vars(args), objective=args.objective or "throughput",
                               simulate=simulate, ddp=True, output_device=0, hf_trainer=None,
-                              devices=None, max_probes=16, no_plots=True)
+                              devices=None, max_probes=16, no_plots=True,
+                              objective_of="plan")
     return lengths_command.run(argparse.Namespace(**ns), workload_spec(args))

@@ -57,7 +57,10 @@ def _show_command(args: argparse.Namespace) -> int:
         if args.html is not None:
             from dptune.report.html_plans import render_lengths_html
 
-            return _write_page(render_lengths_html(_read_length_plan(lengths)), args)
+            from dptune.lengths.budget import token_budgets
+
+            plan = _read_length_plan(lengths)
+            return _write_page(render_lengths_html(plan, token_budgets(plan).describe()), args)
         print(_length_plan_text(lengths, args.json))
         return EXIT_OK
     result = read_report(args.report)

@@ -174,10 +174,9 @@ def _search_command(args: argparse.Namespace) -> int:
                                           or args.lengths is not None):
         raise UsageError("--global-batch needs --objective throughput, with the model flags "
                          "(not with --hf-trainer or --lengths)")
-    if not args.quiet:   # which question is answered, and how to ask the others
-        print(objective_line("search", args.objective, lengths=args.lengths is not None),
-              file=sys.stderr)
-    if args.lengths is not None:   # a plan per length bucket
+    if not args.quiet and args.lengths is None:   # which question is answered, and how to ask the others
+        print(objective_line("search", args.objective), file=sys.stderr)
+    if args.lengths is not None:   # a plan per length bucket (its objective said once its inputs are read)
         from dptune.cli import lengths_command as lengths_cli
 
         return lengths_cli.run(args, None if args.hf_trainer else workload_spec(args))

@@ -137,11 +137,12 @@ def write_plan_report(plan: LengthPlan, folder: str, lengths: Optional[Sequence[
     in ``folder``."""
     os.makedirs(folder, exist_ok=True)
     written = []
+    from dptune.lengths.budget import token_budgets
     from dptune.report.html_plans import render_lengths_html
 
     for name, text in ((PLAN_FILE, plan.to_json()), ("lengths.csv", render_csv(plan)),
                        ("summary.md", render_markdown(plan)),
-                       ("report.html", render_lengths_html(plan))):
+                       ("report.html", render_lengths_html(plan, token_budgets(plan).describe()))):
         _write(os.path.join(folder, name), text)
         written.append(name)
     if plots:

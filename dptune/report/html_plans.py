@@ -128,10 +128,10 @@ def render_plan_html(plan: "DDPPlan") -> str:
 
 # ---- length plans -----------------------------------------------------------------------------
 
-def length_sections(plan: "LengthPlan") -> list[Section]:
+def length_sections(plan: "LengthPlan", token_budget: str = "") -> list[Section]:
     """The staircase (each card's chunk against the length, identical cards offset and
-    marked apart, axes from 0), the table per bucket, the token budget, the notes."""
-    from dptune.lengths.budget import token_budgets
+    marked apart, axes from 0), the table per bucket, the token budget (``token_budget``: its
+    one-line description, made by the caller above), the notes."""
 
     budgets = ", ".join(f"card {i} ({n}) {format_bytes(b)}" for i, (n, b) in
                         enumerate(zip(plan.devices, plan.budget_bytes)))
@@ -163,13 +163,14 @@ def length_sections(plan: "LengthPlan") -> list[Section]:
     out.append(Section("staircase", "Batch per length bucket",
                        more + chart + scroll(table(header, rows, left=(1, 4)), len(rows))))
     out.append(Section("token-budget", "Token budget",
-                       f"<p>{e(token_budgets(plan).describe())}</p>"))
+                       f"<p>{e(token_budget)}</p>"))
     notes = advice_section((), plan.notes)
     if notes is not None:
         out.append(notes)
     return out
 
 
-def render_lengths_html(plan: "LengthPlan") -> str:
-    return page(f"dptune length plan: {plan.model_name} on {plan.cluster}", length_sections(plan))
+def render_lengths_html(plan: "LengthPlan", token_budget: str = "") -> str:
+    return page(f"dptune length plan: {plan.model_name} on {plan.cluster}",
+                length_sections(plan, token_budget))
 

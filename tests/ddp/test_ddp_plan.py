@@ -165,7 +165,7 @@ def test_save_load_and_show(tmp_path, capsys):
     assert path.endswith("plan.json") and (folder / "summary.md").read_text().startswith("DDP plan")
     page = (folder / "report.html").read_text()
     assert "<h1>dptune DDP plan:" in page and str(plan.batch_sizes) in page
-    from dptune.cli_checks import check_plan_out
+    from dptune.cli.checks import check_plan_out
 
     check_plan_out(str(folder))        # a plan's folder, report.html included: written again
     again = ddp.DDPPlan.load(str(folder))
