@@ -28,8 +28,8 @@ TIMELINE_FILE = "timeline.png"
 EVENTS_SHOWN = 30
 _ALLOC = "allocated_bytes.all.peak"
 _RESERVED = "reserved_bytes.all.peak"
-_EVENT_COLORS = {"drift": "#d62728", "off_plan": "#ff7f0e", "headroom": "#9467bd",
-                 "fragmentation": "#8c564b", "oom": "#000000"}
+_EVENT_COLORS = {"drift": ("#d62728", "v"), "off_plan": ("#ff7f0e", "o"), "headroom": ("#9467bd", "s"),
+                 "fragmentation": ("#8c564b", "D"), "oom": ("#000000", "X")}
 
 
 def _max(values: Sequence[Optional[int]]) -> Optional[int]:
@@ -105,27 +105,39 @@ def plot_timeline(record: "RunRecord") -> "Figure":
     n = max(1, len(record.cards))
     fig = Figure(figsize=(10, 2.6 * n + 0.6), layout="constrained")
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
+    handles: dict[str, Any] = {}
     for ax, card in zip(axes, record.cards):
         rows = record.card_rows(card)
-        for key, label, color in ((_ALLOC, "allocated peak", "#1f77b4"), (_RESERVED, "reserved peak", "#222222")):
+        for key, label, color, style in ((_ALLOC, "allocated peak", "#1f77b4", "-"),
+                                         (_RESERVED, "reserved peak", "#222222", "-"),
+                                         ("nvml_used_bytes", "card used, every process (NVML)", "#9e9e9e", "-"),
+                                         ("budget_bytes", "budget", "#d62728", ":")):
             x, y = _series(rows, key)
-            ax.plot(x, y, label=label, color=color, linewidth=1.2)
+            if x:
+                (line,) = ax.plot(x, y, color=color, linestyle=style, linewidth=1.2)
+                handles.setdefault(label, line)
         x, y = _series(rows, "predicted_peak_bytes")
         if x:
-            ax.step(x, y, where="mid", label="plan's prediction", color="#2ca02c", linestyle="--", linewidth=1.2)
-        x, y = _series(rows, "budget_bytes")
-        if x:
-            ax.plot(x, y, label="budget", color="#d62728", linestyle=":", linewidth=1.2)
-        seen: set[str] = set()
+            (line,) = ax.step(x, y, where="mid", color="#2ca02c", linestyle="--", linewidth=1.2)
+            handles.setdefault("plan's prediction", line)
+        ax.axhline(card.total_bytes / GiB, color="#000000", linewidth=0.6, alpha=0.4)
         for e in record.card_events(card):
             kind = e.kind.value
-            ax.axvline(e.step, color=_EVENT_COLORS.get(kind, "#7f7f7f"), alpha=0.5, linewidth=1,
-                       label=None if kind in seen else f"event: {kind}")
-            seen.add(kind)
+            color, marker = _EVENT_COLORS.get(kind, ("#7f7f7f", "o"))
+            ax.axvline(e.step, color=color, alpha=0.35, linewidth=1)
+            y_at = (e.measured_bytes if e.kind.value in ("drift", "fragmentation", "oom")
+                    and e.measured_bytes is not None else card.total_bytes) / GiB
+            mark = ax.scatter([e.step], [y_at], color=color, marker=marker, s=36, zorder=5)
+            handles.setdefault(f"event: {kind}", mark)
         ax.set_ylabel("GiB")
-        ax.set_title(f"{card.label}: {card.name} ({format_bytes(card.total_bytes)})", fontsize=10)
+        ax.set_ylim(0, card.total_bytes / GiB * 1.05)
+        ax.set_title(f"{card.label}: {card.name}, {format_bytes(card.total_bytes)} (thin black line)",
+                     fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", ncol=3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+                   ncol=min(4, len(handles)), fontsize=8)
     axes[-1].set_xlabel("step")
     fig.suptitle(f"dptune monitor: {record.folder}", fontsize=11)
     return fig
