@@ -31,7 +31,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import transformers
 
@@ -47,7 +47,7 @@ class _Guard:
     def __enter__(self) -> "MemoryMonitorCallback":
         return self.callback
 
-    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> Literal[False]:
         mon = self.callback.monitor
         if exc is not None and mon is not None and mon.active:
             from dptune.monitor.forensics import is_oom
@@ -105,10 +105,11 @@ class MemoryMonitorCallback(transformers.TrainerCallback):
     # ---- the Trainer's events ----------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         options = dict(self.options)
-        device = getattr(args, "device", None)
+        device: Any = getattr(args, "device", None)
+        index = getattr(device, "index", None)
         if "devices" not in options and getattr(device, "type", None) == "cuda" and \
-                getattr(args, "world_size", 1) > 1 and device.index is not None:
-            options["devices"] = [device.index]
+                getattr(args, "world_size", 1) > 1 and index is not None:
+            options["devices"] = [index]
         run_dir = self.run_dir if self.run_dir is not None else os.path.join(args.output_dir, "dptune-monitor")
         self.monitor = MemoryMonitor(self.plan, run_dir=run_dir, **options)
         self._step = int(getattr(state, "global_step", 0) or 0)

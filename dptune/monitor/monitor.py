@@ -36,7 +36,7 @@ import sys
 import time
 import warnings
 import weakref
-from typing import Any, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 from dptune.backends.reserved import DEFAULT_HEADROOM, BudgetLevel, parse_level
 from dptune.errors import UsageError
@@ -86,7 +86,7 @@ class StepScope:
     def __enter__(self) -> "MemoryMonitor":
         return self.monitor
 
-    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> Literal[False]:
         if exc is None:
             self.monitor.observe(self.batch_size, self.length, step=self.index)
         elif self.monitor.active and is_oom(exc):

@@ -191,7 +191,11 @@ def load_run(path: "str | os.PathLike[str]") -> RunRecord:
     if not metas_files:
         raise ReportError(f"{os.fspath(path)!r} is not a monitored run's folder (no "
                           "monitor.rank*.json); write one with dptune.MemoryMonitor(run_dir=...)")
-    metas, cards, rows, events, ooms = [], [], [], [], []
+    metas: list[dict[str, Any]] = []
+    cards: list[CardInfo] = []
+    rows: list[dict[str, Any]] = []
+    events: list[MonitorEvent] = []
+    ooms: list[dict[str, Any]] = []
     for mf in metas_files:
         try:
             meta = json.loads(mf.read_text(encoding="utf-8"))

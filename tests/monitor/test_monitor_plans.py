@@ -72,7 +72,7 @@ def _train(monitor=None, steps=4):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 5), nn.Dropout(0.2), nn.Linear(5, 2))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    for k in range(steps):
+    for _ in range(steps):
         x = torch.randn(8, 6)
         if monitor is None:
             model(x).pow(2).mean().backward()
