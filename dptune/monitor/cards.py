@@ -82,21 +82,17 @@ class CardReading:
                                      self.reserved, self.retries, self.ooms)))
 
 
-def _stat(stats: Mapping[str, Any], key: str) -> int:
-    value = stats.get(key, 0)
-    return int(value) if isinstance(value, (int, float)) else 0
-
-
 def read_card(rt: CardRuntime, d: int, total: int) -> CardReading:
-    """Card ``d``'s reading now (``total``: its capacity, read once by the caller)."""
-    stats = rt.memory_stats(d)
-    reserved = _stat(stats, "reserved_bytes.all.current")
+    """Card ``d``'s reading now (``total``: its capacity, read once by the caller); a key
+    the allocator has not reported yet (no allocation so far) reads 0."""
+    get = rt.memory_stats(d).get
+    reserved = int(get("reserved_bytes.all.current") or 0)
     used = rt.nvml_used(d)
     free = total - used if used is not None else int(rt.mem_get_info(d)[0])
-    return CardReading(allocated_peak=_stat(stats, "allocated_bytes.all.peak"),
-                       reserved_peak=_stat(stats, "reserved_bytes.all.peak"),
-                       allocated=_stat(stats, "allocated_bytes.all.current"), reserved=reserved,
-                       retries=_stat(stats, "num_alloc_retries"), ooms=_stat(stats, "num_ooms"),
+    return CardReading(allocated_peak=int(get("allocated_bytes.all.peak") or 0),
+                       reserved_peak=int(get("reserved_bytes.all.peak") or 0),
+                       allocated=int(get("allocated_bytes.all.current") or 0), reserved=reserved,
+                       retries=int(get("num_alloc_retries") or 0), ooms=int(get("num_ooms") or 0),
                        total=total, free=free, nvml_used=used)
 
 

@@ -11,7 +11,9 @@
 - ``oom``: an out-of-memory error, raised in the monitor's step (with forensics) or caught by
   the user's code (``num_ooms`` rose).
 
-Every event is recorded; :class:`Limiter` decides which are also warned
+A lasting condition (a shape off the plan, headroom that stays low) is an event when it
+starts and again every ``quiet_steps`` steps while it lasts; every other event is recorded
+each time. :class:`Limiter` decides which recorded events are also warned
 (:class:`MonitorWarning`): one per kind and card every ``quiet_steps`` steps, and at most
 :data:`MAX_WARNINGS` in all (then one line saying the rest go only to the record).
 """

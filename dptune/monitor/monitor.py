@@ -176,6 +176,7 @@ class MemoryMonitor:
         self._cache: list[dict[tuple[Optional[int], Optional[int]], Expected]] = [{} for _ in range(n)]
         self._interval: list[Optional[tuple[Expected, Optional[int], Optional[int]]]] = [None] * n
         self._off_plan_at: list[Optional[int]] = [None] * n
+        self._low_at: list[Optional[int]] = [None] * n     # the last headroom event while it stays low
         self._start = time.monotonic()
         self._started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         self.last: list[Optional[dict[str, Any]]] = [None] * n
@@ -293,7 +294,10 @@ class MemoryMonitor:
             self._interval[i] = None
             if known and exp.predicted is not None and measured > exp.predicted + self.margin:
                 new.append(self._drift(i, index, exp, measured, b, n))
-            if r.headroom < self.margin:
+            if r.headroom >= self.margin:
+                self._low_at[i] = None
+            elif self._low_at[i] is None or index - self._low_at[i] >= self.quiet_steps:   # type: ignore[operator]
+                self._low_at[i] = index
                 new.append(self._headroom(i, index, r, b, n))
             if r.retries > self._retries[i]:
                 new.append(self._fragmentation(i, index, r, b, n))

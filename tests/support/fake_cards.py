@@ -71,7 +71,10 @@ class FakeCards:
         self.allocated[d] -= nbytes
 
     def take(self, d: int, nbytes: int) -> None:
-        """Another process starts using ``nbytes`` of card ``d``."""
+        """Another process starts using ``nbytes`` of card ``d`` (it can only take what is
+        free: not what this process's allocator holds in its cache); negative: it frees them."""
+        if nbytes > 0 and self.others[d] + nbytes + CONTEXT + self.reserved[d] > self.total_:
+            raise torch.OutOfMemoryError(f"the other process cannot take {nbytes} bytes of card {d}")
         self.others[d] += nbytes
 
     def fragment(self, d: int) -> None:
