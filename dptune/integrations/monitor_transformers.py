@@ -104,6 +104,8 @@ class MemoryMonitorCallback(transformers.TrainerCallback):
 
     # ---- the Trainer's events ----------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if self.monitor is not None:          # a second train() on the same callback
+            self.monitor.close()
         options = dict(self.options)
         device: Any = getattr(args, "device", None)
         index = getattr(device, "index", None)
