@@ -292,3 +292,28 @@ def test_bad_settings_are_one_line_usage_errors():
         MemoryMonitor(runtime=FakeCards(n=2), devices=[2])
     with pytest.raises(UsageError, match="takes a TuneResult"):
         MemoryMonitor(plan=object(), runtime=FakeCards())
+
+
+def test_the_snapshot_api_is_found_on_old_and_new_torch_and_missing_is_false(monkeypatch):
+    import types
+
+    from dptune import _torch_private
+
+    calls = []
+
+    def new(enabled="all", max_entries=0):
+        calls.append(("new", enabled, max_entries))
+
+    def old(enabled, max_entries=0):        # torch < 2.1: enabled is a bool
+        if not isinstance(enabled, bool):
+            raise TypeError("enabled must be a bool")
+        calls.append(("old", enabled, max_entries))
+
+    for fn in (new, old):
+        monkeypatch.setattr(_torch_private, "_memory_module",
+                            lambda fn=fn: types.SimpleNamespace(_record_memory_history=fn))
+        assert _torch_private.record_memory_history(7) is True
+    assert calls == [("new", "all", 7), ("old", True, 7)]
+    monkeypatch.setattr(_torch_private, "_memory_module", lambda: types.SimpleNamespace())
+    assert _torch_private.record_memory_history(7) is False
+    assert _torch_private.dump_memory_snapshot("x.pickle") is False
