@@ -13,6 +13,7 @@ Public API (grouped):
 - Wrapping: :class:`BalancedDataParallel`, :func:`patch_dataparallel` (scripts that build
   ``torch.nn.DataParallel`` themselves); the Hugging Face Trainer: :mod:`dptune.integrations.transformers`
 - Simulation: :func:`estimate_memory`, :class:`Cluster`, :func:`parse_cluster`
+- Watching a run: :class:`MemoryMonitor` (every card against the plan, at training time)
 - Devices: :func:`devices`, :class:`Device`, :class:`ProbeResult`
 - Checkpoints: :func:`state_dict`, :func:`load_state_dict`
 - Units: :func:`parse_bytes`, :func:`format_bytes`
@@ -43,6 +44,8 @@ _LAZY = {
     "estimate_memory": "dptune.backends.simulated",
     "Cluster": "dptune.hardware.cluster",
     "parse_cluster": "dptune.hardware.cluster",
+    # watching a run
+    "MemoryMonitor": "dptune.monitor",
     # devices
     "devices": "dptune.hardware.devices",
     "Device": "dptune.types",

@@ -29,6 +29,11 @@
 - ``torch.overrides._get_current_function_mode_stack``: autograd does not run the backward
   under the forward's torch-function modes, so an activation checkpoint's recomputation must
   enter them again (the Trainer integration captures them when the forward runs).
+- ``torch.cuda.memory._record_memory_history`` / ``_dump_snapshot``: the allocator's history
+  of every allocation with its stack, which the training monitor saves (opt-in) when a step
+  runs out of memory (:mod:`dptune.monitor.forensics`); torch has no public API for it. The
+  signature changed (torch < 2.1: ``enabled: bool``; later: ``enabled="all"``), so it is
+  looked up and called either way (:func:`record_memory_history`).
 
 - The private aten ops ``aten._grouped_mm`` (a mixture of experts' expert layers) and
   ``aten._pack_padded_sequence`` (``pack_padded_sequence``): their fake kernels act unlike
@@ -50,7 +55,8 @@ __all__ = ["dispatch_mode_base", "fake_tensor_mode", "function_mode_active", "fu
            "replica_module", "safe_softmax", "scatter_chunks", "sdp_priority_order", "sdpa_cudnn",
            "sdpa_efficient", "sdpa_flash", "include_dispatch_key", "exclude_dispatch_key",
            "PythonKernels", "amp_as_if_cuda", "fake_process_group_store", "register_fake_backend",
-           "storage_resize_hook", "dtensor_meta_aside", "private_op", "torch_file", "fake_kernel_files"]
+           "storage_resize_hook", "dtensor_meta_aside", "private_op", "torch_file", "fake_kernel_files",
+           "record_memory_history", "dump_memory_snapshot"]
 
 
 def scatter_chunks(tensor: Any, device_ids: list, chunk_sizes: list, dim: int) -> tuple:
@@ -457,3 +463,34 @@ def fake_kernel_files() -> tuple:
 
     return tuple(torch_file(*p.split("/")) for p in ("_meta_registrations.py", "_refs", "_decomp",
                                                       "_prims", "_subclasses/fake_impls.py"))
+
+
+def _memory_module() -> Any:
+    import torch
+
+    return getattr(torch.cuda, "memory", None)
+
+
+def record_memory_history(max_entries: int) -> bool:
+    """Start the CUDA allocator's history (the last ``max_entries`` events, with stacks);
+    ``False`` when this torch has no such API (it is then not recorded)."""
+    mod = _memory_module()
+    start = getattr(mod, "_record_memory_history", None)
+    if start is None:
+        return False
+    try:
+        start(enabled="all", max_entries=max_entries)          # torch >= 2.1
+    except TypeError:
+        start(True, max_entries=max_entries)                   # older: enabled is a bool
+    return True
+
+
+def dump_memory_snapshot(path: str) -> bool:
+    """Write the allocator's snapshot (with the recorded history) to ``path`` (a pickle for
+    https://pytorch.org/memory_viz); ``False`` when this torch cannot."""
+    mod = _memory_module()
+    dump = getattr(mod, "_dump_snapshot", None)
+    if dump is None:
+        return False
+    dump(path)
+    return True

@@ -17,14 +17,16 @@ __all__ = ["show_parser", "plot_parser", "devices_parser"]
 
 
 def show_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("show", help="print a saved report's (or DDP plan's) summary",
+    p = subparsers.add_parser("show", help="print a saved report's (DDP plan's, monitored run's) summary",
                               description="Print the summary of a report folder written by "
                                           "`dptune search` (the table of a length plan written "
                                           "by `dptune search --lengths`, the plan of `dptune "
-                                          "plan`).", epilog=EPILOG,
+                                          "plan`, a run watched by dptune.MemoryMonitor and "
+                                          "its timeline.png).", epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("report", metavar="REPORT",
-                   help="report folder (or its report.json, lengths.json or plan.json)")
+                   help="report folder (or its report.json, lengths.json or plan.json), or a "
+                        "monitored run's folder")
     p.add_argument("--json", action="store_true", help="print the report's JSON instead")
     p.add_argument("--html", metavar="FILE", nargs="?", const="", default=None,
                    help="write the report as one self-contained HTML page (default: report.html "
@@ -39,10 +41,15 @@ def _report_folder(path: str) -> pathlib.Path:
 
 def _show_command(args: argparse.Namespace) -> int:
     from dptune.ddp.result import DDPPlan, is_plan_path
+    from dptune.monitor.record import is_run
     from dptune.report import PLOT_KINDS, read_report, render_summary, report_dict
 
     if args.html is not None and args.json:
         raise UsageError("--html writes a page and --json prints the JSON: give one of them")
+    if is_run(args.report):         # a run watched by dptune.MemoryMonitor (every rank merged)
+        from dptune.cli.monitor_command import show_run
+
+        return show_run(args.report, args.json)
     if is_plan_path(args.report):   # a DDP plan written by `dptune plan`
         plan = DDPPlan.load(args.report)
         if args.html is not None:

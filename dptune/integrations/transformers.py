@@ -388,3 +388,12 @@ class BalancedTrainer(BalancedTrainerMixin, transformers.Trainer):
     ``BalancedTrainer(model=..., args=..., train_dataset=..., tuned=result)``; every other
     argument is the Trainer's.
     """
+
+
+def __getattr__(name: str) -> Any:
+    """``MemoryMonitorCallback`` (the training monitor's callback) is imported on first use."""
+    if name == "MemoryMonitorCallback":
+        from dptune.integrations.monitor_transformers import MemoryMonitorCallback
+
+        return MemoryMonitorCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
