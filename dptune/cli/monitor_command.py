@@ -4,14 +4,21 @@ rank's files merged, the summary printed and ``timeline.png`` drawn beside them.
 from __future__ import annotations
 
 import json
+from typing import Optional
 
-from dptune.errors import EXIT_OK
+from dptune.errors import EXIT_OK, OutputError
 
 __all__ = ["show_run"]
 
 
-def show_run(path: str, as_json: bool) -> int:
+def show_run(path: str, as_json: bool, html: Optional[str] = None) -> int:
+    """Print the run's summary, draw ``timeline.png`` and write ``report.html`` beside it
+    (``html``: another file or folder for the page)."""
+    import os
+
     from dptune.monitor.record import load_run
+    from dptune.report.html import write_html
+    from dptune.report.html_run import render_run_html
     from dptune.report.timeline import render_run, write_timeline
 
     record = load_run(path)
@@ -27,4 +34,16 @@ def show_run(path: str, as_json: bool) -> int:
         print(f"\n(timeline.png not drawn: {e.strerror or e}; copy the folder somewhere writable)")
     else:
         print(f"\ndrew {drawn}")
+    target = html or os.path.join(record.folder, "report.html")
+    if os.path.isdir(target):
+        target = os.path.join(target, "report.html")
+    try:
+        write_html(render_run_html(record), target)
+    except OSError as e:
+        if html:        # asked for by name: the user's path cannot be written
+            raise OutputError(f"cannot write {target!r} ({e.strerror or e}); give --html a file "
+                              "you can write to") from None
+        print(f"(report.html not written: {e.strerror or e})")
+    else:
+        print(f"wrote {target}")
     return EXIT_OK

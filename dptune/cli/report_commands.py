@@ -49,7 +49,7 @@ def _show_command(args: argparse.Namespace) -> int:
     if is_run(args.report):         # a run watched by dptune.MemoryMonitor (every rank merged)
         from dptune.cli.monitor_command import show_run
 
-        return show_run(args.report, args.json)
+        return show_run(args.report, args.json, args.html or None)
     if is_plan_path(args.report):   # a DDP plan written by `dptune plan`
         plan = DDPPlan.load(args.report)
         if args.html is not None:
