@@ -29,12 +29,14 @@ def test_the_timeline_renderer_reads_the_record_for_typing_only():
 
 
 def test_the_monitor_reads_cards_through_one_runtime_import():
-    """The runtime protocol's one link to the CUDA backend (a move of the runtime to
-    dptune/hardware/ changes this one import)."""
-    users = [m for m in ("dptune.monitor.monitor", "dptune.monitor.cards", "dptune.monitor.expect",
-                         "dptune.monitor.events", "dptune.monitor.record", "dptune.monitor.forensics")
-             if any(i.startswith("dptune.backends.cuda") for i in imports(m))]
+    """The runtime protocol's one link to the card readers (the CUDA runtime, in
+    dptune/hardware/ beside NVML, where the CUDA backend reads cards too), and none to the
+    CUDA backend itself."""
+    modules = ("dptune.monitor.monitor", "dptune.monitor.cards", "dptune.monitor.expect",
+               "dptune.monitor.events", "dptune.monitor.record", "dptune.monitor.forensics")
+    users = [m for m in modules if any(i.startswith("dptune.hardware.runtime") for i in imports(m))]
     assert users == ["dptune.monitor.cards"]
+    assert [m for m in modules if any(i.startswith("dptune.backends.cuda") for i in imports(m))] == []
 
 
 def test_the_monitor_is_cheap_to_import():
