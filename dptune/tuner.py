@@ -30,9 +30,9 @@ from dptune.search.output_card import reuse, swapped, swapped_outcome
 from dptune.search.throughput import check_global_batch
 from dptune.settings import Budget, SearchSettings, Settings, sort_keywords
 from dptune.step.spec import WorkloadSpec
-from dptune.types import BackendKind, Objective, card_in_use
+from dptune.types import BackendKind, Objective
 from dptune.units import format_bytes
-from dptune.step.workload import Workload, has_batchnorm, model_name
+from dptune.step.workload import Workload, min_chunk, model_name, smallest_chunk
 
 __all__ = ["Tuner", "BackendChoice", "choose_backend"]
 
@@ -207,8 +207,7 @@ class Tuner:
         if self.settings.budget.level is BudgetLevel.RESERVED:
             notes.append(RESERVED_NOTE)
         chunk_sizes = list(outcome.best.chunk_sizes)
-        bn = self._has_batchnorm(backend)
-        if bn:
+        if self._min_chunk(backend) > 1:
             notes.append("the model has BatchNorm: every card gets 0 or at least 2 samples")
         model = self._wrap(backend, chunk_sizes, notes, out_dev)
         budgets = [d.budget_bytes(self.settings.budget.headroom_bytes) for d in backend.devices]
@@ -271,7 +270,7 @@ class Tuner:
         devices = list(backend.devices)
         if not devices:
             raise BackendUnavailableError("the backend has no devices")
-        m = 2 if self._has_batchnorm(backend) else 1
+        m = self._min_chunk(backend)
         if m == 2 and self.batch_size < 2:
             raise UsageError("batch_size=1 cannot be trained through BatchNorm "
                              "(it needs more than 1 sample per card); use batch_size >= 2")
@@ -320,7 +319,7 @@ class Tuner:
             notes.extend(throughput.speed_notes(figs, best))
             advice.extend(throughput.advice(figs))
             return outcome
-        m = 2 if self._has_batchnorm(backend) else 1
+        m = self._min_chunk(backend)
         def probe(split: Sequence[int]) -> ProbeResult:     # at the budget level, as the search's
             return at_level(backend.probe(split), backend.devices, self.budget_level)
         fast = throughput.fastest(probe, budgets, self.batch_size, outcome.probes,
@@ -391,20 +390,16 @@ class Tuner:
             warnings.simplefilter("ignore", UserWarning)
             return BalancedDataParallel(module, chunk_sizes=chunk_sizes)
 
-    def _has_batchnorm(self, backend: Backend) -> bool:
+    def _min_chunk(self, backend: Backend) -> int:
+        """The fewest samples a card may get (:func:`dptune.step.workload.smallest_chunk`),
+        the backend's word on BatchNorm first."""
         flag = model_facts(backend).has_batchnorm
         if flag is not None:
-            return bool(flag)
-        import torch
-
-        model = self.workload.model
-        if isinstance(model, torch.nn.Module):
-            return has_batchnorm(model)
+            return min_chunk(bool(flag))
         try:
-            with torch.device("meta"):
-                return has_batchnorm(model())
+            return smallest_chunk(self.workload.model)
         except Exception:  # the backend will run the factory and report its errors
-            return False
+            return 1
 
 
 def _settings(workload: Workload, backend: Backend) -> Any:
@@ -420,8 +415,7 @@ def _figures(r: Optional[ProbeResult], split: list[int], budgets: list[int]) -> 
     if r is None:
         return SplitFigures(chunk_sizes=tuple(split), peak_bytes=tuple([0] * len(split)),
                             imbalance=float("inf"), feasible=False)
-    within = r.feasible and all(p <= b for i, (p, b, c) in enumerate(
-        zip(r.peak_bytes, budgets, r.chunk_sizes)) if card_in_use(i, c))
+    within = r.within_budget(budgets)
     return SplitFigures(chunk_sizes=tuple(r.chunk_sizes), peak_bytes=tuple(r.peak_bytes),
                         imbalance=imbalance(r.peak_bytes, budgets, r.chunk_sizes),
                         feasible=within, oom_device=r.oom_device, breakdown=r.breakdown)

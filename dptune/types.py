@@ -6,8 +6,10 @@
   (how a DDP plan's ranks hold the model), :class:`Category`
   (the parts of a per-card breakdown) and :class:`BackendKind` (real or simulated cards);
 - the per-card rules every layer applies the same way: :func:`card_in_use` (card 0 always
-  counts: it holds the master weights and gathers the outputs, even with no samples) and
-  :func:`budget_share` (a peak as a share of the card's budget).
+  counts: it holds the master weights and gathers the outputs, even with no samples),
+  :func:`within_budget` (every card in use at or under its budget; a probe's:
+  :meth:`ProbeResult.within_budget`) and :func:`budget_share` (a peak as a share of the
+  card's budget).
 
 All memory figures are ``int`` bytes. Each enum is a ``str``: a member equals its value
 (``Objective.MAX_BATCH == "max_batch"``) and is written to JSON as that value.
@@ -17,13 +19,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from enum import Enum
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from dptune.errors import UsageError
 from dptune.hardware.speeds import StepTime
 
 __all__ = ["Device", "ProbeResult", "CATEGORIES", "Category", "Objective", "Strategy", "BackendKind",
-           "card_in_use", "budget_share"]
+           "card_in_use", "within_budget", "budget_share"]
 
 
 class _StrEnum(str, Enum):
@@ -92,6 +94,13 @@ def card_in_use(card: int, chunk: int) -> bool:
     and card 0 always (it holds the master weights, the optimizer state and the gathered
     outputs even when it runs no replica)."""
     return card == 0 or chunk > 0
+
+
+def within_budget(peak_bytes: Sequence[float], budget_bytes: Sequence[int],
+                  chunk_sizes: Sequence[int]) -> bool:
+    """Every card in use (:func:`card_in_use`) peaks at or under its budget."""
+    return all(p <= b for i, (p, b, c) in enumerate(zip(peak_bytes, budget_bytes, chunk_sizes))
+               if card_in_use(i, c))
 
 
 def budget_share(peak_bytes: float, budget_bytes: int) -> float:
@@ -180,6 +189,11 @@ class ProbeResult:
     @property
     def batch_size(self) -> int:
         return sum(self.chunk_sizes)
+
+    def within_budget(self, budget_bytes: Sequence[int]) -> bool:
+        """Measured to fit: no card ran out of memory, and every card in use peaked at or
+        under its budget (:func:`within_budget`)."""
+        return self.feasible and within_budget(self.peak_bytes, budget_bytes, self.chunk_sizes)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -10,7 +10,8 @@ import pytest
 from dptune import types
 from dptune.backends import base
 from dptune.errors import UsageError
-from dptune.types import BackendKind, Category, Objective, budget_share, card_in_use
+from dptune.types import (BackendKind, Category, Objective, ProbeResult, budget_share, card_in_use,
+                          within_budget)
 
 
 # ---- enums --------------------------------------------------------------------------------
@@ -46,6 +47,19 @@ def test_enums_are_their_strings():
 def test_card_in_use_by_hand():
     assert [card_in_use(i, c) for i, c in enumerate([0, 0, 3, 0, 1])] == [
         True, False, True, False, True]
+
+
+def test_within_budget_counts_card_0_always_and_other_cards_only_with_samples():
+    budgets = [100, 100, 100]
+    # card 1 has no samples: its peak over budget (a stray allocation) does not count
+    assert within_budget([100, 500, 99], budgets, [0, 0, 4])
+    # card 0 counts with no samples (it holds the weights and gathers the outputs)
+    assert not within_budget([101, 0, 50], budgets, [0, 3, 3])
+    assert not within_budget([50, 50, 101], budgets, [1, 1, 1])
+    # a probe: also refused when a card ran out of memory, whatever the peaks say
+    assert ProbeResult((0, 0, 4), (100, 500, 99)).within_budget(budgets)
+    assert not ProbeResult((2, 2, 4), (10, 10, 10), oom_device=1).within_budget(budgets)
+    assert not ProbeResult((0, 3, 3), (101, 0, 50)).within_budget(budgets)
 
 
 def test_budget_share():

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from dptune.backends.base import Device
-from dptune.errors import UserCodeError
 
 __all__ = ["RankInfo", "min_batch", "step_settings", "local_card", "simulated_peak"]
 
@@ -25,20 +24,11 @@ class RankInfo:
 
 
 def min_batch(model: Any) -> int:
-    """The smallest local batch a rank may get: 2 with BatchNorm (not SyncBatchNorm), else 1."""
-    import torch
-    import torch.nn as nn
+    """The smallest local batch a rank may get: 2 with BatchNorm (not SyncBatchNorm), else 1
+    (:func:`dptune.step.workload.smallest_chunk` across the ranks)."""
+    from dptune.step.workload import smallest_chunk
 
-    if not isinstance(model, nn.Module):
-        try:
-            with torch.device("meta"):
-                model = model()
-        except Exception as e:
-            raise UserCodeError(f"the model factory raised while building the model on the meta "
-                                f"device: {type(e).__name__}: {e}") from e
-    plain = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-    return 2 if any(isinstance(m, plain) and not isinstance(m, nn.SyncBatchNorm)
-                    for m in model.modules()) else 1
+    return smallest_chunk(model, across_ranks=True)
 
 
 def step_settings(workload: Any) -> Optional[dict]:

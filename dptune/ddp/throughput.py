@@ -10,12 +10,14 @@ floor on that rank's step, and the step is at least the largest host time of the
 all-reduce. :func:`dptune.solve.time.fastest_split`
 with ``every_card=True`` gives the batches that equalise the ranks' step times within their
 memory caps; they are probed, and a rank over budget tightens its cap, until every rank is
-measured within budget.
+measured within budget (the loop shared with DataParallel and the length plans:
+:func:`dptune.search.throughput_loop.throughput_loop` over :class:`RankCards`).
 
 Each rank's time comes with its probes (:attr:`dptune.search.ranks.RankProbe.seconds`, gathered
 with the peaks, so inside a job every rank fits every rank's time from the same figures and
 makes the same plan): on the simulated cluster the simulator's estimate (:class:`RankTimer`:
-FLOPs and bytes against each card's datasheet peaks), on real cards inside a job the card's
+FLOPs and bytes against each card's datasheet peaks, the simulator's one rank timer
+:class:`dptune.backends.simulated.timing.RankTimes`), on real cards inside a job the card's
 forward and backward measured by CUDA events (:class:`dptune.ddp.probers.CudaProber`).
 :class:`ProbeTimes` fits them. The all-reduce is a ring over the simulated link
 (:func:`dptune.backends.simulated.timing.ddp_allreduce_seconds`), not overlapped with the backward; on
@@ -34,49 +36,38 @@ from typing import Any, Callable, Optional, Sequence
 from dptune.ddp.result import RankReason
 from dptune.errors import NoFeasibleSplitError
 from dptune.search.ranks import beyond_the_ranks
-from dptune.solve.time import (SplitTime, TimeFit, fastest_accumulation, fastest_split, fit_time,
-                                micro_batch_counts)
+from dptune.search.throughput_loop import fastest_ranks_split, rank_step_model, throughput_loop
+from dptune.solve.time import SplitTime, StepModel, TimeFit, fastest_split, fit_time, micro_batch_counts
 
 __all__ = ["RankTimer", "ProbeTimes", "EqualSpeed", "ThroughputPlan", "equal_split",
-           "plan_throughput", "speed_note", "untimed_note"]
+           "RankCards", "plan_throughput", "speed_note", "untimed_note"]
 
 
 class RankTimer:
-    """Each rank's simulated step time at the batches probed (seconds, estimated).
-
-    ``probe(r, b)`` runs the rank's prober with the simulator's op counter installed. Ranks on
-    the same card type share one simulator (and its memo), so the step's ops are kept per
-    card type and batch, and timed against each rank's own speed (the spec may give two
-    cards of one type different speeds).
-    """
+    """Each rank's simulated step time at the batches probed (seconds, estimated): the
+    simulator's rank timer (:class:`dptune.backends.simulated.timing.RankTimes`) over the
+    ranks' probers. ``probe(r, b)`` runs the rank's prober with the op counter installed."""
 
     def __init__(self, probers: dict, cluster: Any):
+        from dptune.backends.simulated.timing import RankTimes
         from dptune.hardware.speeds import ClusterSpeed
 
-        self.probers, self.cluster = probers, cluster
-        self.speed = ClusterSpeed.of(cluster.names, cluster.spec)
-        self.ops: dict[tuple[str, int], Any] = {}   # (card type, batch) -> RankStepOps
+        self.probers = probers
+        self.times = RankTimes(cluster.names, ClusterSpeed.of(cluster.names, cluster.spec))
+        self.speed = self.times.speed
 
     def probe(self, r: int, b: int) -> Optional[int]:
-        from dptune.backends.simulated.timing import counted_rank_step
-
         prober = self.probers[r]
-        peak, ops = counted_rank_step(prober.backend, self.speed, r, lambda: prober.probe(b))
-        if ops is not None:
-            self.ops[(self.cluster.names[r], b)] = ops
-        return peak
+        return self.times.counted(prober.backend, r, b, lambda: prober.probe(b))
 
     def seconds(self, r: int, b: int) -> Optional[float]:
-        """Rank r's card's work at batch b (its ops against its card's peaks, the batch's copy
-        from the host over PCIe); ``None`` when not probed. Its host's part: :meth:`host_seconds`."""
-        ops = self.ops.get((self.cluster.names[r], b))
-        return None if ops is None else ops.card_seconds(self.speed, r)
+        """Rank r's card work at batch b; ``None`` when not probed. Its host's part:
+        :meth:`host_seconds`."""
+        return self.times.seconds(r, b)
 
     def host_seconds(self, r: int, b: int) -> Optional[float]:
-        """Rank r's host's time to issue its step at batch b: the ops it dispatched x the
-        host's cost per op (:mod:`dptune.hardware.speeds`); ``None`` when not probed."""
-        ops = self.ops.get((self.cluster.names[r], b))
-        return None if ops is None else ops.host_seconds(self.speed)
+        """Rank r's host's time to issue its step at batch b; ``None`` when not probed."""
+        return self.times.host_seconds(r, b)
 
 
 class ProbeTimes:
@@ -175,11 +166,67 @@ class ThroughputPlan:
     micro_batches: int = 1            # the global batch as that many equal micro-batches
 
 
+class RankCards:
+    """A DDP job's ranks for :func:`dptune.search.throughput_loop.throughput_loop`: independent
+    ranks, the step is the slowest rank plus the all-reduce
+    (:func:`dptune.search.throughput_loop.rank_step_model`; with :class:`EqualSpeed`, one unit
+    of time per sample); a split is probed as one round, each rank not yet measured at its
+    batch probing it. The budget: ``max_rounds`` rounds in all."""
+
+    def __init__(self, state: Any, run: Callable[[Sequence[Optional[int]]], None],
+                 timer: "ProbeTimes | EqualSpeed", global_batch: int, max_rounds: int,
+                 grad_bytes: int, cap_of: Callable[[Any, int], int], accumulate: bool):
+        self.state, self.run, self.timer, self.global_batch = state, run, timer, global_batch
+        self.max_rounds, self.cap_of, self.accumulate = max_rounds, cap_of, accumulate
+        self.overhead = timer.allreduce(grad_bytes)
+        self.hosts = timer.floor(state.n)
+
+    def model(self, fits: Sequence[TimeFit]) -> StepModel:
+        return rank_step_model(fits, self.hosts, self.overhead)
+
+    def curves(self) -> tuple[list[int], list[list[float]], StepModel]:
+        """Each rank's memory cap, its fitted time at every batch up to it, and the model."""
+        caps, fits = _caps(self.state, self.cap_of, self.global_batch), _fits(self.state, self.timer)
+        return caps, [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)], self.model(fits)
+
+    def spent(self) -> bool:
+        return self.state.rounds >= self.max_rounds
+
+    def solve(self) -> tuple[SplitTime, int]:
+        """The fastest split of one micro-batch and the number of micro-batches; raises
+        :class:`NoFeasibleSplitError` where nothing fits."""
+        state, global_batch, accumulate = self.state, self.global_batch, self.accumulate
+        caps, curves, model = self.curves()
+        solved = _solve(self.timer, caps, curves, global_batch, model, state.m, accumulate)
+        if solved is None:
+            known = [c for c in state.caps() if c is not None]
+            if not accumulate and len(known) == state.n and sum(known) < global_batch:
+                raise beyond_the_ranks(state, self.run, global_batch, self.max_rounds)  # more than they hold
+            raise NoFeasibleSplitError(
+                f"no number of micro-batches that divides the global batch {global_batch} gives "
+                f"per-rank batches that fit every rank's memory (largest per rank: {caps}); try "
+                "another global_batch" if accumulate else
+                f"no per-rank batches of the global batch {global_batch} fit every rank's memory "
+                f"(largest per rank: {caps}); try a smaller global_batch", shortfall_bytes=None)
+        return solved
+
+    def _measured(self, answer: tuple[SplitTime, int]) -> list[Any]:
+        return [self.state.measured(r, b) for r, b in enumerate(answer[0].chunk_sizes)]
+
+    def settled(self, answer: tuple[SplitTime, int]) -> bool:
+        return all(p is not None and p.fits for p in self._measured(answer))
+
+    def probe(self, answer: tuple[SplitTime, int]) -> None:
+        self.run([None if d is not None else b
+                  for d, b in zip(self._measured(answer), answer[0].chunk_sizes)])
+
+
 def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
                     timer: "ProbeTimes | EqualSpeed",
                     global_batch: int, max_rounds: int, grad_bytes: int,
                     cap_of: Callable[[Any, int], int], accumulate: bool = False) -> ThroughputPlan:
-    """Solve, probe, tighten caps until the batches are measured within every budget.
+    """Solve, probe, tighten caps until the batches are measured within every budget
+    (:func:`dptune.search.throughput_loop.throughput_loop` over :class:`RankCards`).
 
     ``state``: the ranks' :class:`dptune.search.ranks.RankObservations` after the first two
     rounds; ``run(sizes)`` probes one round; ``cap_of(fit, budget)`` the memory cap of a fit;
@@ -189,64 +236,39 @@ def plan_throughput(state: Any, run: Callable[[Sequence[Optional[int]]], None],
     time per global batch (:func:`dptune.solve.time.fastest_accumulation`; without times, the
     fewest micro-batches whose batches fit).
     """
-    n, m = state.n, state.m
-    overhead = timer.allreduce(grad_bytes)
-    hosts = timer.floor(n)
-
-    def floor(used: frozenset[int]) -> float:      # the slowest host, then the all-reduce
-        return hosts(used) + overhead(used)
-
-    while True:
-        caps, curves = _curves(state, timer, cap_of, global_batch)
-        solved = _solve(timer, caps, curves, global_batch, overhead, m, accumulate, floor)
-        if solved is None:
-            known = [c for c in state.caps() if c is not None]
-            if not accumulate and len(known) == n and sum(known) < global_batch:
-                raise beyond_the_ranks(state, run, global_batch, max_rounds)   # more than they hold
-            raise NoFeasibleSplitError(
-                f"no number of micro-batches that divides the global batch {global_batch} gives "
-                f"per-rank batches that fit every rank's memory (largest per rank: {caps}); try "
-                "another global_batch" if accumulate else
-                f"no per-rank batches of the global batch {global_batch} fit every rank's memory "
-                f"(largest per rank: {caps}); try a smaller global_batch", shortfall_bytes=None)
-        sol, k = solved
-        done = [state.measured(r, b) for r, b in enumerate(sol.chunk_sizes)]
-        if all(p is not None and p.fits for p in done) or state.rounds >= max_rounds:
-            break
-        run([None if d is not None else b for d, b in zip(done, sol.chunk_sizes)])
+    cards = RankCards(state, run, timer, global_batch, max_rounds, grad_bytes, cap_of, accumulate)
+    end = throughput_loop(cards)
+    sol, k = end.answer if end.answer is not None else cards.solve()
     sizes = list(sol.chunk_sizes)
     if not all((p := state.measured(r, b)) is not None and p.fits for r, b in enumerate(sizes)):
         raise NoFeasibleSplitError(
             f"the fastest batches {sizes} were not all measured within budget in {state.rounds} "
             "rounds; try a larger max_rounds or objective='balance'", shortfall_bytes=None)
-    caps, curves = _curves(state, timer, cap_of, global_batch)
+    caps, curves, model = cards.curves()
     acc = _accumulation_note(global_batch, k, sizes, sol, timer.source) if accumulate else ()
     if isinstance(timer, EqualSpeed):
         labels, lines = _equal_reasons(sizes, caps)
         return ThroughputPlan(sizes, sol, lines, (EQUAL_NOTE,) + acc, labels, k)
     labels, lines = _reasons(sizes, caps, curves)
-    notes = _notes(curves, sizes, sum(sizes), overhead, m, sol, timer.source, floor)
+    notes = _notes(curves, sizes, sum(sizes), model, state.m, sol, timer.source)
     return ThroughputPlan(sizes, sol, lines, notes + acc + _source_notes(timer), labels, k)
 
 
-def _curves(state: Any, timer: "ProbeTimes | EqualSpeed", cap_of: Callable[[Any, int], int],
-            global_batch: int) -> tuple[list[int], list[list[float]]]:
-    """Each rank's memory cap and its fitted time at every batch up to it."""
-    caps = _caps(state, cap_of, global_batch)
+def _fits(state: Any, timer: "ProbeTimes | EqualSpeed") -> list[TimeFit]:
+    """Each rank's fitted step time (raises where a rank has none)."""
     fits = [timer.fit(r) for r in range(state.n)]
     if any(f is None for f in fits):
         raise NoFeasibleSplitError("a rank's step time is unknown (no timed probe); "
                                    "objective='throughput' needs each rank's step time",
                                    shortfall_bytes=None)
-    return caps, [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)]  # type: ignore[union-attr]
+    return fits  # type: ignore[return-value]
 
 
 def _solve(timer: "ProbeTimes | EqualSpeed", caps: Sequence[int], curves: list, batch: int,
-           overhead: Callable[[frozenset[int]], float], m: int, accumulate: bool,
-           floor: Callable[[frozenset[int]], float]) -> Optional[tuple[SplitTime, int]]:
+           model: StepModel, m: int, accumulate: bool) -> Optional[tuple[SplitTime, int]]:
     """The fastest split of ``batch`` (one micro-batch), or with ``accumulate`` the number of
-    micro-batches and the split of one; ``None``: nothing fits. ``floor(S)``: the least step
-    on the ranks ``S`` (their slowest host, then the all-reduce)."""
+    micro-batches and the split of one; ``None``: nothing fits. ``model``: the ranks' step
+    (their slowest host, then the all-reduce, :func:`dptune.search.throughput_loop.rank_step_model`)."""
     if isinstance(timer, EqualSpeed):     # one unit per sample: the largest batch, k times
         best: Optional[tuple[SplitTime, int]] = None
         for k in micro_batch_counts(batch) if accumulate else [1]:
@@ -254,12 +276,7 @@ def _solve(timer: "ProbeTimes | EqualSpeed", caps: Sequence[int], curves: list, 
             if s is not None and (best is None or k * s.step_seconds < best[1] * best[0].step_seconds):
                 best = (s, k)
         return best
-    if accumulate:
-        acc = fastest_accumulation(lambda b: curves, batch, overhead=overhead, min_chunk=m,
-                                   every_card=True, host=floor)
-        return None if acc is None else (acc.split, acc.micro_batches)
-    sol = fastest_split(curves, batch, overhead=overhead, min_chunk=m, every_card=True, host=floor)
-    return None if sol is None else (sol, 1)
+    return fastest_ranks_split(model, curves, batch, m, accumulate)
 
 
 def _accumulation_note(batch: int, k: int, sizes: Sequence[int], sol: SplitTime,
@@ -347,9 +364,9 @@ def _reasons(sizes: Sequence[int], caps: Sequence[int], curves: Sequence[Sequenc
 
 
 def _notes(curves: Sequence[Sequence[float]], sizes: Sequence[int], batch: int,
-           overhead: Callable[[frozenset[int]], float], m: int, sol: SplitTime,
-           source: str, floor: Callable[[frozenset[int]], float] = lambda s: 0.0) -> tuple[str, ...]:
+           model: StepModel, m: int, sol: SplitTime, source: str) -> tuple[str, ...]:
     n = len(sizes)
+    overhead, floor = model.overhead, model.host      # the all-reduce; the slowest host, then it
     lines = []
     even = [batch // n + (1 if r < batch % n else 0) for r in range(n)]
     if all(b <= len(c) - 1 for b, c in zip(even, curves)):

@@ -17,7 +17,11 @@ at that length (the largest batch measured within its budget: a rank's memory de
 on its own batch), at least the smallest batch (DDP needs every rank in every step), its
 time fitted affine on the bucket's probes (:func:`dptune.solve.time.fit_time`), the
 split solved by :func:`dptune.solve.time.fastest_split` (``every_card=True``, the batch
-free), probed, and solved again with the new point until the answer was probed. The answer
+free), probed, and solved again with the new point until the answer was probed (the loop
+shared with DataParallel and the DDP plans: :func:`dptune.search.throughput_loop.throughput_loop`
+over :class:`BucketRanks`; the step's model :func:`dptune.search.throughput_loop.rank_step_model`;
+the ranks' times kept by the simulator's one rank timer,
+:class:`dptune.backends.simulated.timing.RankTimes`). The answer
 is the probe measured within every budget with the most samples per second (the length is
 the bucket's: tokens per second in proportion).
 """
@@ -29,10 +33,11 @@ from typing import Any, Callable, Optional, Sequence
 
 from dptune.backends.base import ProbeResult
 from dptune.backends.simulated.reserved import BudgetLevel, at_level
-from dptune.solve.time import SplitTime, TimeFit, fastest_split, fit_time
+from dptune.search.throughput_loop import fastest_ranks_split, rank_step_model, throughput_loop
+from dptune.solve.time import SplitTime, TimeFit, fit_time
 from dptune.hardware.speeds import StepTime, TimeSource
 
-__all__ = ["DDPRanks", "fastest_ranks", "ddp_step_seconds"]
+__all__ = ["DDPRanks", "BucketRanks", "fastest_ranks", "ddp_step_seconds"]
 
 
 def ddp_step_seconds(card: Sequence[float], host: Sequence[float], allreduce: float) -> float:
@@ -55,13 +60,15 @@ class DDPRanks:
 
     def __init__(self, workload: Any, cluster: Any, reserved: Any = None):
         from dptune.backends.simulated.ddp import SimulatedDDP
+        from dptune.backends.simulated.timing import RankTimes
         from dptune.hardware.speeds import ClusterSpeed
 
         self.sim = SimulatedDDP(workload, cluster, reserved=reserved)
         self.devices = self.sim.devices
-        self.speed = ClusterSpeed.of(self.sim.cluster.names, self.sim.cluster.spec)
-        # per card type, length and batch: the step's ops (RankStepOps)
-        self._ops: dict[tuple[str, Any, int], Any] = {}
+        # per card type, length and batch: the step's ops, timed against each rank's speed
+        self.times = RankTimes(self.sim.cluster.names,
+                               ClusterSpeed.of(self.sim.cluster.names, self.sim.cluster.spec))
+        self.speed = self.times.speed
 
     def describe(self) -> str:
         return self.sim.describe()
@@ -71,8 +78,6 @@ class DDPRanks:
 
     def _peaks(self, r: int, b: int) -> tuple[int, int]:
         """Rank ``r``'s (allocated, budget-level) peaks at local batch ``b``; its time kept."""
-        from dptune.backends.simulated.timing import counted_rank_step
-
         if b <= 0:
             return 0, 0
         rank = self.sim.rank(r)
@@ -84,20 +89,16 @@ class DDPRanks:
             p = at_level(rank.probe([b]), [self.devices[r]], BudgetLevel.RESERVED)
             return p.allocated_peak_bytes[0], p.peak_bytes[0]   # type: ignore[index]
 
-        both, ops = counted_rank_step(rank, self.speed, r, step)
-        if ops is not None:          # ranks on one card type share a simulator: kept per type
-            self._ops[(self.sim.cluster.names[r], self._length(), b)] = ops
-        return both
+        return self.times.counted(rank, r, b, step, key=self._length())
 
     def _rank_seconds(self, r: int, b: int) -> Optional[tuple[float, float]]:
         """Rank ``r``'s card work and host time at batch ``b``, against its own card's speed
         (two cards of one type may be given different speeds); ``None``: not probed."""
         if b <= 0:
             return 0.0, 0.0
-        ops = self._ops.get((self.sim.cluster.names[r], self._length(), b))
-        if ops is None:
-            return None
-        return ops.card_seconds(self.speed, r), ops.host_seconds(self.speed)
+        card = self.times.seconds(r, b, key=self._length())
+        host = self.times.host_seconds(r, b, key=self._length())
+        return None if card is None or host is None else (card, host)
 
     def grad_bytes(self) -> int:
         """Bytes of the gradient buckets a step all-reduces (rank 0's: every rank's the same)."""
@@ -169,9 +170,41 @@ def _solve(probes: Sequence[ProbeResult], budgets: Sequence[int], m: int,
     if fits is None or any(c < m for c in caps):
         return None
     hosts = _hosts(probes, n)
+    model = rank_step_model(fits, lambda used: max(hosts[r] for r in used), allreduce)
     curves = [[f.predict(c) for c in range(cap + 1)] for f, cap in zip(fits, caps)]
-    return fastest_split(curves, None, overhead=allreduce, min_chunk=m, every_card=True,
-                         host=lambda used: allreduce(used) + max(hosts[r] for r in used))
+    solved = fastest_ranks_split(model, curves, None, m)
+    return None if solved is None else solved[0]
+
+
+class BucketRanks:
+    """A length bucket's DDP ranks for :func:`dptune.search.throughput_loop.throughput_loop`:
+    independent ranks (:func:`dptune.search.throughput_loop.rank_step_model`), each capped at
+    its largest batch measured within budget, the batch free; a split is probed as one step
+    of every rank. At most ``max_probes`` probes."""
+
+    def __init__(self, probes: Sequence[ProbeResult], probe: Callable[[Sequence[int]], ProbeResult],
+                 budgets: Sequence[int], min_chunk: int,
+                 allreduce: Callable[[frozenset[int]], float], max_probes: int):
+        self.known = list(probes)
+        self.seen = {tuple(p.chunk_sizes) for p in self.known}
+        self.probe_split, self.budgets, self.min_chunk = probe, budgets, min_chunk
+        self.allreduce, self.left = allreduce, max_probes
+
+    def spent(self) -> bool:
+        return self.left <= 0
+
+    def solve(self) -> Optional[SplitTime]:
+        return _solve(self.known, self.budgets, self.min_chunk, self.allreduce)
+
+    def settled(self, answer: SplitTime) -> bool:
+        return answer.chunk_sizes in self.seen
+
+    def probe(self, answer: SplitTime) -> None:
+        self.left -= 1
+        p = dataclasses.replace(self.probe_split(list(answer.chunk_sizes)), purpose=(
+            f"throughput: the DDP ranks' fastest predicted ({answer.step_seconds * 1e3:.2f} ms)"))
+        self.known.append(p)
+        self.seen.add(tuple(p.chunk_sizes))
 
 
 def _rate(p: ProbeResult) -> float:
@@ -195,16 +228,9 @@ def fastest_ranks(outcome: Any, probe: Callable[[Sequence[int]], ProbeResult],
     def allreduce(used: frozenset[int]) -> float:
         return ddp_allreduce_seconds(grad_bytes, len(used), link_bandwidth)
 
-    known = list(outcome.probes)
-    seen = {tuple(p.chunk_sizes) for p in known}
-    for _ in range(max_probes):
-        sol = _solve(known, budgets, min_chunk, allreduce)
-        if sol is None or sol.chunk_sizes in seen:
-            break
-        p = dataclasses.replace(probe(list(sol.chunk_sizes)), purpose=(
-            f"throughput: the DDP ranks' fastest predicted ({sol.step_seconds * 1e3:.2f} ms)"))
-        known.append(p)
-        seen.add(tuple(p.chunk_sizes))
+    ranks = BucketRanks(outcome.probes, probe, budgets, min_chunk, allreduce, max_probes)
+    throughput_loop(ranks)
+    known = ranks.known
     ok = [p for p in known if _ok(p, budgets, min_chunk)]
     if not ok:
         return outcome, ("no DDP probe carries a step time: the largest batches are kept",)

@@ -30,7 +30,7 @@ from dptune.lengths.buckets import Buckets, assign, bucket_edges
 from dptune.lengths.plan import BucketPlan, LengthPlan
 from dptune.split import scale_split
 from dptune.settings import SearchSettings, sort_keywords
-from dptune.types import Objective
+from dptune.types import Objective, card_in_use
 
 __all__ = ["LengthSample", "BucketSearch", "search_buckets", "plan_lengths", "next_split"]
 
@@ -157,18 +157,13 @@ def search_buckets(probe_at: Callable[[int, Sequence[int]], ProbeResult], budget
         done = BucketSearch(length, outcome)
         out.append(done)
         on_bucket(done)
-        known = [r for r in outcome.probes if not _within(r, budgets)] + known
+        known = [r for r in outcome.probes if not r.within_budget(budgets)] + known
     return out
-
-
-def _within(r: ProbeResult, budgets: Sequence[int]) -> bool:
-    return r.feasible and all(p <= b for i, (p, b, c) in enumerate(
-        zip(r.peak_bytes, budgets, r.chunk_sizes)) if i == 0 or c > 0)
 
 
 def binding_card(r: ProbeResult, budgets: Sequence[int]) -> int:
     """The card with the largest share of its budget (card 0, or one holding samples)."""
-    cards = [i for i, c in enumerate(r.chunk_sizes) if i == 0 or c > 0]
+    cards = [i for i, c in enumerate(r.chunk_sizes) if card_in_use(i, c)]
     return max(cards, key=lambda i: (r.peak_bytes[i] / max(budgets[i], 1), -i))
 
 
@@ -192,16 +187,10 @@ def _bucket_plans(found: Sequence[BucketSearch], counts: Sequence[int], budgets:
 
 
 def _min_chunk(workload: Any) -> int:
-    import torch
+    from dptune.step.workload import smallest_chunk
 
-    from dptune.step.workload import has_batchnorm
-
-    model = workload.model
     try:
-        if not isinstance(model, torch.nn.Module):
-            with torch.device("meta"):
-                model = model()
-        return 2 if has_batchnorm(model) else 1
+        return smallest_chunk(workload.model)
     except Exception:   # the backend runs the factory and reports its errors
         return 1
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, Sequence
 
-from dptune.types import ProbeResult
+from dptune.types import ProbeResult, card_in_use
 
 __all__ = ["shares", "imbalance", "BudgetCheck", "budget_check", "SplitFigures"]
 
@@ -55,7 +55,7 @@ def budget_check(probe: ProbeResult, budget_bytes: Sequence[int]) -> BudgetCheck
     if probe.oom_device is not None:
         return BudgetCheck(False, None, probe.oom_device)
     margins = [(b - p, i) for i, (p, b, c) in enumerate(zip(probe.peak_bytes, budget_bytes,
-                                                           probe.chunk_sizes)) if i == 0 or c > 0]
+                                                           probe.chunk_sizes)) if card_in_use(i, c)]
     margin, card = min(margins)
     return BudgetCheck(margin >= 0, margin, card)
 

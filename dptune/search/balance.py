@@ -26,6 +26,7 @@ from dptune.search.messages import card0_holdings, infeasible_error
 from dptune.search.models import CardFits
 from dptune.search.observations import Bracket, Observations, next_chunk
 from dptune.split import even_split
+from dptune.types import card_in_use
 
 __all__ = ["Balance"]
 
@@ -62,7 +63,7 @@ class Balance:
         """Card i's share with ``chunk`` samples (at this batch) is measured >= ``level``."""
         bud = self.obs.budgets[i]
         return any(p.chunk <= chunk and p.batch <= self.B and p.peak_bytes >= level * bud
-                   for p in self.obs.points[i] if p.chunk > 0 or i == 0)
+                   for p in self.obs.points[i] if card_in_use(i, p.chunk))
 
     def brackets(self, r: ProbeResult) -> list[Bracket]:
         """Per card: ``[its chunk, the next chunk measured at or above the largest share)``."""
@@ -124,7 +125,7 @@ class Balance:
             return float("inf")
         out = 0.0
         for i, (p, q, b, c) in enumerate(zip(r.peak_bytes, pred, self.obs.budgets, r.chunk_sizes)):
-            if i == 0 or c > 0:
+            if card_in_use(i, c):
                 scale = min(b, max(p, q))
                 out = max(out, abs(p - q) / scale if scale > 0 else float("inf"))
         return out
@@ -222,7 +223,7 @@ class Balance:
         over = max(solver.shares_of(peaks, obs.budgets, prop)) > 1.0
         if over and self.error(last) <= self.tol and last.purpose in ("verify", "refine"):
             worst = max(range(self.n), key=lambda i: (peaks[i] - obs.budgets[i])
-                        if i == 0 or prop[i] > 0 else -float("inf"))
+                        if card_in_use(i, prop[i]) else -float("inf"))
             raise infeasible_error(worst, peaks[worst] - obs.budgets[worst], B,
                                    f"predicted for the best split {list(prop)}")
         key = tuple(prop)
@@ -249,7 +250,7 @@ class Balance:
                                         strict=False)
             peaks = solver.predict(fits, prop, self.B)
             worst = max(range(self.n), key=lambda i: (peaks[i] - obs.budgets[i])
-                        if i == 0 or prop[i] > 0 else -float("inf"))
+                        if card_in_use(i, prop[i]) else -float("inf"))
             return infeasible_error(worst, peaks[worst] - obs.budgets[worst], self.B,
                                     f"measured caps leave no split; predicted for the best "
                                     f"split {list(prop)}")
@@ -257,7 +258,7 @@ class Balance:
         if measured:
             def over(r: ProbeResult) -> tuple[float, int]:
                 return max((p - b, i) for i, (p, b, c) in enumerate(
-                    zip(r.peak_bytes, obs.budgets, r.chunk_sizes)) if i == 0 or c > 0)
+                    zip(r.peak_bytes, obs.budgets, r.chunk_sizes)) if card_in_use(i, c))
             r = min(measured, key=over)
             short, card = over(r)
             return infeasible_error(card, short, self.B,

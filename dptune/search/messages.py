@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 from dptune.backends.base import ProbeResult
 from dptune.errors import NoFeasibleSplitError
+from dptune.types import card_in_use
 from dptune.units import format_bytes
 
 __all__ = ["infeasible_error", "card0_holdings"]
@@ -30,7 +31,7 @@ def _closest_oom(probes: Sequence[ProbeResult], budgets: Sequence[int]
         if r.feasible or len(r.peak_bytes) != len(budgets):
             continue
         over, card = max((r.peak_bytes[i] - budgets[i], i) for i in range(len(budgets))
-                         if i == 0 or r.chunk_sizes[i] > 0)
+                         if card_in_use(i, r.chunk_sizes[i]))
         if over > 0 and (best is None or over < best[0]):
             best = (over, card, r)
     return best

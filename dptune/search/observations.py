@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from dptune.backends.base import ProbeResult
+from dptune.types import card_in_use
 
 __all__ = ["Point", "Bracket", "Observations", "next_chunk"]
 
@@ -130,16 +131,15 @@ class Observations:
         there is over here too. Never a fit, never an answer."""
         b = r.batch_size
         for i, (c, p) in enumerate(zip(r.chunk_sizes, r.peak_bytes)):
-            if (i == 0 or c > 0) and (int(p) > self.budgets[i] or r.oom_device == i):
+            if card_in_use(i, c) and (int(p) > self.budgets[i] or r.oom_device == i):
                 self.points[i].append(Point(c, b, max(int(p), self.budgets[i] + 1), True, False))
 
     def within_budget(self, r: ProbeResult) -> bool:
         """Measured to fit every card in use within its budget."""
-        return r.feasible and all(p <= bud for i, (p, bud, c) in enumerate(
-            zip(r.peak_bytes, self.budgets, r.chunk_sizes)) if i == 0 or c > 0)
+        return r.within_budget(self.budgets)
 
     def shares(self, r: ProbeResult) -> list[float]:
-        return [(p / b if b > 0 else float("inf")) if (i == 0 or c > 0) else 0.0
+        return [(p / b if b > 0 else float("inf")) if card_in_use(i, c) else 0.0
                 for i, (p, b, c) in enumerate(zip(r.peak_bytes, self.budgets, r.chunk_sizes))]
 
     # ---- what is known ------------------------------------------------------------------

@@ -8,7 +8,8 @@ chunk by memory (its fit, and any chunk measured over budget), solves for the sp
 the shortest step (:func:`dptune.solve.time.fastest_split`, dropping cards where that is
 faster), and probes it. A split over budget tightens that card's cap and the solver runs
 again. Only splits a probe measured within every budget are returned, as for the other
-objectives; among them the one with the shortest step time.
+objectives; among them the one with the shortest step time. The loop is the one shared with
+the DDP plans: :func:`dptune.search.throughput_loop.throughput_loop` over :class:`DataParallelCards`.
 
 Two other goals (:class:`Goal`): ``global_batch=N``, the number of equal micro-batches and the
 micro-batch's split that finish N samples fastest (gradient accumulation; the certified probe
@@ -32,11 +33,12 @@ from dptune.errors import UsageError
 from dptune.solve.memory import Fit
 from dptune.split import even_split
 from dptune.solve.time import SplitTime, StepModel, TimeFit, fit_time
+from dptune.search.throughput_loop import throughput_loop
 from dptune.hardware.speeds import StepTime
 from dptune.types import Objective
 
 __all__ = ["SpeedFigure", "ThroughputOutcome", "Goal", "fastest", "step_model", "figures",
-           "speed_notes", "advice", "memory_caps", "check_global_batch"]
+           "speed_notes", "advice", "memory_caps", "check_global_batch", "DataParallelCards"]
 
 
 @dataclass(frozen=True)
@@ -82,11 +84,6 @@ class ThroughputOutcome:
     notes: tuple[str, ...]
     advice: tuple[str, ...]
     micro_batches: int = 1                # the global batch's micro-batches (accumulation)
-
-
-def _within(r: ProbeResult, budgets: Sequence[int]) -> bool:
-    return r.feasible and all(p <= b for i, (p, b, c) in enumerate(
-        zip(r.peak_bytes, budgets, r.chunk_sizes)) if i == 0 or c > 0)
 
 
 def step_model(probes: Sequence[ProbeResult], n: int) -> Optional[StepModel]:
@@ -192,7 +189,7 @@ def memory_caps(fits: Sequence[Fit], budgets: Sequence[int], batch: int,
             over = r.oom_device == i or (r.peak_bytes[i] > budget and (r.feasible or r.oom_device == i))
             if over and c > 0:
                 cap = min(cap, c - 1)
-            elif _within(r, budgets):
+            elif r.within_budget(budgets):
                 cap = max(cap, c)
         caps.append(cap)
     return caps
@@ -245,9 +242,59 @@ def _solve(model: StepModel, fits: Sequence[Fit], budgets: Sequence[int], batch:
 def _chosen(known: Sequence[ProbeResult], budgets: Sequence[int], batch: int,
             goal: Goal) -> Optional[ProbeResult]:
     """The probe measured within every budget that does best for ``goal``."""
-    ok = [r for r in known if r.time is not None and _within(r, budgets) and r.batch_size > 0
+    ok = [r for r in known if r.time is not None and r.within_budget(budgets) and r.batch_size > 0
           and goal.admits(r, batch)]
     return min(ok, key=lambda r: (goal.cost(r), goal.steps(r), tuple(r.chunk_sizes))) if ok else None
+
+
+class DataParallelCards:
+    """DataParallel's cards for :func:`dptune.search.throughput_loop.throughput_loop`: card 0
+    gathers the outputs, so the step is the slowest card plus the serial work and the copies
+    (:func:`step_model`; on real cards, each card's whole step timed alone,
+    :func:`whole_step_model`); a split is probed as one DataParallel step. Keeps every probe
+    (``known``), the probes run here (``run``) and the model fitted on them (``model``)."""
+
+    def __init__(self, probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int],
+                 batch: int, probes: Sequence[ProbeResult], fits: Sequence[Fit], min_chunk: int,
+                 max_probes: int, goal: Goal):
+        self.probe_split, self.budgets, self.batch, self.fits = probe, budgets, batch, fits
+        self.min_chunk, self.max_probes, self.goal = min_chunk, max_probes, goal
+        self.n = len(budgets)
+        self.known = list(probes)
+        self.by_split = {tuple(r.chunk_sizes): r for r in self.known}
+        self.run = 0
+        self.whole = False
+        self.model: Optional[StepModel] = None
+
+    def timed(self, split: Sequence[int], purpose: str) -> ProbeResult:
+        self.run += 1
+        r = dataclasses.replace(self.probe_split(list(split)), purpose=purpose)
+        self.known.append(r)
+        self.by_split[tuple(r.chunk_sizes)] = r
+        return r
+
+    def refit(self) -> None:
+        self.model = whole_step_model(self.known, self.n) if self.whole else step_model(self.known, self.n)
+
+    def spent(self) -> bool:
+        return self.run >= self.max_probes
+
+    def solve(self) -> Optional[tuple[SplitTime, int]]:
+        if self.model is None:          # no card timed: nothing to solve
+            return None
+        sol, k = _solve(self.model, self.fits, self.budgets, self.batch, self.known,
+                        self.min_chunk, self.goal)
+        return None if sol is None else (sol, k)
+
+    def settled(self, answer: tuple[SplitTime, int]) -> bool:
+        return answer[0].chunk_sizes in self.by_split
+
+    def probe(self, answer: tuple[SplitTime, int]) -> None:
+        sol, k = answer
+        self.timed(sol.chunk_sizes, f"throughput: fastest predicted ({sol.step_seconds * 1e3:.2f} ms"
+                                    + (f" x {k} micro-batches)" if self.goal.global_batch is not None
+                                       else ")"))
+        self.refit()
 
 
 def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], batch: int,
@@ -266,37 +313,21 @@ def fastest(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int
     """
     goal = Goal(global_batch, up_to)
     n = len(budgets)
-    known = list(probes)
-    by_split = {tuple(r.chunk_sizes): r for r in known}
-    run = 0
-
-    def timed(split: Sequence[int], purpose: str) -> ProbeResult:
-        nonlocal run
-        run += 1
-        r = dataclasses.replace(probe(list(split)), purpose=purpose)
-        known.append(r)
-        by_split[tuple(r.chunk_sizes)] = r
-        return r
-
+    cards = DataParallelCards(probe, budgets, batch, probes, fits, min_chunk, max_probes, goal)
     even = tuple(even_split(batch, n))
-    if even not in by_split and run < max_probes:
-        timed(even, "throughput: the even split's time")
-    model = step_model(known, n)
-    whole = model is None and any(r.time is not None for r in known)
+    if even not in cards.by_split and cards.run < max_probes:
+        cards.timed(even, "throughput: the even split's time")
+    cards.refit()
+    whole = cards.whole = cards.model is None and any(r.time is not None for r in cards.known)
     if whole:            # real cards: each card timed alone, two chunks each (2n probes)
-        caps = memory_caps(fits, budgets, batch, known)
+        caps = memory_caps(fits, budgets, batch, cards.known)
         for split in _solo_splits(batch, n, caps, min_chunk):
-            if split not in by_split:
-                timed(split, f"throughput: card {_solo_pos(split)} timed alone")
-        model = whole_step_model(known, n)
-        max_probes += run
-    while model is not None and run < max_probes:
-        sol, k = _solve(model, fits, budgets, batch, known, min_chunk, goal)
-        if sol is None or sol.chunk_sizes in by_split:
-            break
-        timed(sol.chunk_sizes, f"throughput: fastest predicted ({sol.step_seconds * 1e3:.2f} ms"
-                               + (f" x {k} micro-batches)" if global_batch is not None else ")"))
-        model = whole_step_model(known, n) if whole else step_model(known, n)
+            if split not in cards.by_split:
+                cards.timed(split, f"throughput: card {_solo_pos(split)} timed alone")
+        cards.refit()
+        cards.max_probes += cards.run
+    throughput_loop(cards)
+    known, model = cards.known, cards.model
     chosen = _chosen(known, budgets, batch, goal)
     best = chosen if chosen is not None else balanced
     figs = figures(known, budgets, batch, balanced, best, model)
@@ -350,10 +381,10 @@ def _figure(label: str, split: tuple[int, ...], by_split: dict, budgets: Sequenc
             model: Optional[StepModel]) -> SpeedFigure:
     r = by_split.get(split)
     if r is not None and r.time is not None:
-        return SpeedFigure(label, split, r.time.step_seconds, r.time.source.value, _within(r, budgets))
+        return SpeedFigure(label, split, r.time.step_seconds, r.time.source.value, r.within_budget(budgets))
     t = model.seconds(split) if model is not None else None
     return SpeedFigure(label, split, t, "predicted from fits" if t is not None else "unknown",
-                       r is not None and _within(r, budgets))
+                       r is not None and r.within_budget(budgets))
 
 
 def figures(probes: Sequence[ProbeResult], budgets: Sequence[int], batch: int,

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from dptune.errors import NoFeasibleSplitError
+from dptune.types import card_in_use
 from dptune.units import format_bytes
 
 __all__ = [
@@ -325,7 +326,7 @@ def _top_level(fits: Sequence[Fit], budgets: Sequence[int], batch_size: int, cap
     n = len(fits)
     top = [_cap(caps, i, batch_size) for i in range(n)]
     hi = max([_card_bytes(fits[i], i, top[i], batch_size) / budgets[i]
-              for i in range(n) if budgets[i] > 0 and (i == 0 or top[i] > 0)] + [0.0])
+              for i in range(n) if budgets[i] > 0 and card_in_use(i, top[i])] + [0.0])
     hi = max(hi, 0.0) * (1 + 1e-12) + 1e-300
     if every_card:
         low = [i for i in range(n) if top[i] < m or budgets[i] <= 0]
@@ -367,7 +368,7 @@ def _check_within(fits: Sequence[Fit], budgets: Sequence[int], split: Sequence[i
                   batch_size: int) -> None:
     """Raise :func:`over_budget` for the card furthest over its budget, if any is."""
     peaks = predict(fits, split, batch_size)
-    over = [(p - b) if (i == 0 or split[i] > 0) else -math.inf
+    over = [(p - b) if card_in_use(i, split[i]) else -math.inf
             for i, (p, b) in enumerate(zip(peaks, budgets))]
     worst = max(range(len(fits)), key=lambda i: over[i])
     if over[worst] > 0:

@@ -31,13 +31,14 @@ from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iter
                     Optional, Union)
 
 from dptune.step.advice import CACHE_MARK
-from dptune.errors import DptuneWarning, UsageError
+from dptune.errors import DptuneWarning, UsageError, UserCodeError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["Workload", "StepSettings", "StepRuntime", "StepOutcome", "run_step", "AMP_DTYPES", "batch_to_args",
-           "default_loss", "has_batchnorm", "model_name", "function_name", "unwrap_parallel",
+           "default_loss", "has_batchnorm", "BATCHNORM_MIN_CHUNK", "min_chunk", "smallest_chunk",
+           "model_name", "function_name", "unwrap_parallel",
            "UnwrappingFactory"]
 
 ModelLike = Union["torch.nn.Module", Callable[[], "torch.nn.Module"]]
@@ -305,6 +306,41 @@ def has_batchnorm(module: "torch.nn.Module") -> bool:
 
     kinds = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
     return any(isinstance(m, kinds) for m in module.modules())
+
+
+#: The fewest samples (0 aside) a card or rank gets under BatchNorm: one sample has no batch
+#: statistics to normalise with in training.
+BATCHNORM_MIN_CHUNK = 2
+
+
+def min_chunk(batchnorm: bool) -> int:
+    """The fewest samples (0 aside) a card or rank may get: :data:`BATCHNORM_MIN_CHUNK` where
+    a BatchNorm layer takes its statistics from those samples alone, else 1."""
+    return BATCHNORM_MIN_CHUNK if batchnorm else 1
+
+
+def smallest_chunk(model: ModelLike, *, across_ranks: bool = False) -> int:
+    """The one rule for the fewest samples a card (or, ``across_ranks``, a DDP rank) may get
+    (:func:`min_chunk`): in one process every BatchNorm layer takes its statistics from the
+    card's own samples (:func:`has_batchnorm`, SyncBatchNorm included: it syncs nothing
+    outside a process group); across DDP ranks SyncBatchNorm gathers every rank's, so only
+    the plain layers count. A model factory is built on the meta device; raises
+    :class:`dptune.errors.UserCodeError` where it raises."""
+    import torch
+    import torch.nn as nn
+
+    if not isinstance(model, nn.Module):
+        try:
+            with torch.device("meta"):
+                model = model()
+        except Exception as e:
+            raise UserCodeError(f"the model factory raised while building the model on the meta "
+                                f"device: {type(e).__name__}: {e}") from e
+    if not across_ranks:
+        return min_chunk(has_batchnorm(model))
+    plain = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+    return min_chunk(any(isinstance(m, plain) and not isinstance(m, nn.SyncBatchNorm)
+                         for m in model.modules()))
 
 
 def model_name(model: ModelLike) -> str:

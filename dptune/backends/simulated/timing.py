@@ -53,7 +53,7 @@ from dptune.backends.simulated.device_rules import HOST
 from dptune.backends.base import ProbeResult
 from dptune.hardware.speeds import CALIBRATION, Calibration, CardSpeed, ClusterSpeed, StepTime, TimeSource
 
-__all__ = ["OpCost", "op_cost", "OpCounter", "TimedBackend", "RankStepOps", "counted_rank_step",
+__all__ = ["OpCost", "op_cost", "OpCounter", "TimedBackend", "RankStepOps", "counted_rank_step", "RankTimes",
            "count_ops", "ddp_allreduce_seconds"]
 
 _HALF = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -347,6 +347,38 @@ def counted_rank_step(backend: Any, speed: ClusterSpeed, r: int,
         return out, None
     return out, RankStepOps(tuple(c for _, c in counter.costs), counter.host_in[0],
                             counter.ops[0] + counter.serial_ops)
+
+
+class RankTimes:
+    """The simulated DDP ranks' step times, the one timer of the DDP plans and the length
+    plans' DDP ranks: each probe run through :meth:`counted` keeps its step's ops
+    (:class:`RankStepOps`), per card type (ranks of one type share one simulator and its
+    memo), ``key`` (the sample's length, or ``None``) and batch, and they are timed against
+    each rank's own speed (two cards of one type may be given different speeds)."""
+
+    def __init__(self, names: Sequence[str], speed: ClusterSpeed):
+        self.names, self.speed = tuple(names), speed
+        self.ops: dict[tuple[str, Any, int], RankStepOps] = {}
+
+    def counted(self, backend: Any, r: int, b: int, step: Callable[[], Any], key: Any = None) -> Any:
+        """``step()`` (rank r's probe at batch b on ``backend``) run with the op counter; its
+        result. The step's ops are kept (none when no kernel ran)."""
+        out, ops = counted_rank_step(backend, self.speed, r, step)
+        if ops is not None:
+            self.ops[(self.names[r], key, b)] = ops
+        return out
+
+    def seconds(self, r: int, b: int, key: Any = None) -> Optional[float]:
+        """Rank r's card work at batch b (its ops against its card's peaks, the batch's copy
+        from the host); ``None`` when not probed."""
+        ops = self.ops.get((self.names[r], key, b))
+        return None if ops is None else ops.card_seconds(self.speed, r)
+
+    def host_seconds(self, r: int, b: int, key: Any = None) -> Optional[float]:
+        """Rank r's host's time to issue its step at batch b (its ops x the host's cost per
+        op); ``None`` when not probed."""
+        ops = self.ops.get((self.names[r], key, b))
+        return None if ops is None else ops.host_seconds(self.speed)
 
 
 def count_ops(fn: Callable[[], Any]) -> list[tuple[str, OpCost]]:
