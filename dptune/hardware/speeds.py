@@ -4,7 +4,7 @@
 - :class:`StepTime`: The time of one training step, per card and in all (seconds).
 - :class:`Link`: The link DataParallel's copies and DDP's all-reduce use (bytes/s, effective).
 - :class:`ClusterSpeed`: The speeds of a cluster's cards and their link, as the time estimate uses them.
-- :class:`Calibration`: The constants of the estimate (see the module docstring): what kernels reach of the peaks, a kernel's fixed time, the host's time per op, and ...
+- :class:`Calibration`: The constants of the estimate (the model: docs/concepts/design-notes.md): what kernels reach of the peaks, a kernel's fixed time, the host's time per op, and ...
 - :func:`check_speed_option`: Check one speed option of a cluster spec (raises ``ValueError`` with what is wrong).
 - :func:`cluster_speeds`: Each card's speed: the table's (or :data:`ASSUMED_SPEED`), with the spec's ``tflops=``/``bandwidth=`` overrides (raises ``ValueError`` for a card ...
 - :func:`cluster_link`: The link between the cards: the spec's ``link=``, else the slowest card's PCIe.
@@ -53,7 +53,7 @@ MEMORY_EFFICIENCY = 0.31
 
 @dataclass(frozen=True)
 class Calibration:
-    """The constants of the estimate (see the module docstring): what kernels reach of the
+    """The constants of the estimate (the model: docs/concepts/design-notes.md): what kernels reach of the
     peaks, a kernel's fixed time, the host's time per op, and where they come from."""
 
     compute: Mapping[str, float]        # fraction of the peak FLOP/s, per dtype class

@@ -1,37 +1,15 @@
 """The fastest split: time fits per card and the split that maximises samples per second.
 
-Pure arithmetic (numpy inside the functions, no torch). The model of one training step::
+- :class:`TimeFit`: A card's time for its chunk: ``fixed_seconds + per_sample_seconds * c`` (0 at ``c = 0``).
+- :func:`fit_time`: Least-squares affine fit of (chunk, seconds) over chunks > 0; ``None`` without a point.
+- :class:`SplitTime`: A split with its modelled step time.
+- :class:`StepModel`: A step's time as :mod:`this module <dptune.solve.time>` models it (seconds).
+- :func:`fastest_split`: The fastest split (the model: docs/concepts/design-notes.md); ``None`` when no split fits the caps.
+- :func:`step_seconds`: The model's step time of ``split``; ``times[i][c]``: card i's time at chunk c; ``linear[i]``: seconds per sample of card i spent outside the ...
+- :class:`AccumulationPlan`: A global batch as ``micro_batches`` steps of the same split (gradient accumulation).
+- :func:`fastest_accumulation`: The number of micro-batches and the split that finish ``global_batch`` fastest (the model: docs/concepts/design-notes.md); ``times_of(b)``: the cards' time curves ...
 
-    T(split) = max(host(S), overhead(S) + serial_fixed + serial_per_sample * B + max_{i in S} t_i(c_i))
-
-where ``S`` is the set of cards given samples (``c_i > 0``), ``B`` the whole batch, ``t_i``
-card i's own time for its chunk (nondecreasing in the chunk; affine ``fixed + per_sample * c``
-when fitted, :class:`TimeFit`), ``serial`` what runs on the output card alone (loss,
-optimizer, the gather) and ``overhead(S)`` what depends on which cards take part
-(DataParallel's broadcast of the weights and reduction of the gradients when any card but
-card 0 has samples; DDP's all-reduce over ``|S|`` ranks). ``host(S)``: the time the host
-takes to issue the step, which the cards cannot beat (:mod:`dptune.hardware.speeds`; DataParallel's
-replicas are issued one after another, so it grows with the cards used, not with the
-samples). A card with no samples costs no time: dropping a card is one of the splits
-considered.
-
-Each card's chunk is capped by its memory (``caps[i]``: the largest chunk within its budget,
-from the memory fits or probes). :func:`fastest_split` solves, exactly for the curves it is
-given:
-
-- ``batch=B``: the split of ``B`` with the shortest step (for every set of cards, the
-  smallest time ``T`` at which the cards' largest chunks finishing within ``T`` add up to
-  ``B``, a bisection over the cards' own time values);
-- ``batch=None``: the split and batch with the most samples per second (at every candidate
-  ``T``, every card takes the most samples it finishes within ``T``).
-
-:func:`fastest_accumulation` solves for a fixed **global batch** ``G`` trained with gradient
-accumulation: ``k`` micro-batches of ``G / k`` samples each (``k`` divides ``G``, so that
-every micro-batch has the same split), each split as :func:`fastest_split` would for that
-micro-batch under the memory caps at that micro-batch; the plan is the ``(k, split)`` whose
-``k`` steps take the least time. Each micro-batch is modelled as a whole step (its serial
-work included): where the optimizer runs once per global batch, the model counts it ``k``
-times, an upper bound on the plans with more micro-batches.
+Design notes: docs/concepts/design-notes.md, "dptune/solve/time.py".
 """
 
 from __future__ import annotations
@@ -188,7 +166,7 @@ def fastest_split(times: Sequence[Sequence[float]], batch: Optional[int] = None,
                   every_card: bool = False, linear: Optional[Sequence[float]] = None,
                   max_batch: Optional[int] = None,
                   host: Callable[[frozenset[int]], float] = lambda s: 0.0) -> Optional[SplitTime]:
-    """The fastest split (see the module docstring); ``None`` when no split fits the caps.
+    """The fastest split (the model: docs/concepts/design-notes.md); ``None`` when no split fits the caps.
 
     ``times[i]`` lists card i's time at chunks ``0..cap_i`` (its memory cap is
     ``len(times[i]) - 1``; the value at 0 is not used). Curves are made nondecreasing (more

@@ -1,6 +1,6 @@
 """Is this exception an out-of-memory on a GPU, and on which card?
 
-- :func:`is_oom`: True when ``exc`` is a GPU out-of-memory (see the module docstring for the shapes).
+- :func:`is_oom`: True when ``exc`` is a GPU out-of-memory (see docs/concepts/design-notes.md for the shapes).
 - :func:`oom_device`: The torch device index the OOM happened on, when the message says; else ``None``.
 - :func:`oom_summary`: A one-line summary of the OOM for notes: the original message's first line.
 - :func:`original_message`: The exception's own text; for a DataParallel replica re-raise, the original's text.
@@ -77,7 +77,7 @@ def _matches(text: str) -> bool:
 
 
 def is_oom(exc: BaseException) -> bool:
-    """True when ``exc`` is a GPU out-of-memory (see the module docstring for the shapes).
+    """True when ``exc`` is a GPU out-of-memory (see docs/concepts/design-notes.md for the shapes).
 
     Follows explicit chaining (``raise X from oom``) a few levels, so a user's wrapper around
     an OOM still counts.

@@ -1,6 +1,6 @@
 """The simulated cluster in "fsdp" mode: one FSDP2 (``fully_shard``) rank on one virtual card.
 
-- :class:`SimulatedFSDPRank`: One FSDP2 rank of ``world_size`` on one virtual card (see the module docstring).
+- :class:`SimulatedFSDPRank`: One FSDP2 rank of ``world_size`` on one virtual card (the model: docs/concepts/design-notes.md).
 
 Design notes: docs/concepts/design-notes.md, "dptune/backends/simulated/fsdp.py".
 """
@@ -84,7 +84,7 @@ def _dtensor_local_mode() -> Any:
 
 
 class SimulatedFSDPRank(SimulatedBackend):
-    """One FSDP2 rank of ``world_size`` on one virtual card (see the module docstring).
+    """One FSDP2 rank of ``world_size`` on one virtual card (the model: docs/concepts/design-notes.md).
 
     ``shard(model, mesh)`` applies ``fully_shard`` (:func:`dptune.ddp.fsdp.default_shard`
     shards each block of a ``ModuleList`` then the root). ``estimate([b])`` and

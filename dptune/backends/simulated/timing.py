@@ -1,44 +1,15 @@
 """The estimated time of a simulated step, from the step's own operations.
 
-Every op the simulator runs (:mod:`dptune.backends.simulated`, under ``FakeTensorMode``)
-is seen by an :class:`OpCounter` with the card it runs on:
+- :class:`OpCost`: What one op costs: FLOPs, bytes read and written, the dtype class of its FLOPs.
+- :func:`op_cost`: The cost of one aten op: FLOPs by ``torch.utils.flop_counter``'s formula (0 when it has none: element-wise ops are bound by memory), bytes = its ...
+- :class:`OpCounter`: Per-card FLOPs, bytes and seconds of one simulated step (the simulator's op observer).
+- :class:`TimedBackend`: A simulated backend whose probes carry the step's estimated time (``ProbeResult.time``).
+- :class:`RankStepOps`: One simulated DDP rank's step as :class:`OpCounter` saw it on its card: its kernels' costs, the bytes copied from the host, the ops the host ...
+- :func:`counted_rank_step`: Run ``step()`` (a probe of ``backend``, a simulated rank on card r) with an op counter installed; its result and the step's ops (``None`` when no ...
+- :class:`RankTimes`: The simulated DDP ranks' step times, the one timer of the DDP plans and the length plans' DDP ranks: each probe run through :meth:`counted` keeps ...
+- :func:`count_ops`: Run ``fn`` under fake tensors and return each aten op it dispatched with its cost (for tests and for a quick look at a block).
 
-- FLOPs from ``torch.utils.flop_counter``'s formulas (the table ``FlopCounterMode`` uses:
-  matmuls, convolutions, attention kernels, forward and backward), against the card's peak
-  for the op's dtype (:class:`dptune.hardware.speeds.CardSpeed`: float32 matmuls at the FP32 rate,
-  float32 convolutions at TF32, half precision on tensor cores);
-- bytes moved: the sum of the op's input and output tensor bytes (a simple roofline: an op
-  reads its inputs and writes its outputs once), against the card's memory bandwidth;
-- one :data:`dptune.hardware.speeds.KERNEL_SECONDS` per kernel; views and ``empty`` cost nothing on
-  the card.
-
-An op takes the longer of its compute and memory times (the roofline), each at the fraction
-of the peak real kernels reach (:data:`dptune.hardware.speeds.COMPUTE_EFFICIENCY`,
-:data:`dptune.hardware.speeds.MEMORY_EFFICIENCY`, fitted on an H200). The host's part: every aten op
-dispatched (views and allocations too) costs :attr:`dptune.hardware.speeds.ClusterSpeed.host_seconds_per_op`
-of the Python thread that issues the step; the step is ``max(host, device)`` (the card runs
-behind the host; a small step waits for the host, a large one for the card).
-
-DataParallel's host: its replicas' forwards run in Python threads under the GIL, one at a
-time, so the host times of the replicas add up (and card 0's own ops: the loss, the
-optimizer, the gather): ``host = sum over cards with samples of their replica's ops x cost +
-card 0's own ops x cost``. The backward's per-card threads run in C++ and could overlap:
-counting them in the sum makes the host time an upper bound for several cards. Adding a card
-thus adds its replica's issue time to a host-bound step, which is what makes dropping a card
-worth it for a small model. DataParallel's
-copies (the moves the simulator makes between cards) are timed over the link
-(:class:`dptune.hardware.speeds.Link`): the scatter of the batch from the host runs in parallel on
-every card's own PCIe link, the broadcast of the weights and the reduction of the gradients
-as NCCL's pipelined collectives (one copy's time, whatever the number of cards), the gather
-of the outputs and the scatter of their gradient one copy after another through the output
-card. A DDP rank's step adds a ring all-reduce of the gradients (:func:`ddp_allreduce_seconds`),
-not overlapped with the backward (an upper bound).
-
-What this is not: no caches, no overlap of copies with compute; the efficiencies and the
-host's cost come from one machine (``benchmarks/validate_time.py --cpu`` re-scores its
-measurements, with each model's error when the constants are fitted on the others). The
-figures are estimates (``TimeSource.ESTIMATED``) and compare splits and cards;
-``benchmarks/validate_time.py`` measures the error on a GPU.
+Design notes: docs/concepts/design-notes.md, "dptune/backends/simulated/timing.py".
 """
 
 from __future__ import annotations
@@ -234,7 +205,7 @@ class OpCounter:
     def step_time(self, chunk_sizes: Sequence[int], replicas: Sequence[int] = ()) -> StepTime:
         """DataParallel's step: on the cards, the scatter and each replica in parallel, then
         card 0's serial work and the copies between cards; on the host, every replica's ops
-        and card 0's one after another; the step is the longer (see the module docstring).
+        and card 0's one after another; the step is the longer (the model: docs/concepts/design-notes.md).
         ``replicas[i]``: the card whose replica the simulator ran for card i (cards of a class
         simulated once)."""
         if replicas and len(replicas) == len(chunk_sizes):
