@@ -253,7 +253,7 @@ class SimulatedBackend:
         return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=[ledger.peak[r] for r in rep],
                               breakdown=[dict(ledger.peak_breakdown[r]) for r in rep],
                               baseline_bytes=baseline, cluster=self.cluster,
-                              seconds=time.perf_counter() - t0, notes=self._notes(),
+                              seconds=time.perf_counter() - t0, notes=self._notes(rep),
                               unread_outputs=outcome.unread_outputs)
 
     def _shared_step(self, sizes: list[int], output_device: int
@@ -334,8 +334,11 @@ class SimulatedBackend:
             if self._recorder is not None and mark is not None:
                 self._step_trace = self._recorder.cut(mark)
 
-    def _notes(self) -> tuple[str, ...]:
+    def _notes(self, rep: Sequence[int] = ()) -> tuple[str, ...]:
         notes = []
+        bound = self._bound_note(rep)
+        if bound:
+            notes.append(bound)
         if self._kernels:
             calls = ", ".join(f"{kernel} x{n} (sm {cap[0]}.{cap[1]})"
                               for (kernel, cap), n in sorted(self._kernels.items()))
@@ -350,6 +353,25 @@ class SimulatedBackend:
         if cap:
             notes.append(f"compute capability: {cap} for cards given by size (set it with cc=)")
         return tuple(notes)
+
+    def _bound_note(self, rep: Sequence[int]) -> str:
+        """The cards whose peak a bound sets, not a measurement: cuDNN's convolution workspace
+        (:mod:`dptune.backends.simulated.scratch`), charged while the convolution at the peak
+        runs (``rep``: the card whose figures each card takes)."""
+        ledger = self._ledger
+        if ledger is None:
+            return ""
+        set_by = {card: ledger.peak_bound[r] for card, r in enumerate(rep) if ledger.peak_bound[r]}
+        if not set_by:
+            return ""
+        from dptune.backends.simulated.scratch import CONV_WORKSPACE_BASE
+        from dptune.units import format_bytes
+
+        each = ", ".join(f"card {c}: {format_bytes(b)}" for c, b in set_by.items())
+        return (f"a bound, not a measurement, sets the peak of {len(set_by)} card(s) ({each}): "
+                f"cuDNN's convolution workspace, charged as {format_bytes(CONV_WORKSPACE_BASE)} "
+                "plus the larger of the convolution's input and output (fitted on one H200; "
+                "cuDNN picks the workspace), so the real peak may be lower by up to that")
 
     def _step(self, sizes: list[int], output_device: int = 0) -> StepOutcome:
         """One training step (:func:`dptune.workload.run_step`) through DataParallel over the

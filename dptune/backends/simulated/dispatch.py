@@ -29,7 +29,7 @@ from dptune.backends.simulated.errors import _internal
 from dptune.backends.simulated.index_bounds import IndexBounds, IndexOutOfRangeError
 from dptune.backends.simulated.index_bounds import kind as _bounds_kind
 from dptune.backends.simulated.ledger import _Ledger
-from dptune.backends.simulated.scratch import scratch_bytes, scratch_kind
+from dptune.backends.simulated.scratch import bound_bytes, scratch_bytes, scratch_kind
 
 __all__: list[str] = []
 
@@ -225,7 +225,8 @@ def _account(ledger: _Ledger, func: Any, facts: _OpFacts, args: Any, kwargs: Any
         for t in _arg_tensors(out):
             ledger.charge(t, card, category)
     if facts.scratch is not None and ledger.as_cuda and ledger.scratch:
-        ledger.transient(card, scratch_bytes(facts.scratch, facts.name.split(".")[0], args, out))
+        ledger.transient(card, scratch_bytes(facts.scratch, facts.name.split(".")[0], args, out),
+                         bound_bytes(facts.scratch, facts.name.split(".")[0], args, out))
     if ledger.observer is not None:
         ledger.observer(func, args, kwargs, out, card)
         if ledger.mirrors(card):
