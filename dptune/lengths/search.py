@@ -234,7 +234,8 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
                  verbose: bool = False, objective: str = "max_batch",
                  budget_level: str = DEFAULT_LEVEL.value,
                  allocator: Any = None, nccl_bytes: Union[int, str, None] = None,
-                 choice: Any = None) -> LengthPlan:
+                 choice: Any = None,
+                 compute_loss: Optional[Callable[[Any, Any], Any]] = None) -> LengthPlan:
     """For every bucket of ``lengths``, the largest DataParallel batch that fits each card at
     the bucket's longest (padded) length, and its per-card split (a :class:`LengthPlan`).
 
@@ -255,6 +256,9 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     :class:`dptune.Tuner`: at ``"reserved"`` (the default) each bucket's probe is replayed
     through the allocator model (simulated cards) or measured (``max_memory_reserved``).
     ``choice``: the cards, already chosen (a :class:`dptune.backends.choice.BackendChoice`).
+    ``compute_loss(model, batch)``: the forward and the loss in one call, in place of
+    ``model(**batch)`` and ``loss_fn`` (a Trainer's ``compute_loss``, as
+    :class:`dptune.workload.Workload` takes it).
     """
     from dptune.workload import Workload, model_name
 
@@ -274,7 +278,8 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     level, headroom_bytes, reserved = level_settings(budget_level, headroom, allocator, nccl_bytes)
     ls = LengthSample(sample, length_axis, edges[0])
     wl = Workload(model=model, sample=ls, loss_fn=loss_fn, optimizer=optimizer, amp=amp,
-                  accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step)
+                  accumulate=accumulate, clip_grad_norm=clip_grad_norm, step=step,
+                  compute_loss=compute_loss)
     choice = choice or _choose(device_ids, simulate)
     notes = ([choice.notice] if choice.notice else []) + _level_notes(   # checks them first
         level, choice.simulated, allocator, nccl_bytes)

@@ -167,15 +167,14 @@ class IndexBounds:
 
 
 def _arange(args: Any, kwargs: dict) -> Optional[Bound]:
-    nums = [_int(a) for a in args]
-    if len(nums) == 1:
-        start, end, step = 0, nums[0], 1
-    elif len(nums) == 2:
-        start, end, step = nums[0], nums[1], _int(kwargs.get("step", 1))
-    elif len(nums) >= 3:
-        start, end, step = nums[0], nums[1], nums[2]
-    else:
+    nums: list[Optional[int]] = [_int(a) for a in args]
+    if not nums:
         return None
+    if len(nums) == 1:
+        nums = [0, nums[0], 1]                       # arange(end)
+    elif len(nums) == 2:
+        nums.append(_int(kwargs.get("step", 1)))     # arange(start, end)
+    start, end, step = nums[:3]
     if start is None or end is None or step is None or step == 0:
         return None
     count = -(-(end - start) // step)
