@@ -50,7 +50,30 @@ def search(spec: WorkloadSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
                             simulate=simulate, isolate=isolate, objective=objective,
                             budget=budget, search=search_settings, output_device=output_device,
                             global_batch=global_batch)
-    return tuner.fit()
+    with input_shape_checked(spec):
+        return tuner.fit()
+
+
+@contextlib.contextmanager
+def input_shape_checked(spec: WorkloadSpec) -> Iterator[None]:
+    """A batch from ``--input-shape`` whose ids run past one of the model's tables (a sequence
+    longer than its positions, ``--vocab-size`` above its vocabulary): the flag's fault, said
+    so (:class:`UsageError`), rather than the model's line failing."""
+    from dptune.backends.simulated.index_bounds import IndexOutOfRangeError
+    from dptune.errors import UserCodeError
+
+    try:
+        yield
+    except UserCodeError as e:
+        if spec.input_shape is None or not isinstance(e.__cause__, IndexOutOfRangeError):
+            raise
+        shape = ",".join(map(str, spec.input_shape))
+        vocab = f" and --vocab-size {spec.vocab_size}" if spec.vocab_size is not None else ""
+        raise UsageError(
+            f"--input-shape {shape}{vocab}: the model's forward looked up an index past one of "
+            f"its tables ({e.__cause__}; {str(e).split(' (split ')[0]}): give a sequence no "
+            "longer than the model's positions (e.g. config.max_position_embeddings) and a "
+            "--vocab-size no larger than its vocabulary") from e
 
 
 def search_trainer(make_trainer: str, *, ignored: Sequence[str] = (),

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -123,6 +124,18 @@ def _fit(d: Mapping[str, Any]) -> Fit:
                zero_bytes=None if d.get("zero_bytes") is None else float(d["zero_bytes"]))
 
 
+#: The live UnevenBatchSampler objects whose epochs have steps of other sizes than their
+#: plan's (the tail, and the step that lends it samples): ``scale_loss`` without the step's
+#: sizes refuses for plans of their batch sizes.
+_UNPLANNED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def note_unplanned_steps(sampler: Any) -> None:
+    """Record that ``sampler`` (an ``UnevenBatchSampler``: ``plan``, ``len`` and ``sizes_at``)
+    makes steps of other sizes than its plan's."""
+    _UNPLANNED.add(sampler)
+
+
 def loss_scales(batch_sizes: Sequence[int]) -> list[float]:
     """``W·b_r/B`` per rank (see the module docstring)."""
     total, world = sum(batch_sizes), len(batch_sizes)
@@ -216,7 +229,11 @@ class DDPPlan:
           sampler made the batches. Every rank must call it on every step, as DDP's backward.
         - ``sizes=sampler.sizes_at(step)``: every rank's batch at the step, no collective
           (``rank`` from ``torch.distributed`` unless given).
-        - neither: the planned ``b_r`` and ``B`` (right only on steps with the planned batches).
+        - neither: the planned ``b_r`` and ``B``, right only on steps with the planned
+          batches. Where an :class:`~dptune.ddp.UnevenBatchSampler` of these batch sizes in
+          this process ends its epochs with other steps (a tail, without ``drop_last``), it
+          cannot tell those steps from the others and raises a :class:`UsageError` that says
+          what to pass, on every step and rank.
 
         Whenever ``torch.distributed`` is initialised, a plan made for another world size is
         refused on every rank, whatever ``rank`` says. ``rank`` defaults to this process's
@@ -239,6 +256,7 @@ class DDPPlan:
                                  "the sizes of the step this batch belongs to")
             return loss * (self.world_size * mine / max(sum(step), 1))
         if batch_size is None:
+            self._refuse_unplanned_steps()
             return loss * self.loss_scale(rank)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
             raise UsageError(f"batch_size must be this rank's batch size, an int >= 0; got "
@@ -248,6 +266,24 @@ class DDPPlan:
                              "torch.distributed, which is not initialised; call "
                              "init_process_group first, or pass sizes=sampler.sizes_at(step)")
         return loss * _step_scale(loss, batch_size, self.world_size)
+
+    def _refuse_unplanned_steps(self) -> None:
+        """The planned scale is wrong on a step of other sizes: refuse where a sampler of
+        these batch sizes makes such steps (:func:`note_unplanned_steps`)."""
+        mine = list(self.batch_sizes)
+        for sampler in list(_UNPLANNED):
+            if list(sampler.plan.batch_sizes) != mine:
+                continue
+            steps = len(sampler)
+            tail = sampler.sizes_at(steps - 1)
+            before = sampler.sizes_at(steps - 2) if steps > 1 else mine
+            lent = f" (the step before it {before})" if before != mine else ""
+            raise UsageError(
+                f"plan.scale_loss(loss) without batch_size= scales by the planned batches "
+                f"{mine}, but this plan's UnevenBatchSampler ends each epoch with a step of "
+                f"{sum(tail)} samples {tail}{lent}, where that scale is wrong; pass "
+                "batch_size=len(batch) (this rank's batch on this step) or "
+                "sizes=sampler.sizes_at(step), or drop_last=True to the sampler")
 
     def rank_of_uuid(self, uuid: str) -> Optional[int]:
         """The rank whose card has this UUID in the plan, or ``None``."""

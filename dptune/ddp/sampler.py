@@ -29,9 +29,10 @@ the ranks' batches never overlap and every rank runs the same number of steps.
   :class:`~dptune.errors.UsageError` on every rank: pass ``drop_last=True``.
 
 Those steps' batches are not the planned ones, so their loss needs its own scale:
-``plan.scale_loss(loss, len(batch))`` uses the sizes of the step the ranks actually got
-(see :meth:`~dptune.ddp.DDPPlan.scale_loss`); :meth:`UnevenBatchSampler.sizes_at` gives
-them all.
+``plan.scale_loss(loss, batch_size=len(batch))`` uses the sizes of the step the ranks
+actually got (see :meth:`~dptune.ddp.DDPPlan.scale_loss`); :meth:`UnevenBatchSampler.sizes_at`
+gives them all. While such a sampler lives, ``plan.scale_loss(loss)`` without the step's
+sizes (which would scale the tail by the planned batches) raises, saying what to pass.
 
 Whenever ``torch.distributed`` is initialised the plan's world size must be the job's,
 whatever ``rank=`` says (a plan for 4 ranks in a 3-rank job would leave samples out of
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, NamedTuple, Optional, Sequence, Union
 
-from dptune.ddp.result import DDPPlan, check_world_size
+from dptune.ddp.result import DDPPlan, check_world_size, note_unplanned_steps
 from dptune.errors import UsageError
 from dptune.split import scale_split
 
@@ -131,6 +132,8 @@ class UnevenBatchSampler:
         self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
         self.epoch = 0
         self._last = self._last_steps()
+        if self._last is not None:      # plan.scale_loss(loss) cannot tell these steps apart
+            note_unplanned_steps(self)
 
     def _last_steps(self) -> Optional[LastSteps]:
         full, tail = divmod(self.num_samples, self.plan.global_batch)

@@ -36,7 +36,7 @@ from typing import Any, Mapping
 from dptune.errors import UsageError
 from dptune.integrations.trainer_buckets import all_lengths, bucket_dataloader, trainer_plan
 from dptune.integrations.trainer_workload import (
-    checkpointing, trainer_optimizer, trainer_sample, trainer_step_settings,
+    TrainerLoss, checkpointing, trainer_optimizer, trainer_sample, trainer_step_settings,
 )
 from dptune.lengths.trainer import _length
 
@@ -131,7 +131,9 @@ def plan_trainer_lengths(trainer: Any, buckets: Any = 8, *, simulate: Any = None
                          headroom: Any = None, lengths: Any = None, **options: Any) -> Any:
     """A :class:`dptune.lengths.LengthPlan` for a ``transformers.Trainer``: the train
     dataset's lengths, batches from its own examples and collator at each bucket's length,
-    its model, optimizer and step settings (as :func:`tune_trainer` reads them). ``options``
+    its model, optimizer, step settings and its own ``compute_loss`` (label smoothing, a
+    ``compute_loss_func``, an overridden ``compute_loss``: :class:`TrainerLoss`, unless
+    ``loss_fn=`` or ``step=`` is given), as :func:`tune_trainer` reads them. ``options``
     go to :func:`dptune.lengths.plan_lengths` (``pad_to_multiple_of``, ``max_probes``, ...);
     ``max_length`` is the model's ``max_position_embeddings`` (or ``n_positions``) by default.
     ``lengths``: the dataset's, when read already (:func:`all_lengths`)."""
@@ -150,6 +152,8 @@ def plan_trainer_lengths(trainer: Any, buckets: Any = 8, *, simulate: Any = None
     pad = getattr(trainer.data_collator, "pad_to_multiple_of", None)
     options.setdefault("pad_to_multiple_of", pad)
     optimizer = options.pop("optimizer", None) or trainer_optimizer(trainer)
+    if options.get("loss_fn") is None and options.get("step") is None:
+        options.setdefault("compute_loss", TrainerLoss(trainer))  # the Trainer's step up to its loss
     with checkpointing(trainer.model, trainer.args):   # as the Trainer turns it on
         return plan_lengths(trainer.model, TrainerLengthSample(trainer, key), lengths, buckets,
                             optimizer=optimizer, simulate=simulate, headroom=headroom,

@@ -52,6 +52,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
                       "pip install 'dptune[hf]'") from err
 
 from dptune.errors import UsageError
+from dptune.types import Objective
 from dptune.integrations.dataparallel import Tuned, chunk_sizes_of, patch_dataparallel
 from dptune.integrations.trainer_workload import (
     TrainerLoss, TrainerOptimizer, TrainerSample, checkpointing, trainer_optimizer,
@@ -108,7 +109,7 @@ def _probe_step(trainer: Any, tuner_options: dict) -> _ProbeStep:
 
 
 def _cards_and_batch(trainer: Any, tuner_options: dict, device_ids: Any, simulate: Any,
-                     batch_size: Optional[int]) -> tuple[dict, int, list[str]]:
+                     batch_size: Optional[int], objective: str = "balance") -> tuple[dict, int, list[str]]:
     """The cards for the tuner (decided once here: they decide the default batch, unless the
     caller gave a backend of its own and the batch), the batch, and a note on the batch."""
     from dptune.tuner import choose_backend
@@ -122,9 +123,11 @@ def _cards_and_batch(trainer: Any, tuner_options: dict, device_ids: Any, simulat
     assert choice is not None
     per_device = int(trainer.args.per_device_train_batch_size)
     batch_size = per_device * choice.cards
-    return cards_given, batch_size, [f"batch: {batch_size} samples per forward pass "
-                                     f"(per_device_train_batch_size {per_device} x "
-                                     f"{choice.cards} cards)"]
+    given = f"per_device_train_batch_size {per_device} x {choice.cards} cards"
+    if Objective.parse(objective) is Objective.MAX_BATCH:   # the batch is where the search starts
+        return cards_given, batch_size, [f"batch: the search started at {batch_size} samples "
+                                         f"per forward pass ({given})"]
+    return cards_given, batch_size, [f"batch: {batch_size} samples per forward pass ({given})"]
 
 
 def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = None,
@@ -158,7 +161,7 @@ def tune_trainer(trainer: Any, *, objective: str = "balance", simulate: Any = No
     verbose = search.verbose if search is not None else tuner_options.pop("verbose", True)
     looks = {} if search is not None else {"verbose": verbose}
     cards_given, batch_size, batch_note = _cards_and_batch(trainer, tuner_options, device_ids,
-                                                           simulate, batch_size)
+                                                           simulate, batch_size, objective)
     settings = trainer_step_settings(trainer.args)
     with checkpointing(trainer.model, trainer.args):
         tuner = Tuner(trainer.model, trainer_sample(trainer), batch_size=batch_size,

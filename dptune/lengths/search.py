@@ -195,7 +195,8 @@ def _min_chunk(workload: Any) -> int:
         return 1
 
 
-_LENGTH_KEYWORDS = ("pad_to_multiple_of", "length_axis", "max_length", "from_neighbour", "choice")
+_LENGTH_KEYWORDS = ("pad_to_multiple_of", "length_axis", "max_length", "from_neighbour", "choice",
+                    "compute_loss")
 _QUIET_SEARCH = SearchSettings(max_probes=16, verbose=False)     # per bucket
 
 
@@ -243,6 +244,9 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     default 16 probes per bucket, quiet) may stand for their keywords; the length options are
     ``pad_to_multiple_of``, ``length_axis`` (default 1), ``max_length`` and ``from_neighbour``
     (default True: a bucket's search starts from its neighbour's answer).
+    ``compute_loss(model, batch)``: the forward and the loss in one call, in place of
+    ``model(**batch)`` and ``loss_fn`` (a Trainer's ``compute_loss``, as
+    :class:`dptune.step.workload.Workload` takes it).
     """
     from dptune.step.workload import Workload, model_name
 
@@ -268,7 +272,8 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
     budget, look = kw.budget, kw.search
     level, headroom_bytes, reserved = budget.level, budget.headroom_bytes, budget.reserved
     ls = LengthSample(sample, length_axis, edges[0])
-    wl = Workload(model=model, sample=ls, loss_fn=loss_fn, optimizer=optimizer, **kw.step)
+    wl = Workload(model=model, sample=ls, loss_fn=loss_fn, optimizer=optimizer, **kw.step,
+                  compute_loss=kw.rest.get("compute_loss"))
     choice = kw.rest.get("choice") or _choose(device_ids, simulate)
     notes = ([choice.notice] if choice.notice else []) + _level_notes(   # checks them first
         level, choice.simulated, budget.model_options)

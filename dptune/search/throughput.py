@@ -415,7 +415,7 @@ def speed_notes(figs: Sequence[SpeedFigure], best: ProbeResult, fastest: bool = 
     if t is not None and t.host_bound:
         lines.append(f"the host sets the step ({t.source.value}: issuing its ops takes "
                      f"{t.host_seconds * 1e3:.2f} ms, the cards' work {t.device_seconds * 1e3:.2f} ms): "
-                     "more samples per step cost little, and each card DataParallel adds adds its "
+                     "more samples per step cost little, and each card added to DataParallel adds its "
                      "replica's issue time")
     return tuple(lines)
 

@@ -89,7 +89,7 @@ def grads_of(indices: list[int], n: int) -> list[list[float]]:
 
 
 def readme_loop(rank: int, world: int, sizes: list[int], n: int, epochs: int = 1,
-                how: str = "batch_size") -> dict:
+                how: str = "batch_size", drop_last: bool = False) -> dict:
     """The README's loop (``DataLoader`` + ``UnevenBatchSampler`` + ``plan.scale_loss``) over
     whole epochs; per step, this rank's indices and the gradient after the backward."""
     from torch.utils.data import DataLoader, Dataset
@@ -106,7 +106,7 @@ def readme_loop(rank: int, world: int, sizes: list[int], n: int, epochs: int = 1
             return x[i], y[i], i
 
     plan = DDPPlan.from_batch_sizes(sizes)
-    sampler = UnevenBatchSampler(Indexed(), plan, shuffle=True, seed=5)
+    sampler = UnevenBatchSampler(Indexed(), plan, shuffle=True, seed=5, drop_last=drop_last)
     loader = DataLoader(Indexed(), batch_sampler=sampler)
     model = nn.parallel.DistributedDataParallel(tiny_model())
     steps = []

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from dptune.step import tree as _tree
 from dptune._torch_private import fake_tensor_mode, new_shape_env
 from dptune.backends.base import Capabilities, ModelFacts, ProbeResult
 from dptune.hardware.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
-from dptune.backends.simulated.reserved import ReservedModel, TraceRecorder
+from dptune.backends.simulated.reserved import ReservedFigures, ReservedModel, TraceRecorder, level_settings
 from dptune.hardware.speeds import cluster_speeds
 from dptune.backends.simulated import sdpa as _sdpa
 from dptune.backends.simulated.autocast import cuda_autocast
@@ -48,11 +49,21 @@ _PHASES = {  # step phase -> (category of what it allocates on card 0, where, fo
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Per-card peak of one simulated training step.
+    """Per-card peak of one simulated training step, at the three levels the tuner's probes
+    have (bytes, one entry per card).
 
-    ``peak_bytes[i]`` is comparable with ``torch.cuda.max_memory_allocated(i)`` over a step;
-    ``breakdown[i]`` maps a category (weights, gradients, optimizer, activations, inputs,
-    outputs, other) to the bytes it held at card i's peak.
+    - ``peak_bytes[i]`` (also ``allocated_bytes``): the allocated peak, comparable with
+      ``torch.cuda.max_memory_allocated(i)`` over a step;
+    - ``reserved_bytes[i]``: the caching allocator's reserved peak
+      (``torch.cuda.max_memory_reserved(i)``), from the allocator model's replay of the step;
+    - ``total_bytes[i]``: the card's total use at that peak, the reserved peak plus the CUDA
+      context and NCCL's buffers (what ``nvidia-smi`` shows; the budget level ``reserved``,
+      the default, checks it).
+
+    ``reserved_bytes`` and ``total_bytes`` are ``None`` where no allocator model ran (a
+    :class:`SimulatedBackend` built without ``reserved=``). ``breakdown[i]`` maps a category
+    (weights, gradients, optimizer, activations, inputs, outputs, other) to the bytes it held
+    at card i's allocated peak.
     """
 
     chunk_sizes: tuple[int, ...]
@@ -64,6 +75,13 @@ class MemoryEstimate:
     notes: tuple[str, ...] = ()        # what was modelled how (attention kernels, bounds...)
     # gathered output entries the loss never read, with their bytes on card 0
     unread_outputs: Optional[tuple[tuple[str, int], ...]] = None
+    reserved_bytes: Optional[list[int]] = None   # max_memory_reserved per card (allocator model)
+    total_bytes: Optional[list[int]] = None      # reserved + CUDA context + NCCL per card
+
+    @property
+    def allocated_bytes(self) -> list[int]:
+        """The allocated peak per card (``peak_bytes``)."""
+        return self.peak_bytes
 
     @property
     def oom_devices(self) -> list[int]:
@@ -190,16 +208,29 @@ class SimulatedBackend:
         A step that reads tensor values (``nonzero``, boolean masks, ``.item()``) is run again
         with symbolic data-dependent sizes (a ``ShapeEnv``, a few times slower, so only then),
         each charged at its largest possible value; the notes say which ops were bounded.
+        With an allocator model (``reserved=``) the estimate has the reserved peaks and total
+        use per card too.
         """
+        return self._estimated(chunk_sizes, output_device)[0]
+
+    def _estimated(self, chunk_sizes: Sequence[int], output_device: int
+                   ) -> tuple[MemoryEstimate, Optional[ReservedFigures]]:
+        """The estimate and, with an allocator model, its replay's figures (in the estimate)."""
         try:
-            return self._estimate(chunk_sizes, output_device)
+            est = self._estimate(chunk_sizes, output_device)
         except _ValueReadingError:
             if self._symbolic:
                 raise
-        self.close()
-        self._symbolic = True
-        self._fake_mode = fake_tensor_mode(allow_non_fake_inputs=True, shape_env=new_shape_env())
-        return self._estimate(chunk_sizes, output_device)
+            self.close()
+            self._symbolic = True
+            self._fake_mode = fake_tensor_mode(allow_non_fake_inputs=True, shape_env=new_shape_env())
+            est = self._estimate(chunk_sizes, output_device)
+        if self.reserved is None or self._recorder is None:
+            return est, None
+        fig = self.reserved.predict(self._recorder.events, self._step_trace, self.devices)
+        est = dataclasses.replace(est, reserved_bytes=[s.reserved_peak for s in fig.stats],
+                                  total_bytes=list(fig.total_bytes), seconds=est.seconds + fig.seconds)
+        return est, fig
 
     def _estimate(self, chunk_sizes: Sequence[int], output_device: int) -> MemoryEstimate:
         sizes = validate_chunk_sizes(chunk_sizes, len(self.cluster))
@@ -222,7 +253,7 @@ class SimulatedBackend:
         return MemoryEstimate(chunk_sizes=tuple(sizes), peak_bytes=[ledger.peak[r] for r in rep],
                               breakdown=[dict(ledger.peak_breakdown[r]) for r in rep],
                               baseline_bytes=baseline, cluster=self.cluster,
-                              seconds=time.perf_counter() - t0, notes=self._notes(),
+                              seconds=time.perf_counter() - t0, notes=self._notes(rep),
                               unread_outputs=outcome.unread_outputs)
 
     def _shared_step(self, sizes: list[int], output_device: int
@@ -303,8 +334,11 @@ class SimulatedBackend:
             if self._recorder is not None and mark is not None:
                 self._step_trace = self._recorder.cut(mark)
 
-    def _notes(self) -> tuple[str, ...]:
+    def _notes(self, rep: Sequence[int] = ()) -> tuple[str, ...]:
         notes = []
+        bound = self._bound_note(rep)
+        if bound:
+            notes.append(bound)
         if self._kernels:
             calls = ", ".join(f"{kernel} x{n} (sm {cap[0]}.{cap[1]})"
                               for (kernel, cap), n in sorted(self._kernels.items()))
@@ -319,6 +353,25 @@ class SimulatedBackend:
         if cap:
             notes.append(f"compute capability: {cap} for cards given by size (set it with cc=)")
         return tuple(notes)
+
+    def _bound_note(self, rep: Sequence[int]) -> str:
+        """The cards whose peak a bound sets, not a measurement: cuDNN's convolution workspace
+        (:mod:`dptune.backends.simulated.scratch`), charged while the convolution at the peak
+        runs (``rep``: the card whose figures each card takes)."""
+        ledger = self._ledger
+        if ledger is None:
+            return ""
+        set_by = {card: ledger.peak_bound[r] for card, r in enumerate(rep) if ledger.peak_bound[r]}
+        if not set_by:
+            return ""
+        from dptune.backends.simulated.scratch import CONV_WORKSPACE_BASE
+        from dptune.units import format_bytes
+
+        each = ", ".join(f"card {c}: {format_bytes(b)}" for c, b in set_by.items())
+        return (f"a bound, not a measurement, sets the peak of {len(set_by)} card(s) ({each}): "
+                f"cuDNN's convolution workspace, charged as {format_bytes(CONV_WORKSPACE_BASE)} "
+                "plus the larger of the convolution's input and output (fitted on one H200; "
+                "cuDNN picks the workspace), so the real peak may be lower by up to that")
 
     def _step(self, sizes: list[int], output_device: int = 0) -> StepOutcome:
         """One training step (:func:`dptune.step.workload.run_step`) through DataParallel over the
@@ -382,19 +435,16 @@ class SimulatedBackend:
 
     # -- the probe interface -----------------------------------------------------------
     def probe(self, chunk_sizes: Sequence[int], output_device: int = 0) -> ProbeResult:
-        est = self.estimate(chunk_sizes, output_device)
+        est, fig = self._estimated(chunk_sizes, output_device)
         over = [(p - d.available_bytes) / d.available_bytes
                 for p, d in zip(est.peak_bytes, self.devices)]
         worst = max(range(len(over)), key=lambda i: over[i])
         oom = worst if over[worst] > 0 else None
         extra: dict = {}
-        seconds = est.seconds
-        if self.reserved is not None and self._recorder is not None:
-            fig = self.reserved.predict(self._recorder.events, self._step_trace, self.devices)
+        if fig is not None:
             extra, oom = fig.probe_fields(), oom if oom is not None else fig.oom_card
-            seconds += fig.seconds
         return ProbeResult(chunk_sizes=est.chunk_sizes, peak_bytes=tuple(est.peak_bytes),
-                           oom_device=oom, breakdown=tuple(est.breakdown), seconds=seconds,
+                           oom_device=oom, breakdown=tuple(est.breakdown), seconds=est.seconds,
                            note="; ".join(("simulated",) + est.notes),
                            unread_outputs=est.unread_outputs, **extra)
 
@@ -410,8 +460,14 @@ def estimate_memory(model: Union[nn.Module, Callable[[], nn.Module]], sample: Ca
                     loss_fn: Optional[Callable[[Any, Any], Any]] = None,
                     optimizer: Optional[Callable[..., Any]] = None, amp: Optional[str] = None,
                     accumulate: int = 1, clip_grad_norm: Optional[float] = None,
-                    step: Optional[Callable[[Any, Any, Any], None]] = None) -> MemoryEstimate:
-    """Per-card peak memory (bytes) of one DataParallel training step on a simulated cluster.
+                    step: Optional[Callable[[Any, Any, Any], None]] = None,
+                    allocator: Any = None, nccl_bytes: Union[int, str, None] = None) -> MemoryEstimate:
+    """Per-card peak memory (bytes) of one DataParallel training step on a simulated cluster,
+    at the three levels the tuner's probes have (:class:`MemoryEstimate`): the allocated peak
+    (``peak_bytes``), the reserved peak (``reserved_bytes``) and the total use with the CUDA
+    context and NCCL (``total_bytes``), from the allocator model the tuner uses (``allocator``
+    as ``PYTORCH_CUDA_ALLOC_CONF`` writes it, default the environment's; ``nccl_bytes``: NCCL's
+    buffers per card, default its model's).
 
     ``model`` is an ``nn.Module`` or a zero-argument factory (built on the meta device);
     ``sample(batch_size)`` builds a batch; ``loss_fn(output, batch)`` the loss (default: the
@@ -422,9 +478,10 @@ def estimate_memory(model: Union[nn.Module, Callable[[], nn.Module]], sample: Ca
     size is allocated and the model, its weights and buffers are left untouched. See the
     module docstring for what is not modelled.
     """
+    _, _, reserved = level_settings("reserved", None, allocator, nccl_bytes)
     backend = SimulatedBackend(Workload(model, sample, loss_fn, optimizer, amp=amp,
                                         accumulate=accumulate, clip_grad_norm=clip_grad_norm,
-                                        step=step), cluster)
+                                        step=step), cluster, reserved=reserved)
     try:
         return backend.estimate(chunk_sizes)
     finally:

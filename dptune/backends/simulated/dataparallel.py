@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from dptune.step import tree as _tree
-from dptune._torch_private import function_mode_active, replica_module
+from dptune._torch_private import function_mode_active, no_function_modes, replica_module
 from dptune.backends.simulated.device_rules import HOST
 from dptune.backends.simulated.errors import _internal, _user_error
 from dptune.backends.simulated.ledger import FOLLOW, _Ledger
@@ -49,12 +49,16 @@ class _Move(torch.autograd.Function):
 class _Broadcast(torch.autograd.Function):
     """Replicate the master weights (on card 0) to ``cards``; reduce the gradients onto card 0.
 
-    Card 0's replica uses the master weights themselves (aliases, no copy), as
-    ``comm.broadcast_coalesced`` does for the source device. The backward runs once every
-    replica's gradients exist, as ``ReduceAddCoalesced`` does, and writes the sum into a new
-    buffer on card 0. When it runs with some gradients missing (each segment of a reentrant
-    checkpoint runs its own backward through it), autograd fills the missing ones with zeros
-    on their replica's card, as it does for torch's ``Broadcast``.
+    Every parameter is broadcast, frozen ones too, as torch's ``replicate`` does; the copies
+    of the frozen ones are non-differentiable (``Broadcast`` marks them so). Card 0's replica
+    uses the master weights themselves (aliases, no copy), as ``comm.broadcast_coalesced``
+    does for the source device. The backward runs once every replica's gradients exist, as
+    ``ReduceAddCoalesced`` does, and writes the sum into a new buffer on card 0 for every
+    parameter. Autograd hands torch's ``Broadcast`` a zero gradient, made on the copy's card,
+    for every copy that got none: a frozen parameter's, a parameter the forward did not use,
+    and, where each segment of a reentrant checkpoint runs its own backward through it, every
+    parameter the segment did not touch; ``ReduceAddCoalesced`` sums them onto card 0 as well
+    (the frozen parameters' sums are then dropped).
     """
 
     @staticmethod
@@ -71,6 +75,9 @@ class _Broadcast(torch.autograd.Function):
             else:
                 with ledger.forced(card, "weights"), ledger.unmirrored():
                     outs += [p.clone() for p in params]
+        frozen = [o for i, o in enumerate(outs) if not params[i % len(params)].requires_grad]
+        if frozen:
+            ctx.mark_non_differentiable(*frozen)
         return tuple(outs)
 
     @staticmethod
@@ -84,9 +91,10 @@ class _Broadcast(torch.autograd.Function):
         if ctx.plan is not None and ctx.reductions > 1:
             ctx.plan.diverge("the gradients were reduced more than once (a reentrant checkpoint)")
         for i, g in enumerate(grads):
-            if g is None:
+            if g is None:           # autograd's zeros on the copy's card (VariableInfo::zeros)
                 shape, dtype = ctx.meta[i % n]
-                with ledger.forced(ctx.cards[i // n], "gradients"):
+                # below the device rules, which would take a factory without device= for the host's
+                with no_function_modes(), ledger.forced(ctx.cards[i // n], "gradients"):
                     grads[i] = torch.zeros(shape, dtype=dtype)
         reduced: list[Optional[torch.Tensor]] = []
         with ledger.forced(0, "gradients"):
@@ -236,8 +244,11 @@ def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool
     """
     named = dict(module.named_parameters())
     buffers = dict(module.named_buffers())
-    names = [n for n, p in named.items() if p.requires_grad]
-    frozen = {n: p for n, p in named.items() if not p.requires_grad}
+    trainable = [n for n, p in named.items() if p.requires_grad]
+    # torch's replicate broadcasts every parameter through Broadcast when autograd records it
+    # (a parameter requires grad and grad mode is on); else every copy is a detached one
+    names = list(named) if trainable and torch.is_grad_enabled() else trainable
+    frozen = {n: p for n, p in named.items() if n not in names}
 
     @_internal("the gradient hook that tags the replicas' weight gradients")
     def tag(g: Optional[torch.Tensor]) -> None:
@@ -245,7 +256,7 @@ def _replicate(ledger: _Ledger, module: nn.Module, cards: tuple, single: bool
             ledger.retag(g, "gradients")
 
     if single:  # DataParallel on one device runs the module itself
-        hooks = [named[n].register_hook(tag) for n in names]
+        hooks = [named[n].register_hook(tag) for n in trainable]
         return {0: None}, hooks
     flat = _Broadcast.apply(ledger, cards, *[named[n] for n in names])
     replicas: dict[int, Optional[dict]] = {}

@@ -27,8 +27,10 @@ from dptune._torch_private import (bound_size, dispatch_mode_base, no_dispatch_m
 from dptune.backends.simulated.device_rules import (HOST, DeviceMismatchError, InputCard, check_devices,
                                                     input_cards)
 from dptune.backends.simulated.errors import _internal
+from dptune.backends.simulated.index_bounds import IndexBounds, IndexOutOfRangeError
+from dptune.backends.simulated.index_bounds import kind as _bounds_kind
 from dptune.backends.simulated.ledger import _Ledger
-from dptune.backends.simulated.scratch import scratch_bytes, scratch_kind
+from dptune.backends.simulated.scratch import bound_bytes, scratch_bytes, scratch_kind
 
 __all__: list[str] = []
 
@@ -153,6 +155,7 @@ class _OpFacts(NamedTuple):
     sets_storage: bool              # set_: an input gets another storage
     unlike_cuda: bool               # the fake kernel acts unlike CUDA's (_call_as_cuda)
     scratch: Optional[str]          # CUDA's kernel allocates scratch (simulated.scratch)
+    bounds: int                     # 1: its integer output's bound followed, 2: indices checked
 
 
 @functools.lru_cache(maxsize=None)
@@ -163,7 +166,7 @@ def _op_facts(func: Any) -> _OpFacts:
                     name.startswith("_local_scalar_dense"), _SAME_DTYPE.get(packet),
                     packet in ("set_", "set", "swap_"),
                     any(func is op for op in (_GROUPED_MM, _PACK_PADDED) if op is not None),
-                    scratch_kind(packet))
+                    scratch_kind(packet), _bounds_kind(func))
 
 
 def _arg_tensors(args: Any) -> Iterator[torch.Tensor]:
@@ -224,7 +227,8 @@ def _account(ledger: _Ledger, func: Any, facts: _OpFacts, args: Any, kwargs: Any
         for t in _arg_tensors(out):
             ledger.charge(t, card, category)
     if facts.scratch is not None and ledger.as_cuda and ledger.scratch:
-        ledger.transient(card, scratch_bytes(facts.scratch, facts.name.split(".")[0], args, out))
+        ledger.transient(card, scratch_bytes(facts.scratch, facts.name.split(".")[0], args, out),
+                         bound_bytes(facts.scratch, facts.name.split(".")[0], args, out))
     if ledger.observer is not None:
         ledger.observer(func, args, kwargs, out, card)
         if ledger.mirrors(card):
@@ -274,6 +278,9 @@ def _make_accountant(ledger: _Ledger) -> Any:
     """The dispatch mode that charges every new storage to a card of ``ledger`` (module
     docstring)."""
     base = dispatch_mode_base()
+    bounds = IndexBounds()          # integer tensors' known values: indices past a table raise
+    check_indices = _internal("the index bounds (indices past a table)", IndexOutOfRangeError)(bounds.check)
+    follow_bounds = _internal("the index bounds (an integer tensor's values)")(bounds.after)
 
     class _Accountant(base):  # type: ignore[misc, valid-type]
         """Charges every new storage an op makes to a virtual card."""
@@ -293,7 +300,11 @@ def _make_accountant(ledger: _Ledger) -> Any:
             cards = None
             if ledger.as_cuda and ledger.forced_card is None:
                 cards = _checked_cards(ledger, func, args, kwargs)
+            if facts.bounds == 2:
+                check_indices(func, args)
             out = _call_as_cuda(func, args, kwargs or {}) if facts.unlike_cuda else func(*args, **(kwargs or {}))
+            if facts.bounds == 1:
+                follow_bounds(func, args, kwargs, out)
             # set_ gives its input another storage: where it is is looked up again
             _account(ledger, func, facts, args, kwargs, out, None if facts.sets_storage else cards)
             return out

@@ -16,6 +16,7 @@ import torch
 from dptune._torch_private import fake_kernel_files
 from dptune._torch_private import torch_file as torch_file_path
 from dptune.backends.simulated.device_rules import DeviceMismatchError
+from dptune.backends.simulated.index_bounds import IndexOutOfRangeError
 from dptune.errors import BackendUnavailableError, DptuneError, InternalError, UserCodeError
 
 
@@ -54,6 +55,8 @@ def _user_error(e: Exception, where: str, sizes: Sequence[int]) -> Exception:
             "tune on real GPUs (--devices), or move value-dependent code out of the training step")
     if isinstance(e, DeviceMismatchError):   # raised in dptune's dispatch mode: name the user's line
         return UserCodeError(f"RuntimeError {where}{_users_line(e)} (split {list(sizes)}): {e}")
+    if isinstance(e, IndexOutOfRangeError):  # raised in dptune's dispatch mode too
+        return UserCodeError(f"IndexError {where}{_users_line(e)} (split {list(sizes)}): {e}")
     return UserCodeError(f"{name} {where} (split {list(sizes)}): {e}{_fake_kernel_note(e)}")
 
 

@@ -53,6 +53,9 @@ class _Ledger:
         self._records: dict[int, _Record] = {}
         self._seq = 0                  # allocations so far
         self._peak_seq = [0] * n       # allocations made when each card reached its peak
+        # bytes of a bound, not a measurement, in the scratch of the op at each card's peak
+        # (cuDNN's convolution workspace: simulated.scratch); 0 where a storage set the peak
+        self.peak_bound = [0] * n
         # what the dispatch mode consults
         self.current_card = HOST       # the replica running (factory ops go there), or FOLLOW
         self.last_card = 0             # the card of the last op that read a card's tensor
@@ -139,6 +142,7 @@ class _Ledger:
             self.peak[card] = self.live[card]
             self.peak_breakdown[card] = dict(self.by_cat[card])
             self._peak_seq[card] = self._seq
+            self.peak_bound[card] = 0
 
     def _free(self, rec: _Record) -> None:
         if rec.card != HOST and rec.nbytes:
@@ -150,18 +154,19 @@ class _Ledger:
             self._free(rec.mirror)
             rec.mirror = None
 
-    def transient(self, card: int, nbytes: int) -> None:
+    def transient(self, card: int, nbytes: int, bound: int = 0) -> None:
         """``nbytes`` allocated on ``card`` and freed at once (an op's scratch,
-        :mod:`dptune.backends.simulated.scratch`): a new peak if it comes at the peak. On the
-        card whose replica stands for card 0's (``mirror``), card 0 gets it too."""
+        :mod:`dptune.backends.simulated.scratch`; ``bound`` of them a bound, not a measurement):
+        a new peak if it comes at the peak. On the card whose replica stands for card 0's
+        (``mirror``), card 0 gets it too."""
         nbytes = _rounded(nbytes)
         if card == HOST or nbytes <= 0:
             return
-        self._transient(card, nbytes)
+        self._transient(card, nbytes, bound)
         if self.mirrors(card):
-            self._transient(self.mirror[1], nbytes)  # type: ignore[index]
+            self._transient(self.mirror[1], nbytes, bound)  # type: ignore[index]
 
-    def _transient(self, card: int, nbytes: int) -> None:
+    def _transient(self, card: int, nbytes: int, bound: int) -> None:
         self._seq += 1
         if self.on_event is not None:
             self.on_event(card, nbytes, self._seq, self.stream)
@@ -170,6 +175,7 @@ class _Ledger:
             self.peak_breakdown[card] = dict(self.by_cat[card])
             self.peak_breakdown[card]["other"] += nbytes
             self._peak_seq[card] = self._seq
+            self.peak_bound[card] = bound
         if self.on_event is not None:
             self.on_event(card, -nbytes, self._seq, 0)
 
@@ -224,6 +230,7 @@ class _Ledger:
         self.peak = list(self.live)
         self.peak_breakdown = [dict(b) for b in self.by_cat]
         self._peak_seq = [self._seq] * self.n
+        self.peak_bound = [0] * self.n
 
     def running_card(self) -> int:
         """The card that runs now (the card last computed on, in the backward)."""

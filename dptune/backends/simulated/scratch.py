@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["CONV_WORKSPACE_BASE", "scratch_kind", "scratch_bytes"]
+__all__ = ["CONV_WORKSPACE_BASE", "scratch_kind", "scratch_bytes", "bound_bytes"]
 
 MiB = 1 << 20
 CONV_WORKSPACE_BASE = 14 * MiB
@@ -93,6 +93,18 @@ def _conv_scratch(packet: str, args: Any, out: Any) -> int:
             memory_format=torch.channels_last) and not x.is_contiguous() else torch.contiguous_format
         copy = 0 if y.is_contiguous(memory_format=fmt) else _nbytes(y)
     return copy + conv_workspace_bound(x, y)
+
+
+def bound_bytes(kind: str, packet: str, args: Any, out: Any) -> int:
+    """The part of an op's scratch (:func:`scratch_bytes`) that is a bound, not a measurement:
+    cuDNN's workspace in a convolution (:func:`conv_workspace_bound`), else 0."""
+    if kind != "conv" or _symbolic(args[:3]):
+        return 0
+    x, y = (args[1], args[0]) if packet == "convolution_backward" else (args[0], out)
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or (
+            x.dtype not in _FLOATS or x.dim() < 3):
+        return 0
+    return conv_workspace_bound(x, y)
 
 
 def _symbolic(args: Any) -> bool:
