@@ -26,6 +26,7 @@ from dptune.backends.choice import BackendChoice, build_backend, choose_backend,
 from dptune.backends.reserved import DEFAULT_LEVEL, BudgetLevel, ReservedModel, advice_lines, at_level
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result import SplitFigures, TuneResult, imbalance
+from dptune.search.alike import device_keys
 from dptune.search.messages import card0_holdings
 from dptune.search.output_card import reuse, swapped, swapped_outcome
 from dptune.search.throughput import check_global_batch
@@ -311,7 +312,9 @@ class Tuner:
                              self.batch_size, min_chunk=m, max_probes=self.settings.max_probes,
                              tolerance=self.settings.tolerance,
                              exact_on_oom=capabilities(backend).exact_on_oom,
-                             on_probe=lambda: bar.update(1), **reuse(first, perm, self.objective))
+                             on_probe=lambda: bar.update(1),
+                             alike=[device_keys(devices)[perm[i]] for i in range(len(perm))],
+                             **reuse(first, perm, self.objective))
             return out if not output_device else swapped_outcome(out, perm, output_device)
         finally:
             bar.close()
