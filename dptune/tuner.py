@@ -81,7 +81,8 @@ class Tuner:
       (default: :mod:`dptune.backends.fixed_costs`).
     - ``max_probes``: the most training steps run (each one is a probe); ``tolerance``: the
       largest miss between a prediction and a probe for the fit to be trusted, as a fraction
-      of the card's budget (or of its peak, where that is smaller).
+      of the card's budget (or of its peak, where that is smaller); for ``balance`` also the
+      gain (relative, in the largest share) below which the even split is kept.
     - ``backend``: an already-built backend (:class:`dptune.backends.base.Backend`); skips
       the selection above and is not closed by the tuner.
     - ``choice``: the cards already chosen by :func:`choose_backend` (instead of

@@ -28,7 +28,7 @@ from dptune.backends.reserved import DEFAULT_LEVEL, BudgetLevel, at_level, level
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.lengths.buckets import Buckets, assign, bucket_edges
 from dptune.lengths.plan import BucketPlan, LengthPlan
-from dptune.search.alike import device_keys
+from dptune.search.alike import device_keys, groups_of, spread
 from dptune.split import scale_split
 from dptune.types import Objective
 
@@ -138,10 +138,12 @@ def search_buckets(probe_at: Callable[[int, Sequence[int]], ProbeResult], budget
     Raises :class:`NoFeasibleSplitError` naming the length at which nothing fits."""
     out: list[BucketSearch] = []
     known: list[ProbeResult] = []
+    groups = groups_of(alike, budgets)
     for length in sorted(edges):
         first = None
         if from_neighbour and out:
-            first = next_split(out, length, budgets)
+            # alike cards' fits differ only by where they were measured: one guess for all
+            first = list(spread(next_split(out, length, budgets), groups, min_chunk))
 
         def probe(split: Sequence[int], length: int = length) -> ProbeResult:
             return probe_at(length, split)
