@@ -134,7 +134,8 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     returned.
     ``alike``: one key per card, equal for the same card with the same memory held by others
     (:func:`dptune.search.alike.device_keys`); cards ``i >= 1`` with equal keys and budgets
-    share their measurements and get chunks within one sample of each other (balance; see
+    get chunks within one sample of each other (balance: they share their measurements;
+    max_batch: an answer that leaves them further apart is spread by one more probe; see
     :mod:`dptune.search.alike`). ``None``: no two cards are taken to be alike.
     Raises :class:`dptune.errors.NoFeasibleSplitError` when nothing fits.
     """
@@ -142,7 +143,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     groups = groups_of(alike, budgets)
     # alike cards pool their points for balance; the largest-batch search keeps each card's
     # own (its first probes read the cards' differences as a slope across them) and evens
-    # out alike cards in its answer (:func:`_settle`)
+    # out alike cards in its answer (:class:`_Settle`)
     obs = Observations(budgets, exact_on_oom=exact_on_oom, min_chunk=min_chunk,
                        alike=groups if balance else ())
     for r in known_over:
