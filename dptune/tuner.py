@@ -25,6 +25,7 @@ from dptune.backends.choice import BackendChoice, build_backend, choose_backend,
 from dptune.backends.simulated.reserved import BudgetLevel, ReservedModel, advice_lines, at_level
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result.model import SplitFigures, TuneResult, imbalance
+from dptune.search.alike import device_keys
 from dptune.search.messages import card0_holdings
 from dptune.search.output_card import reuse, swapped, swapped_outcome
 from dptune.search.throughput import check_global_batch
@@ -76,7 +77,8 @@ class Tuner:
       build the same object.
     - ``search``: a :class:`dptune.SearchSettings`: ``max_probes`` (the most training steps
       run, each one a probe), ``tolerance`` (the largest miss between a prediction and a
-      probe for the fit to be trusted, as a fraction of the card's budget) and ``verbose``;
+      probe for the fit to be trusted, as a fraction of the card's budget; for ``balance`` also
+      the gain, relative in the largest share, below which the even split is kept) and ``verbose``;
       the keywords ``max_probes=``, ``tolerance=``, ``verbose=`` build the same object.
     - ``model`` may be a whole :class:`dptune.Workload` (then no ``sample``, ``loss_fn``,
       ``optimizer`` nor step keywords beside it).
@@ -294,11 +296,14 @@ class Tuner:
                    file=sys.stderr, disable=not self.settings.verbose, leave=True)
         try:
             objective = Objective.BALANCE if self.objective is Objective.THROUGHPUT else self.objective
+            extra = reuse(first, perm, self.objective)
+            known = dataclasses.replace(extra.pop("known", search.Known()),
+                                        alike=[device_keys(devices)[perm[i]] for i in range(len(perm))])
             out = search.run(probe, [budgets[perm[i]] for i in range(len(perm))], objective,
                              self.batch_size, min_chunk=m, max_probes=self.settings.max_probes,
                              tolerance=self.settings.tolerance,
                              exact_on_oom=capabilities(backend).exact_on_oom,
-                             on_probe=lambda: bar.update(1), **reuse(first, perm, self.objective))
+                             on_probe=lambda: bar.update(1), known=known, **extra)
             return out if not output_device else swapped_outcome(out, perm, output_device)
         finally:
             bar.close()

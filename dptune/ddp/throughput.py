@@ -135,8 +135,10 @@ class EqualSpeed:
 def equal_split(caps: Sequence[int], batch: int, min_batch: int = 1) -> Optional[SplitTime]:
     """``batch`` over ranks capped at ``caps`` (each at least ``min_batch``) with the smallest
     largest batch, as equal as the caps allow: every rank at ``min(cap, L)`` for the least
-    level ``L`` that holds the batch, one sample fewer on the last ranks at ``L`` for what is
-    over (the first ranks get the remainder, as equal batches do). ``None``: it does not fit.
+    level ``L`` that holds the batch, one sample fewer for what is over on the ranks at ``L``
+    with the smallest caps, then the last ones (ties favour the larger rank; equal ranks end
+    within one sample, the first ones taking the remainder as equal batches do). ``None``: it
+    does not fit.
     Its ``step_seconds`` is the largest batch (one unit per sample, see :class:`EqualSpeed`)."""
     if any(c < min_batch for c in caps) or sum(caps) < batch or batch < min_batch * len(caps):
         return None
@@ -149,7 +151,8 @@ def equal_split(caps: Sequence[int], batch: int, min_batch: int = 1) -> Optional
             lo = mid + 1
     sizes = [min(c, lo) for c in caps]
     extra = sum(sizes) - batch
-    for r in reversed(range(len(sizes))):
+    # ties favour the larger rank: the smallest caps give a sample first, then the last ranks
+    for r in sorted(range(len(sizes)), key=lambda r: (caps[r], -r)):
         if extra and sizes[r] == lo and lo > min_batch:
             sizes[r] -= 1
             extra -= 1

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Hashable, Iterable, Optional, Sequence
 
 from dptune import search
 from dptune.backends.base import Backend, ProbeResult
@@ -28,6 +28,7 @@ from dptune.backends.simulated.reserved import BudgetLevel, at_level
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.lengths.buckets import Buckets, assign, bucket_edges
 from dptune.lengths.plan import BucketPlan, LengthPlan
+from dptune.search.alike import device_keys, groups_of, spread
 from dptune.split import scale_split
 from dptune.settings import SearchSettings, sort_keywords
 from dptune.types import Objective, card_in_use
@@ -128,17 +129,22 @@ def search_buckets(probe_at: Callable[[int, Sequence[int]], ProbeResult], budget
                    edges: Sequence[int], *, start: int = 256, min_chunk: int = 1,
                    max_probes: int = 16, tolerance: float = 0.02, exact_on_oom: bool = True,
                    from_neighbour: bool = True,
-                   on_bucket: Callable[[BucketSearch], None] = lambda s: None) -> list[BucketSearch]:
+                   on_bucket: Callable[[BucketSearch], None] = lambda s: None,
+                   alike: Optional[Sequence[Hashable]] = None) -> list[BucketSearch]:
     """The largest batch at every edge, shortest first (``probe_at(length, split)`` runs one
     step). ``from_neighbour=False`` searches every bucket on its own from ``start`` (what a
     per-bucket search such as NeMo's OOMptimizer does; the benchmark compares the two).
+    ``alike``: one key per card, equal for identical cards (:func:`dptune.search.run`): their
+    chunks in each bucket's answer are within one sample of each other.
     Raises :class:`NoFeasibleSplitError` naming the length at which nothing fits."""
     out: list[BucketSearch] = []
     known: list[ProbeResult] = []
+    groups = groups_of(alike, budgets)
     for length in sorted(edges):
         first = None
         if from_neighbour and out:
-            first = next_split(out, length, budgets)
+            # alike cards' fits differ only by where they were measured: one guess for all
+            first = list(spread(next_split(out, length, budgets), groups, min_chunk))
 
         def probe(split: Sequence[int], length: int = length) -> ProbeResult:
             return probe_at(length, split)
@@ -147,7 +153,7 @@ def search_buckets(probe_at: Callable[[int, Sequence[int]], ProbeResult], budget
                                  min_chunk=min_chunk, first_split=first,
                                  max_probes=max_probes, tolerance=tolerance,
                                  exact_on_oom=exact_on_oom, compare_even=False,
-                                 known=search.Known(over=known if from_neighbour else ()))
+                                 known=search.Known(over=known if from_neighbour else (), alike=alike))
         except NoFeasibleSplitError as e:
             prev = f"; the lengths up to {out[-1].length} fit" if out else ""
             raise NoFeasibleSplitError(
@@ -290,7 +296,8 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
                                tolerance=look.tolerance,
                                exact_on_oom=getattr(backend, "kind", "") == "simulated",
                                from_neighbour=kw.rest.get("from_neighbour", True),
-                               on_bucket=_say if look.verbose else lambda s: None)
+                               on_bucket=_say if look.verbose else lambda s: None,
+                               alike=device_keys(backend.devices))
         found, speed_notes = _speed(found, probe_at, budgets, counts, tokens, objective, wl,
                                     backend if ddp else None)
     finally:

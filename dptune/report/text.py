@@ -253,6 +253,10 @@ def _certificate(result: TuneResult) -> str:
     if result.certified:
         why = ("one more sample does not fit" if result.objective == Objective.MAX_BATCH
                else "no split lowers the largest share")
+        if result.objective == Objective.BALANCE and \
+                list(result.chunk_sizes) == list(result.even.chunk_sizes):
+            return ("certified: yes (even split kept: no split lowers its largest share by more "
+                    f"than the tolerance; brackets at the floor the probes prove: {br})")
         return f"certified: yes ({why}; brackets {br})"
     return f"certified: no (brackets {br})"
 

@@ -14,9 +14,10 @@ measured within every budget are ever returned).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, Hashable, NamedTuple, Optional, Sequence
 
 from dptune.backends.base import ProbeResult
+from dptune.search.alike import Groups, groups_of, spread
 from dptune.search.balance import Balance
 from dptune.search.loop import Proposal, refine
 from dptune.search.max_batch import MaxBatch
@@ -46,7 +47,10 @@ class SearchOutcome:
     largest batch ``E`` was not bracketed to one sample: ``even`` is at the lower end
     (``E >= even.batch_size``, measured or implied, never less than the probes prove) and
     ``even_at_most`` the upper end (``E <= even_at_most``; ``None`` when nothing bounds it
-    yet). ``certified``: every bracket closed (see the objectives).
+    yet). ``certified``: the answer is proven (see the objectives). ``even_kept``: balance
+    only, the even split is returned because the probes prove no split lowers its largest
+    share by more than the tolerance (relative; ``certified`` then means that, and the
+    brackets are taken at the proven floor).
     """
 
     best: ProbeResult
@@ -61,6 +65,7 @@ class SearchOutcome:
     notes: tuple[str, ...]
     even_open: bool = False
     even_at_most: Optional[int] = None
+    even_kept: bool = False
 
 
 def _fits(obs: Observations, split: Sequence[int]) -> tuple[Fit, ...]:
@@ -124,11 +129,17 @@ class Known:
     bound the brackets from above here (:meth:`Observations.add_bound`); ``prior``, probes of
     another search whose measurements of the cards ``prior_cards`` still hold here
     (``output_device="auto"``: the cards that neither gather the outputs nor held them); their
-    points narrow those cards' brackets, they are never returned."""
+    points narrow those cards' brackets, they are never returned. ``alike``: one key per card,
+    equal for the same card with the same memory held by others
+    (:func:`dptune.search.alike.device_keys`); cards ``i >= 1`` with equal keys and budgets get
+    chunks within one sample of each other (balance: they share their measurements; max_batch:
+    an answer that leaves them further apart is spread by one more probe; see
+    :mod:`dptune.search.alike`). ``None``: no two cards are taken to be alike."""
 
     over: Sequence[ProbeResult] = ()
     prior: Sequence[ProbeResult] = ()
     prior_cards: Sequence[int] = ()
+    alike: Optional[Sequence[Hashable]] = None
 
 
 def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], objective: str,
@@ -142,26 +153,34 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     ``probe(split)`` runs one training step; ``budgets`` are bytes per card; ``min_chunk=2``
     under BatchNorm (no card gets a single sample); ``exact_on_oom``: an out-of-memory probe
     still measures every card (the simulator) rather than only the failing one (real cards).
-    ``known``: what other searches on these cards measured (:class:`Known`).
+    ``known``: what is known of these cards before the search: other searches'
+    measurements, and which cards are alike (:class:`Known`).
     ``compare_even=False`` (``max_batch``): the even
     split's largest batch is not searched for (``even`` is ``None``: a length bucket, or a
     search whose even baseline is taken from another); ``first_split``: the first split
     probed (``max_batch``; default the even split of ``batch_size``).
     Raises :class:`dptune.errors.NoFeasibleSplitError` when nothing fits.
     """
-    obs = Observations(budgets, exact_on_oom=exact_on_oom, min_chunk=min_chunk)
+    balance = Objective.parse(objective) is Objective.BALANCE
+    groups = groups_of(known.alike, budgets)
+    # alike cards pool their points for balance; the largest-batch search keeps each card's
+    # own (its first probes read the cards' differences as a slope across them) and evens
+    # out alike cards in its answer (:class:`_Settle`)
+    obs = Observations(budgets, exact_on_oom=exact_on_oom, min_chunk=min_chunk,
+                       alike=groups if balance else ())
     for r in known.over:
         obs.add_bound(r)
     for r in known.prior:
         obs.add_prior(r, known.prior_cards)
     notes: list[str] = []
-    if Objective.parse(objective) is Objective.BALANCE:
+    if balance:
         bal = Balance(obs, batch_size, max_probes, tolerance, notes)
         refine(probe, bal, obs, max_probes, on_probe)
         found = _balance_found(obs, bal, batch_size, notes)
     else:
         mb = MaxBatch(obs, batch_size, max_probes, compare_even, first_split)
         refine(probe, mb, obs, max_probes, on_probe)
+        refine(probe, _Settle(obs, groups), obs, max_probes, on_probe)
         found = _max_batch_found(obs, mb, batch_size, min_chunk, compare_even, notes)
     if not found.certified:
         open_ = [b.describe() for b in found.brackets if not b.closed]
@@ -172,7 +191,30 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
                          even_implied_by=found.even_implied_by, probes=tuple(obs.probes),
                          fits=_fits(obs, found.best.chunk_sizes), brackets=tuple(found.brackets),
                          certified=found.certified, card0_floor=found.floor, notes=tuple(notes),
-                         even_open=found.even_open, even_at_most=found.even_at_most)
+                         even_open=found.even_open, even_at_most=found.even_at_most,
+                         even_kept=found.even_kept)
+
+
+class _Settle:
+    """The largest batch's answer with alike cards more than one sample apart (the others
+    sharing what card 0's whole-batch term leaves): the same batch with each group's samples
+    spread evenly over it, probed once so that the answer is measured. It fits (each alike
+    card at most at the group's largest chunk, every other card as it was) and no card's
+    peak is higher, so it becomes the answer."""
+
+    def __init__(self, obs: Observations, groups: Groups):
+        self.obs, self.groups, self.done = obs, groups, False
+
+    def propose(self) -> Optional[Proposal]:
+        best = self.obs.best_within()
+        groups = tuple(g for g in self.groups if self.obs.agree(g))
+        if self.done or best is None or not groups:
+            return None
+        self.done = True
+        s = spread(best.chunk_sizes, groups, self.obs.min_chunk)
+        apart = any(max(best.chunk_sizes[i] for i in g) - min(best.chunk_sizes[i] for i in g) > 1
+                    for g in groups)
+        return Proposal(s, "alike") if apart and s not in self.obs.by_split else None
 
 
 class _Found(NamedTuple):
@@ -187,14 +229,25 @@ class _Found(NamedTuple):
     even_implied_by: tuple[int, ...] = ()
     even_open: bool = False
     even_at_most: Optional[int] = None
+    even_kept: bool = False
 
 
 def _balance_found(obs: Observations, bal: Balance, batch_size: int, notes: list[str]) -> _Found:
     best = obs.best_within(batch_size)
     if best is None:
         raise bal.no_split()
-    floor = bal.floor(best)
     even_s = tuple(even_split(batch_size, obs.n))
+    kept = bal.even_kept()
+    if kept is not None:
+        even, level = kept
+        top = max(obs.shares(even))
+        notes.append(f"the even split is kept: its largest share ({top:.2%} of a budget) is "
+                     f"within {bal.tol:.0%} of the lowest any split of the batch can reach "
+                     f"(at least {level:.2%}, proven by the probes), so a changed split would "
+                     "gain nothing worth a change")
+        return _Found(even, even, even_s, True, bal.brackets(even, level), False,
+                      even_kept=True)
+    floor = bal.floor(best)
     if floor:
         notes.append("card 0 with no samples already holds the largest share (its "
                      f"{card0_holdings(obs.probes)}): no "

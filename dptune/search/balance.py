@@ -5,13 +5,22 @@ the split of interest (a secant through its two nearest measured points; card 0 
 points at this batch, chunk 0 apart); solve for the split that minimises the largest share
 (:func:`dptune.solve.memory.solve_balance`), with every card capped below a chunk measured over
 budget; verify it with a probe. When the probe matches its prediction within ``tolerance``,
-one more probe certifies it: every card other than the heaviest one is given one more sample
-(the heaviest gives them). If each is then at least at the heaviest card's share, no split
-can lower the largest share (each card is non-decreasing): the split is optimal. Otherwise
-the new points refine the fits and the loop goes on.
+one more probe certifies it: every card whose next chunk is not yet known to reach the
+largest share is given one more sample (the heaviest card gives them).
 
-When card 0 with no samples already holds the largest share (its master weights, gradients,
-optimizer state and gathered outputs), no split can do better: certified at once.
+The certificate (:meth:`Balance.proven`): for a share level ``L``, each card may take at
+most the chunk before the first one measured at or above ``L`` (memory is non-decreasing);
+when these add up to less than the batch, every split has a card at ``L`` or more. Proven
+at the returned split's largest share, the split is optimal. When card 0 with no samples
+already holds the largest share (its master weights, gradients, optimizer state and
+gathered outputs), no split can do better: certified at once.
+
+Ties are ties: alike cards (the same card with the same memory held by others, as the
+caller names them; :mod:`dptune.search.alike`) share their measurements and every split
+the solver proposes gives them chunks within one sample of each other. When the even split
+was measured within budget and its largest share is within ``tolerance`` (relative) of the
+floor the probes prove, it is kept (:meth:`Balance.even_kept`): a changed split would gain
+nothing worth the change (one probe when the even split's own shares are that close).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from typing import Optional, Sequence
 from dptune.solve import memory as solver
 from dptune.backends.base import ProbeResult
 from dptune.errors import NoFeasibleSplitError
+from dptune.search.alike import spread
 from dptune.search.loop import Proposal, valid_split
 from dptune.search.messages import card0_holdings, infeasible_error
 from dptune.search.models import CardFits
@@ -48,7 +58,7 @@ class Balance:
         self.notes = notes
         self.pred: dict[tuple[int, ...], list[float]] = {}
 
-    # ---- the certificate --------------------------------------------------------------
+    # ---- what the probes prove ----------------------------------------------------------
     def heaviest(self, r: ProbeResult) -> tuple[int, float]:
         s = self.obs.shares(r)
         h = max(range(self.n), key=lambda i: (s[i], -i))
@@ -59,24 +69,69 @@ class Balance:
         h, _ = self.heaviest(r)
         return h == 0 and r.chunk_sizes[0] == 0
 
-    def _known_at_least(self, i: int, chunk: int, level: float) -> bool:
-        """Card i's share with ``chunk`` samples (at this batch) is measured >= ``level``."""
+    def first_at(self, i: int, level: float) -> Optional[int]:
+        """The smallest chunk at which card ``i`` was measured (on an alike card too) at or
+        above ``level`` of its budget with a batch at most this one; ``None``: none was.
+        Every larger chunk is at or above ``level`` too (memory is non-decreasing)."""
         bud = self.obs.budgets[i]
-        return any(p.chunk <= chunk and p.batch <= self.B and p.peak_bytes >= level * bud
-                   for p in self.obs.points[i] if card_in_use(i, p.chunk))
+        return min((p.chunk for p in self.obs.points[i]
+                    if card_in_use(i, p.chunk) and (i > 0 or p.batch <= self.B)
+                    and bud > 0 and p.peak_bytes / bud >= level), default=None)
 
-    def brackets(self, r: ProbeResult) -> list[Bracket]:
-        """Per card: ``[its chunk, the next chunk measured at or above the largest share)``."""
-        h, level = self.heaviest(r)
+    def proven(self, level: float) -> bool:
+        """No split of the batch gives every card a share below ``level``: the chunks each
+        card may take below it (up to the chunk before the first one measured at or above
+        it) add up to less than the batch, or card 0 reaches it with no samples at all."""
+        total = 0
+        for i in range(self.n):
+            f = self.first_at(i, level)
+            if f is None:
+                return False            # nothing bounds this card below the level
+            if f == 0:
+                return True             # card 0 with no samples: every split reaches it
+            c = f - 1
+            total += 0 if 0 < c < self.m else c
+        return total < self.B
+
+    def floor_level(self) -> float:
+        """The largest share the probes prove every split of the batch reaches (0 if none)."""
+        levels = sorted({p.peak_bytes / self.obs.budgets[i] for i in range(self.n)
+                         for p in self.obs.points[i] if self.obs.budgets[i] > 0
+                         and card_in_use(i, p.chunk) and (i > 0 or p.batch <= self.B)})
+        lo, hi, best = 0, len(levels) - 1, 0.0
+        while lo <= hi:             # proven() is true up to some level, false above it
+            mid = (lo + hi) // 2
+            if self.proven(levels[mid]):
+                best, lo = levels[mid], mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+    def brackets(self, r: ProbeResult, level: Optional[float] = None) -> list[Bracket]:
+        """Per card: ``[its chunk, the first chunk measured at or above the level)`` (the
+        largest share of ``r`` unless given), closed when that is its next chunk."""
+        level = max(self.obs.shares(r)) if level is None else level
+        floor = self.floor(r)
         out = []
         for i, c in enumerate(r.chunk_sizes):
             nxt = next_chunk(c, self.m)
-            closed = i == h or self.floor(r) or self._known_at_least(i, nxt, level)
-            out.append(Bracket(card=i, lo=c, hi=nxt if closed else None, min_chunk=self.m))
+            f = self.first_at(i, level)
+            hi = nxt if floor or (f is not None and f <= nxt) else f
+            out.append(Bracket(card=i, lo=c, hi=hi, min_chunk=self.m))
         return out
 
     def certified(self, r: ProbeResult) -> bool:
-        return all(b.closed for b in self.brackets(r))
+        return self.floor(r) or self.proven(max(self.obs.shares(r)))
+
+    def even_kept(self) -> Optional[tuple[ProbeResult, float]]:
+        """The even split's probe and the floor the probes prove, when the even split was
+        measured within budget and its largest share is within ``tolerance`` (relative) of
+        that floor: no split can lower it by more, so the even split is kept."""
+        even = self.obs.by_split.get(tuple(even_split(self.B, self.n)))
+        if even is None or not self.obs.within_budget(even):
+            return None
+        level = self.floor_level()
+        return (even, level) if max(self.obs.shares(even)) <= (1 + self.tol) * level else None
 
     def _certificate_split(self, r: ProbeResult) -> Optional[tuple[int, ...]]:
         h, _ = self.heaviest(r)
@@ -179,7 +234,7 @@ class Balance:
             self.notes.append(f"the even split {even} gives a card a single sample, which "
                               "BatchNorm cannot train on; it was not probed")
             return Proposal(tuple(self.shift(even, None)), "fit")
-        if n == 1:
+        if n == 1 or self.even_kept() is not None:
             return None
         if len(obs.probes) == 1:
             s = tuple(self.shift(obs.probes[0].chunk_sizes, obs.probes[0]))
@@ -189,7 +244,10 @@ class Balance:
         last = obs.probes[-1]
         best = obs.best_within(B)
         if best is not None and self.certified(best):
-            return None
+            # alike cards more than one sample apart (a floor certifies any split): spread
+            # them; no card's peak rises, so the spread split is certified as well
+            s = spread(best.chunk_sizes, obs.groups, self.m)
+            return Proposal(s, "alike") if s not in obs.by_split else None
         good = (best is not None and last is best and last.purpose in ("verify", "refine")
                 and self.error(last) <= self.tol)
         if not good:
@@ -219,6 +277,7 @@ class Balance:
             # the cards may not take the batch below the chunks measured over budget: no
             # split fits; the shortfall is the fits' estimate for the best split without caps
             raise self.no_split(fits) from None
+        prop = list(spread(prop, self.obs.groups, self.m))
         peaks = solver.predict(fits, prop, B)
         over = max(solver.shares_of(peaks, obs.budgets, prop)) > 1.0
         if over and self.error(last) <= self.tol and last.purpose in ("verify", "refine"):

@@ -13,6 +13,11 @@ each of these. So one probe tells every card something:
 On real cards an out-of-memory probe stops the step: only the failing card is known to be
 over, and the other cards' peaks are lower bounds (over budget when the bound already is,
 unknown otherwise). The simulator runs the whole step, so every card is known there.
+
+Alike cards (``alike``: groups of cards ``i >= 1`` the caller names as the same card with the
+same budget, see :mod:`dptune.search.alike`) have one memory curve: each of them holds the
+points measured on every card of its group. A group whose cards were measured at one chunk
+with different peaks is not alike after all: its cards then hold their own points only.
 """
 
 from __future__ import annotations
@@ -89,14 +94,20 @@ class Bracket:
 class Observations:
     """Every probe, and per card the points it gave (the search's only memory)."""
 
-    def __init__(self, budgets: Sequence[int], *, exact_on_oom: bool, min_chunk: int = 1):
+    def __init__(self, budgets: Sequence[int], *, exact_on_oom: bool, min_chunk: int = 1,
+                 alike: Sequence[Sequence[int]] = ()):
         self.budgets = list(budgets)
         self.n = len(self.budgets)
         self.exact_on_oom = exact_on_oom
         self.min_chunk = min_chunk
         self.probes: list[ProbeResult] = []
+        #: per card the points measured on it; ``points``: with its alike cards' points
+        self.own: list[list[Point]] = [[] for _ in range(self.n)]
         self.points: list[list[Point]] = [[] for _ in range(self.n)]
         self.by_split: dict[tuple[int, ...], ProbeResult] = {}
+        self.claimed: tuple[tuple[int, ...], ...] = tuple(tuple(g) for g in alike)
+        #: the groups of alike cards the probes agree with (see the module docstring)
+        self.groups: tuple[tuple[int, ...], ...] = self.claimed
 
     # ---- recording -------------------------------------------------------------------
     def add(self, r: ProbeResult) -> None:
@@ -118,11 +129,12 @@ class Observations:
             p = int(p)
             if r.feasible or self.exact_on_oom:
                 over = p > self.budgets[i] or r.oom_device == i
-                self.points[i].append(Point(c, b, p, over, True, k))
+                self.own[i].append(Point(c, b, p, over, True, k))
             elif r.oom_device == i:
-                self.points[i].append(Point(c, b, max(p, self.budgets[i] + 1), True, False, k))
+                self.own[i].append(Point(c, b, max(p, self.budgets[i] + 1), True, False, k))
             elif p > self.budgets[i]:   # a lower bound already over budget
-                self.points[i].append(Point(c, b, p, True, False, k))
+                self.own[i].append(Point(c, b, p, True, False, k))
+        self._pool()
 
     def add_bound(self, r: ProbeResult) -> None:
         """Record only what ``r`` shows over budget, as lower bounds, not as a probe of this
@@ -132,7 +144,26 @@ class Observations:
         b = r.batch_size
         for i, (c, p) in enumerate(zip(r.chunk_sizes, r.peak_bytes)):
             if card_in_use(i, c) and (int(p) > self.budgets[i] or r.oom_device == i):
-                self.points[i].append(Point(c, b, max(int(p), self.budgets[i] + 1), True, False))
+                self.own[i].append(Point(c, b, max(int(p), self.budgets[i] + 1), True, False))
+        self._pool()
+
+    def _pool(self) -> None:
+        """``points`` from ``own``: each card of an alike group holds its group's points."""
+        self.groups = tuple(g for g in self.claimed if self.agree(g))
+        self.points = [list(p) for p in self.own]
+        for g in self.groups:
+            merged = [p for i in g for p in self.own[i]]
+            for i in g:
+                self.points[i] = list(merged)
+
+    def agree(self, group: Sequence[int]) -> bool:
+        """No chunk measured on two cards of ``group`` with different peaks."""
+        seen: dict[int, int] = {}
+        for i in group:
+            for p in self.own[i]:
+                if p.exact and p.chunk > 0 and seen.setdefault(p.chunk, p.peak_bytes) != p.peak_bytes:
+                    return False
+        return True
 
     def within_budget(self, r: ProbeResult) -> bool:
         """Measured to fit every card in use within its budget."""

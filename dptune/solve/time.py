@@ -240,11 +240,20 @@ def _fixed_batch(curves: list, subset: Sequence[int], batch: int, m: int) -> Opt
             lo = mid + 1
     chunks = [int(x) for x in _counts(curves, subset, levels[lo])]
     surplus = sum(chunks) - batch
-    # any card may give back samples (its time only falls): the slowest last sample first
-    for k in sorted(range(len(subset)), key=lambda j: -curves[subset[j]][chunks[j] - 1]):
-        take = min(surplus, chunks[k] - m)
-        chunks[k] -= take
-        surplus -= take
+    # any card may give back samples (its time only falls), one at a time: the slowest last
+    # sample first; among equally slow ones (ties, within a relative 1e-9) the card with less
+    # room (the smaller memory cap), then the later card, so ties favour the larger card and
+    # equal cards end within one sample of each other
+    while surplus > 0:
+        last = [curves[subset[j]][chunks[j] - 1] if chunks[j] > m else -math.inf
+                for j in range(len(subset))]
+        top = max(last)
+        if top == -math.inf:
+            break
+        tied = [j for j in range(len(subset)) if last[j] >= top - 1e-9 * abs(top)]
+        k = min(tied, key=lambda j: (len(curves[subset[j]]), -j))
+        chunks[k] -= 1
+        surplus -= 1
     return chunks
 
 

@@ -203,3 +203,51 @@ def test_ddp_buckets_each_rank_at_its_own_largest_batch():
             assert sim.rank(r).estimate([b]).peak_bytes[0] <= budget
             assert sim.rank(r).estimate([b + 1]).peak_bytes[0] > budget
         sim.close()
+
+
+class Stairs(Surface):
+    """The synthetic surface in whole segments of ``seg`` (as the reserved level rises)."""
+
+    def __init__(self, seg, *args):
+        super().__init__(*args)
+        self.seg = seg
+
+    def peaks(self, length, split):
+        return [-(-p // self.seg) * self.seg for p in super().peaks(length, split)]
+
+
+@pytest.mark.parametrize("seg,g", [(300, 12), (700, 12), (2500, 20)])
+def test_alike_cards_share_card0s_slack_within_one_sample(seg, g):
+    # card 0 pays for the whole batch's outputs (g per sample and token), so its term sets
+    # every bucket's largest batch and the other cards share what is left: alike cards (two
+    # large, two small) get chunks within one sample, the batch still the largest
+    surface = Stairs(seg, [500] * 4, 20, 0, g)
+    budgets = [40_000, 40_000, 20_000, 20_000]
+    edges = [8, 12, 16, 24, 32]
+    out = search_buckets(surface.probe, budgets, edges, start=64, max_probes=40,
+                         alike=["big", "big", "small", "small"])
+    plain = search_buckets(surface.probe, budgets, edges, start=64, max_probes=40)
+    # without the cards named alike, some bucket gives the small cards chunks apart
+    assert any(abs(p.best.chunk_sizes[2] - p.best.chunk_sizes[3]) > 1 for p in plain)
+    for s, p in zip(out, plain):
+        c = s.best.chunk_sizes
+        assert abs(c[2] - c[3]) <= 1
+        assert s.outcome.certified and fits(surface, budgets, s.length, c)
+        assert s.best.batch_size == p.best.batch_size == largest(surface, budgets, s.length)
+
+
+def largest(surface, budgets, length):
+    """The largest batch: cards >= 1 at their caps (each alone against its budget), card 0
+    the fewest samples they leave it (its peak depends on its chunk and the batch only)."""
+    def cap(i):
+        c = 0
+        while surface.peaks(length, [0] * i + [c + 1] + [0] * (3 - i))[i] <= budgets[i]:
+            c += 1
+        return c
+    rest = sum(cap(i) for i in range(1, 4))
+    b = 0
+    while True:
+        c0 = max(0, b + 1 - rest)
+        if surface.peaks(length, [c0, b + 1 - c0, 0, 0])[0] > budgets[0]:
+            return b
+        b += 1

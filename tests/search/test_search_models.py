@@ -107,7 +107,13 @@ def test_balance_is_optimal_and_certified(name):
                   verbose=False, backend=backend, budget_level="allocated").fit()
     curves = brute.Curves(wl, 2 if has_batchnorm(model) else 1)
     opt = brute.balance_optimum(curves, r.budget_bytes, batch, r.chunk_sizes)
-    assert brute.max_share(r.peak_bytes, r.budget_bytes) == pytest.approx(opt.max_share, rel=1e-9)
+    share = brute.max_share(r.peak_bytes, r.budget_bytes)
+    if r.chunk_sizes == even_split(batch, n):
+        # the even split kept: within the tolerance (2%, relative) of the optimum, said so
+        assert opt.max_share <= share <= 1.02 * opt.max_share
+        assert any(note.startswith("the even split is kept") for note in r.notes)
+    else:
+        assert share == pytest.approx(opt.max_share, rel=1e-9)
     assert r.certified and r.num_probes <= 6
 
 
