@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from dptune.backends.simulated.ddp_memory import DDPOptions
-from dptune.backends.simulated.reserved import (DEFAULT_LEVEL, BudgetLevel, ReservedModel, level_settings,
-                                                real_cards_measured)
+from dptune.backends.simulated.reserved import ReservedModel, level_settings
+from dptune.budget import DEFAULT_LEVEL, BudgetLevel, real_cards_measured
 from dptune.errors import UsageError
 from dptune.split import MAX_BATCH_SIZE
 from dptune.types import Objective, Strategy

@@ -22,7 +22,8 @@ from dptune import search
 from dptune.step.advice import unread_outputs_advice
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
 from dptune.backends.choice import BackendChoice, build_backend, choose_backend, timed
-from dptune.backends.simulated.reserved import BudgetLevel, ReservedModel, advice_lines, at_level
+from dptune.backends.simulated.reserved import ReservedModel, advice_lines
+from dptune.budget import BudgetLevel, at_level
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result.model import SplitFigures, TuneResult, imbalance
 from dptune.search.alike import device_keys
@@ -70,7 +71,7 @@ class Tuner:
     - ``budget``: what each card's peak is checked against, a :class:`dptune.Budget`
       (``Budget.at(level="reserved", headroom="1GiB")``); default: the caching allocator's
       reserved peak plus the strategy's fixed costs (NCCL's buffers), with 256 MiB of headroom
-      (1 GiB at ``level="allocated"``; why: :data:`dptune.backends.simulated.reserved.DEFAULT_HEADROOM`).
+      (1 GiB at ``level="allocated"``; why: :data:`dptune.budget.DEFAULT_HEADROOM`).
       On simulated cards the reserved level is predicted by a model of the allocator
       (:mod:`dptune.backends.simulated.allocator`); on real cards it is ``max_memory_reserved``.
       The shorthand keywords ``headroom=``, ``budget_level=``, ``allocator=``, ``nccl_bytes=``

@@ -176,7 +176,7 @@ class ProbeResult:
     total_bytes: Optional[tuple[int, ...]] = None
     memory_stats: Optional[tuple[dict[str, int], ...]] = None
     expandable_reserved_bytes: Optional[tuple[int, ...]] = None
-    # set when peak_bytes holds the budget level 'reserved' (dptune.backends.simulated.reserved.at_level):
+    # set when peak_bytes holds the budget level 'reserved' (dptune.budget.at_level):
     # the allocated peak, which peak_bytes holds otherwise
     allocated_peak_bytes: Optional[tuple[int, ...]] = None
     # the step's time, per card and in all, measured or estimated (dptune.hardware.speeds)

@@ -18,8 +18,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dptune"
 
 #: bottom-up; a unit imports units of its floor or below (a floor's units may import each other)
 FLOORS: list[tuple[str, ...]] = [
-    ("errors", "units", "split", "_torch_private", "budget"),
-    ("types", "hardware"),               # Device and StepTime; the card table and the card readers
+    ("errors", "units", "split", "_torch_private"),
+    ("types", "hardware", "budget"),     # Device, ProbeResult; the card table, the card readers;
+                                         # the budget policy (levels, headroom, fixed costs)
     ("checkpoint", "solve"),             # pure arithmetic: memory and time fits, integer splits
     ("step",),                           # the user's training step, described once
     ("parallel",),                       # BalancedDataParallel
@@ -89,6 +90,16 @@ def test_imports_run_down_the_floors(path):
 def test_the_top_level_is_short():
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(loose) <= 16, loose
+
+
+def test_the_budget_policy_has_one_home():
+    """BudgetLevel, the default level and headroom, at_level: defined in dptune/budget.py
+    alone, and imported from there (the simulator's reserved model re-exports nothing)."""
+    defined = re.compile(r"^(class BudgetLevel|DEFAULT_LEVEL =|DEFAULT_HEADROOM =|def at_level|"
+                         r"def parse_level)", re.M)
+    homes = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                   if defined.search(p.read_text(encoding="utf-8")))
+    assert homes == ["budget.py"]
 
 
 def test_private_aten_ops_only_in_torch_private():

@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from dptune import Budget, SearchSettings, Tuner, Workload, ddp
 from dptune.backends.simulated.ddp_memory import DDPOptions
-from dptune.backends.simulated.reserved import BudgetLevel
+from dptune.budget import BudgetLevel
 from dptune.errors import UsageError
 from dptune.settings import Settings
 from dptune.types import Objective, Strategy

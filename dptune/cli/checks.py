@@ -22,7 +22,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Optional, Union
 
-from dptune.backends.simulated.reserved import DEFAULT_LEVEL
+from dptune.budget import DEFAULT_LEVEL
 from dptune.errors import OutputError, UsageError
 from dptune.split import MAX_BATCH_SIZE
 from dptune.units import format_bytes, parse_bytes
@@ -130,7 +130,7 @@ def headroom_arg(text: str) -> int:
 
 
 def budget_level_arg(text: str) -> str:
-    """``--budget-level``: ``allocated`` or ``reserved`` (:class:`dptune.backends.simulated.reserved.BudgetLevel`)."""
+    """``--budget-level``: ``allocated`` or ``reserved`` (:class:`dptune.budget.BudgetLevel`)."""
     if text not in ("allocated", "reserved"):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a budget level: give 'reserved' (the caching allocator's reserved "
@@ -212,7 +212,7 @@ def check_nccl_bytes(nccl_bytes: Optional[int], simulate: Optional[str],
     if nccl_bytes is None or simulate is None:
         return
     from dptune import parse_cluster
-    from dptune.backends.simulated.reserved import DEFAULT_HEADROOM, BudgetLevel
+    from dptune.budget import DEFAULT_HEADROOM, BudgetLevel
 
     room = DEFAULT_HEADROOM[BudgetLevel.RESERVED] if headroom is None else headroom
     for d in parse_cluster(simulate).devices:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from dptune.budget import FixedCosts
-from dptune.backends.simulated.reserved import at_level
+from dptune.budget import at_level
 from dptune.ddp.ranks import simulated_peak
 from dptune.errors import UsageError
 

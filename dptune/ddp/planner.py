@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
-from dptune.backends.simulated.reserved import BudgetLevel
+from dptune.budget import BudgetLevel
 from dptune.ddp.group import Group, LocalGroup, TorchGroup
 from dptune.ddp.probers import Prober, SimulatedProber, local_cuda_prober
 from dptune.ddp.ranks import RankInfo

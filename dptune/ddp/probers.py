@@ -9,7 +9,8 @@ from typing import Any, Optional, Protocol
 
 from dptune.backends.simulated.ddp_memory import DDPOptions, bucket_bytes, params_of
 from dptune.budget import FixedCosts
-from dptune.backends.simulated.reserved import BudgetLevel, ReservedModel, at_level
+from dptune.backends.simulated.reserved import ReservedModel
+from dptune.budget import BudgetLevel, at_level
 from dptune.ddp.ranks import RankInfo, local_card, min_batch, simulated_peak, step_settings
 from dptune.errors import BackendUnavailableError
 

@@ -60,6 +60,6 @@ def simulated_peak(backend: Any, device: Any, batch_size: int) -> int:
     allocator model (``backend.reserved``), the reserved peak plus the fixed costs."""
     if backend.reserved is None:
         return int(backend.estimate([batch_size]).peak_bytes[0])
-    from dptune.backends.simulated.reserved import BudgetLevel, at_level
+    from dptune.budget import BudgetLevel, at_level
 
     return int(at_level(backend.probe([batch_size]), [device], BudgetLevel.RESERVED).peak_bytes[0])

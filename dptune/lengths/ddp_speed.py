@@ -32,7 +32,7 @@ import dataclasses
 from typing import Any, Callable, Optional, Sequence
 
 from dptune.backends.base import ProbeResult
-from dptune.backends.simulated.reserved import BudgetLevel, at_level
+from dptune.budget import BudgetLevel, at_level
 from dptune.search.throughput_loop import fastest_ranks_split, rank_step_model, throughput_loop
 from dptune.solve.time import SplitTime, TimeFit, fit_time
 from dptune.hardware.speeds import StepTime, TimeSource
@@ -52,7 +52,7 @@ class DDPRanks:
     rank is refused by the caller). With ``reserved`` (an allocator model) each rank's peak
     is at the reserved level: its own probe's trace replayed, NCCL's buffers as for a world of
     all the ranks; the allocated peaks are kept in ``allocated_peak_bytes``, as
-    :func:`dptune.backends.simulated.reserved.at_level` does. Each probe's ``time``: see the module
+    :func:`dptune.budget.at_level` does. Each probe's ``time``: see the module
     docstring (estimated).
     """
 

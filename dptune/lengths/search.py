@@ -24,7 +24,7 @@ from typing import Any, Callable, Hashable, Iterable, Optional, Sequence
 
 from dptune import search
 from dptune.backends.base import Backend, ProbeResult
-from dptune.backends.simulated.reserved import BudgetLevel, at_level
+from dptune.budget import BudgetLevel, at_level
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.lengths.buckets import Buckets, assign, bucket_edges
 from dptune.lengths.plan import BucketPlan, LengthPlan
@@ -209,7 +209,7 @@ _QUIET_SEARCH = SearchSettings(max_probes=16, verbose=False)     # per bucket
 def _level_notes(level: BudgetLevel, simulated: bool, given: Sequence[str]) -> list[str]:
     """The note saying which level the budgets were checked against (and the refusal of
     allocator-model options, named in ``given``, where real cards are measured)."""
-    from dptune.backends.simulated.reserved import real_cards_measured
+    from dptune.budget import real_cards_measured
 
     if given and not simulated:
         raise UsageError(real_cards_measured(given))

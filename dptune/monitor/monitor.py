@@ -38,7 +38,7 @@ import warnings
 import weakref
 from typing import Any, Literal, Optional, Sequence
 
-from dptune.backends.simulated.reserved import DEFAULT_HEADROOM, BudgetLevel, parse_level
+from dptune.budget import DEFAULT_HEADROOM, BudgetLevel, parse_level
 from dptune.errors import UsageError
 from dptune.monitor.cards import CardReading, CardRuntime, current_device, default_runtime, read_card
 from dptune.monitor.events import (EventKind, Limiter, MonitorEvent, MonitorWarning, fragmentation_advice,

@@ -2,7 +2,7 @@
 
 A probe's ``peak_bytes`` is the figure checked against each budget: the reserved peak plus
 NCCL's buffers at ``reserved`` (the default), the allocated peak at ``allocated``
-(:func:`dptune.backends.simulated.reserved.at_level`, which then keeps the allocated peak in
+(:func:`dptune.budget.at_level`, which then keeps the allocated peak in
 ``allocated_peak_bytes``). Where the probe also carries the allocator's figures (the
 allocator model on simulated cards at the reserved level; ``max_memory_reserved`` and NVML
 on real cards), a report shows per card:

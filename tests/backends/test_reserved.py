@@ -122,7 +122,7 @@ def test_small_mlp_example_runs():
 # -- the budget level in the tuner -----------------------------------------------------------------
 @pytest.mark.slow
 def test_tuner_reserved_level_checks_reserved_plus_nccl():
-    from dptune.backends.simulated.reserved import DEFAULT_HEADROOM, BudgetLevel
+    from dptune.budget import DEFAULT_HEADROOM, BudgetLevel
     from dptune.tuner import Tuner
 
     wl = mlp_workload()
@@ -149,7 +149,7 @@ def test_tuner_reserved_level_checks_reserved_plus_nccl():
 
 def test_budget_level_errors_and_real_card_figures():
     from dptune.backends.base import Device, ProbeResult
-    from dptune.backends.simulated.reserved import BudgetLevel, at_level
+    from dptune.budget import BudgetLevel, at_level
     from dptune.errors import BackendUnavailableError, UsageError
     from dptune.tuner import Tuner
 
@@ -289,7 +289,7 @@ def test_steps_of_changing_batch_fragment_by_default_not_with_expandable_segment
 def test_real_card_probe_reports_torch_key_names_and_the_reserved_level():
     # the CUDA backend on test_cuda_backend's fake runtime: its measured figures under
     # torch.cuda.memory_stats()'s names, and the reserved level checks max_memory_reserved
-    from dptune.backends.simulated.reserved import BudgetLevel, at_level
+    from dptune.budget import BudgetLevel, at_level
     from tests.backends.cuda.test_cuda_backend import FakeRuntime, backend as cuda_backend
 
     rt = FakeRuntime()

@@ -28,13 +28,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Optional, Protocol, Sequence
 
 from dptune.backends.simulated.allocator import AllocatorConfig, AllocatorStats, Event, replay
 from dptune.backends.base import Device, ProbeResult
-from dptune.budget import FixedCosts
-from dptune.errors import BackendUnavailableError, UsageError
+from dptune.budget import (DEFAULT_HEADROOM, DEFAULT_LEVEL, BudgetLevel, FixedCosts, at_level,  # noqa: F401
+                           parse_level, real_cards_measured)
+from dptune.errors import UsageError
 from dptune.units import format_bytes
 
 __all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "BudgetLevel",
@@ -171,42 +171,6 @@ def _canonical(traces: Sequence[Sequence[Event]]) -> tuple[tuple[Event, ...], ..
                  for t in traces)
 
 
-# --------------------------------------------------------------------------------------------
-# The budget level: which figure the search checks against each card's budget
-# --------------------------------------------------------------------------------------------
-class BudgetLevel(str, Enum):
-    """``reserved`` (the default, :data:`DEFAULT_LEVEL`): the caching allocator's reserved
-    peak plus the fixed costs the budget does not already take out (NCCL on the simulator;
-    the CUDA context is in ``Device.context_bytes``), i.e. what runs out on a card.
-    ``allocated``: the allocator's allocated peak (``max_memory_allocated``) alone, the
-    headroom covering the rest."""
-
-    ALLOCATED = "allocated"
-    RESERVED = "reserved"
-
-
-#: The level :class:`dptune.Tuner`, ``dptune search``, ``dptune plan`` (DDP and FSDP), the
-#: ``--lengths`` plans and the Hugging Face integration check by default: the one that runs
-#: out. ``budget_level="allocated"`` (``--budget-level allocated``) still checks the
-#: allocated peak.
-DEFAULT_LEVEL = BudgetLevel.RESERVED
-
-#: The headroom each level leaves by default. At ``allocated`` 1 GiB covers fragmentation
-#: (the reserved-but-free memory), NCCL's buffers and what else is not modelled. At
-#: ``reserved`` (the default) fragmentation and NCCL are predicted, so the default shrinks
-#: by 768 MiB, to 256 MiB for what is still not modelled (cuDNN's per-algorithm workspaces,
-#: DataParallel's 10 MiB coalesced broadcast/reduce buckets, blocks held back by
-#: record_stream on the scatter's side stream, the driver's own rounding).
-DEFAULT_HEADROOM = {BudgetLevel.ALLOCATED: 1024 * 1024 * 1024, BudgetLevel.RESERVED: 256 * 1024 * 1024}
-
-
-def parse_level(level: "str | BudgetLevel") -> BudgetLevel:
-    try:
-        return BudgetLevel(level)
-    except ValueError:
-        raise UsageError(f"budget level must be 'allocated' or 'reserved', got {level!r}") from None
-
-
 def level_settings(budget_level: "str | BudgetLevel", headroom: "int | str | None",
                    allocator: "str | AllocatorConfig | None" = None,
                    nccl_bytes: "int | str | None" = None
@@ -228,32 +192,6 @@ def level_settings(budget_level: "str | BudgetLevel", headroom: "int | str | Non
     config = (AllocatorConfig.from_env() if allocator is None else allocator
               if isinstance(allocator, AllocatorConfig) else AllocatorConfig.parse(allocator))
     return level, room, ReservedModel(config, FixedCosts(nccl))
-
-
-def real_cards_measured(options: Sequence[str]) -> str:
-    """The one line for allocator-model options given where real cards are probed."""
-    return (f"{' and '.join(options)} set the allocator model of simulated cards; real GPUs are "
-            "measured: set PYTORCH_CUDA_ALLOC_CONF in the environment before dptune starts "
-            "(NCCL's buffers are in NVML's figures there), or simulate the cards")
-
-
-def at_level(r: ProbeResult, devices: Sequence[Device], level: BudgetLevel) -> ProbeResult:
-    """``r`` with ``peak_bytes`` at ``level`` (the allocated peak kept in
-    ``allocated_peak_bytes``): on the simulator the model's reserved peak + NCCL (total use
-    less the context, which the budget already takes out); on real cards the measured
-    ``max_memory_reserved`` (NCCL's buffers, once made, are in NVML's figures there)."""
-    if level is BudgetLevel.ALLOCATED:
-        return r
-    if r.reserved_bytes is None:
-        raise BackendUnavailableError(
-            "budget level 'reserved' (the default) needs reserved figures, and this backend gave "
-            "none: give budget_level='allocated' (--budget-level allocated), or build a simulated "
-            "backend with reserved=ReservedModel()")
-    if r.total_bytes is not None:
-        peaks = tuple(t - d.context_bytes for t, d in zip(r.total_bytes, devices))
-    else:
-        peaks = tuple(r.reserved_bytes)
-    return dataclasses.replace(r, peak_bytes=peaks, allocated_peak_bytes=r.peak_bytes)
 
 
 def advice_lines(r: ProbeResult) -> list[str]:
