@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any, Optional, Protocol
 
 from dptune.backends.ddp_memory import DDPOptions, bucket_bytes, params_of
-from dptune.backends.fixed_costs import FixedCosts
+from dptune.backends.fixed_costs import Collectives, FixedCosts
 from dptune.backends.reserved import BudgetLevel, ReservedModel, at_level
 from dptune.ddp.ranks import RankInfo, local_card, min_batch, simulated_peak, step_settings
 from dptune.errors import BackendUnavailableError
@@ -42,7 +42,7 @@ class SimulatedProber:
             # at the reserved level each rank's trace is replayed through the allocator model,
             # NCCL's buffers as for a world of all the ranks (as SimulatedDDP(reserved=...))
             model = None if reserved is None else dataclasses.replace(
-                reserved, fixed=FixedCosts(reserved.fixed.nccl_for(len(cluster))))
+                reserved, fixed=FixedCosts(reserved.fixed.nccl_for(len(cluster), Collectives.DDP)))
             shared[card] = (SimulatedDDPRank(workload, card_of(cluster, rank), options, model), {})
         self.backend, self._memo = shared[card]
         self.workload, self.headroom, self.host = workload, headroom_bytes, host

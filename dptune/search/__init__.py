@@ -20,7 +20,8 @@ from dptune.backends.base import ProbeResult
 from dptune.search.balance import Balance
 from dptune.search.loop import Proposal, refine
 from dptune.search.max_batch import MaxBatch
-from dptune.search.messages import card0_holdings, infeasible_error
+from dptune.errors import NoFeasibleSplitError
+from dptune.search.messages import card0_holdings, fixed_costs_fill, infeasible_error
 from dptune.search.models import CardFits
 from dptune.search.observations import Bracket, Observations
 from dptune.solver import Fit
@@ -135,14 +136,22 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     for r in prior:
         obs.add_prior(r, prior_cards)
     notes: list[str] = []
-    if Objective.parse(objective) is Objective.BALANCE:
-        bal = Balance(obs, batch_size, max_probes, tolerance, notes)
-        refine(probe, bal, obs, max_probes, on_probe)
-        found = _balance_found(obs, bal, batch_size, notes)
-    else:
-        mb = MaxBatch(obs, batch_size, max_probes, compare_even, first_split)
-        refine(probe, mb, obs, max_probes, on_probe)
-        found = _max_batch_found(obs, mb, batch_size, min_chunk, compare_even, notes)
+    try:
+        if Objective.parse(objective) is Objective.BALANCE:
+            bal = Balance(obs, batch_size, max_probes, tolerance, notes)
+            refine(probe, bal, obs, max_probes, on_probe)
+            found = _balance_found(obs, bal, batch_size, notes)
+        else:
+            mb = MaxBatch(obs, batch_size, max_probes, compare_even, first_split)
+            refine(probe, mb, obs, max_probes, on_probe)
+            found = _max_batch_found(obs, mb, batch_size, min_chunk, compare_even, notes)
+    except NoFeasibleSplitError as e:
+        fixed = fixed_costs_fill(obs.probes, obs.budgets)
+        if fixed is None or fixed in str(e):
+            raise
+        # the fixed costs, not the model, fill a card: the error says so and names the flags
+        raise NoFeasibleSplitError(f"no split fits: {fixed}.",
+                                   shortfall_bytes=e.shortfall_bytes) from None
     if not found.certified:
         open_ = [b.describe() for b in found.brackets if not b.closed]
         notes.append(f"not certified: {len(obs.probes)} of {max_probes} probes run and "

@@ -82,7 +82,10 @@ def test_total_is_reserved_plus_context_plus_nccl():
     b = backend(mlp_workload(), "2x24GB,context=300MiB")
     r = b.probe([8, 8])
     assert r.reserved_bytes is not None and r.total_bytes is not None
-    assert r.total_bytes == tuple(x + 300 * MiB + NCCL_COMMUNICATOR_BYTES for x in r.reserved_bytes)
+    # DataParallel on 2 cards: torch.cuda.comm's one clique (nccl #964's 2-device figure)
+    assert r.total_bytes == tuple(x + 300 * MiB + 544 * 10**6 for x in r.reserved_bytes)
+    four = backend(mlp_workload(), "3x24GB,context=0MiB").probe([8, 8, 8])
+    assert four.total_bytes == tuple(x + 688 * 10**6 for x in four.reserved_bytes)
     one = backend(mlp_workload(), "1x24GB,context=300MiB").probe([8])
     assert one.total_bytes == (one.reserved_bytes[0] + 300 * MiB,)      # no NCCL on one card
     set_ = backend(mlp_workload(), "2x24GB,context=0MiB", nccl=5 * MiB).probe([8, 8])
@@ -237,8 +240,10 @@ def test_ddp_ranks_get_reserved_and_nccl_figures():
     assert r.peak_bytes == plain.peak_bytes and r.chunk_sizes == (8, 16)   # figures unchanged
     assert plain.reserved_bytes is None
     assert r.reserved_bytes is not None and r.total_bytes is not None and r.memory_stats is not None
-    # every rank is one NCCL rank of a world of two
+    # every rank is one NCCL rank of a world of two: the process group's communicator, more
+    # than DataParallel's clique
     assert r.total_bytes == tuple(x + NCCL_COMMUNICATOR_BYTES for x in r.reserved_bytes)
+    assert NCCL_COMMUNICATOR_BYTES > FixedCosts().nccl_for(2)
     for card, ms in enumerate(r.memory_stats):
         assert ms["reserved_bytes.all.peak"] >= ms["allocated_bytes.all.peak"] >= r.peak_bytes[card]
     one = SimulatedDDP(mlp_workload(), "1x24GB,context=0MiB", reserved=model).probe([8])
