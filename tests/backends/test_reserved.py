@@ -104,6 +104,20 @@ def test_reserved_over_the_card_is_an_oom_of_the_probe():
     assert r.alloc_retries is not None and r.alloc_retries[0] >= 1
 
 
+def test_a_step_that_retries_reads_what_it_needs():
+    """Where the allocator had to free its cache and retry a cudaMalloc, the reserved figure
+    is the step's need (the replay without a limit), not the lower peak after the retry: the
+    post-retry peak depends on fragmentation, so a larger step that retries could read lower
+    than a smaller one, and the level's figure would not grow with the work."""
+    wl = mlp_workload()
+    need = backend(wl, "1x24GB,context=0MiB").probe([8])
+    assert need.alloc_retries == (0,) and need.reserved_bytes is not None
+    cap = need.peak_bytes[0] + 27 * MiB        # room for the step only after a retry
+    r = backend(wl, f"1x{cap // 1024}KiB,context=0MiB").probe([8])
+    assert r.alloc_retries is not None and r.alloc_retries[0] >= 1
+    assert r.reserved_bytes == need.reserved_bytes and need.reserved_bytes[0] > cap
+
+
 def test_recorder_cut_keeps_setup():
     rec = TraceRecorder(1)
     rec(0, 512, 1)

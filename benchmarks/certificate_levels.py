@@ -1,0 +1,151 @@
+"""Model surfaces at a budget level, for the certificate benchmark and the reserved-level oracle.
+
+At the default level (``reserved``) a card's figure is the caching allocator's reserved peak
+plus the fixed costs (NCCL's buffers): a staircase of the allocated trace, replayed at the
+card's own capacity. The figures come straight from the simulated backend on the cluster of
+the case (``SimulatedBackend(..., reserved=ReservedModel())`` and
+:func:`dptune.backends.reserved.at_level`), never from the search:
+
+- card ``i >= 1`` at chunk ``c``: one probe with every card ``i >= 1`` at ``c`` (card ``i``'s
+  figure depends on its own chunk only, as at the allocated level: its trace is its replica's
+  step on its chunk; the replay runs at its own capacity);
+- card 0 at chunk ``c0`` of a batch ``B``: one probe with the rest spread evenly.
+
+Each figure is cached, so the exhaustive answers (:func:`benchmarks.certificate.answer`: caps by
+bisection on the monotone surface, checked by a scan of the samples around each cap, see
+:func:`check_monotone_near`) and dptune's search share the probes. The allocated peaks ride
+along in each probe (``allocated_peak_bytes``), as they do in dptune's probes at the level.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from dptune.backends.base import ProbeResult
+from dptune.split import even_split
+
+from benchmarks.certificate_surface import MiB, Surface, _valid
+
+__all__ = ["LevelCurves", "level_surface", "LEVEL_MODELS", "check_monotone_near"]
+
+
+class LevelCurves:
+    """Per-card figures at ``level`` on one simulated cluster, measured on demand and cached."""
+
+    def __init__(self, workload: Any, spec: str, headroom: int, level: str, m: int):
+        from dptune.backends.reserved import BudgetLevel, ReservedModel
+        from dptune.backends.simulated import SimulatedBackend, parse_cluster
+
+        self.level = BudgetLevel(level)
+        reserved = ReservedModel() if self.level is BudgetLevel.RESERVED else None
+        self.backend = SimulatedBackend(workload, parse_cluster(spec), reserved=reserved)
+        self.devices = self.backend.devices
+        self.n = len(self.devices)
+        self.m = m
+        self.budgets = [d.budget_bytes(headroom) for d in self.devices]
+        self.probes = 0
+        self._f: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._g: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def _probe(self, split: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(figures at the level, allocated peaks) of one simulated step."""
+        from dptune.backends.reserved import at_level
+
+        r = at_level(self.backend.probe(list(split)), self.devices, self.level)
+        self.probes += 1
+        alloc = r.allocated_peak_bytes or r.peak_bytes
+        return tuple(r.peak_bytes), tuple(alloc)
+
+    def _card(self, c: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        if c not in self._f:
+            self._f[c] = self._probe([self.m] + [c] * (self.n - 1))
+        return self._f[c]
+
+    def f(self, i: int, c: int) -> int:
+        return self._card(c)[0][i] if c else 0
+
+    def fa(self, i: int, c: int) -> int:
+        return self._card(c)[1][i] if c else 0
+
+    def _card0(self, c0: int, b: int) -> tuple[int, int]:
+        key = (c0, b)
+        if key not in self._g:
+            rest = list(even_split(b - c0, self.n - 1))
+            split = [c0] + rest
+            if not _valid(split, self.m):       # BatchNorm: a rest of 1 goes to one card
+                rest = [b - c0] + [0] * (self.n - 2)
+                split = [c0] + rest
+            peaks, alloc = self._probe(split)
+            self._g[key] = (peaks[0], alloc[0])
+        return self._g[key]
+
+    def g(self, c0: int, b: int) -> int:
+        return self._card0(c0, b)[0]
+
+    def ga(self, c0: int, b: int) -> int:
+        return self._card0(c0, b)[1]
+
+
+class LevelSurface(Surface):
+    """A :class:`Surface` whose probes also carry the allocated peaks."""
+
+    curves: Optional[LevelCurves] = None
+
+    def probe(self, split: Sequence[int]) -> ProbeResult:
+        s = tuple(int(c) for c in split)
+        cv = self.curves
+        assert cv is not None
+        b = sum(s)
+        alloc = (cv.ga(s[0], b), *(cv.fa(i, c) for i, c in enumerate(s) if i))
+        return ProbeResult(s, tuple(self.peaks(s)), allocated_peak_bytes=alloc)
+
+
+#: The audited cases of issue 35 and small models, at the default level: (model class,
+#: keyword arguments, optimizer, cluster, start batch per card).
+LEVEL_MODELS = {
+    "causal-lm": ("TinyGPT", dict(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32),
+                  "adamw", "2x2GB", 8),
+    "causal-lm/3": ("TinyGPT", dict(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32),
+                    "adamw", "3x2GB", 8),
+    "bn-cnn": ("SmallResNet", dict(widths=(8, 16), blocks=1, num_classes=10, image_size=32),
+               "adamw", "2x2GB", 8),
+    "mlp-tiny-output": ("MLP", dict(in_features=512, hidden=2048, depth=2, num_classes=2), "adamw",
+                        "2x2GB", 8),
+    "mlp-wide/sgd": ("MLP", dict(in_features=4096, hidden=8192, depth=6), "sgd", "4x24GB", 4096),
+    "mlp-wide/sgd/used": ("MLP", dict(in_features=4096, hidden=8192, depth=6), "sgd",
+                          "4x24GB,used=0:6GB", 4096),
+}
+HEADROOM = 64 * MiB
+
+
+def level_surface(name: str, level: str = "reserved") -> LevelSurface:
+    import torch
+
+    from dptune.examples import models
+    from dptune.workload import Workload, has_batchnorm
+
+    cls, kw, opt, spec, per_card = LEVEL_MODELS[name]
+    model = getattr(models, cls)(**kw)
+
+    def optimizer(p: Any) -> Any:
+        if opt == "sgd":
+            return torch.optim.SGD(p, lr=0.1, momentum=0.9)
+        return torch.optim.AdamW(p, lr=1e-4)
+    wl = Workload(model, model.sample, None, optimizer)
+    m = 2 if has_batchnorm(model) else 1
+    cv = LevelCurves(wl, spec, HEADROOM, level, m)
+
+    def g(c0: int, b: int) -> int:
+        return cv.g(c0, b)
+    s = LevelSurface(f"{name} {spec} @{level}", f"models@{level}", cv.budgets,
+                     f=cv.f, g=g, m=m, hint=per_card * cv.n)
+    s.curves = cv
+    return s
+
+
+def check_monotone_near(s: Surface, i: int, cap: int, width: int = 8) -> bool:
+    """The exhaustive answers bisect on a monotone surface: the samples around card ``i``'s cap
+    (``cap - width`` to ``cap + width``) are scanned, every one up to the cap within budget and
+    every one above it over (no fit again above a failure near the cap)."""
+    lo = max(s.m, cap - width)
+    return all((s.f(i, c) <= s.budgets[i]) == (c <= cap) for c in range(lo, cap + width + 1))
