@@ -149,3 +149,72 @@ def check_monotone_near(s: Surface, i: int, cap: int, width: int = 8) -> bool:
     every one above it over (no fit again above a failure near the cap)."""
     lo = max(s.m, cap - width)
     return all((s.f(i, c) <= s.budgets[i]) == (c <= cap) for c in range(lo, cap + width + 1))
+
+
+def line_monotone_near(s: Surface, caps_: Sequence[int], best: int, width: int = 8) -> bool:
+    """Card 0 along the line (the others at their caps, card 0 at the fewest samples left):
+    every batch from ``best - width`` to ``best`` within budget, every one above over."""
+    from benchmarks.certificate import card0_chunk, reachable
+
+    reach = reachable(caps_, s.m)
+    for b in range(max(1, best - width), best + width + 1):
+        c0 = card0_chunk(b, caps_, s.m, reach)
+        fits = c0 is not None and s.g(c0, b) <= s.budgets[0]
+        if fits != (b <= best):
+            return False
+    return True
+
+
+def measure_level(name: str, level: str, max_probes: int = 12) -> dict[str, Any]:
+    """dptune's largest batch on one model case at ``level`` against the exhaustive answer;
+    ``monotone``: the scans around every cap and along card 0's line agree with the
+    bisection (where they do not, the surface is not monotone there and no probe-local
+    certificate proves a largest batch)."""
+    import time
+
+    from benchmarks.certificate import answer
+    from dptune import search as dsearch
+
+    t0 = time.perf_counter()
+    s = level_surface(name, level)
+    ans = answer(s)
+    out = dsearch.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m,
+                      max_probes=max_probes, exact_on_oom=True)
+    even = out.even.batch_size if out.even is not None else 0
+    monotone = all(check_monotone_near(s, i, c) for i, c in enumerate(ans.caps, start=1)) \
+        and line_monotone_near(s, ans.caps, ans.best)
+    return dict(case=s.name, level=level, best=ans.best, even=ans.even,
+                dptune=out.best.batch_size, dptune_even=even, certified=out.certified,
+                even_open=out.even_open, probes=len(out.probes),
+                exact=out.best.batch_size == ans.best and even == ans.even,
+                monotone=monotone, sim_probes=s.curves.probes if isinstance(s, LevelSurface)
+                and s.curves else 0, seconds=time.perf_counter() - t0)
+
+
+def level_table(rows: Sequence[dict[str, Any]]) -> str:
+    head = ("| case | level | B* | E | dptune | even | probes | certified | exact | monotone near B* |\n"
+            "|---|---|---|---|---|---|---|---|---|---|")
+    body = [f"| {r['case']} | {r['level']} | {r['best']} | {r['even']} | {r['dptune']} | "
+            f"{r['dptune_even']}{' (open)' if r['even_open'] else ''} | {r['probes']} | "
+            f"{'yes' if r['certified'] else 'no'} | {'yes' if r['exact'] else 'WRONG'} | "
+            f"{'yes' if r['monotone'] else 'NO'} |" for r in rows]
+    return "\n".join([head] + body)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.certificate_levels", description=__doc__)
+    ap.add_argument("--levels", default="reserved,allocated", help="comma-separated levels")
+    ap.add_argument("cases", nargs="*", help=f"cases (default: all of {', '.join(LEVEL_MODELS)})")
+    args = ap.parse_args(argv)
+    rows = [measure_level(c, lv) for c in (args.cases or list(LEVEL_MODELS))
+            for lv in args.levels.split(",")]
+    print(level_table(rows))
+    return 0 if all(r["exact"] and r["certified"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
