@@ -72,9 +72,6 @@ _START = ("even", "spread", "start", "fit")
 #: measured (x this); a single point scales in proportion, which undershoots.
 GROWTH = 64
 
-#: a bracket whose card reads the same figure twice on one side is halved (see ``_flat``)
-FLAT_MIDDLE = True
-
 
 class MaxBatch:
     """The largest-batch strategy (see the module docstring)."""
@@ -136,19 +133,6 @@ class MaxBatch:
         if hi1 == hi and up is not None and hi < up:
             return max(mid, hi - 2 * (up - hi))
         return mid
-
-    def _flat(self, i: int) -> bool:
-        """Card ``i``'s last two points on one side of its budget (both over, or both within)
-        read the same figure at different chunks: a flat step of a staircase (the reserved
-        level rises in whole segments), where a fit or a chord guesses next to the end it
-        came from and walks a few samples a probe; the middle halves the bracket instead."""
-        for over in (True,):
-            pts = [p for p in self.obs.points[i] if p.exact and p.over == over and p.chunk > 0]
-            if len(pts) >= 2:
-                a, b = pts[-2], pts[-1]
-                if a.peak_bytes == b.peak_bytes and a.chunk != b.chunk:
-                    return True
-        return False
 
     def _caps_lo(self) -> list[int]:
         return [self.obs.bracket(i).lo for i in range(1, self.n)]
@@ -260,8 +244,8 @@ class MaxBatch:
         b = b if b >= lower else lower
         if stalled and b > lower and hi is not None:
             b = max(lower, self._unstall(f"line{line.t}", lo, hi))    # not halved in two probes
-        elif FLAT_MIDDLE and hi is not None and b > lower and self._flat(0):
-            b = max(lower, (lo + hi) // 2)                            # a flat step: halve
+        elif hi is not None and b > lower and self.obs.flat_over(0):
+            b = max(lower, (lo + hi) // 2)          # a flat step of a staircase: halve it
         return b
 
     # ---- the largest batch --------------------------------------------------------------
