@@ -152,7 +152,14 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         # the fixed costs, not the model, fill a card: the error says so and names the flags
         raise NoFeasibleSplitError(f"no split fits: {fixed}.",
                                    shortfall_bytes=e.shortfall_bytes) from None
-    if not found.certified:
+    contradiction = obs.not_monotone()
+    if contradiction is not None:
+        notes.append(f"the figures are not monotone ({contradiction}; the caching allocator's "
+                     "reserved peak depends on fragmentation): one more sample measured over "
+                     "does not prove that no larger batch fits, so the answer is not "
+                     "certified")
+        found = found._replace(certified=False)
+    elif not found.certified:
         open_ = [b.describe() for b in found.brackets if not b.closed]
         notes.append(f"not certified: {len(obs.probes)} of {max_probes} probes run and "
                      f"{len(open_)} bracket(s) still open ({'; '.join(open_)}); the best split "

@@ -162,6 +162,22 @@ class Observations:
                 return True
         return False
 
+    def not_monotone(self) -> Optional[str]:
+        """Where the points contradict the monotone surface the certificate rests on: a card
+        measured within budget above a chunk it was measured over at (card 0: at a chunk
+        and a batch both at least as large). The reserved level can do this (fragmentation
+        decides whether a freed block is reused). ``None`` when nothing contradicts it.
+        (Across cards it is not checked: the search does not know which cards are alike.)"""
+        for i in range(self.n):
+            for f in self.fit_points(i):
+                for o in self.over_points(i):
+                    if o.exact and o.chunk <= f.chunk and (i > 0 or o.batch <= f.batch) \
+                            and o.chunk > 0:
+                        return (f"card {i} fits at {f.chunk} samples"
+                                f"{f' of {f.batch}' if i == 0 else ''} and is over at "
+                                f"{o.chunk}{f' of {o.batch}' if i == 0 else ''}")
+        return None
+
     def bracket(self, i: int) -> Bracket:
         """Card ``i >= 1``'s cap: the largest chunk measured within budget, the smallest over."""
         overs = [p.chunk for p in self.over_points(i)]

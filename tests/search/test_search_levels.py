@@ -59,3 +59,27 @@ def test_segment_staircases_exact_and_certified(seed):
     assert all(x <= b for x, b in zip(out.best.peak_bytes, budgets))
     assert not fits_some_split(f, g, budgets, want + 1, upto=want + 1)
     assert len(out.probes) <= 12
+
+
+def test_figures_that_fall_as_the_work_grows_are_never_certified():
+    """At the reserved level fragmentation can make a card read more at a chunk than at a
+    larger one (a spike: the freed blocks do not fit). Once the probes show it, the
+    certificate's "one more sample is over" proves nothing about larger batches: the search
+    says so and does not certify. (A spike the probes never meet cannot be seen: the
+    certificate assumes the figures grow with the work.)"""
+    budgets = [8 * GiB, 8 * GiB]
+
+    def run(spike: int):  # type: ignore[no-untyped-def]
+        def probe(split):  # type: ignore[no-untyped-def]
+            s = tuple(split)
+            one = 2 * GiB + 10 * MiB * s[1] + (6 * GiB if s[1] == spike else 0)
+            return ProbeResult(s, (2 * GiB + 10 * MiB * s[0] + 4096 * sum(s), one if s[1] else 0))
+        return search.run(probe, budgets, "max_batch", 200, max_probes=12, first_split=(10, 600))
+    smooth = run(spike=-1)
+    assert smooth.certified and not any("not monotone" in n for n in smooth.notes)
+    # the smooth search moves card 1 from 614 (within budget) down to 613: a spike there
+    assert [p.chunk_sizes[1] for p in smooth.probes][2:5] == [614, 615, 613]
+    out = run(spike=613)
+    assert not out.certified
+    assert any("not monotone" in n and "card 1 fits at 614 samples and is over at 613" in n
+               for n in out.notes), out.notes
