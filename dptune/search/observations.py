@@ -149,18 +149,15 @@ class Observations:
     def over_points(self, i: int) -> list[Point]:
         return [p for p in self.points[i] if p.over]
 
-    def flat(self, i: int) -> bool:
-        """Card ``i``'s last two points on one side of its budget (both over, or both within)
-        read the same figure at different chunks: a flat step of a staircase (the reserved
-        level rises in whole segments), where a fit or a chord through them guesses next to
-        the end it came from and walks a sample or a few a probe (the largest-batch search
-        halves card 0's bracket there)."""
-        for over in (True, False):
-            pts = [p for p in self.points[i] if p.exact and p.over == over and p.chunk > 0]
-            if len(pts) >= 2 and pts[-1].peak_bytes == pts[-2].peak_bytes \
-                    and pts[-1].chunk != pts[-2].chunk:
-                return True
-        return False
+    def flat_over(self, i: int) -> bool:
+        """Card ``i``'s last two points over budget read the same figure at different
+        chunks: a flat step of a staircase (the reserved level rises in whole segments),
+        where a fit or a chord through them guesses next to the end it came from and walks
+        a few samples a probe (the largest-batch search halves card 0's bracket there).
+        Over budget only: within budget, the bracket's upper end may lie far off."""
+        pts = [p for p in self.points[i] if p.exact and p.over and p.chunk > 0]
+        return len(pts) >= 2 and pts[-1].peak_bytes == pts[-2].peak_bytes \
+            and pts[-1].chunk != pts[-2].chunk
 
     def not_monotone(self) -> Optional[str]:
         """Where the points contradict the monotone surface the certificate rests on: a card
