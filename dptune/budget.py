@@ -1,7 +1,7 @@
 """The budget policy: which figure each card's peak is checked at (:class:`BudgetLevel`, the
 default :data:`DEFAULT_LEVEL`, :func:`at_level`), the headroom each level keeps by default
 (:data:`DEFAULT_HEADROOM`), and what a card holds besides the caching allocator's segments
-(:class:`FixedCosts`), with sources.
+(:class:`FixedCosts`, NCCL's buffers per strategy: :class:`Collectives`), with sources.
 
 A card's predicted use (what nvidia-smi shows for dptune's process) is
 
@@ -19,14 +19,26 @@ Figures (overridable; none of them was measured by dptune on hardware yet):
   287 MB with lazy module loading (``CUDA_MODULE_LOADING=LAZY``, torch's default since 2.0)
   and 667 MB without, pytorch PR #86509; 300-400 MB reported in pytorch issues #107667 and
   #109888 (as cited in dptune issue 24). :data:`CONTEXT_BYTES` keeps them for reference.
-- NCCL: one communicator with an all-reduce took about 1.6 GB per GPU, three or more about
-  6 GB (NVIDIA/nccl issue #864); the amount grows linearly with NCCL's channels and with the
-  number of communicators (nccl #986, maintainer's answer). dptune takes the one-communicator
-  figure for every card of a multi-card run: a DDP rank has its process group's communicator,
-  and DataParallel's broadcast (``comm.broadcast_coalesced``) and gradient reduction
-  (``comm.reduce_add``, ``torch.cuda.nccl.reduce``) build a communicator clique over its
-  cards too. A one-card run has none. Set ``nccl_bytes`` to what ``NCCL_DEBUG=INFO`` or NVML
-  shows on your system.
+- NCCL, per strategy (:class:`Collectives`), for runs of more than one card (a one-card run
+  has none). NCCL's memory is its per-channel buffers (``NCCL_BUFFSIZE``, 4 MiB by default,
+  per protocol, per connection); it grows linearly with the channels (more on faster links)
+  and with the communicators, and depends on the algorithms connected (NVIDIA/nccl #986,
+  maintainer's answer).
+
+  - DataParallel: ``torch.cuda.comm.broadcast_coalesced`` and ``reduce_add_coalesced`` call
+    ``torch.cuda.nccl`` (torch/csrc/cuda/comm.cpp), whose one single-process clique over the
+    cards (``ncclCommInitAll``, torch/csrc/cuda/nccl.cpp) runs broadcast and reduce only
+    (rings): no process group, none of DDP's communicators. Figure: NVIDIA/nccl #964, one
+    communicator per device set with a 4 MB collective on A100s with NVLink: 544 MB per GPU
+    on 2 devices, 688 MB on 3 or more (:data:`NCCL_CLIQUE_BYTES`).
+  - DDP and FSDP2: the process group's communicator (DDP's all-reduce, which may connect
+    trees as well as rings; FSDP2's all-gather and reduce-scatter on the same group): about
+    1.6 GB per GPU for one communicator after an all-reduce, NVIDIA/nccl #864
+    (:data:`NCCL_COMMUNICATOR_BYTES`), the larger published figure, kept for the strategies
+    that run all-reduce in a process group.
+
+  Set ``nccl_bytes`` (``--nccl-bytes``) to what ``NCCL_DEBUG=INFO`` or NVML shows on your
+  system; none of these was measured by dptune.
 """
 
 from __future__ import annotations
@@ -39,7 +51,8 @@ from typing import Optional, Sequence
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.types import Device, ProbeResult
 
-__all__ = ["CONTEXT_BYTES", "NCCL_COMMUNICATOR_BYTES", "FixedCosts",
+__all__ = ["CONTEXT_BYTES", "NCCL_COMMUNICATOR_BYTES", "NCCL_CLIQUE_BYTES", "Collectives",
+           "FixedCosts",
            "BudgetLevel", "DEFAULT_LEVEL", "DEFAULT_HEADROOM", "parse_level", "real_cards_measured",
            "at_level"]
 
@@ -48,23 +61,39 @@ MB = 1000 * 1000
 CONTEXT_BYTES = {"lazy": 287 * MB, "eager": 667 * MB}
 #: One NCCL communicator after an all-reduce, per GPU (NVIDIA/nccl #864: "about 1.6GB").
 NCCL_COMMUNICATOR_BYTES = 1600 * MB
+#: One communicator over 2 devices, and over 3 or more, per GPU (NVIDIA/nccl #964: 544 MB and
+#: 688 MB on A100 with NVLink): DataParallel's single-process clique.
+NCCL_CLIQUE_BYTES = {2: 544 * MB, 3: 688 * MB}
+
+
+class Collectives(str, Enum):
+    """Which NCCL communicators a strategy sets up (see the module docstring)."""
+
+    DATA_PARALLEL = "data_parallel"   # torch.cuda.comm's clique: broadcast and reduce
+    DDP = "ddp"                       # the process group's communicator: all-reduce
+    FSDP = "fsdp"                     # the process group's communicator: all-gather, reduce-scatter
 
 
 @dataclass(frozen=True)
 class FixedCosts:
     """Per-card bytes outside the allocator that count against the card.
 
-    ``nccl_bytes``: None takes :data:`NCCL_COMMUNICATOR_BYTES` on runs of more than one card
-    (0 on one card). The CUDA context comes from ``Device.context_bytes``.
+    ``nccl_bytes``: None takes the published figure for the strategy (:meth:`nccl_for`) on
+    runs of more than one card (0 on one card). The CUDA context comes from
+    ``Device.context_bytes``.
     """
 
     nccl_bytes: Optional[int] = None
 
-    def nccl_for(self, n_cards: int) -> int:
+    def nccl_for(self, n_cards: int, collectives: Collectives = Collectives.DATA_PARALLEL) -> int:
         """NCCL bytes on each card of a run over ``n_cards`` cards."""
         if self.nccl_bytes is not None:
             return self.nccl_bytes
-        return NCCL_COMMUNICATOR_BYTES if n_cards > 1 else 0
+        if n_cards <= 1:
+            return 0
+        if collectives is Collectives.DATA_PARALLEL:
+            return NCCL_CLIQUE_BYTES[min(n_cards, 3)]
+        return NCCL_COMMUNICATOR_BYTES
 
 
 class BudgetLevel(str, Enum):

@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from dptune.budget import FixedCosts
+from dptune.budget import Collectives, FixedCosts
 from dptune.budget import at_level
 from dptune.ddp.ranks import simulated_peak
 from dptune.errors import UsageError
@@ -137,7 +137,7 @@ class SimulatedFSDPProber:
             if card not in shared:
                 # at the reserved level NCCL's buffers as for a world of all the ranks
                 model = None if reserved is None else dataclasses.replace(
-                    reserved, fixed=FixedCosts(reserved.fixed.nccl_for(len(cluster))))
+                    reserved, fixed=FixedCosts(reserved.fixed.nccl_for(len(cluster), Collectives.FSDP)))
                 shared[card] = (SimulatedFSDPRank(workload, card_of(cluster, rank), len(cluster),
                                                   options.shard_fn(), group=shared[self._GROUP][0],
                                                   reserved=model), {})

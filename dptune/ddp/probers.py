@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any, Optional, Protocol
 
 from dptune.backends.simulated.ddp_memory import DDPOptions, bucket_bytes, params_of
-from dptune.budget import FixedCosts
+from dptune.budget import Collectives, FixedCosts
 from dptune.backends.simulated.reserved import ReservedModel
 from dptune.budget import BudgetLevel, at_level
 from dptune.ddp.ranks import RankInfo, local_card, min_batch, simulated_peak, step_settings
@@ -43,7 +43,7 @@ class SimulatedProber:
             # at the reserved level each rank's trace is replayed through the allocator model,
             # NCCL's buffers as for a world of all the ranks (as SimulatedDDP(reserved=...))
             model = None if reserved is None else dataclasses.replace(
-                reserved, fixed=FixedCosts(reserved.fixed.nccl_for(len(cluster))))
+                reserved, fixed=FixedCosts(reserved.fixed.nccl_for(len(cluster), Collectives.DDP)))
             shared[card] = (SimulatedDDPRank(workload, card_of(cluster, rank), options, model), {})
         self.backend, self._memo = shared[card]
         self.workload, self.headroom, self.host = workload, headroom_bytes, host

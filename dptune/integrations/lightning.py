@@ -33,7 +33,7 @@ try:
     import lightning.pytorch as pl
 except ImportError:  # pragma: no cover - the older package name
     try:
-        import pytorch_lightning as pl
+        import pytorch_lightning as pl  # type: ignore[no-redef]
     except ImportError as err:
         raise ImportError("dptune.integrations.lightning needs the lightning package: "
                           "pip install 'dptune[lightning]'") from err

@@ -139,16 +139,17 @@ def _ratio(x: float) -> str:
 
 
 def _gain(result: TuneResult) -> str:
-    g, even = result.batch_gain, result.even
-    if math.isinf(g):
-        return ""
-    if not even.open_bracket:
-        return f" ({g:+.0%})"
-    if not even.feasible:        # no even split known to fit: no gain to give
-        return ""
-    if even.at_most is None:
-        return f" (at most {g:+.1%})"
-    return f" ({result.batch_size / even.at_most - 1:+.1%} to {g:+.1%})"
+    """The gain over the even split, only as far as the probes prove it: a point when the
+    even bracket is closed, a range when it is open but narrow, and when it is wide (or
+    nothing bounds it) the words that say so, never a figure the probes do not prove."""
+    g = result.batch_gain
+    if g is None:
+        return "" if not result.even.feasible else " (gain not proven)"
+    if g.low == g.high:
+        return f" ({g.low:+.0%})"
+    if not g.proven:
+        return " (gain not proven: the even split's largest batch was not bracketed)"
+    return f" ({g.low:+.1%} to {g.high:+.1%})"
 
 
 def _even_batch(result: TuneResult) -> str:

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 from dptune.types import ProbeResult, card_in_use
 
-__all__ = ["shares", "imbalance", "BudgetCheck", "budget_check", "SplitFigures"]
+__all__ = ["GainRange", "MAX_GAIN_SPAN", "shares", "imbalance", "BudgetCheck", "budget_check", "SplitFigures"]
 
 
 def shares(peak_bytes: Sequence[int], budget_bytes: Sequence[int]) -> list[float]:
@@ -58,6 +58,40 @@ def budget_check(probe: ProbeResult, budget_bytes: Sequence[int]) -> BudgetCheck
                                                            probe.chunk_sizes)) if card_in_use(i, c)]
     margin, card = min(margins)
     return BudgetCheck(margin >= 0, margin, card)
+
+
+@dataclass(frozen=True)
+class GainRange:
+    """dptune's largest batch over the even split's, minus 1 (0.25 means +25%), as far as
+    the probes prove it: ``low`` with the even split's largest batch at the upper end of its
+    bracket, ``high`` at the lower end (equal when the bracket is closed)."""
+
+    low: float
+    high: float
+
+    @property
+    def proven(self) -> bool:
+        """Tight enough to print as a headline: the range spans at most 10 points."""
+        return self.high - self.low <= MAX_GAIN_SPAN
+
+    @staticmethod
+    def of(batch: int, certified: bool, even: "SplitFigures") -> "Optional[GainRange]":
+        """The range for ``batch`` against ``even`` (``None``: no even split known to fit, or
+        nothing bounds the gain from below: the even bracket's upper end unknown and the
+        answer not certified)."""
+        lo = even.batch_size if even.feasible else 0
+        if lo <= 0:
+            return None
+        hi = even.at_most if even.open_bracket else lo
+        if hi is None:
+            # the even split's largest batch is at most the largest batch of any split,
+            # which a certified answer is
+            return GainRange(0.0, batch / lo - 1.0) if certified else None
+        return GainRange(batch / hi - 1.0, batch / lo - 1.0)
+
+
+#: the widest gain range (high - low) printed as a gain; wider is "not proven"
+MAX_GAIN_SPAN = 0.10
 
 
 @dataclass(frozen=True)

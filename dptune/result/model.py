@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dptune.errors import ReportError
-from dptune.result.figures import BudgetCheck, SplitFigures, budget_check, imbalance, shares
+from dptune.result.figures import BudgetCheck, GainRange, SplitFigures, budget_check, imbalance, shares
 from dptune.result.read import OBJECTIVES, REPORT_VERSION, read_json, result_fields
 from dptune.result.wrap import NOT_GIVEN, wrap_model
 from dptune.result.wrap import warn_settings as _warn_settings  # noqa: F401 (integrations.transformers)
@@ -121,11 +121,12 @@ class TuneResult:
         return len(self.probes)
 
     @property
-    def batch_gain(self) -> float:
-        """Relative gain in batch size over the even split (0.25 means +25%); over the lower
-        end of the even split's bracket when it is open (``even.open_bracket``), so the most
-        the probes allow."""
-        return self.batch_size / self.even.batch_size - 1.0 if self.even.batch_size else float("inf")
+    def batch_gain(self) -> Optional[GainRange]:
+        """The gain in batch size over the even split as the probes prove it (``low`` to
+        ``high``; 0.25 means +25%): a range while the even split's bracket is open
+        (``even.open_bracket``), ``None`` when no even split is known to fit or nothing
+        bounds the gain from below."""
+        return GainRange.of(self.batch_size, self.certified, self.even)
 
     def budget_check(self, probe: ProbeResult) -> "BudgetCheck":
         """What the search read from ``probe``: within every budget or not, and by how much."""

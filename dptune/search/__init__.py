@@ -21,7 +21,8 @@ from dptune.search.alike import Groups, groups_of, spread
 from dptune.search.balance import Balance
 from dptune.search.loop import Proposal, refine
 from dptune.search.max_batch import MaxBatch
-from dptune.search.messages import card0_holdings, infeasible_error
+from dptune.errors import NoFeasibleSplitError
+from dptune.search.messages import card0_holdings, fixed_costs_fill, infeasible_error
 from dptune.search.models import CardFits
 from dptune.search.observations import Bracket, Observations, Point
 from dptune.solve.memory import Fit
@@ -173,16 +174,31 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     for r in known.prior:
         obs.add_prior(r, known.prior_cards)
     notes: list[str] = []
-    if balance:
-        bal = Balance(obs, batch_size, max_probes, tolerance, notes)
-        refine(probe, bal, obs, max_probes, on_probe)
-        found = _balance_found(obs, bal, batch_size, notes)
-    else:
-        mb = MaxBatch(obs, batch_size, max_probes, compare_even, first_split)
-        refine(probe, mb, obs, max_probes, on_probe)
-        refine(probe, _Settle(obs, groups), obs, max_probes, on_probe)
-        found = _max_batch_found(obs, mb, batch_size, min_chunk, compare_even, notes)
-    if not found.certified:
+    try:
+        if balance:
+            bal = Balance(obs, batch_size, max_probes, tolerance, notes)
+            refine(probe, bal, obs, max_probes, on_probe)
+            found = _balance_found(obs, bal, batch_size, notes)
+        else:
+            mb = MaxBatch(obs, batch_size, max_probes, compare_even, first_split)
+            refine(probe, mb, obs, max_probes, on_probe)
+            refine(probe, _Settle(obs, groups), obs, max_probes, on_probe)
+            found = _max_batch_found(obs, mb, batch_size, min_chunk, compare_even, notes)
+    except NoFeasibleSplitError as e:
+        fixed = fixed_costs_fill(obs.probes, obs.budgets)
+        if fixed is None or fixed in str(e):
+            raise
+        # the fixed costs, not the model, fill a card: the error says so and names the flags
+        raise NoFeasibleSplitError(f"no split fits: {fixed}.",
+                                   shortfall_bytes=e.shortfall_bytes) from None
+    contradiction = obs.not_monotone()
+    if contradiction is not None:
+        notes.append(f"the figures are not monotone ({contradiction}; the caching allocator's "
+                     "reserved peak depends on fragmentation): one more sample measured over "
+                     "does not prove that no larger batch fits, so the answer is not "
+                     "certified")
+        found = found._replace(certified=False)
+    elif not found.certified:
         open_ = [b.describe() for b in found.brackets if not b.closed]
         notes.append(f"not certified: {len(obs.probes)} of {max_probes} probes run and "
                      f"{len(open_)} bracket(s) still open ({'; '.join(open_)}); the best split "

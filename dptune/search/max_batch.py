@@ -244,6 +244,8 @@ class MaxBatch:
         b = b if b >= lower else lower
         if stalled and b > lower and hi is not None:
             b = max(lower, self._unstall(f"line{line.t}", lo, hi))    # not halved in two probes
+        elif hi is not None and b > lower and self.obs.flat_over(0):
+            b = max(lower, (lo + hi) // 2)          # a flat step of a staircase: halve it
         return b
 
     # ---- the largest batch --------------------------------------------------------------

@@ -10,7 +10,7 @@ from dptune.errors import NoFeasibleSplitError
 from dptune.types import card_in_use
 from dptune.units import format_bytes
 
-__all__ = ["infeasible_error", "card0_holdings"]
+__all__ = ["infeasible_error", "card0_holdings", "fixed_costs_fill"]
 
 
 def card0_holdings(probes: Sequence[ProbeResult]) -> str:
@@ -37,6 +37,27 @@ def _closest_oom(probes: Sequence[ProbeResult], budgets: Sequence[int]
     return best
 
 
+def fixed_costs_fill(probes: Sequence[ProbeResult], budgets: Sequence[int]) -> Optional[str]:
+    """When the fixed costs a probe's figure carries (at the reserved level on simulated
+    cards: NCCL's buffers, the figure less the allocator's reserved peak) and not the model
+    put a card over its budget (its reserved peak alone fits), the sentence that says so and
+    names the flags; ``None`` otherwise."""
+    for r in probes:
+        if r.reserved_bytes is None or len(r.peak_bytes) != len(budgets):
+            continue
+        for i, (peak, res, budget) in enumerate(zip(r.peak_bytes, r.reserved_bytes, budgets)):
+            fixed = peak - res
+            if peak > budget and fixed > 0 and res <= budget:
+                room = "leave no room on it" if fixed >= budget else \
+                    f"leave {format_bytes(budget - fixed)} of it to the model"
+                return (f"fixed costs, not the model, fill card {i}: NCCL's buffers "
+                        f"({format_bytes(fixed)} per card, charged at the reserved budget level) "
+                        f"against its budget of {format_bytes(budget)} {room}; give the figure "
+                        "your system shows with --nccl-bytes (nccl_bytes=), or check the "
+                        "allocated peak with --budget-level allocated (budget_level=\"allocated\")")
+    return None
+
+
 def infeasible_error(card: Optional[int], shortfall_bytes: Optional[float], batch_size: int,
                      detail: str = "", *, probes: Sequence[ProbeResult] = (),
                      budgets: Sequence[int] = ()) -> NoFeasibleSplitError:
@@ -58,6 +79,10 @@ def infeasible_error(card: Optional[int], shortfall_bytes: Optional[float], batc
                  f"{format_bytes(short)} over card {card}'s budget")
     elif card is not None:
         where = f": card {card} runs out of memory"
+    fixed = fixed_costs_fill(probes, budgets)
+    if fixed is not None:
+        return NoFeasibleSplitError(f"no split of batch size {batch_size} fits: {fixed}.",
+                                    shortfall_bytes=short)
     msg = (f"no split of batch size {batch_size} fits every card's budget{where}"
            f"{'; ' + detail if detail else ''}. Try a smaller batch_size, a smaller headroom, "
            "more or larger cards, or gradient accumulation (several smaller batches per step).")

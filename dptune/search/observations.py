@@ -180,6 +180,32 @@ class Observations:
     def over_points(self, i: int) -> list[Point]:
         return [p for p in self.points[i] if p.over]
 
+    def flat_over(self, i: int) -> bool:
+        """Card ``i``'s last two points over budget read the same figure at different
+        chunks: a flat step of a staircase (the reserved level rises in whole segments),
+        where a fit or a chord through them guesses next to the end it came from and walks
+        a few samples a probe (the largest-batch search halves card 0's bracket there).
+        Over budget only: within budget, the bracket's upper end may lie far off."""
+        pts = [p for p in self.points[i] if p.exact and p.over and p.chunk > 0]
+        return len(pts) >= 2 and pts[-1].peak_bytes == pts[-2].peak_bytes \
+            and pts[-1].chunk != pts[-2].chunk
+
+    def not_monotone(self) -> Optional[str]:
+        """Where the points contradict the monotone surface the certificate rests on: a card
+        measured within budget above a chunk it was measured over at (card 0: at a chunk
+        and a batch both at least as large). The reserved level can do this (fragmentation
+        decides whether a freed block is reused). ``None`` when nothing contradicts it.
+        (Across cards it is not checked: the search does not know which cards are alike.)"""
+        for i in range(self.n):
+            for f in self.fit_points(i):
+                for o in self.over_points(i):
+                    if o.exact and o.chunk <= f.chunk and (i > 0 or o.batch <= f.batch) \
+                            and o.chunk > 0:
+                        return (f"card {i} fits at {f.chunk} samples"
+                                f"{f' of {f.batch}' if i == 0 else ''} and is over at "
+                                f"{o.chunk}{f' of {o.batch}' if i == 0 else ''}")
+        return None
+
     def bracket(self, i: int) -> Bracket:
         """Card ``i >= 1``'s cap: the largest chunk measured within budget, the smallest over."""
         overs = [p.chunk for p in self.over_points(i)]

@@ -82,7 +82,10 @@ def test_total_is_reserved_plus_context_plus_nccl():
     b = backend(mlp_workload(), "2x24GB,context=300MiB")
     r = b.probe([8, 8])
     assert r.reserved_bytes is not None and r.total_bytes is not None
-    assert r.total_bytes == tuple(x + 300 * MiB + NCCL_COMMUNICATOR_BYTES for x in r.reserved_bytes)
+    # DataParallel on 2 cards: torch.cuda.comm's one clique (nccl #964's 2-device figure)
+    assert r.total_bytes == tuple(x + 300 * MiB + 544 * 10**6 for x in r.reserved_bytes)
+    four = backend(mlp_workload(), "3x24GB,context=0MiB").probe([8, 8, 8])
+    assert four.total_bytes == tuple(x + 688 * 10**6 for x in four.reserved_bytes)
     one = backend(mlp_workload(), "1x24GB,context=300MiB").probe([8])
     assert one.total_bytes == (one.reserved_bytes[0] + 300 * MiB,)      # no NCCL on one card
     set_ = backend(mlp_workload(), "2x24GB,context=0MiB", nccl=5 * MiB).probe([8, 8])
@@ -99,6 +102,20 @@ def test_reserved_over_the_card_is_an_oom_of_the_probe():
     r = backend(wl, spec).probe([8])
     assert not r.feasible and r.oom_device == 0
     assert r.alloc_retries is not None and r.alloc_retries[0] >= 1
+
+
+def test_a_step_that_retries_reads_what_it_needs():
+    """Where the allocator had to free its cache and retry a cudaMalloc, the reserved figure
+    is the step's need (the replay without a limit), not the lower peak after the retry: the
+    post-retry peak depends on fragmentation, so a larger step that retries could read lower
+    than a smaller one, and the level's figure would not grow with the work."""
+    wl = mlp_workload()
+    need = backend(wl, "1x24GB,context=0MiB").probe([8])
+    assert need.alloc_retries == (0,) and need.reserved_bytes is not None
+    cap = need.peak_bytes[0] + 27 * MiB        # room for the step only after a retry
+    r = backend(wl, f"1x{cap // 1024}KiB,context=0MiB").probe([8])
+    assert r.alloc_retries is not None and r.alloc_retries[0] >= 1
+    assert r.reserved_bytes == need.reserved_bytes and need.reserved_bytes[0] > cap
 
 
 def test_recorder_cut_keeps_setup():
@@ -237,8 +254,10 @@ def test_ddp_ranks_get_reserved_and_nccl_figures():
     assert r.peak_bytes == plain.peak_bytes and r.chunk_sizes == (8, 16)   # figures unchanged
     assert plain.reserved_bytes is None
     assert r.reserved_bytes is not None and r.total_bytes is not None and r.memory_stats is not None
-    # every rank is one NCCL rank of a world of two
+    # every rank is one NCCL rank of a world of two: the process group's communicator, more
+    # than DataParallel's clique
     assert r.total_bytes == tuple(x + NCCL_COMMUNICATOR_BYTES for x in r.reserved_bytes)
+    assert NCCL_COMMUNICATOR_BYTES > FixedCosts().nccl_for(2)
     for card, ms in enumerate(r.memory_stats):
         assert ms["reserved_bytes.all.peak"] >= ms["allocated_bytes.all.peak"] >= r.peak_bytes[card]
     one = SimulatedDDP(mlp_workload(), "1x24GB,context=0MiB", reserved=model).probe([8])

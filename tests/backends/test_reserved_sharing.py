@@ -7,7 +7,7 @@ import torch.nn as nn
 
 import dptune.backends.simulated.reserved as reserved_mod
 from dptune.backends.simulated.allocator import AllocatorConfig, Event, replay
-from dptune.budget import NCCL_COMMUNICATOR_BYTES, FixedCosts
+from dptune.budget import NCCL_CLIQUE_BYTES, FixedCosts
 from dptune.backends.simulated.reserved import ReservedModel
 from dptune.backends.simulated import SimulatedBackend
 from dptune.types import Device
@@ -75,7 +75,7 @@ def test_simulated_replicas_share_replays_and_keep_their_figures(monkeypatch):
     assert b._recorder is not None
     # replayed one card at a time, without the sharing: the same figures
     per_card = [replay([b._recorder.events[c], b._step_trace[c], b._step_trace[c]],
-                       b.devices[c].available_bytes - NCCL_COMMUNICATOR_BYTES, AllocatorConfig(),
+                       b.devices[c].available_bytes - NCCL_CLIQUE_BYTES[3], AllocatorConfig(),
                        measure_from=2)
                 for c in range(4)]
     assert r.reserved_bytes == tuple(s.reserved_peak for s in per_card)

@@ -143,6 +143,34 @@ def test_render_table_max_batch_shows_gain():
     assert "+58%" in text
 
 
+def test_gain_is_printed_only_as_the_proven_range():
+    """An open even bracket gives a range, or no figure at all when it is wide: never the
+    upper end alone (a four-digit percentage from an even batch known only near the start)."""
+    import dataclasses
+
+    r = make_result("max_batch")
+    r.certified = True
+    e = r.even
+    # closed bracket: one figure
+    assert r.batch_gain is not None and r.batch_gain.low == r.batch_gain.high
+    # open but narrow (132 to 135): the range, both ends
+    r.even = dataclasses.replace(e, open_bracket=True, at_most=135)
+    g = r.batch_gain
+    assert g is not None and g.low == pytest.approx(208 / 135 - 1) and g.high == pytest.approx(208 / 132 - 1)
+    assert f"even 132 to 135 -> balanced 208 ({g.low:+.1%} to {g.high:+.1%})" in render_table(r)
+    # open and wide: the even split's largest batch is somewhere in 132..207: no figure
+    r.even = dataclasses.replace(e, open_bracket=True, at_most=207)
+    text = render_table(r)
+    assert "gain not proven" in text and "%)" not in text.split("max batch that fits")[1].split("\n")[0]
+    # nothing above measured and the answer uncertified: no lower end, no range
+    r.even = dataclasses.replace(e, open_bracket=True, at_most=None)
+    r.certified = False
+    assert r.batch_gain is None and "gain not proven" in render_table(r)
+    # certified: the even batch is at most the answer, so the gain is at least 0
+    r.certified = True
+    assert r.batch_gain is not None and r.batch_gain.low == 0.0
+
+
 def test_render_table_marks_even_oom():
     r = make_result("balance")
     r.even = SplitFigures(chunk_sizes=r.even.chunk_sizes, peak_bytes=r.even.peak_bytes,

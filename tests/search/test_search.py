@@ -536,9 +536,13 @@ def test_the_headline_gives_an_open_even_bracket_as_a_range():
     assert r.even.open_bracket and r.even.batch_size == lo > 256
     hi = r.even.at_most
     assert hi is not None and lo <= best_even(shape) <= hi
-    want = (f"max batch that fits: even {lo} to {hi} -> balanced {r.batch_size} "
-            f"(+{100 * (r.batch_size / hi - 1):.1f}% to +{100 * (r.batch_size / lo - 1):.1f}%)")
-    assert want in render_table(r), render_table(r)
+    low, high = r.batch_size / hi - 1, r.batch_size / lo - 1
+    head = f"max batch that fits: even {lo} to {hi} -> balanced {r.batch_size} "
+    text = render_table(r)
+    if high - low <= 0.10:      # a narrow range: both ends, as the probes prove them
+        assert f"{head}(+{100 * low:.1f}% to +{100 * high:.1f}%)" in text, text
+    else:                       # a wide one is no headline: no figure at all
+        assert f"{head}(gain not proven" in text, text
 
 
 def test_no_even_split_known_to_fit_is_not_a_headline_figure():

@@ -30,7 +30,7 @@ import torch.nn as nn
 
 from dptune.backends.base import Capabilities, Device, ProbeResult
 from dptune.backends.simulated.ddp_memory import Bucket, DDPOptions, bucket_layout, params_of
-from dptune.budget import FixedCosts
+from dptune.budget import Collectives, FixedCosts
 from dptune.backends.simulated.reserved import ReservedModel, merge_rank_probes
 from dptune.hardware.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
 from dptune.backends.simulated.backend import MemoryEstimate, SimulatedBackend
@@ -138,7 +138,7 @@ class SimulatedDDP:
         self.options = options
         # the allocator model per rank; NCCL's buffers as for a world of all the ranks
         self.reserved = None if reserved is None else dataclasses.replace(
-            reserved, fixed=FixedCosts(reserved.fixed.nccl_for(len(self.cluster))))
+            reserved, fixed=FixedCosts(reserved.fixed.nccl_for(len(self.cluster), Collectives.DDP)))
         self._by_name: dict[str, SimulatedDDPRank] = {}
 
     def describe(self) -> str:

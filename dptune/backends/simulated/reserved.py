@@ -136,9 +136,13 @@ class ReservedModel:
             nonlocal replays
             replays += 1
             s = replay(traces, cap, cfg, measure_from=len(traces) - 1)
-            if not s.num_ooms:
+            if not s.num_ooms and not s.num_alloc_retries:
                 return s
-            # past an OOM: the figures the step would need, the OOM and retries kept
+            # past an OOM, or where the allocator had to free its cache and retry a
+            # cudaMalloc: the figures the step would need (the peak after a retry is lower
+            # than the step's need, and which steps retry depends on fragmentation: a larger
+            # step that retries could read lower than a smaller one that runs out, so the
+            # level's figure would not grow with the work); the OOM and retries kept
             need = replay(traces, 1 << 62, cfg, measure_from=len(traces) - 1)
             return dataclasses.replace(need, num_ooms=s.num_ooms, oom_event=s.oom_event,
                                        num_alloc_retries=s.num_alloc_retries)
