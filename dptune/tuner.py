@@ -296,7 +296,7 @@ class Tuner:
         bar = tqdm(total=self.settings.max_probes, desc="probing (at most)", unit="probe",
                    file=sys.stderr, disable=not self.settings.verbose, leave=True)
         try:
-            objective = Objective.BALANCE if self.objective is Objective.THROUGHPUT else self.objective
+            objective = self.objective     # throughput: the balance search, mapping memory only
             extra = reuse(first, perm, self.objective)
             known = dataclasses.replace(extra.pop("known", search.Known()),
                                         alike=[device_keys(devices)[perm[i]] for i in range(len(perm))])

@@ -190,7 +190,8 @@ def test_rewriting_a_report_replaces_it_whole(tmp_path):
     folder = write_report(make_result("max_batch"), tmp_path / "rep")
     assert (folder / "max_batch.png").exists()
     write_report(make_result("balance"), folder, plots=False)
-    assert sorted(p.name for p in folder.iterdir()) == ["probes.csv", "report.json", "summary.md"]
+    assert sorted(p.name for p in folder.iterdir()) == ["probes.csv", "report.html", "report.json",
+                                                         "summary.md"]
     assert TuneResult.load(str(folder)).objective == "balance"
     assert [p.name for p in tmp_path.iterdir()] == ["rep"]   # no temporary folder left
 

@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 from dptune.report.html import (Section, advice_section, e, key_facts, legend, page, scroll,
                                 table)
 from dptune.report.html_svg import COLORS, BarRow, Mark, Segment, Series, bar_rows, byte_ticks, xy_chart
 from dptune.units import format_bytes
-
-if TYPE_CHECKING:  # pragma: no cover
-    from dptune.ddp.result import DDPPlan
-    from dptune.lengths.plan import LengthPlan
 
 __all__ = ["plan_sections", "render_plan_html", "length_sections", "render_lengths_html"]
 
@@ -26,7 +22,7 @@ def _axis_bytes(v: float) -> str:
 
 # ---- DDP / FSDP2 ------------------------------------------------------------------------------
 
-def plan_sections(plan: "DDPPlan") -> list[Section]:
+def plan_sections(plan: Any) -> list[Section]:
     """The split over the ranks, each rank's memory against its budget, the step times the
     planner measured (when it timed them), the table, the notes."""
     strategy = plan.strategy_name
@@ -61,7 +57,7 @@ def plan_sections(plan: "DDPPlan") -> list[Section]:
     return out
 
 
-def _rank_rows(plan: "DDPPlan") -> list[BarRow]:
+def _rank_rows(plan: Any) -> list[BarRow]:
     rows = []
     for r in plan.ranks:
         peak = r.measured_peak_bytes if r.measured_peak_bytes is not None else r.predicted_peak_bytes
@@ -85,7 +81,7 @@ def _rank_rows(plan: "DDPPlan") -> list[BarRow]:
     return rows
 
 
-def _time_chart(plan: "DDPPlan") -> str:
+def _time_chart(plan: Any) -> str:
     ranks = sorted({p.rank for p in plan.probes if p.seconds is not None})
     if not ranks:
         return ""
@@ -109,7 +105,7 @@ def _time_chart(plan: "DDPPlan") -> str:
                            y_unit=lambda v: f"{v:g} ms", width=640, height=300, css="xy time")
 
 
-def _time_at(plan: "DDPPlan", rank: int, batch: int) -> Optional[float]:
+def _time_at(plan: Any, rank: int, batch: int) -> Optional[float]:
     ts = [p.seconds for p in plan.probes if p.rank == rank and p.batch_size == batch
           and p.seconds is not None]
     return ts[-1] * 1e3 if ts else None
@@ -120,7 +116,7 @@ def _palette(k: int) -> str:
             "#17becf")[k % 8]
 
 
-def render_plan_html(plan: "DDPPlan") -> str:
+def render_plan_html(plan: Any) -> str:
     title = f"dptune {plan.strategy_name} plan: {plan.model_name or 'model'}" + \
         (f" on {plan.cluster}" if plan.cluster else "")
     return page(title, plan_sections(plan))
@@ -128,7 +124,7 @@ def render_plan_html(plan: "DDPPlan") -> str:
 
 # ---- length plans -----------------------------------------------------------------------------
 
-def length_sections(plan: "LengthPlan", token_budget: str = "") -> list[Section]:
+def length_sections(plan: Any, token_budget: str = "") -> list[Section]:
     """The staircase (each card's chunk against the length, identical cards offset and
     marked apart, axes from 0), the table per bucket, the token budget (``token_budget``: its
     one-line description, made by the caller above), the notes."""
@@ -170,7 +166,7 @@ def length_sections(plan: "LengthPlan", token_budget: str = "") -> list[Section]
     return out
 
 
-def render_lengths_html(plan: "LengthPlan", token_budget: str = "") -> str:
+def render_lengths_html(plan: Any, token_budget: str = "") -> str:
     return page(f"dptune length plan: {plan.model_name} on {plan.cluster}",
                 length_sections(plan, token_budget))
 

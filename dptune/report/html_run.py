@@ -6,15 +6,12 @@ matplotlib)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from dptune.report.html import Section, advice_section, e, key_facts, page, scroll, table
 from dptune.report.html_svg import COLORS, HLine, Series, byte_ticks, xy_chart
 from dptune.report.timeline import render_run
 from dptune.units import format_bytes
-
-if TYPE_CHECKING:  # pragma: no cover
-    from dptune.monitor.record import CardInfo, RunRecord
 
 __all__ = ["render_run_html", "run_sections"]
 
@@ -30,7 +27,7 @@ def _points(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[tuple[float, .
     return tuple(p[0] for p in pts), tuple(p[1] for p in pts)
 
 
-def _card_chart(record: "RunRecord", card: "CardInfo") -> str:
+def _card_chart(record: Any, card: Any) -> str:
     rows = record.card_rows(card)
     series = []
     for key, label, color in _LINES:
@@ -53,7 +50,7 @@ def _card_chart(record: "RunRecord", card: "CardInfo") -> str:
                     y_ticks=byte_ticks)
 
 
-def run_sections(record: "RunRecord") -> list[Section]:
+def run_sections(record: Any) -> list[Section]:
     """The summary (as ``dptune show RUN`` prints it), one chart per card, the events."""
     facts = [("ranks", str(len(record.ranks))), ("cards", str(len(record.cards))),
              ("readings", str(len(record.rows))), ("events", str(len(record.events))),
@@ -77,5 +74,5 @@ def run_sections(record: "RunRecord") -> list[Section]:
     return out
 
 
-def render_run_html(record: "RunRecord") -> str:
+def render_run_html(record: Any) -> str:
     return page(f"dptune monitor: {record.folder}", run_sections(record))

@@ -19,7 +19,6 @@ from dptune.units import GiB, format_bytes
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from dptune.monitor.record import CardInfo, RunRecord
 
 __all__ = ["render_run", "plot_timeline", "write_timeline", "TIMELINE_FILE", "EVENTS_SHOWN"]
 
@@ -46,7 +45,7 @@ def _pct(a: Optional[int], b: Optional[int]) -> str:
     return "n/a" if a is None or not b else f"{100 * a / b:.0f}%"
 
 
-def _card_line(record: "RunRecord", card: "CardInfo") -> list[str]:
+def _card_line(record: Any, card: Any) -> list[str]:
     rows = record.card_rows(card)
     level = _RESERVED if record.level == "reserved" else _ALLOC
     peak = _max([r[level] for r in rows])
@@ -60,7 +59,7 @@ def _card_line(record: "RunRecord", card: "CardInfo") -> list[str]:
             "n/a" if retries is None else str(retries), str(len(record.card_events(card)))]
 
 
-def render_run(record: "RunRecord") -> str:
+def render_run(record: Any) -> str:
     """The run's summary: settings, one line per card, the events (see the module docstring)."""
     meta = record.metas[0]
     steps = max((int(m.get("steps", 0)) for m in record.metas), default=0)
@@ -97,7 +96,7 @@ def _series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], lis
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def plot_timeline(record: "RunRecord") -> "Figure":
+def plot_timeline(record: Any) -> "Figure":
     """One panel per card: the peaks over the steps, the plan's prediction, the budget, the
     events (see the module docstring)."""
     from matplotlib.figure import Figure
@@ -143,7 +142,7 @@ def plot_timeline(record: "RunRecord") -> "Figure":
     return fig
 
 
-def write_timeline(record: "RunRecord", folder: "str | pathlib.Path | None" = None) -> pathlib.Path:
+def write_timeline(record: Any, folder: "str | pathlib.Path | None" = None) -> pathlib.Path:
     """Draw :func:`plot_timeline` into ``folder/timeline.png`` (default: the run's folder)."""
     from dptune.report.files import figure_dpi
 

@@ -162,7 +162,10 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     probed (``max_batch``; default the even split of ``batch_size``).
     Raises :class:`dptune.errors.NoFeasibleSplitError` when nothing fits.
     """
-    balance = Objective.parse(objective) is Objective.BALANCE
+    # the throughput objective maps memory with the balance search, never stopping at the even
+    # split (its planner needs each card's slope, not only a split that balances)
+    goal = Objective.parse(objective)
+    balance = goal in (Objective.BALANCE, Objective.THROUGHPUT)
     groups = groups_of(known.alike, budgets)
     # alike cards pool their points for balance; the largest-batch search keeps each card's
     # own (its first probes read the cards' differences as a slope across them) and evens
@@ -176,7 +179,8 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     notes: list[str] = []
     try:
         if balance:
-            bal = Balance(obs, batch_size, max_probes, tolerance, notes)
+            bal = Balance(obs, batch_size, max_probes, tolerance, notes,
+                          keep_even=goal is not Objective.THROUGHPUT)
             refine(probe, bal, obs, max_probes, on_probe)
             found = _balance_found(obs, bal, batch_size, notes)
         else:

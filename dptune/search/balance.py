@@ -48,8 +48,11 @@ class Balance:
     """The balance strategy (see the module docstring)."""
 
     def __init__(self, obs: Observations, batch: int, max_probes: int, tolerance: float,
-                 notes: list[str]):
+                 notes: list[str], keep_even: bool = True):
         self.obs = obs
+        #: whether an even split within the tolerance ends the search (not when the search
+        #: only maps memory for the throughput objective, which needs the cards' slopes)
+        self.keep_even = keep_even
         self.B = batch
         self.n = obs.n
         self.m = obs.min_chunk
@@ -128,7 +131,7 @@ class Balance:
         measured within budget and its largest share is within ``tolerance`` (relative) of
         that floor: no split can lower it by more, so the even split is kept."""
         even = self.obs.by_split.get(tuple(even_split(self.B, self.n)))
-        if even is None or not self.obs.within_budget(even):
+        if not self.keep_even or even is None or not self.obs.within_budget(even):
             return None
         level = self.floor_level()
         return (even, level) if max(self.obs.shares(even)) <= (1 + self.tol) * level else None

@@ -92,7 +92,7 @@ def test_search_out_refuses_a_plan_folder_and_plan_rewrites_its_own(model, tmp_p
             "--simulate", "2x2GB", "--budget-level", "allocated"]   # 2 GB cards: no room for NCCL
     code, _, err = run(capsys, "plan", *args, "--out", "pl", "-q")
     assert code == EXIT_OK, err
-    assert sorted(p.name for p in (tmp_path / "pl").iterdir()) == ["plan.json", "summary.md"]
+    assert sorted(p.name for p in (tmp_path / "pl").iterdir()) == ["plan.json", "report.html", "summary.md"]
     code, _, err = run(capsys, "search", *NOWHERE, "--out", "pl")
     one_line(code, err, EXIT_USAGE, "--out 'pl' already holds files that are not a dptune "
              "report (plan.json)")
