@@ -17,15 +17,89 @@ All memory figures are ``int`` bytes. Each enum is a ``str``: a member equals it
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from dptune.errors import UsageError
-from dptune.hardware.speeds import StepTime
 
-__all__ = ["Device", "ProbeResult", "CATEGORIES", "Category", "Objective", "Strategy", "BackendKind",
+__all__ = ["StepTime", "TimeSource", "Device", "ProbeResult", "CATEGORIES", "Category", "Objective", "Strategy", "BackendKind",
            "card_in_use", "within_budget", "budget_share"]
+
+
+class TimeSource(str, enum.Enum):
+    """Where a time comes from."""
+
+    MEASURED = "measured"       # CUDA events on a real card, median of timed steps
+    ESTIMATED = "estimated"     # the simulator's roofline model (unvalidated unless stated)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The time of one training step, per card and in all (seconds).
+
+    ``card_seconds[i]``: card i's own work for its chunk (its replica's forward and backward,
+    or a DDP rank's whole step), 0.0 for a card with no samples; ``serial_seconds``: what runs
+    on the output card alone, outside the replicas (loss, gradient clipping, the optimizer's
+    step, DataParallel's gather); ``transfer_seconds``: the copies between cards that the
+    step waits for (DataParallel's broadcast of the weights and reduction of the gradients,
+    DDP's all-reduce). ``step_seconds``: the whole step as it runs. ``gather_seconds`` (part
+    of ``serial_seconds``): DataParallel's copies of the other cards' outputs onto the output
+    card and of their gradients back, which grow with the samples on those cards.
+
+    ``card_seconds``, ``serial_seconds`` and ``transfer_seconds`` are the cards' work (the
+    device part, :attr:`device_seconds`). An estimated step also has the host's part:
+    ``host_seconds``, the time the Python thread takes to issue the whole step (every
+    replica's ops and card 0's own), and ``card_host_seconds[i]`` (part of it), the issue time
+    of card i's replica (0.0 for a card with no samples); the estimate's step is then
+    ``max(host_seconds, device_seconds)`` (see :mod:`dptune.hardware.speeds`). A measured step has no
+    host part (0.0, ``()``): its ``step_seconds`` is the wall time, whatever bound it.
+    """
+
+    card_seconds: tuple[float, ...]
+    step_seconds: float
+    source: TimeSource
+    serial_seconds: float = 0.0
+    transfer_seconds: float = 0.0
+    gather_seconds: float = 0.0
+    flops: tuple[int, ...] = ()          # per card (estimated steps only)
+    bytes_moved: tuple[int, ...] = ()    # per card, memory traffic (estimated steps only)
+    host_seconds: float = 0.0            # the host's issue time (estimated steps only)
+    card_host_seconds: tuple[float, ...] = ()    # per card, part of host_seconds
+
+    @property
+    def device_seconds(self) -> float:
+        """The cards' part of the step: the slowest card, card 0's own work, the copies."""
+        return max(self.card_seconds, default=0.0) + self.serial_seconds + self.transfer_seconds
+
+    @property
+    def host_bound(self) -> bool:
+        """The host's issue time sets the step (an estimate's verdict; False when measured)."""
+        return self.host_seconds > self.device_seconds
+
+    def samples_per_second(self, batch: int) -> float:
+        return batch / self.step_seconds if self.step_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"card_seconds": list(self.card_seconds), "step_seconds": self.step_seconds,
+                "source": self.source.value, "serial_seconds": self.serial_seconds,
+                "transfer_seconds": self.transfer_seconds, "gather_seconds": self.gather_seconds,
+                "flops": list(self.flops),
+                "bytes_moved": list(self.bytes_moved), "host_seconds": self.host_seconds,
+                "card_host_seconds": list(self.card_host_seconds)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "StepTime":
+        return cls(card_seconds=tuple(float(x) for x in d["card_seconds"]),
+                   step_seconds=float(d["step_seconds"]), source=TimeSource(d["source"]),
+                   serial_seconds=float(d.get("serial_seconds", 0.0)),
+                   transfer_seconds=float(d.get("transfer_seconds", 0.0)),
+                   gather_seconds=float(d.get("gather_seconds", 0.0)),
+                   flops=tuple(int(x) for x in d.get("flops", ())),
+                   bytes_moved=tuple(int(x) for x in d.get("bytes_moved", ())),
+                   host_seconds=float(d.get("host_seconds", 0.0)),
+                   card_host_seconds=tuple(float(x) for x in d.get("card_host_seconds", ())))
 
 
 class _StrEnum(str, Enum):

@@ -325,7 +325,7 @@ class Synthetic:
 
     def probe(self, split):
         from dptune.backends.base import ProbeResult
-        from dptune.hardware.speeds import StepTime, TimeSource
+        from dptune.types import StepTime, TimeSource
 
         b = sum(split)
         cards = tuple(self.fixed[i] + self.per[i] * c if c else 0.0 for i, c in enumerate(split))

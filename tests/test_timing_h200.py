@@ -32,7 +32,7 @@ from dptune.backends.base import ProbeResult
 from dptune.backends.simulated import SimulatedBackend
 from dptune.backends.simulated.timing import TimedBackend
 from dptune.search.throughput import speed_notes, step_model
-from dptune.hardware.speeds import StepTime
+from dptune.types import StepTime
 from dptune.step.workload import Workload
 
 MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "measured" / "h200-2026-11-27"

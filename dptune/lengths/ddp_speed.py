@@ -35,7 +35,7 @@ from dptune.backends.base import ProbeResult
 from dptune.budget import BudgetLevel, at_level
 from dptune.search.throughput_loop import fastest_ranks_split, rank_step_model, throughput_loop
 from dptune.solve.time import SplitTime, TimeFit, fit_time
-from dptune.hardware.speeds import StepTime, TimeSource
+from dptune.types import StepTime, TimeSource
 
 __all__ = ["DDPRanks", "BucketRanks", "fastest_ranks", "ddp_step_seconds"]
 

@@ -34,7 +34,7 @@ from dptune.solve.memory import Fit
 from dptune.split import even_split
 from dptune.solve.time import SplitTime, StepModel, TimeFit, fit_time
 from dptune.search.throughput_loop import throughput_loop
-from dptune.hardware.speeds import StepTime
+from dptune.types import StepTime
 from dptune.types import Objective
 
 __all__ = ["SpeedFigure", "ThroughputOutcome", "Goal", "fastest", "step_model", "figures",

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dptune.backends.base import ProbeResult
 from dptune.lengths.ddp_speed import fastest_ranks
-from dptune.hardware.speeds import StepTime, TimeSource
+from dptune.types import StepTime, TimeSource
 
 
 @dataclasses.dataclass(frozen=True)

@@ -176,7 +176,7 @@ def test_a_page_is_a_list_of_sections_another_part_can_extend():
 
 
 def test_throughput_shows_step_time_per_timed_split():
-    from dptune.hardware.speeds import StepTime, TimeSource
+    from dptune.types import StepTime, TimeSource
 
     r = make_result("balance")
     times = [0.030, 0.020, 0.025]

@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Protocol, Sequence
 
-from dptune.hardware.speeds import StepTime, TimeSource
+from dptune.types import StepTime, TimeSource
 
 __all__ = ["EventClock", "CardTimer", "SINKS", "measured_time"]
 

@@ -22,7 +22,8 @@ import torch
 from dptune.step import tree as _tree
 from dptune.backends.simulated.device_rules import HOST
 from dptune.backends.base import ProbeResult
-from dptune.hardware.speeds import CALIBRATION, Calibration, CardSpeed, ClusterSpeed, StepTime, TimeSource
+from dptune.hardware.speeds import CALIBRATION, Calibration, CardSpeed, ClusterSpeed
+from dptune.types import StepTime, TimeSource
 
 __all__ = ["OpCost", "op_cost", "OpCounter", "TimedBackend", "RankStepOps", "counted_rank_step", "RankTimes",
            "count_ops", "ddp_allreduce_seconds"]

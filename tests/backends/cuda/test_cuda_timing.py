@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from dptune.backends.cuda import CudaBackend
-from dptune.hardware.speeds import TimeSource
+from dptune.types import TimeSource
 from dptune.units import GiB, MiB
 from dptune.step.workload import Workload
 
