@@ -16,7 +16,8 @@ from dptune.backends.simulated import SimulatedBackend
 from dptune.backends.simulated.timing import TimedBackend, count_ops, ddp_allreduce_seconds, op_cost
 from dptune.errors import SpecError
 from dptune.hardware.speeds import (CALIBRATION, CARD_SPEEDS, HOST_SECONDS_PER_OP, LINKS, ROOFLINE, ClusterSpeed,
-                           StepTime, TimeSource, parse_rate, parse_seconds)
+                                    parse_rate, parse_seconds)
+from dptune.types import StepTime, TimeSource
 from dptune.step.workload import Workload
 
 F32 = 4

@@ -1,7 +1,5 @@
 """How fast each card is: the speed table, the link between cards, and what a step's time is.
 
-- :class:`TimeSource`: Where a time comes from.
-- :class:`StepTime`: The time of one training step, per card and in all (seconds).
 - :class:`Link`: The link DataParallel's copies and DDP's all-reduce use (bytes/s, effective).
 - :class:`ClusterSpeed`: The speeds of a cluster's cards and their link, as the time estimate uses them.
 - :class:`Calibration`: The constants of the estimate (the model: docs/concepts/design-notes.md): what kernels reach of the peaks, a kernel's fixed time, the host's time per op, and ...
@@ -19,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 from dptune.hardware.cards import ASSUMED_SPEED, CARDS, GBPS, TFLOPS, CardSpeed
-from dptune.types import StepTime, TimeSource  # noqa: F401 (their home is dptune.types)
 
-__all__ = ["TimeSource", "StepTime", "CardSpeed", "CARD_SPEEDS", "ASSUMED_SPEED", "LINKS",
+__all__ = ["CardSpeed", "CARD_SPEEDS", "ASSUMED_SPEED", "LINKS",
            "Link", "ClusterSpeed", "KERNEL_SECONDS", "LAUNCH_SECONDS", "HOST_SECONDS_PER_OP",
            "COMPUTE_EFFICIENCY", "MEMORY_EFFICIENCY", "Calibration", "CALIBRATION", "ROOFLINE",
            "SPEED_OPTIONS", "check_speed_option",

@@ -2,7 +2,7 @@
 
 :class:`DDPRanks` is the probe interface over DDP ranks that :func:`dptune.search.run` takes
 (rank ``r`` runs its own step at ``split[r]``, nothing gathered), and every probe carries the
-DDP step's estimated time (:class:`dptune.hardware.speeds.StepTime`): each rank's card work (the
+DDP step's estimated time (:class:`dptune.types.StepTime`): each rank's card work (the
 simulator's op counter against that card's datasheet peaks, the batch's copy from the host),
 each rank's host issue time (its ops x the host's cost per op: every rank is a process of its
 own), and the ring all-reduce of the gradient buckets over the simulated link

@@ -231,7 +231,7 @@ def _read_memory_stats(c: _Checked, n: int) -> Optional[tuple[dict[str, int], ..
 
 
 def _read_time(c: _Checked) -> Any:
-    """A probe's step time (dptune.hardware.speeds.StepTime), ``None`` where the report has none."""
+    """A probe's step time (dptune.types.StepTime), ``None`` where the report has none."""
     from dptune.types import StepTime
 
     raw = c.raw("time", optional=True)

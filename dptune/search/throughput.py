@@ -113,7 +113,7 @@ def step_model(probes: Sequence[ProbeResult], n: int) -> Optional[StepModel]:
 def host_model(timed: Sequence[tuple[ProbeResult, StepTime]], n: int
                ) -> Callable[[frozenset[int]], float]:
     """The host's time to issue a step on the cards ``S`` (estimated steps,
-    :class:`dptune.hardware.speeds.StepTime`): card 0's own part plus each used card's replica's, each
+    :class:`dptune.types.StepTime`): card 0's own part plus each used card's replica's, each
     the mean over the probes that gave it (the ops do not depend on the chunk); a card never
     given samples: the largest known card's. No host part known: 0."""
     per_card: list[list[float]] = [[] for _ in range(n)]

@@ -32,13 +32,12 @@ from typing import Optional, Protocol, Sequence
 
 from dptune.backends.simulated.allocator import AllocatorConfig, AllocatorStats, Event, replay
 from dptune.backends.base import Device, ProbeResult
-from dptune.budget import (DEFAULT_HEADROOM, DEFAULT_LEVEL, BudgetLevel, FixedCosts, at_level,  # noqa: F401
-                           parse_level, real_cards_measured)
+from dptune.budget import DEFAULT_HEADROOM, BudgetLevel, FixedCosts, parse_level
 from dptune.errors import UsageError
 from dptune.units import format_bytes
 
-__all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "BudgetLevel",
-           "DEFAULT_LEVEL", "DEFAULT_HEADROOM", "parse_level", "level_settings", "real_cards_measured", "at_level", "advice_lines", "merge_rank_probes",
+__all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "level_settings", "advice_lines",
+           "merge_rank_probes",
            "predict_steps"]
 
 #: reserved over allocated by this share (and by at least 256 MiB) calls for the advice
