@@ -195,12 +195,14 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         # the fixed costs, not the model, fill a card: the error says so and names the flags
         raise NoFeasibleSplitError(f"no split fits: {fixed}.",
                                    shortfall_bytes=e.shortfall_bytes) from None
-    contradiction = obs.not_monotone()
+    contradiction = obs.not_monotone(groups)
     if contradiction is not None:
         notes.append(f"the figures are not monotone ({contradiction}; the caching allocator's "
                      "reserved peak depends on fragmentation): one more sample measured over "
                      "does not prove that no larger batch fits, so the answer is not "
-                     "certified")
+                     "certified; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (on simulated "
+                     "cards --allocator expandable_segments:True) makes the reserved figure "
+                     "follow the allocated one")
         found = found._replace(certified=False)
     elif not found.certified:
         open_ = [b.describe() for b in found.brackets if not b.closed]

@@ -190,19 +190,25 @@ class Observations:
         return len(pts) >= 2 and pts[-1].peak_bytes == pts[-2].peak_bytes \
             and pts[-1].chunk != pts[-2].chunk
 
-    def not_monotone(self) -> Optional[str]:
+    def not_monotone(self, alike: Sequence[Sequence[int]] = ()) -> Optional[str]:
         """Where the points contradict the monotone surface the certificate rests on: a card
         measured within budget above a chunk it was measured over at (card 0: at a chunk
         and a batch both at least as large). The reserved level can do this (fragmentation
-        decides whether a freed block is reused). ``None`` when nothing contradicts it.
-        (Across cards it is not checked: the search does not know which cards are alike.)"""
+        decides whether a freed block is reused). ``alike``: groups of cards ``i >= 1`` said
+        to be the same card (:mod:`dptune.search.alike`); one of them within budget above a
+        chunk another was over at contradicts it too, as long as the group's figures agree
+        wherever two of its cards were measured at one chunk. ``None`` when nothing
+        contradicts it."""
+        groups = [tuple(g) for g in alike if self.agree(g)]
         for i in range(self.n):
-            for f in self.fit_points(i):
-                for o in self.over_points(i):
-                    if o.exact and o.chunk <= f.chunk and (i > 0 or o.batch <= f.batch) \
-                            and o.chunk > 0:
+            mates = next((g for g in groups if i in g), (i,))
+            overs = [(j, o) for j in mates for o in self.own[j] if o.over and o.exact]
+            for f in (p for p in self.own[i] if p.exact and not p.over):
+                for j, o in overs:
+                    if o.chunk <= f.chunk and (i > 0 or o.batch <= f.batch) and o.chunk > 0:
+                        who = "is" if j == i else f"card {j}, the same card, is"
                         return (f"card {i} fits at {f.chunk} samples"
-                                f"{f' of {f.batch}' if i == 0 else ''} and is over at "
+                                f"{f' of {f.batch}' if i == 0 else ''} and {who} over at "
                                 f"{o.chunk}{f' of {o.batch}' if i == 0 else ''}")
         return None
 

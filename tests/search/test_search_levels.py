@@ -82,4 +82,86 @@ def test_figures_that_fall_as_the_work_grows_are_never_certified():
     out = run(spike=613)
     assert not out.certified
     assert any("not monotone" in n and "card 1 fits at 614 samples and is over at 613" in n
-               for n in out.notes), out.notes
+               and "expandable_segments:True" in n for n in out.notes), out.notes
+
+
+def test_a_spike_on_one_card_contradicts_its_alike_cards():
+    """Alike cards have one curve: one of them over at a chunk where another fits at a larger
+    chunk is a contradiction of the monotone surface, like one card's own."""
+    from dptune.search import Observations
+
+    budgets = [8 * GiB] * 3
+    obs = Observations(budgets, exact_on_oom=True)
+    obs.add(ProbeResult((10, 100, 101), (GiB, 9 * GiB, 7 * GiB)))
+    assert obs.not_monotone() is None              # each card alone is consistent
+    why = obs.not_monotone([(1, 2)])
+    assert why is not None and "card 2 fits at 101 samples and card 1, the same card, is over at 100" in why
+    # cards said to be alike whose figures differ at one chunk are not alike: nothing to contradict
+    obs.add(ProbeResult((10, 50, 50), (GiB, GiB, 2 * GiB)))
+    assert obs.not_monotone([(1, 2)]) is None
+
+
+@pytest.mark.parametrize("spike", [37, 38, 39, 40, 41])
+def test_alike_cards_never_certified_past_a_contradiction(spike):
+    """Three alike cards on a curve with a spike near their cap: whatever the search probes,
+    it certifies only when no probe shows an alike card over below a chunk another fits at;
+    and a certified answer is the brute-force answer on the spiky surface's monotone part."""
+    budgets = [4 * GiB] * 4
+
+    def f(c: int) -> int:
+        return GiB + 64 * MiB * c + (2 * GiB if c == spike else 0) if c else 0
+
+    def probe(split):  # type: ignore[no-untyped-def]
+        s = tuple(split)
+        return ProbeResult(s, (GiB + 64 * MiB * s[0] + MiB * sum(s), *(f(c) for c in s[1:])))
+    out = search.run(probe, budgets, "max_batch", 64, max_probes=12,
+                     known=search.Known(alike=[0, 1, 1, 1]))
+    seen = [(c, f(c) > budgets[1]) for p in out.probes for c in p.chunk_sizes[1:] if c]
+    contradicted = any(o and not o2 and c2 > c for c, o in seen for c2, o2 in seen)
+    assert not (out.certified and contradicted)
+    if contradicted:
+        assert any("not monotone" in n for n in out.notes)
+    assert all(x <= b for x, b in zip(out.best.peak_bytes, budgets))
+
+
+def _alike_surface(seed: int):  # type: ignore[no-untyped-def]
+    """Identical cards 1..n-1 on a segment staircase (card 0 also pays per sample of the batch)."""
+    rng = random.Random(100 + seed)
+    n = rng.choice([3, 4, 5])
+    a, seg = rng.randint(2, 8) * MiB, rng.choice([18, 20]) * MiB
+    w, p = rng.randint(1, 4) * GiB // 2, rng.choice([64 * 1024, MiB // 2])
+    budgets = [rng.choice([4, 6]) * GiB] + [rng.choice([6, 8]) * GiB] * (n - 1)
+
+    def f(i: int, c: int) -> int:
+        return _segments(w + a * c, seg) + NCCL if c else 0
+
+    def g(c0: int, b: int) -> int:
+        return _segments(w + a * c0 + p * b, seg) + NCCL
+
+    def probe(split):  # type: ignore[no-untyped-def]
+        s = tuple(split)
+        peaks = (g(s[0], sum(s)), *(f(i, c) for i, c in enumerate(s) if i))
+        alloc = (w + a * s[0] + p * sum(s), *(w + a * c if c else 0 for c in s[1:]))
+        return ProbeResult(s, peaks, allocated_peak_bytes=alloc)
+    return n, f, g, probe, budgets
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_alike_cards_on_a_staircase_never_past_the_oracle(seed):
+    """The default level's staircase on identical cards: the answer never exceeds the
+    exhaustive oracle's largest batch and equals it when certified; every card within budget;
+    alike cards within one sample of each other; the default probe cap kept. (How often it
+    is certified within the cap is a benchmark figure, not asserted here.)"""
+    n, f, g, probe, budgets = _alike_surface(seed)
+    out = search.run(probe, budgets, "max_batch", 16 * n, max_probes=12,
+                     known=search.Known(alike=[0] + [1] * (n - 1)))
+    cap = max(c for c in range(4096) if f(1, c) <= budgets[1])
+    c0max = max(c for c in range(4096) if g(c, c) <= budgets[0])
+    want = largest_batch(f, g, budgets, cap * (n - 1) + c0max)
+    assert out.best.batch_size <= want
+    if out.certified:
+        assert out.best.batch_size == want
+    rest = out.best.chunk_sizes[1:]
+    assert max(rest) - min(rest) <= 1
+    assert all(x <= b for x, b in zip(out.best.peak_bytes, budgets))
+    assert len(out.probes) <= 12
