@@ -106,9 +106,6 @@ class MaxBatch:
         for t in {tuple(self._caps_lo()), self._last_t}:
             line = self._line(list(t))
             self.ends.setdefault(f"line{line.t}", []).append(self._line_bracket(line))
-        if self._last_t:    # the line last probed, whichever it was (its cards move a little
-            # a probe on a staircase, and a walk along one end then goes unseen per line)
-            self.ends.setdefault("line", []).append(self._line_bracket(self._line(list(self._last_t))))
 
     def _stalled(self, key: str) -> bool:
         """The bracket has not halved in the last two probes."""
@@ -156,8 +153,7 @@ class MaxBatch:
         lo_pt = max(fit_pts, key=lambda p: p.chunk, default=None)
         hi_pt = min(over_pts, key=lambda p: p.chunk, default=None)
         guess: Optional[int] = None
-        if lo_pt is not None and hi_pt is not None and hi_pt.chunk > lo_pt.chunk \
-                and not fits.staircase:     # a chord across a step guesses next to one end
+        if lo_pt is not None and hi_pt is not None and hi_pt.chunk > lo_pt.chunk:
             guess = chord_cap((lo_pt.chunk, lo_pt.peak_bytes), (hi_pt.chunk, hi_pt.peak_bytes), budget)
         else:
             line = fits.card_line(i, br.lo)
@@ -229,10 +225,7 @@ class MaxBatch:
         if upper is not None and upper < lower:
             return None
         budget = self.obs.budgets[0]
-        key = f"line{line.t}"
-        if fits.staircase and not self._stalled(key) and self._stalled("line"):
-            key = "line"
-        stalled = self._stalled(key) and hi is not None
+        stalled = self._stalled(f"line{line.t}") and hi is not None
 
         def fits_at(b: int) -> bool:
             c0 = line.c0(b)
@@ -250,8 +243,8 @@ class MaxBatch:
             return line.total   # card 0 may fit only with no samples (no replica): try that
         b = b if b >= lower else lower
         if stalled and b > lower and hi is not None:
-            b = max(lower, self._unstall(key, lo, hi))    # not halved in two probes
-        elif hi is not None and b > lower and self.obs.flat_over(0) and not fits.staircase:
+            b = max(lower, self._unstall(f"line{line.t}", lo, hi))    # not halved in two probes
+        elif hi is not None and b > lower and self.obs.flat_over(0):
             b = max(lower, (lo + hi) // 2)          # a flat step of a staircase: halve it
         return b
 
@@ -272,7 +265,7 @@ class MaxBatch:
 
     def _max_step(self) -> Optional[Proposal]:
         obs = self.obs
-        fits = CardFits(obs, smooth=True)
+        fits = CardFits(obs)
         t = [self._target(i, fits) for i in range(1, self.n)]
         if fits.g is None and self.g_tries < 2:
             # card 0's cost per sample of the whole batch: card 0's chunk as in an earlier
@@ -439,7 +432,7 @@ class MaxBatch:
             return None
         lower, upper = max(lo + 1, self._even_start()), (self._upper() if hi is None else hi - 1)
         above = tuple(even_split(lower, self.n))
-        fits = CardFits(obs, smooth=True)
+        fits = CardFits(obs)
         if self._guess_missed(lo, fits) and valid_split(above, self.m) and above not in obs.by_split:
             # E >= lo is known by dominance (a probe loaded every card at least as much) and
             # the fits already guessed too high once: ask E + 1 directly, which closes the
@@ -492,7 +485,7 @@ class MaxBatch:
             prop = self._max_step()
             if prop is not None:
                 if even is not None and self._even_covers(even.split, prop.split) \
-                        and not self._predicted_fit(even.split, CardFits(self.obs, smooth=True)):
+                        and not self._predicted_fit(even.split, CardFits(self.obs)):
                     # the even split's next probe puts card 0 at no more samples and no larger
                     # batch: over there means over here too (one probe for both questions)
                     return Proposal(even.split, "even-max")
@@ -553,7 +546,7 @@ class MaxBatch:
         obs, n = self.obs, self.n
         if not obs.exact_on_oom or n < 3 or not obs.fit_points(0):
             return None
-        fits = CardFits(obs, smooth=True)
+        fits = CardFits(obs)
         tests = self._card_tests(fits)
         if not tests:
             return None

@@ -27,10 +27,6 @@ __all__ = ["Line", "secant", "chord_cap", "CardFits"]
 #: A slope across the cards is taken only when every card lies this close (relative) to it.
 POOLED_TOLERANCE = 0.02
 
-#: The gaps (level less allocated) a staircase's fits use: points whose allocated peak is at
-#: least this share of the card's largest.
-NEAR_TOP = 0.75
-
 #: A fitted slope below this (a plateau) is treated as this, in bytes per sample.
 MIN_SLOPE_BYTES = 1.0
 
@@ -74,32 +70,11 @@ def chord_cap(lo: tuple[int, float], hi: tuple[int, float], budget: float) -> in
 
 
 class CardFits:
-    """Per-card predictions from the observations as they stand (rebuilt after each probe).
+    """Per-card predictions from the observations as they stand (rebuilt after each probe)."""
 
-    ``smooth=True``: where the probes' figures are a budget level's staircase over the
-    allocated peak (the reserved level rises in whole segments: a secant through two points
-    of it may be off by a step, and two points over on one flat step look like a plateau),
-    the lines are drawn through the allocated peaks, which grow smoothly, raised by the
-    midpoint of the gaps (level less allocated) measured on that card near its largest
-    point (:data:`NEAR_TOP`): a guess between the gap's best and worst case seen there. Nothing changes where the figures are the allocated
-    peak."""
-
-    def __init__(self, obs: Observations, smooth: bool = False):
+    def __init__(self, obs: Observations):
         self.obs = obs
         self.n = obs.n
-        self.gap: list[Optional[float]] = [None] * self.n
-        if smooth:
-            for i in range(self.n):
-                pts = [p for p in obs.points[i] if p.exact and p.allocated is not None]
-                top = max((p.allocated or 0 for p in pts), default=0)
-                # the gap grows with the step's tensors (cached blocks of their sizes): the
-                # points near the largest measured, where the caps are
-                gaps = [p.peak_bytes - (p.allocated or 0) for p in pts
-                        if (p.allocated or 0) >= NEAR_TOP * top]
-                if gaps and (min(gaps) != 0 or max(gaps) != 0):
-                    self.gap[i] = (min(gaps) + max(gaps)) / 2
-        #: True when the lines are drawn through the allocated peaks (see above)
-        self.staircase = any(g is not None for g in self.gap)
         self.g = self._batch_slope()
         others = [s for s in (self._slope(i) for i in range(1, self.n)) if s is not None]
         pooled = None if others else self._pooled_slope()
@@ -107,13 +82,6 @@ class CardFits:
         self.pooled = pooled is not None
         self.median_slope: Optional[float] = sorted(others)[len(others) // 2] if others \
             else pooled
-
-    def y(self, i: int, p: Point) -> float:
-        """The figure the fits use for card ``i``'s point ``p`` (see the class docstring)."""
-        gap = self.gap[i]
-        if gap is None or p.allocated is None:
-            return float(p.peak_bytes)
-        return p.allocated + gap
 
     # ---- card 0's cost per sample of the whole batch ------------------------------------
     def _batch_slope(self) -> Optional[float]:
@@ -126,7 +94,7 @@ class CardFits:
         for k, p in enumerate(pts):
             for q in pts[:k]:
                 if q.chunk == p.chunk and q.batch != p.batch:
-                    s = (self.y(0, p) - self.y(0, q)) / (p.batch - q.batch)
+                    s = (p.peak_bytes - q.peak_bytes) / (p.batch - q.batch)
                     if best is None or abs(p.batch - q.batch) >= best[0]:
                         best = (abs(p.batch - q.batch), s)
         return None if best is None else max(0.0, best[1])
@@ -137,7 +105,7 @@ class CardFits:
 
     def _slope(self, i: int) -> Optional[float]:
         pts = self._exact(i)
-        line = secant([(p.chunk, self.y(i, p)) for p in pts],
+        line = secant([(p.chunk, float(p.peak_bytes)) for p in pts],
                       max((p.chunk for p in pts), default=0))
         return None if line is None else line.slope
 
@@ -146,7 +114,7 @@ class CardFits:
         first probe that gave them different chunks; cards that run the same replica cost
         alike per sample, a guess that only chooses the next probe). With the points at two
         chunks only, the 2% check tests that the cards at one chunk agree."""
-        pts = [(p.chunk, self.y(i, p)) for i in range(1, self.n) for p in self._exact(i)]
+        pts = [(p.chunk, float(p.peak_bytes)) for i in range(1, self.n) for p in self._exact(i)]
         line = secant(pts, max((c for c, _ in pts), default=0))
         if line is None or any(abs(line.at(c) - y) > POOLED_TOLERANCE * y for c, y in pts):
             return None     # the cards do not lie on one line: not alike, no slope across
@@ -154,7 +122,7 @@ class CardFits:
 
     def card_line(self, i: int, target: int) -> Optional[Line]:
         """Card ``i >= 1`` near chunk ``target``: a secant, or one point and the others' slope."""
-        pts = [(p.chunk, self.y(i, p)) for p in self._exact(i)]
+        pts = [(p.chunk, float(p.peak_bytes)) for p in self._exact(i)]
         line = secant(pts, target)
         if line is not None:
             return Line(line.intercept, max(line.slope, MIN_SLOPE_BYTES))
@@ -181,7 +149,7 @@ class CardFits:
         if self.g is None:  # without g only points at this batch are comparable
             same = [p for p in pts if p.batch == batch]
             pts = same or pts
-        adj = [(p.chunk, self.y(0, p) - g * p.batch) for p in pts]
+        adj = [(p.chunk, p.peak_bytes - g * p.batch) for p in pts]
         line = secant(adj, target)
         if line is None and adj:
             near = min(adj, key=lambda a: abs(a[0] - target))
@@ -197,6 +165,6 @@ class CardFits:
             zero = [p for p in self.obs.points[0] if p.exact and p.chunk == 0]
             if zero:
                 p = min(zero, key=lambda p: abs(p.batch - batch))
-                return self.y(0, p) + g * (batch - p.batch)
+                return p.peak_bytes + g * (batch - p.batch)
         line = self.card0_line(max(c, 1), batch)
         return None if line is None else line.at(c)

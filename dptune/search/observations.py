@@ -46,9 +46,6 @@ class Point:
     over: bool          # over budget or out of memory on this card
     exact: bool         # a measurement; False: a lower bound (another card failed first)
     probe: int = -1     # which probe (0-based, in the order run)
-    #: the allocated peak behind ``peak_bytes`` when the budget level's figure is another
-    #: (the reserved level: a staircase of it), ``None`` at the allocated level
-    allocated: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -126,15 +123,13 @@ class Observations:
 
     def _add_points(self, r: ProbeResult, k: int, cards: Sequence[int]) -> None:
         b = r.batch_size
-        alloc = r.allocated_peak_bytes
         for i, (c, p) in enumerate(zip(r.chunk_sizes, r.peak_bytes)):
             if (i > 0 and c == 0) or i not in cards:
                 continue               # no replica ran there: nothing measured
             p = int(p)
             if r.feasible or self.exact_on_oom:
                 over = p > self.budgets[i] or r.oom_device == i
-                self.own[i].append(Point(c, b, p, over, True, k,
-                                         None if alloc is None else int(alloc[i])))
+                self.own[i].append(Point(c, b, p, over, True, k))
             elif r.oom_device == i:
                 self.own[i].append(Point(c, b, max(p, self.budgets[i] + 1), True, False, k))
             elif p > self.budgets[i]:   # a lower bound already over budget
