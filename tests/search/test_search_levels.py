@@ -146,12 +146,12 @@ def _alike_surface(seed: int):  # type: ignore[no-untyped-def]
     return n, f, g, probe, budgets
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(12))
 def test_alike_cards_on_a_staircase_never_past_the_oracle(seed):
     """The default level's staircase on identical cards: the answer never exceeds the
     exhaustive oracle's largest batch and equals it when certified; every card within budget;
     alike cards within one sample of each other; the default probe cap kept. (How often it
-    is certified within the cap is a benchmark figure, not asserted here.)"""
+    is certified within the cap is a benchmark figure, not asserted here: 9 of these 12.)"""
     n, f, g, probe, budgets = _alike_surface(seed)
     out = search.run(probe, budgets, "max_batch", 16 * n, max_probes=12,
                      known=search.Known(alike=[0] + [1] * (n - 1)))
