@@ -22,8 +22,9 @@ sample of the whole batch) and puts each card ``i >= 1`` one sample above the ca
 gives: on an affine surface that is the cards' over-budget test, asked by a probe card 0
 needed anyway, and the answer is certified in four probes instead of five.
 
-Then the even split's largest batch ``E`` is bracketed the same way, from measured points
-only: every even split up to ``even(E)`` known within budget, ``even(E + 1)`` known over (the
+Then the even split's largest batch ``E`` is bracketed the same way
+(:mod:`dptune.search.even_baseline`, which shares this search's probes and fits), from
+measured points only: every even split up to ``even(E)`` known within budget, ``even(E + 1)`` known over (the
 batch a user reaches by raising DataParallel's batch until it fails; ``torch.chunk``'s splits
 are not monotone per card, so a larger batch may fit again, and does not count). "Known" includes dominance
 on the monotone surface (see :mod:`dptune.search.observations`): ``even(E)`` is not probed
@@ -59,14 +60,12 @@ from typing import Optional, Sequence
 
 from dptune.search.line import BatchLine, first_over, largest_true, last_within
 from dptune.search.loop import Proposal, fill, raise_cards, valid_split
-from dptune.search.models import MIN_SLOPE_BYTES, CardFits, chord_cap
+from dptune.search.even_baseline import EvenBaseline
+from dptune.search.models import CardFits, chord_cap
 from dptune.search.observations import Bracket, Observations, next_chunk
 from dptune.split import even_split
 
 __all__ = ["MaxBatch"]
-
-#: The purposes of the probes that learn the surface before aiming at the answer.
-_START = ("even", "spread", "start", "fit")
 
 #: Largest step up a secant may take from the largest measured chunk when nothing above was
 #: measured (x this); a single point scales in proportion, which undershoots.
@@ -89,7 +88,7 @@ class MaxBatch:
         #: each bracket's ``(lo, hi)``, probe after probe (its width and moves derive from it)
         self.ends: dict[str, list[tuple[int, Optional[int]]]] = {}
         self._seen = 0
-        self._even_memo: Optional[tuple[int, tuple[int, Optional[int]]]] = None   # (probes, bracket)
+        self.even = EvenBaseline(self)
         self._last_t: tuple[int, ...] = ()   # the other cards' chunks in the last line probed
 
     # ---- bookkeeping ------------------------------------------------------------------
@@ -327,130 +326,12 @@ class MaxBatch:
                 return False
         return True
 
-    # ---- the even split's largest batch -------------------------------------------------
-    def _even_fits(self, b: int) -> bool:
-        s = even_split(b, self.n)
-        return valid_split(s, self.m) and self.obs.split_fits(s)
-
-    def _even_over(self, b: int) -> bool:
-        s = even_split(b, self.n)
-        return not valid_split(s, self.m) or self.obs.split_over(s) or self.infeasible(b)
-
-    def _upper(self) -> int:
-        best = self.obs.best_within()
-        top = max([r.batch_size for r in self.obs.probes] + [self.hint])
-        return max(top, best.batch_size if best else 0) + 1
-
-    def _even_start(self) -> int:
-        return self.m * self.n if self.m > 1 else 1   # BatchNorm: no even split below
-
-    def _even_prefix(self, start: int, up: int) -> int:
-        """The largest ``E`` in ``[start, up]`` with every even split from ``start`` to ``E``
-        known to fit (BatchNorm: batches with a chunk of 1 skipped): where a user who raises
-        DataParallel's batch until it fails stops. 0: none. Card 0's chunk grows with the
-        batch (bisection); the others' do not (``torch.chunk``: ``even(328)`` on three cards is
-        ``(110, 110, 108)``, lighter on the last card than ``even(327) = (109, 109, 109)``),
-        but none exceeds ``ceil(b / n)``, so they are scanned only above ``n`` times the
-        smallest chunk every card is known to fit."""
-        n = self.n
-        top = largest_true(lambda b: self.obs.card0_fits(even_split(b, n)[0], b), start, up)
-        if top < start:
-            return 0
-        known = min((max((p.chunk for p in self.obs.fit_points(i)), default=0)
-                     for i in range(1, n)), default=top)
-        b = min(n * known, top)
-        if b < start:
-            b = start - 1       # nothing below start known: start itself is asked first
-        while b + 1 <= top and (not valid_split(even_split(b + 1, n), self.m)
-                                or self._even_fits(b + 1)):
-            b += 1
-        while b >= start and not self._even_fits(b):
-            b -= 1
-        return b if b >= start else 0
-
-    def _even_next(self, lo: int) -> int:
-        """The first valid even batch above ``lo`` (the one to be known over)."""
-        b = max(lo + 1, self._even_start())
-        while not valid_split(even_split(b, self.n), self.m):
-            b += 1
-        return b
-
+    # ---- the even split's largest batch (:mod:`dptune.search.even_baseline`) -------------
     def even_bracket(self) -> tuple[int, Optional[int]]:
-        """``[lo, hi)``: ``lo`` the even split's largest batch known so far (every even batch
-        up to it known to fit, :meth:`_even_prefix`), ``hi`` a batch above it known over.
-        Asked several times a probe (the bookkeeping, the certificate, the next step, the
-        outcome), computed once per probe."""
-        k = len(self.obs.probes)
-        if self._even_memo is None or self._even_memo[0] != k:
-            self._even_memo = (k, self._even_bracket())
-        return self._even_memo[1]
-
-    def _even_bracket(self) -> tuple[int, Optional[int]]:
-        up, start = self._upper(), self._even_start()
-        lo = self._even_prefix(start, up)
-        nxt = self._even_next(lo)
-        if self._even_over(nxt):
-            return lo, nxt
-        hi = largest_true(lambda b: not self._even_over(b), nxt, up) + 1
-        return lo, (hi if hi <= up and self._even_over(hi) else None)
-
-    def _guess_missed(self, lo: int, fits: CardFits) -> bool:
-        """The even split's lower end ``lo`` is known by dominance only (``even(lo)`` not
-        probed), a probe that asked about the even split above ``lo`` found card 0 over its
-        budget (the fits guessed too high), and card 0's own samples cost something near
-        ``even(lo + 1)``: on a flat step (fitted slope at its floor, ``MIN_SLOPE_BYTES``) the
-        memory a smaller batch frees takes card 0 past ``lo``, so the bet that ``lo`` is its
-        cap does not hold (a staircase: it cost a probe there). Not either when card 0's chunk
-        there is known only from the first probes (the caller's batch: far below card 0's
-        cap)."""
-        obs = self.obs
-        if lo <= 0 or tuple(even_split(lo, self.n)) in obs.by_split:
-            return False
-        e0 = even_split(lo, self.n)[0]
-        if not any(p.chunk >= e0 and p.batch >= lo and p.probe >= 0
-                   and obs.probes[p.probe].purpose not in _START for p in obs.fit_points(0)):
-            return False
-        above = even_split(lo + 1, self.n)
-        line = fits.card0_line(above[0], lo + 1)
-        if line is not None and line.slope <= MIN_SLOPE_BYTES:
-            return False
-        return any(r.purpose.startswith("even-max") and r.batch_size > lo
-                   and any(p.probe == k and p.over for p in obs.points[0])
-                   for k, r in enumerate(obs.probes))
+        return self.even.bracket()
 
     def even_certified(self) -> bool:
-        """``even(E)`` known to fit and ``even(E + 1)`` known over, from measured points (by
-        dominance: ``even(E)`` need not be probed itself when a probe within budget put every
-        card at least as high, see :meth:`Observations.fit_witness`)."""
-        lo, hi = self.even_bracket()
-        return hi == self._even_next(lo)
-
-    def _even_step(self) -> Optional[Proposal]:
-        obs = self.obs
-        lo, hi = self.even_bracket()
-        if self.even_certified():
-            return None
-        lower, upper = max(lo + 1, self._even_start()), (self._upper() if hi is None else hi - 1)
-        above = tuple(even_split(lower, self.n))
-        fits = CardFits(obs)
-        if self._guess_missed(lo, fits) and valid_split(above, self.m) and above not in obs.by_split:
-            # E >= lo is known by dominance (a probe loaded every card at least as much) and
-            # the fits already guessed too high once: ask E + 1 directly, which closes the
-            # bracket when lo is the cap, rather than walk down a few samples per probe
-            return Proposal(above, "even-max")
-
-        def fits_at(b: int) -> bool:
-            return self._predicted_fit(even_split(b, self.n), fits)
-
-        b = min(max(largest_true(fits_at, lower, upper), lower), upper)
-        if self._stalled("even") and hi is not None and b > lower:
-            b = self._unstall("even", lo, hi)       # not halved in two probes
-        for cand in [b, *range(b - 1, lower - 1, -1)[:4], *range(b + 1, upper + 1)[:4]]:
-            s = tuple(even_split(cand, self.n))
-            if valid_split(s, self.m) and s not in obs.by_split and not obs.split_fits(s) \
-                    and not obs.split_over(s):
-                return Proposal(s, "even-max")
-        return None
+        return self.even.certified()
 
     # ---- the strategy -------------------------------------------------------------------
     def brackets(self) -> list[Bracket]:
@@ -477,7 +358,7 @@ class MaxBatch:
         halved = self._halved()
         if halved is not None:
             return halved
-        even = None if not self.compare_even or self.even_certified() else self._even_step()
+        even = None if not self.compare_even or self.even_certified() else self.even.step()
         if not self.max_certified():
             packed = self._packed(even)
             if packed is not None:
@@ -501,7 +382,7 @@ class MaxBatch:
         obs = self.obs
         if obs.exact_on_oom or len(obs.probes) < 2 or any(obs.within_budget(r) for r in obs.probes):
             return None
-        batch = max(self._even_start(), obs.probes[-1].batch_size // 2)
+        batch = max(self.even.start(), obs.probes[-1].batch_size // 2)
         s = tuple(even_split(batch, self.n))
         while not valid_split(s, self.m) and batch > 1:
             batch -= 1
