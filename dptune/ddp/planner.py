@@ -290,7 +290,14 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
         if batch is not None and sum(sizes) > batch:
             sizes = balance_ranks(obs, run, batch, rounds + 4, sizes)
             certified, why = False, RankReason.MEMORY_BALANCE
-        return _Found(sizes, certified, _speed(times, sizes, grad_bytes), (why,) * n)
+        contradiction = obs.not_monotone()
+        notes = () if contradiction is None else (
+            f"the figures are not monotone ({contradiction}; the caching allocator's reserved "
+            "peak depends on fragmentation): one more sample measured over does not prove that "
+            "no larger batch fits, so the caps are not certified; "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True makes the reserved figure follow "
+            "the allocated one",)
+        return _Found(sizes, certified, _speed(times, sizes, grad_bytes) + notes, (why,) * n)
     assert batch is not None
     if batch < m * n:
         raise UsageError(f"global_batch {batch} is too small for {n} ranks: every rank "

@@ -94,6 +94,16 @@ class RankObservations:
         over = [p.batch_size for p in self.of(r) if not p.fits]
         return min(over) if over else None
 
+    def not_monotone(self) -> Optional[str]:
+        """Where a rank's probes contradict the monotone surface its certificate rests on: a
+        batch measured within budget above one measured over (the reserved level can do this:
+        fragmentation decides whether a freed block is reused). ``None`` when none does."""
+        for r in range(self.n):
+            hi = self.hi(r)
+            if hi is not None and self.lo(r) > hi:
+                return f"rank {r} fits at {self.lo(r)} samples and is over at {hi}"
+        return None
+
     def bracket(self, r: int) -> Bracket:
         """Rank r's cap: the largest batch measured within budget, the smallest over."""
         return Bracket(card=r, lo=self.lo(r), hi=self.hi(r), min_chunk=self.m)
@@ -247,7 +257,8 @@ def _next_batch(obs: RankObservations, r: int, bisect: bool, limit: Optional[int
 
 def bracket_ranks(obs: RankObservations, run: Runner, max_rounds: int, limit: Optional[int],
                   staircase: bool = False) -> bool:
-    """Bracket each rank's largest batch; returns whether every bracket closed.
+    """Bracket each rank's largest batch; returns whether every bracket closed with no probe
+    contradicting the monotone surface (:meth:`RankObservations.not_monotone`).
 
     ``limit``: stop once the ranks' batches measured within budget add up to it.
     ``staircase``: peaks rise in steps (the reserved level: whole segments), where a line
@@ -267,6 +278,6 @@ def bracket_ranks(obs: RankObservations, run: Runner, max_rounds: int, limit: Op
             sizes.append(_next_batch(obs, r, bisect_next[r], limit, staircase))
             bisect_next[r] = not bisect_next[r]
         if all(s is None for s in sizes):
-            return True
+            return obs.not_monotone() is None
         run(sizes)
-    return all(obs.bracket(r).closed for r in range(n))
+    return all(obs.bracket(r).closed for r in range(n)) and obs.not_monotone() is None

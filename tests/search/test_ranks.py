@@ -1,0 +1,46 @@
+"""The ranks' search (DDP, FSDP): each rank's cap bracketed from its own probes, certified only
+where the probes agree with the monotone surface the certificate rests on."""
+
+from __future__ import annotations
+
+from dptune.search.ranks import RankObservations, bracket_ranks
+
+GiB = 2**30
+
+
+def _runner(obs: RankObservations, peak):  # type: ignore[no-untyped-def]
+    def run(sizes):  # type: ignore[no-untyped-def]
+        obs.run(lambda fn: [fn(r) for r in range(obs.n)], sizes, peak)
+    return run
+
+
+def test_each_rank_cap_bracketed_exactly_on_a_monotone_surface():
+    budgets = [8 * GiB, 6 * GiB, 4 * GiB]
+
+    def peak(r, b):  # type: ignore[no-untyped-def]
+        return GiB + (r + 1) * 7 * 2**20 * b
+
+    obs = RankObservations(budgets, 1)
+    run = _runner(obs, peak)
+    run([8, 8, 8])
+    assert bracket_ranks(obs, run, 40, None)
+    for r, budget in enumerate(budgets):     # brute force: the largest batch within budget
+        want = max(b for b in range(1, 5000) if peak(r, b) <= budget)
+        assert obs.lo(r) == want and obs.hi(r) == want + 1
+    assert obs.not_monotone() is None
+
+
+def test_a_rank_within_budget_above_a_batch_it_was_over_at_is_never_certified():
+    """Fragmentation at the reserved level: rank 0 over at 50 samples, within budget at 100.
+    Its bracket looks closed, but "one more sample is over" proves nothing there."""
+    budgets = [4 * GiB]
+
+    def peak(r, b):  # type: ignore[no-untyped-def]
+        return GiB + 2**20 * b + (8 * GiB if b == 50 else 0)
+
+    obs = RankObservations(budgets, 1)
+    run = _runner(obs, peak)
+    run([100])
+    run([50])
+    assert obs.not_monotone() == "rank 0 fits at 100 samples and is over at 50"
+    assert not bracket_ranks(obs, run, 40, None)
