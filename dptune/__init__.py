@@ -22,8 +22,7 @@ Public API (grouped):
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dptune._lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -71,14 +70,4 @@ _LAZY = {
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dptune' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals(), __all__)

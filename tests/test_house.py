@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dptune"
 
 #: bottom-up; a unit imports units of its floor or below (a floor's units may import each other)
 FLOORS: list[tuple[str, ...]] = [
-    ("errors", "units", "split", "_torch_private"),
+    ("errors", "units", "split", "_torch_private", "_lazy"),
     ("types",),                          # Device, ProbeResult, StepTime, the enums
     ("hardware", "budget"),              # the card table and card readers; the budget policy
     ("checkpoint", "solve"),             # pure arithmetic: memory and time fits, integer splits

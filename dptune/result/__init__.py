@@ -6,15 +6,9 @@ imported here on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dptune._lazy import lazy_names
 
 __all__ = ["TuneResult", "load_result"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module("dptune.result.model"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_names(__name__, {n: "dptune.result.model" for n in __all__}, globals(), __all__)

@@ -12,8 +12,7 @@ The names below are imported on first use, so that the device layer stays light.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dptune._lazy import lazy_names
 
 __all__ = ["CudaBackend", "CudaRuntime", "StepContext", "default_step", "check_devices"]
 
@@ -22,14 +21,4 @@ _HOME = {"CudaBackend": "dptune.backends.cuda.backend", "CudaRuntime": "dptune.h
          "default_step": "dptune.backends.cuda.step"}
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _HOME, globals(), __all__)

@@ -28,8 +28,7 @@ reserved-level model below need no torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dptune._lazy import lazy_names
 
 __all__ = ["Cluster", "CARD_TYPES", "CARD_CAPABILITY", "DEFAULT_CAPABILITY", "DEFAULT_CLUSTER",
            "DEFAULT_CONTEXT_BYTES", "parse_cluster", "SimulatedBackend", "MemoryEstimate",
@@ -42,14 +41,4 @@ _HOME = {**{n: "dptune.hardware.cluster" for n in __all__[:7]},
          "_Ledger": "dptune.backends.simulated.ledger"}     # tests reach the ledger here
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _HOME, globals(), __all__)
