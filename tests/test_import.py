@@ -2,8 +2,8 @@
 
 Each check runs its code in a fresh interpreter state: a child forked by
 tests/support/fresh_imports.py from a parent that has imported nothing of dptune (and, for the
-checks that begin with ``import torch``, has imported torch once for all of them), one such
-parent per group of checks instead of one ``python -c`` per check."""
+checks that begin with ``import torch``, has imported torch once for all of them): one parent
+process for the module's checks instead of one ``python -c`` per check."""
 
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ def run_jobs(jobs: tuple[tuple[bool, str], ...]) -> tuple[subprocess.CompletedPr
                  for (_, c), r in zip(jobs, json.loads(proc.stdout)))
 
 
-def run_one(jobs: tuple[tuple[bool, str], ...], i: int) -> subprocess.CompletedProcess:
-    return run_jobs(jobs)[i]
+def run_one(job: tuple[bool, str]) -> subprocess.CompletedProcess:
+    """``job``'s outcome, all of this module's checks run together (one parent process)."""
+    return run_jobs(ALL_JOBS)[ALL_JOBS.index(job)]
 
 
 LOADS_NOTHING_HEAVY = """
@@ -53,13 +54,13 @@ BARE = ((False, "import dptune"), (False, LOADS_NOTHING_HEAVY))
 
 
 def test_import_prints_nothing():
-    proc = run_one(BARE, 0)
+    proc = run_one(BARE[0])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "" and proc.stderr == ""
 
 
 def test_import_loads_nothing_heavy():
-    proc = run_one(BARE, 1)
+    proc = run_one(BARE[1])
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info == {"heavy": [], "torch": False, "cuda_initialised": False}
@@ -86,7 +87,7 @@ LAZY = tuple((True, f"""
 def test_modules_are_lazy_about_cuda_nvml_pandas(module):
     # torch itself may import pynvml (torch.cuda does, where it is installed): only what the
     # module adds on top of torch counts.
-    proc = run_one(LAZY, LAZY_MODULES.index(module))
+    proc = run_one(LAZY[LAZY_MODULES.index(module)])
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"heavy": [], "cuda_initialised": False}
     assert proc.stderr == ""
@@ -107,7 +108,7 @@ RESOLVE = tuple((True, f"import dptune; obj = dptune.{name}; assert obj is not N
 @pytest.mark.parametrize("name", NAMES)
 def test_every_public_name_resolves(name):
     """Each lazy name imports in a fresh child (so one cannot hide another's import)."""
-    proc = run_one(RESOLVE, NAMES.index(name))
+    proc = run_one(RESOLVE[NAMES.index(name)])
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -126,6 +127,9 @@ ONE_WAY_JOBS = tuple((True, f"""
 
 @pytest.mark.parametrize("module, must_not_load", ONE_WAY)
 def test_imports_go_one_way(module, must_not_load):
-    proc = run_one(ONE_WAY_JOBS, ONE_WAY.index((module, must_not_load)))
+    proc = run_one(ONE_WAY_JOBS[ONE_WAY.index((module, must_not_load))])
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
+
+
+ALL_JOBS = BARE + LAZY + RESOLVE + ONE_WAY_JOBS
