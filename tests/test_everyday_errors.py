@@ -494,7 +494,8 @@ def many_cards(n: int, objective: str = "balance") -> TuneResult:
                              for i in range(n)])
 
 
-@pytest.mark.parametrize("n", [256, 1000])
+# 256 cards in `make test`; 1000 (the same bounded-size drawing, seconds more) in `make test-slow`
+@pytest.mark.parametrize("n", [256, pytest.param(1000, marks=pytest.mark.slow)])
 def test_many_cards_plots_stay_readable_and_quick(tmp_path, n):
     from PIL import Image
 

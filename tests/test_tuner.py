@@ -96,19 +96,19 @@ def assert_verified(r: TuneResult) -> None:
 # ---- balance ------------------------------------------------------------------------------
 
 
-def test_balance_affine_exact_probe_sequence_and_certificate():
+def test_balance_affine_certified_within_four_probes():
     be = identical()
     r = tune(be)
-    assert be.calls == [[64, 64, 64, 64], [49, 69, 69, 69], [9, 82, 82, 83],
-                        [10, 83, 83, 80]]   # card 3 (the heaviest) gives one to each other card
-    assert [p.purpose for p in r.probes] == ["even", "fit", "verify", "certify"]
+    # the balance objective's exact sequence is pinned once, in tests/search/test_search_ties.py:
+    # here the invariants (the even split first, at most four probes, the answer verified)
+    assert be.calls[0] == [64, 64, 64, 64] and len(be.calls) <= 4, be.calls
+    assert_verified(r)
     assert r.chunk_sizes == [9, 82, 82, 83] and r.certified
     assert [(b.lo, b.hi) for b in r.brackets] == [(9, 10), (82, 83), (82, 83), (83, 84)]
-    assert r.peak_bytes == list(r.probes[2].peak_bytes)
     assert r.imbalance < 1.02 < r.even.imbalance
     assert r.even.chunk_sizes == (64, 64, 64, 64)
     assert r.objective == "balance" and r.requested_batch_size == 256 and r.batch_size == 256
-    assert r.num_probes == 4 and len(r.fits) == 4
+    assert r.num_probes <= 4 and len(r.fits) == 4
     # the fits are exact on affine cards
     for i, f in enumerate(r.fits):
         assert f.predict(r.chunk_sizes[i], 256) == pytest.approx(r.peak_bytes[i], abs=2)
@@ -245,9 +245,10 @@ def test_max_batch_affine():
     # chunk above its chunk at the largest batch: three questions left for card 0 (one more
     # sample at the best batch, the even split at E and E + 1); the cards' one-more tests
     # were asked by the second probe (the first spread the cards: a slope across them)
-    assert [p.purpose for p in r.probes] == ["spread", "fit", "max", "max", "even-max",
-                                             "even-max"]
-    assert be.calls[:3] == [[64, 64, 64, 80], [64, 226, 226, 226], [92, 225, 225, 225]]
+    assert len(be.calls) <= 6, be.calls
+    c0 = r.chunk_sizes[0]
+    assert any(c[0] == c0 + 1 and sum(c) == 768 for c in be.calls)   # card 0 one more at B + 1
+    assert sum(p.purpose.startswith("even-max") for p in r.probes) == 2   # even(E), even(E + 1)
     assert r.even.batch_size == oracles.max_even_batch(truth, budgets) == 496
     gain = r.batch_gain
     assert r.even.feasible and gain is not None and gain.low == gain.high == 767 / 496 - 1

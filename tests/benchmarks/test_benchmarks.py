@@ -174,6 +174,9 @@ def test_validate_gpu_cases_and_plain_step_run_without_a_gpu():
     assert v.estimate(small, 2, Cluster.uniform(1, 24 * 2**30)) > 0
 
 
+# slow: the benchmark's doubling-and-bisection caps (seconds); the fast selection checks the
+# same property (the DDP max_batch plan is each rank's exact cap) in tests/ddp/test_ddp_plan.py
+@pytest.mark.slow
 def test_ddp_benchmark_exact_caps_agree_with_the_plan():
     import torch
     import torch.nn as nn
