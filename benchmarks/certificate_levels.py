@@ -204,21 +204,28 @@ def measure_level(name: str, level: str, max_probes: int = 12, oracle: int = 0) 
     monotone = all(check_monotone_near(s, i, c) for i, c in enumerate(ans.caps, start=1)) \
         and line_monotone_near(s, ans.caps, ans.best)
     upto = ans.best + oracle if oracle else 0
+    split = tuple(out.best.chunk_sizes)
     return dict(case=s.name, level=level, best=ans.best, even=ans.even,
                 oracle=oracle_answer(s, upto) if oracle else None, oracle_upto=upto,
                 dptune=out.best.batch_size, dptune_even=even, certified=out.certified,
+                split=list(split), split_fits=not any(s.over(split)),
                 even_open=out.even_open, probes=len(out.probes),
+                best_exact=out.best.batch_size == ans.best, even_exact=even == ans.even,
                 exact=out.best.batch_size == ans.best and even == ans.even,
-                monotone=monotone, sim_probes=s.curves.probes if isinstance(s, LevelSurface)
-                and s.curves else 0, seconds=time.perf_counter() - t0)
+                monotone=monotone, notes=list(out.notes),
+                sim_probes=s.curves.probes if isinstance(s, LevelSurface) and s.curves else 0,
+                seconds=time.perf_counter() - t0)
 
 
 def level_table(rows: Sequence[dict[str, Any]]) -> str:
-    head = ("| case | level | B* | E | dptune | even | probes | certified | exact | monotone near B* "
-            "| exhaustive oracle |\n|---|---|---|---|---|---|---|---|---|---|---|")
-    body = [f"| {r['case']} | {r['level']} | {r['best']} | {r['even']} | {r['dptune']} | "
+    head = ("| case | level | B* | E | dptune (its split within budget) | even | probes | certified "
+            "| largest exact | even exact | monotone near B* | exhaustive oracle |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|")
+    body = [f"| {r['case']} | {r['level']} | {r['best']} | {r['even']} | {r['dptune']} "
+            f"({'yes' if r['split_fits'] else 'NO'}) | "
             f"{r['dptune_even']}{' (open)' if r['even_open'] else ''} | {r['probes']} | "
-            f"{'yes' if r['certified'] else 'no'} | {'yes' if r['exact'] else 'WRONG'} | "
+            f"{'yes' if r['certified'] else 'no'} | {'yes' if r['best_exact'] else 'WRONG'} | "
+            f"{'yes' if r['even_exact'] else 'WRONG'} | "
             f"{'yes' if r['monotone'] else 'NO'} | "
             f"{'-' if r.get('oracle') is None else str(r['oracle']) + ' (batches to ' + str(r['oracle_upto']) + ')'} |"
             for r in rows]
@@ -243,6 +250,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{r['case']}: {r['seconds']:.0f} s, {r['sim_probes']} simulated steps",
                   file=sys.stderr)
     print(level_table(rows))
+    for r in rows:
+        if not (r["certified"] and r["exact"]):
+            print(f"\n{r['case']}: dptune's split {r['split']}")
+            print("\n".join(f"  note: {n}" for n in r["notes"]))
     return 0 if all(r["exact"] and r["certified"] and r.get("oracle") in (None, r["best"])
                     for r in rows) else 1
 

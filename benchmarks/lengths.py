@@ -293,8 +293,14 @@ def main(argv: Any = None) -> int:
     p.add_argument("--models", default=",".join(MODELS), help="which models, e.g. BERT")
     p.add_argument("--out", default=None, help="default: benchmarks/lengths.json at the allocated "
                    "level, benchmarks/lengths_LEVEL.json at another")
+    p.add_argument("--table", metavar="JSON", default=None,
+                   help="only print the table of rows saved by an earlier run")
     config.add_level_options(p)
     args = p.parse_args(argv)
+    if args.table:
+        with open(args.table, encoding="utf-8") as f:
+            print(table(json.load(f)))
+        return 0
     out = args.out or ("benchmarks/lengths.json" if args.level == "allocated"
                        else f"benchmarks/lengths_{args.level}.json")
     if args.scale:
