@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from benchmarks import config
 from benchmarks.ddp import open_brackets, rank_certified, scan_agrees
 from benchmarks.lengths import uncertified_bucket_notes
@@ -56,3 +58,27 @@ def test_the_notes_of_uncertified_buckets_only():
                                                   "length <= 128: fine", "length <= 512: open",
                                                   "length <= 5120: another"))
     assert uncertified_bucket_notes(plan) == ["length <= 512: open"]
+
+
+@pytest.mark.slow
+def test_ddp_caps_at_the_reserved_level_are_below_the_allocated_ones():
+    """The reserved figure (the allocator's segments plus NCCL) is never below the allocated
+    peak, so at one headroom a rank's cap at the reserved level is at most its allocated cap;
+    the scan around each reserved cap runs the batches there one by one."""
+    import torch
+    import torch.nn as nn
+
+    from benchmarks.ddp import exact_caps, scan_caps
+    from dptune.step.workload import Workload
+
+    def net() -> nn.Module:
+        return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
+
+    def batch(b: int) -> torch.Tensor:
+        return torch.randn(b, 64)
+
+    spec, room = "4GB,4GB,used=1:1GB", 256 * 2**20
+    allocated = exact_caps(Workload(net, batch), spec, room)
+    reserved, _ = scan_caps(Workload(net, batch), spec, room,
+                                  config.level_budget("reserved").reserved, width=2)
+    assert all(0 < r <= a for r, a in zip(reserved, allocated)) and reserved[0] > reserved[1]
