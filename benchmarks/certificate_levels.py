@@ -72,11 +72,19 @@ class LevelCurves:
     def _card0(self, c0: int, b: int) -> tuple[int, int]:
         key = (c0, b)
         if key not in self._g:
-            rest = list(even_split(b - c0, self.n - 1))
-            split = [c0] + rest
-            if not _valid(split, self.m):       # BatchNorm: a rest of 1 goes to one card
-                rest = [b - c0] + [0] * (self.n - 2)
+            run = b
+            while True:
+                rest = list(even_split(run - c0, self.n - 1))
                 split = [c0] + rest
+                if not _valid(split, self.m):       # BatchNorm: a rest of 1 goes to one card
+                    rest = [run - c0] + [0] * (self.n - 2)
+                    split = [c0] + rest
+                if _valid(split, self.m):
+                    break
+                # no batch at all, or a rest below BatchNorm's minimum: taken at the next
+                # batch, as benchmarks.certificate_cases does (the certificate's minimum asks
+                # for such points; the search never probes them)
+                run += 1
             peaks, alloc = self._probe(split)
             self._g[key] = (peaks[0], alloc[0])
         return self._g[key]
