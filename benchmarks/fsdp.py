@@ -175,14 +175,16 @@ def run_case(case: Case, level: str = config.LEVELS[0], headroom_given: Optional
     caps, agree = scan_caps(Workload(model, sample, None, config.optimizer), case.cluster, headroom,
                             options, budget.reserved, scan)
     simulations = 0
-    estimate = SimulatedFSDPRank.estimate
+    # every simulated step goes through _estimated (estimate at the allocated level, probe
+    # with the allocator model at the reserved one)
+    estimate = SimulatedFSDPRank._estimated
 
     def counted(self: SimulatedFSDPRank, sizes: Sequence[int], *a: Any) -> Any:
         nonlocal simulations
         simulations += 1
         return estimate(self, sizes, *a)
 
-    SimulatedFSDPRank.estimate = counted  # type: ignore[method-assign]
+    SimulatedFSDPRank._estimated = counted  # type: ignore[method-assign]
     try:
         t0 = time.perf_counter()
         plan = ddp.plan(model, sample, optimizer=config.optimizer, objective="max_batch",
@@ -190,7 +192,7 @@ def run_case(case: Case, level: str = config.LEVELS[0], headroom_given: Optional
                         mp_policy=options.mp_policy)   # as the caps
         seconds = time.perf_counter() - t0
     finally:
-        SimulatedFSDPRank.estimate = estimate  # type: ignore[method-assign]
+        SimulatedFSDPRank._estimated = estimate  # type: ignore[method-assign]
     with torch.device("meta"):
         params = n_params(model())
     return FSDPRow(case=case.name, params=params, cluster=case.cluster, ddp_peak_bytes=ddp_peak,
