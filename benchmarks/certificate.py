@@ -1,5 +1,12 @@
 """dptune's largest-batch probes against the certificate's own minimum:
-``python -m benchmarks.certificate [--quick] [--no-models]``.
+``python -m benchmarks.certificate [--level reserved|allocated] [--quick] [--no-models]``.
+
+The synthetic surfaces have no level; the model cases do. At dptune's default level
+(``reserved``, the default here) they are the small models of
+:data:`benchmarks.certificate_levels.LEVEL_MODELS` (2-3 cards of 2 GB, and the audited wide MLP
+on 4 x 24 GB), each card's figure the simulator's reserved peak plus NCCL's buffers; at
+``--level allocated`` the small models of :data:`benchmarks.certificate_cases.MODELS` on 1 GB
+cards (NCCL's buffers alone fill a 1 GB card at the reserved level), at the allocated peak.
 
 For each case (a memory surface: card ``i >= 1`` peaks at ``f(i, c)``, card 0 at
 ``g(c0, B)``; synthetic families, and small models whose curves are measured on the
@@ -373,9 +380,10 @@ def measure(s: Surface, max_probes: int = 12) -> Row:
                minimum(s, ans), minimum(s, ans, with_even=False), ok, purposes)
 
 
-def auto_probes() -> list[str]:
-    """``output_device="auto"``: the probes of each of its two searches (TinyGPT, 3x1GB, as
-    in ``tests/search/test_search_models.py``)."""
+def auto_probes(level: str = "allocated") -> list[str]:
+    """``output_device="auto"``: the probes of each of its two searches (TinyGPT, 3x1GB and
+    4x1GB, as in ``tests/search/test_search_models.py``; 2 GB cards at the reserved level,
+    whose NCCL buffers alone fill a 1 GB card)."""
     import warnings
 
     import torch
@@ -387,7 +395,7 @@ def auto_probes() -> list[str]:
     from dptune.step.workload import Workload
 
     lines = []
-    for spec in ("3x1GB", "4x1GB"):
+    for spec in (("3x1GB", "4x1GB") if level == "allocated" else ("3x2GB", "4x2GB")):
         model = TinyGPT(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32)
 
         def opt(p):  # type: ignore[no-untyped-def]
@@ -397,7 +405,7 @@ def auto_probes() -> list[str]:
             warnings.simplefilter("ignore")
             r = Tuner(model, model.sample, batch_size=32, optimizer=opt, objective="max_batch",
                       headroom=HEADROOM, verbose=False, backend=backend,
-                      output_device="auto", budget_level="allocated").fit()
+                      output_device="auto", budget_level=level).fit()
         second = sum(p.purpose.startswith("output ") for p in r.probes)
         lines.append(f"| TinyGPT {spec} | {len(r.probes) - second} | {second} | "
                      f"{r.batch_size} on card {r.output_device} | "
@@ -441,14 +449,18 @@ def summary(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def cases(quick: bool, models: bool) -> list[Surface]:
+def cases(quick: bool, models: bool, level: str = "allocated") -> list[Surface]:
     from benchmarks.certificate_cases import (MODELS, model_surface, random_affine, staircase,
                                               synthetic)
+    from benchmarks.certificate_levels import LEVEL_MODELS, level_surface
 
     out = synthetic() + [staircase(k) for k in range(4 if quick else 8)] + \
         [random_affine(k) for k in range(8 if quick else 24)]
-    if models:
+    if models and level == "allocated":
         out += [model_surface(name) for name in (["causal-lm", "bn-cnn"] if quick else MODELS)]
+    elif models:
+        out += [level_surface(name, level)
+                for name in (["causal-lm", "bn-cnn"] if quick else LEVEL_MODELS)]
     return out
 
 
@@ -458,10 +470,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-models", action="store_true", help="synthetic surfaces only")
     ap.add_argument("--no-auto", action="store_true", help="skip output_device='auto'")
     ap.add_argument("-v", "--verbose", action="store_true", help="each case's probe purposes")
+    ap.add_argument("--level", choices=("reserved", "allocated"), default="reserved",
+                    help="the model cases' budget level (default: %(default)s, dptune's)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     rows = []
-    for s in cases(args.quick, not args.no_models):
+    for s in cases(args.quick, not args.no_models, args.level):
         rows.append(measure(s))
         if args.verbose:
             print(s.name, rows[-1].purposes, file=sys.stderr)
@@ -471,7 +485,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.no_auto and not args.no_models:
         print("\n| output_device=\"auto\" | first search | second search | answer | card 0 |\n"
               "|---|---|---|---|---|")
-        print("\n".join(auto_probes()))
+        print("\n".join(auto_probes(args.level)))
     print(f"\n{len(rows)} cases in {time.perf_counter() - t0:.0f} s")
     return 0 if all(r.ok for r in rows) else 1
 

@@ -15,11 +15,34 @@ import torch.nn as nn
 
 from dptune.examples import models as M
 
-__all__ = ["HEADROOM", "ModelSpec", "MODELS", "SCENARIOS", "QUICK_MODELS", "QUICK_SCENARIOS",
+__all__ = ["HEADROOM", "LEVELS", "add_level_options", "level_budget", "ModelSpec", "MODELS", "SCENARIOS", "QUICK_MODELS", "QUICK_SCENARIOS",
            "REALISTIC", "FullSpec", "FULL_SIZE", "optimizer"]
 
 #: Memory left free on every card; a card's budget is its memory - used by others - this.
 HEADROOM = "1GiB"
+
+#: The budget levels the benchmarks of the planners (``ddp``, ``fsdp``, ``lengths``) run at:
+#: dptune's default (:data:`dptune.budget.DEFAULT_LEVEL`) first.
+LEVELS = ("reserved", "allocated")
+
+
+def add_level_options(parser: Any) -> None:
+    """``--level`` (default: dptune's default level) and ``--headroom`` (default: the level's
+    own, :data:`dptune.budget.DEFAULT_HEADROOM`: 1 GiB at ``allocated``, 256 MiB at
+    ``reserved``), as a user of ``dptune plan`` or ``plan_lengths`` gets them."""
+    parser.add_argument("--level", choices=LEVELS, default=LEVELS[0],
+                        help="budget level the cards are checked at (default: %(default)s, dptune's)")
+    parser.add_argument("--headroom", default=None,
+                        help="memory kept free per card (default: the level's own: 256MiB at "
+                             "reserved, 1GiB at allocated)")
+
+
+def level_budget(level: str, headroom: Optional[str] = None) -> Any:
+    """The :class:`dptune.settings.Budget` a user gets at ``level`` (its headroom, and at
+    ``reserved`` the allocator model with NCCL's published figures)."""
+    from dptune.settings import Budget
+
+    return Budget.at(level, headroom)
 
 
 def optimizer(params: Any) -> torch.optim.Optimizer:

@@ -1,7 +1,11 @@
 """Variable lengths: tokens per step over one epoch, three ways, and the probes it costs.
 
-``python -m benchmarks.lengths [--quick] [--models GPT,BERT]`` (tens of minutes on 2 shared
-cores; ``--quick``: one model, one distribution, one cluster). For a GPT-style decoder (20,000
+``python -m benchmarks.lengths [--level reserved|allocated] [--quick] [--models GPT,BERT]``
+(tens of minutes on 2 shared cores; ``--quick``: one model, one distribution, one cluster), at
+dptune's default budget level (``reserved``: the allocator model's reserved peak plus NCCL's
+buffers, headroom 256 MiB; writes ``benchmarks/lengths_reserved.json``) or ``--level
+allocated`` (the allocated peak, headroom 1 GiB; ``benchmarks/lengths.json``): the plan, the
+even-split bisection and the replay all check the cards at that level. For a GPT-style decoder (20,000
 samples) and a BERT-style encoder (400,000: its short buckets plan batches of tens of
 thousands), a long-tailed (log-normal, like SFT data) and a bimodal length distribution, on
 4x24GB and on mixed cards, with the training step of the other benchmarks (AdamW, bf16
@@ -18,9 +22,11 @@ autocast):
 
 Reported: optimizer steps per epoch and real (unpadded) tokens per step; the probes of the
 per-bucket search, seeded from each neighbour, against searching every bucket on its own from
-the same start; and a replay of the epoch through the simulator: every split its batches are
-given, at the longest padded length any batch with that split has (at one split a longer batch
-only uses more memory), counted over a card's budget or not (0 is safe).
+the same start; which buckets are certified (one more sample measured over) and, for those
+that are not, the search's notes; and a replay of the epoch through the simulator: every
+split its batches are given, at the longest padded length any batch with that split has (at
+one split a longer batch only uses more memory), counted over a card's budget or not (0 is
+safe).
 """
 
 from __future__ import annotations
@@ -31,19 +37,21 @@ import math
 import random
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
 from dptune.backends.simulated import SimulatedBackend
+from dptune.budget import at_level
 from dptune.examples import models as M
 from dptune.lengths import BucketBatchSampler, plan_lengths
 from dptune.lengths.plan import LengthPlan
 from dptune.split import even_split
-from dptune.units import parse_bytes
 from dptune.step.workload import Workload
 
-HEADROOM = "1GiB"
+from benchmarks import config
+
+HEADROOM = "1GiB"    # the allocated level's default (each level's own unless --headroom)
 #: samples per case: enough that every bucket holds several of its planned batches (the
 #: encoder's short buckets plan batches of tens of thousands), else each bucket is one short
 #: batch and the comparison measures how the buckets cut the data, not the batches
@@ -126,18 +134,23 @@ def figures(lengths: list[int], batches: list[list[int]]) -> dict[str, float]:
 
 # ---- the simulator: even-split bisection and the replay ------------------------------------
 class Sim:
+    """The cards at ``budget``'s level (default: the allocated level, headroom 1 GiB)."""
+
     def __init__(self, model: Callable[[], torch.nn.Module], sample: Callable[[int, int], Any],
-                 cluster: str):
+                 cluster: str, budget: Any = None):
         self.length = 1
+        budget = config.level_budget("allocated", HEADROOM) if budget is None else budget
+        self.level = budget.level
         self.backend = SimulatedBackend(
-            Workload(model, lambda n: sample(n, self.length), None, _adamw, amp="bf16"), cluster)
-        self.budgets = [d.budget_bytes(parse_bytes(HEADROOM)) for d in self.backend.devices]
+            Workload(model, lambda n: sample(n, self.length), None, _adamw, amp="bf16"), cluster,
+            reserved=budget.reserved)
+        self.budgets = [d.budget_bytes(budget.headroom_bytes) for d in self.backend.devices]
         self.probes = 0
 
     def fits(self, length: int, split: list[int]) -> bool:
         self.length = length
         self.probes += 1
-        r = self.backend.probe(split)
+        r = at_level(self.backend.probe(split), self.backend.devices, self.level)
         return r.feasible and all(p <= b for i, (p, b, c) in enumerate(
             zip(r.peak_bytes, self.budgets, split)) if i == 0 or c > 0)
 
@@ -165,30 +178,35 @@ class Sim:
         return len(longest), over
 
 
-def run_one(name: str, dist: str, cluster: str) -> dict[str, Any]:
+def run_one(name: str, dist: str, cluster: str, level: str = config.LEVELS[0],
+            headroom: Optional[str] = None) -> dict[str, Any]:
     model, sample, longest = MODELS[name]
     lengths = lengths_of(dist, N_SAMPLES[name], longest)
-    common = dict(simulate=cluster, headroom=HEADROOM, optimizer=_adamw, amp="bf16",
-                  max_length=longest, batch_size=256, budget_level="allocated")   # as Sim
+    budget = config.level_budget(level, headroom)
+    common = dict(simulate=cluster, budget=budget, optimizer=_adamw, amp="bf16",
+                  max_length=longest, batch_size=256)   # as Sim
     t0 = time.perf_counter()
     plan = plan_lengths(model, sample, lengths, BUCKETS, **common)
     t_plan = time.perf_counter() - t0
     scratch = plan_lengths(model, sample, lengths, BUCKETS, from_neighbour=False, **common)
     same = [b.batch_size for b in plan.buckets] == [b.batch_size for b in scratch.buckets]
-    sim = Sim(model, sample, cluster)
+    sim = Sim(model, sample, cluster, budget)
     n = len(plan.devices)
     last = plan.buckets[-1]
     a = epoch_longest(lengths, last.batch_size)
     even = sim.largest_even(last.length, last.batch_size)
-    budget = even * last.length
-    b = epoch_token_budget(lengths, budget)
+    tokens = even * last.length
+    b = epoch_token_budget(lengths, tokens)
     c = epoch_plan(lengths, plan)
     row: dict[str, Any] = {
         "model": name, "lengths": dist, "cluster": cluster, "buckets": len(plan.buckets),
         "samples": len(lengths),
         "plan": [bk.to_dict() for bk in plan.buckets], "plan_seconds": t_plan,
+        "plan_scratch": [bk.to_dict() for bk in scratch.buckets],
         "probes_neighbour": plan.probes, "probes_scratch": scratch.probes, "same_answers": same,
-        "certified": plan.certified, "token_budget_even": budget,
+        "certified": plan.certified, "token_budget_even": tokens, "level": level,
+        "buckets_certified": [bk.certified for bk in plan.buckets],
+        "uncertified_notes": uncertified_bucket_notes(plan),
         "a": figures(lengths, a), "b": figures(lengths, b), "c": figures(lengths, c)}
     row["a"]["replay"] = sim.replay(lengths, a, lambda L, k: plan.chunk_sizes_for(
         last.length, k))
@@ -198,20 +216,31 @@ def run_one(name: str, dist: str, cluster: str) -> dict[str, Any]:
     return row
 
 
+def uncertified_bucket_notes(plan: LengthPlan) -> list[str]:
+    """The plan's notes about its buckets that are not certified (``length <= L: ...``)."""
+    open_ = {bk.length for bk in plan.buckets if not bk.certified}
+    return [n for n in plan.notes
+            if n.startswith("length <= ") and int(n[len("length <= "):].split(":")[0]) in open_]
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| model | samples | lengths | cards | (a) longest: steps, tok/step | (b) token budget even: "
-            "steps, tok/step | (c) per-bucket plan: steps, tok/step | (c)/(a) | probes: neighbour "
-            "/ scratch | replay over budget (a/b/c) |")
-    out = [head, "|" + "---|" * 10]
+    head = ("| model | samples | lengths | cards | level | (a) longest: steps, tok/step | (b) token "
+            "budget even: steps, tok/step | (c) per-bucket plan: steps, tok/step | (c)/(a) | probes: "
+            "neighbour / scratch | buckets certified | replay over budget (a/b/c) |")
+    out = [head, "|" + "---|" * 12]
     for r in rows:
         a, b, c = r["a"], r["b"], r["c"]
+        cert = r.get("buckets_certified")
+        cert_txt = f"{sum(cert)}/{len(cert)}" if cert is not None else (
+            f"{r['buckets']}/{r['buckets']}" if r.get("certified") else "not all")
         out.append(
             f"| {r['model']} | {r.get('samples', 1500):,} | {r['lengths']} | {r['cluster']} | "
+            f"{r.get('level', 'allocated')} | "
             f"{a['steps']}, "
             f"{a['tokens_per_step']:,.0f} | {b['steps']}, {b['tokens_per_step']:,.0f} | "
             f"{c['steps']}, {c['tokens_per_step']:,.0f} | "
             f"{c['tokens_per_step'] / a['tokens_per_step']:.1f}x | "
-            f"{r['probes_neighbour']} / {r['probes_scratch']} | "
+            f"{r['probes_neighbour']} / {r['probes_scratch']} | {cert_txt} | "
             f"{a['replay'][1]}/{a['replay'][0]}, {b['replay'][1]}/{b['replay'][0]}, "
             f"{c['replay'][1]}/{c['replay'][0]} |")
     return "\n".join(out)
@@ -222,7 +251,7 @@ def gpt_1b() -> torch.nn.Module:
     return M.TinyGPT(vocab_size=32000, d_model=2048, n_layers=18, n_heads=16, seq_len=4096)
 
 
-def scale() -> dict[str, Any]:
+def scale(budget: Any = None) -> dict[str, Any]:
     """8 buckets of log-normal lengths (20,000 samples up to 4096) for the 1B decoder on 4
     simulated 80 GB cards, AdamW and bf16: wall and CPU seconds, probes, and each probe's wall
     and CPU seconds (the machine may be shared: CPU time is what the search itself costs)."""
@@ -243,8 +272,9 @@ def scale() -> dict[str, Any]:
     try:
         t0, c0 = time.perf_counter(), time.process_time()
         plan = plan_lengths(gpt_1b, gpt_sample, lengths, 8, simulate="4x80GB", optimizer=_adamw,
-                            amp="bf16", headroom=HEADROOM,
-                            budget_level="allocated")
+                            amp="bf16",
+                            budget=config.level_budget("allocated", HEADROOM) if budget is None
+                            else budget)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     finally:
         sim_backend.SimulatedBackend.probe = probe  # type: ignore[method-assign]
@@ -262,10 +292,20 @@ def main(argv: Any = None) -> int:
     p.add_argument("--scale", action="store_true",
                    help="only the 1B-parameter decoder over 8 buckets: the time it takes")
     p.add_argument("--models", default=",".join(MODELS), help="which models, e.g. BERT")
-    p.add_argument("--out", default="benchmarks/lengths.json")
+    p.add_argument("--out", default=None, help="default: benchmarks/lengths.json at the allocated "
+                   "level, benchmarks/lengths_LEVEL.json at another")
+    p.add_argument("--table", metavar="JSON", default=None,
+                   help="only print the table of rows saved by an earlier run")
+    config.add_level_options(p)
     args = p.parse_args(argv)
+    if args.table:
+        with open(args.table, encoding="utf-8") as f:
+            print(table(json.load(f)))
+        return 0
+    out = args.out or ("benchmarks/lengths.json" if args.level == "allocated"
+                       else f"benchmarks/lengths_{args.level}.json")
     if args.scale:
-        print(json.dumps(scale(), indent=2))
+        print(json.dumps(scale(config.level_budget(args.level, args.headroom)), indent=2))
         return 0
     models = [m for m in args.models.split(",") if m]
     combos = [(m, d, c) for m in models for d in ("lognormal", "bimodal") for c in CLUSTERS]
@@ -274,13 +314,16 @@ def main(argv: Any = None) -> int:
     rows = []
     for m, d, c in combos:
         t, cpu = time.perf_counter(), time.process_time()
-        rows.append(run_one(m, d, c))
+        rows.append(run_one(m, d, c, args.level, args.headroom))
         rows[-1]["seconds"] = time.perf_counter() - t
         rows[-1]["cpu_seconds"] = time.process_time() - cpu
         print(f"{m} {d} {c}: {rows[-1]['seconds']:.0f} s", file=sys.stderr)
-        with open(args.out, "w", encoding="utf-8") as f:   # each row as it comes
+        with open(out, "w", encoding="utf-8") as f:   # each row as it comes
             json.dump(rows, f, indent=2)
     print(table(rows))
+    for r in rows:
+        for n in r["uncertified_notes"]:
+            print(f"{r['model']} {r['lengths']} {r['cluster']} not certified: {n}")
     return 0
 
 
