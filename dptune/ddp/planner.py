@@ -291,12 +291,19 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
             sizes = balance_ranks(obs, run, batch, rounds + 4, sizes)
             certified, why = False, RankReason.MEMORY_BALANCE
         contradiction = obs.not_monotone()
-        notes = () if contradiction is None else (
-            f"the figures are not monotone ({contradiction}; the caching allocator's reserved "
-            "peak depends on fragmentation): one more sample measured over does not prove that "
-            "no larger batch fits, so the caps are not certified; "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True makes the reserved figure follow "
-            "the allocated one",)
+        open_ = [obs.bracket(r).describe().replace("card", "rank") for r in range(n)
+                 if not obs.bracket(r).closed]
+        notes: tuple[str, ...] = ()
+        if open_ and contradiction is None and why is RankReason.MEMORY_CAP and obs.rounds >= rounds:
+            notes = (f"not certified: {obs.rounds} of {rounds} rounds run (ddp.plan's "
+                     f"max_rounds=) and {len(open_)} bracket(s) still open ({'; '.join(open_)}); "
+                     "each rank's batch measured within its budget is returned",)
+        elif contradiction is not None:
+            notes = (f"the figures are not monotone ({contradiction}; the caching allocator's "
+                     "reserved peak depends on fragmentation): one more sample measured over does "
+                     "not prove that no larger batch fits, so the caps are not certified; "
+                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True makes the reserved figure "
+                     "follow the allocated one",)
         return _Found(sizes, certified, _speed(times, sizes, grad_bytes) + notes, (why,) * n)
     assert batch is not None
     if batch < m * n:

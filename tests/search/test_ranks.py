@@ -3,6 +3,8 @@ where the probes agree with the monotone surface the certificate rests on."""
 
 from __future__ import annotations
 
+import pytest
+
 from dptune.search.ranks import RankObservations, bracket_ranks
 
 GiB = 2**30
@@ -44,3 +46,19 @@ def test_a_rank_within_budget_above_a_batch_it_was_over_at_is_never_certified():
     run([50])
     assert obs.not_monotone() == "rank 0 fits at 100 samples and is over at 50"
     assert not bracket_ranks(obs, run, 40, None)
+
+
+@pytest.mark.slow
+def test_a_plan_stopped_by_its_round_cap_says_so():
+    """DDP's largest batch per rank, stopped by the round cap before a bracket closed: the
+    plan is not certified and its notes name the cap and the open brackets."""
+    import torch
+
+    from dptune import ddp
+    from dptune.examples.models import MLP
+
+    model = MLP(in_features=64, hidden=128, depth=2)
+    plan = ddp.plan(model, model.sample, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                    objective="max_batch", simulate="2x8GB", max_rounds=3)
+    assert not plan.certified
+    assert any("not certified: 3 of 3 rounds" in n and "still open" in n for n in plan.notes), plan.notes
