@@ -1,0 +1,129 @@
+"""benchmarks.levels: the local check of an answer at a budget level, its table, and the page
+writer's reserved-level markers (pure functions on a hand-built surface; no simulator)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from benchmarks import levels, readme
+from dptune.types import ProbeResult
+
+# card i >= 1 holds 10 bytes per sample, card 0 holds 10 per own sample and 1 per sample of the batch
+BUDGETS = [100, 55, 75]
+
+
+def surface(bump: dict[tuple[int, int], int] | None = None, calls: list | None = None):
+    """A probe function: card figures from the chunks, ``bump[(card, chunk)]`` added on top."""
+    bump = bump or {}
+
+    def probe(split):
+        if calls is not None:
+            calls.append(tuple(split))
+        b = sum(split)
+        peaks = [10 * split[0] + b] + [10 * c for c in split[1:]]
+        peaks = [p + bump.get((i, c), 0) for i, (p, c) in enumerate(zip(peaks, split))]
+        return ProbeResult(tuple(split), tuple(peaks))
+    return probe
+
+
+def test_an_answer_at_every_cap_passes():
+    # caps: card 1 at 5 (50 <= 55 < 60), card 2 at 7; card 0 at 2 with batch 14: 20 + 14 = 34
+    chk = levels.local_check(surface(), BUDGETS, [2, 5, 7], proven=[1, 2])
+    assert chk.fits and chk.over == (1, 2) and not chk.not_monotone and chk.ok
+    # one probe for the answer, one per proven card, then the shifts (-2, -1, +2 on cards 1..,
+    # -2, -1, +1, +2 on card 0)
+    assert chk.probes == 1 + 2 + 3 + 4
+
+
+def test_a_card_left_one_short_of_its_cap_is_not_over():
+    chk = levels.local_check(surface(), BUDGETS, [2, 4, 7], proven=[1, 2])
+    assert chk.fits and chk.over == (2,) and not chk.ok
+
+
+def test_a_split_over_budget_does_not_fit():
+    chk = levels.local_check(surface(), BUDGETS, [2, 6, 7], proven=[2])
+    assert not chk.fits and not chk.ok
+
+
+def test_a_fit_above_an_over_is_flagged():
+    # card 2 fits again two samples above its cap (a dip, as fragmentation can give)
+    probe = surface(bump={(2, 9): -20})
+    chk = levels.local_check(probe, BUDGETS, [2, 5, 7], proven=[1, 2])
+    assert chk.over == (1, 2) and chk.not_monotone == ("card 2: over at 8, fits at 9",)
+    assert not chk.ok
+
+
+def test_card0_whole_batch_claim_probes_one_more_sample_elsewhere():
+    # card 0 with no samples, capped by its batch term: 0 + batch <= 100
+    budgets = [30, 1000, 1000]
+    calls: list = []
+    chk = levels.local_check(surface(calls=calls), budgets, [0, 15, 15], proven=[0], near=1,
+                             batch_bracket=True)
+    assert chk.fits and chk.over == (0,) and chk.ok
+    assert (1, 15, 15) in calls and (0, 15, 16) in calls
+    # a batch that still fits with one more sample: card 0's claim fails
+    chk = levels.local_check(surface(), [31, 1000, 1000], [0, 15, 15], proven=[0], near=1,
+                             batch_bracket=True)
+    assert chk.over == () and not chk.ok
+
+
+def test_batchnorm_chunks_stay_valid():
+    calls: list = []
+    levels.local_check(surface(calls=calls), [100, 55, 75], [0, 2, 7], proven=[0, 1], m=2)
+    assert all(c == 0 or c >= 2 for split in calls for c in split)
+    assert (2, 2, 7) in calls        # card 0 from 0 to the smallest chunk, 2
+
+
+def _csv_rows(rows: list[levels.LevelRow]) -> list[dict]:
+    """Through a CSV file and back, as benchmarks.readme reads them."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0].to_csv()))
+    w.writeheader()
+    w.writerows(r.to_csv() for r in rows)
+    return list(csv.DictReader(io.StringIO(buf.getvalue())))
+
+
+def _rows() -> list[dict]:
+    ok = levels.LevelRow("GPT", "4x24GB", "reserved", 256 << 20, cards=4, max_batch=738,
+                         max_split=[0, 246, 246, 246], max_certified=True, max_probes=9,
+                         even_batch=471, bal_split=[0, 157, 157, 157], bal_certified=True,
+                         bal_probes=3, check_run=True, check_fits=True, check_proven=[0],
+                         check_over=[0], check_probes=7)
+    bad = levels.LevelRow("MLP", "4x24GB", "reserved", 256 << 20, cards=4, max_batch=300,
+                          max_split=[60, 80, 80, 80], max_probes=12,
+                          max_notes="not certified: 12 of 12 probes run", even_batch=250,
+                          even_open=True, even_at_most=260, bal_split=[55, 65, 65, 65],
+                          bal_probes=4, bal_certified=True, check_run=True, check_fits=True,
+                          check_proven=[1, 2], check_over=[1],
+                          check_not_monotone="card 3: over at 81, fits at 82")
+    return _csv_rows([ok, bad])
+
+
+def test_level_table_marks_uncertified_unchecked_and_not_run_cases():
+    rows = _rows()
+    cases = [("GPT", "4x24GB"), ("MLP", "4x24GB"), ("BERT", "2x80GB,2x40GB")]
+    md = levels.level_table(rows, cases)
+    lines = md.splitlines()
+    assert len(lines) == 2 + 3
+    assert "| GPT | 4x24GB | 471 / 738 (+57%) | yes, 9 | yes, 3 | yes, 1/1, yes |" in md
+    mlp = lines[3]
+    assert "250 (open, at most 260) / 300 (+20%)" in mlp and "**no**: not certified: 12 of 12" in mlp
+    assert "1/2 (card 2 **not over**)" in mlp and "**no**: card 3: over at 81, fits at 82" in mlp
+    assert lines[4].startswith("| BERT | 2x80GB, 2x40GB | not run |")
+    s = levels.summary(rows, cases)
+    assert s.startswith("2 of 3 cases run; largest batch certified in 1 of 2")
+    assert "passed (fits, every proven card over at +1, monotone near the answer) in 1 of 2" in s
+    assert s.endswith("not run: 1.")
+
+
+def test_readme_writes_the_reserved_table_between_its_own_markers(tmp_path):
+    page = tmp_path / "benchmarks.md"
+    start, end = readme.markers("reserved")
+    page.write_text(f"# B\n{readme.START}\nallocated table\n{readme.END}\ntext\n{start}\nold\n{end}\ntail\n")
+    readme.update(page, _rows(), "reserved")
+    text = page.read_text()
+    assert "allocated table" in text and "old" not in text and text.endswith(f"{end}\ntail\n")
+    inside = text.split(start)[1].split(end)[0]
+    assert "| GPT | 4x24GB | 471 / 738 (+57%)" in inside
+    assert inside.count("not run") >= len(levels.all_cases()) - 2
