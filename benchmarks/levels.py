@@ -62,24 +62,28 @@ class LocalCheck:
 
     ``fits``: the split within every budget; ``proven``: the cards whose bracket the search
     closed; ``over``: those of them measured over at one more sample; ``not_monotone``: one
-    line per card where a chunk near the answer fits above a chunk measured over."""
+    line per card where a chunk near the answer fits above a chunk measured over;
+    ``larger``: the cards given one more sample where the whole split still fits (a batch
+    one larger fits: the answer is not the largest)."""
 
     fits: bool
     proven: tuple[int, ...]
     over: tuple[int, ...]
     not_monotone: tuple[str, ...]
     probes: int
+    larger: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return self.fits and set(self.over) == set(self.proven) and not self.not_monotone
+        return (self.fits and set(self.over) == set(self.proven) and not self.not_monotone
+                and not self.larger)
 
 
 def local_check(probe: Probe, budgets: Sequence[int], split: Sequence[int],
                 proven: Sequence[int], m: int = 1, near: int = NEAR,
                 batch_bracket: bool = False) -> LocalCheck:
-    """Probe ``split``; ``split`` with one more sample on each card of ``proven`` (one probe
-    per card; with ``batch_bracket``, card 0's bracket is on the whole batch, and one more
+    """Probe ``split``; ``split`` with one more sample on each card (one probe per card: the
+    cards of ``proven`` must be over, and no card's must fit as a whole; with ``batch_bracket``, card 0's bracket is on the whole batch, and one more
     sample on another card must also be over on card 0); then the cards 1.. shifted together by ``-near..near`` samples (card i's figure
     depends on its own chunk only) and card 0 alone by the same; each card's fits in order of
     its chunk must not fit again above an over."""
@@ -97,21 +101,28 @@ def local_check(probe: Probe, budgets: Sequence[int], split: Sequence[int],
     fits = _fits(base, budgets)
     for i in range(n):
         seen[i][0] = _over(base, budgets, i) if (i == 0 or s[i]) else None
-    over = []
-    for i in proven:
+    over: list[int] = []
+    larger: set[int] = set()
+    for i in range(n):
         t = list(s)
         t[i] = _one_more(s[i], m)
-        o = _over(run(t), budgets, i)
+        r = run(t)
+        o = _over(r, budgets, i)
         seen[i][t[i] - s[i]] = o
-        if i == 0 and batch_bracket:
+        if _fits(r, budgets):
+            larger.add(i)
+        if i == 0 and batch_bracket and i in proven:
             # card 0's claim is on the batch: one more sample anywhere is over on card 0,
             # here on the last card in use (card 0 keeping its chunk)
             k = max((j for j in range(1, n) if s[j]), default=None)
             if k is not None:
                 t = list(s)
                 t[k] += 1
-                o = o and _over(run(t), budgets, 0)
-        if o:
+                r = run(t)
+                o = o and _over(r, budgets, 0)
+                if _fits(r, budgets):
+                    larger.add(k)
+        if o and i in proven:
             over.append(i)
     for d in [d for d in range(-near, near + 1) if d]:
         # cards 1..: shifted together (those in use whose shifted chunk is valid)
@@ -133,7 +144,7 @@ def local_check(probe: Probe, budgets: Sequence[int], split: Sequence[int],
         refit = next((d for d, o in pts if not o and first_over is not None and d > first_over), None)
         if refit is not None:
             flags.append(f"card {i}: over at {s[i] + first_over}, fits at {s[i] + refit}")
-    return LocalCheck(fits, tuple(proven), tuple(over), tuple(flags), count)
+    return LocalCheck(fits, tuple(proven), tuple(over), tuple(flags), count, tuple(sorted(larger)))
 
 
 @dataclass
@@ -165,6 +176,7 @@ class LevelRow:
     check_proven: list[int] = field(default_factory=list)
     check_over: list[int] = field(default_factory=list)
     check_not_monotone: str = ""
+    check_larger: list[int] = field(default_factory=list)
     check_probes: int = 0
     seconds: float = 0.0
 
@@ -185,7 +197,8 @@ class LevelRow:
                 "balance_error": self.bal_error, "check_run": self.check_run,
                 "check_fits": self.check_fits, "check_proven_cards": ints(self.check_proven),
                 "check_over_cards": ints(self.check_over),
-                "check_not_monotone": self.check_not_monotone, "check_probes": self.check_probes,
+                "check_not_monotone": self.check_not_monotone,
+                "check_larger_cards": ints(self.check_larger), "check_probes": self.check_probes,
                 "seconds": round(self.seconds, 1)}
 
 
@@ -243,8 +256,10 @@ def run_level_case(spec: config.ModelSpec, scenario: str, level: str = "reserved
         row.check_run, row.check_fits = True, chk.fits
         row.check_proven, row.check_over = list(chk.proven), list(chk.over)
         row.check_not_monotone, row.check_probes = "; ".join(chk.not_monotone), chk.probes
+        row.check_larger = list(chk.larger)
         say(f"local check: fits {chk.fits}, over at +1 on {list(chk.over)} of proven "
-            f"{list(chk.proven)}, not monotone: {list(chk.not_monotone) or 'none'} ({chk.probes} probes)")
+            f"{list(chk.proven)}, batch {row.max_batch + 1} fits with one more on cards "
+            f"{list(chk.larger)}, not monotone: {list(chk.not_monotone) or 'none'} ({chk.probes} probes)")
     except Exception as e:  # report, don't stop the benchmark
         row.max_error = f"{type(e).__name__}: {e}"
         say(f"max_batch failed: {row.max_error}")
@@ -278,7 +293,7 @@ def level_table(rows: Sequence[dict[str, Any]], cases: Optional[Sequence[tuple[s
 
     header = ["model", "cluster", "largest batch: even / dptune (gain)", "max_batch: certified, probes",
               "balance at even max: certified, probes",
-              "local check: split fits, +1 over on cards proven, monotone near"]
+              "local check: split fits, +1 over on cards proven, one more fits on, monotone near"]
     out = []
     by_case = {(str(r["model"]), str(r["scenario"])): r for r in rows}
     order = list(cases or []) + [k for k in by_case if k not in set(cases or [])]
@@ -300,8 +315,10 @@ def level_table(rows: Sequence[dict[str, Any]], cases: Optional[Sequence[tuple[s
                f", {r['balance_probes']}")
         proven, over = str(r["check_proven_cards"]).split(), str(r["check_over_cards"]).split()
         missing = [c for c in proven if c not in over]
+        larger = str(r.get("check_larger_cards", "")).split()
         check = (f"{'yes' if yes(r, 'check_fits') else '**NO**'}, {len(over)}/{len(proven)}"
                  + (f" (card {', '.join(missing)} **not over**)" if missing else "")
+                 + (f", **cards {', '.join(larger)}** ({best + 1} fits)" if larger else ", none")
                  + f", {'yes' if not r.get('check_not_monotone') else '**no**: ' + r['check_not_monotone']}"
                  if yes(r, "check_run") else "not run")
         out.append(cells + [f"{even}{open_} / {best} ({gain})", f"{cert}, {r['max_batch_probes']}",
@@ -317,12 +334,13 @@ def summary(rows: Sequence[dict[str, Any]], cases: Sequence[tuple[str, str]]) ->
     ok = [r for r in rows if not r.get("max_batch_error")]
     checked = [r for r in ok if yes(r, "check_run") and yes(r, "check_fits")
                and set(str(r["check_proven_cards"]).split()) == set(str(r["check_over_cards"]).split())
-               and not r.get("check_not_monotone")]
+               and not r.get("check_not_monotone") and not str(r.get("check_larger_cards", "")).split()]
     run = {(str(r["model"]), str(r["scenario"])) for r in rows}
     return (f"{len(rows)} of {len(cases)} cases run; largest batch certified in "
             f"{sum(yes(r, 'max_batch_certified') for r in ok)} of {len(ok)}, balance certified in "
             f"{sum(yes(r, 'balance_certified') for r in ok if not r.get('balance_error'))}; the local "
-            f"check passed (fits, every proven card over at +1, monotone near the answer) in "
+            f"check passed (fits, every proven card over at +1, no batch one larger fits, monotone near "
+            f"the answer) in "
             f"{len(checked)} of {len(ok)}; not run: {len([c for c in cases if c not in run])}.")
 
 

@@ -10,7 +10,7 @@ from benchmarks import levels, readme
 from dptune.types import ProbeResult
 
 # card i >= 1 holds 10 bytes per sample, card 0 holds 10 per own sample and 1 per sample of the batch
-BUDGETS = [100, 55, 75]
+BUDGETS = [40, 55, 75]
 
 
 def surface(bump: dict[tuple[int, int], int] | None = None, calls: list | None = None):
@@ -28,17 +28,22 @@ def surface(bump: dict[tuple[int, int], int] | None = None, calls: list | None =
 
 
 def test_an_answer_at_every_cap_passes():
-    # caps: card 1 at 5 (50 <= 55 < 60), card 2 at 7; card 0 at 2 with batch 14: 20 + 14 = 34
+    # caps: card 1 at 5 (50 <= 55 < 60), card 2 at 7, card 0 at 2 with batch 14 (34 <= 40 < 45)
     chk = levels.local_check(surface(), BUDGETS, [2, 5, 7], proven=[1, 2])
-    assert chk.fits and chk.over == (1, 2) and not chk.not_monotone and chk.ok
-    # one probe for the answer, one per proven card, then the shifts (-2, -1, +2 on cards 1..,
-    # -2, -1, +1, +2 on card 0)
-    assert chk.probes == 1 + 2 + 3 + 4
+    assert chk.fits and chk.over == (1, 2) and not chk.not_monotone and not chk.larger and chk.ok
+    # one probe for the answer, one per card at one more sample, then the shifts (-2, -1, +2
+    # on cards 1.. together, and on card 0)
+    assert chk.probes == 1 + 3 + 3 + 3
 
 
 def test_a_card_left_one_short_of_its_cap_is_not_over():
     chk = levels.local_check(surface(), BUDGETS, [2, 4, 7], proven=[1, 2])
     assert chk.fits and chk.over == (2,) and not chk.ok
+    # and the batch one larger, that card given one more sample, fits as a whole
+    assert chk.larger == (1,)
+    # not claimed proven: still a larger batch that fits
+    chk = levels.local_check(surface(), BUDGETS, [2, 4, 7], proven=[2])
+    assert chk.over == (2,) and chk.larger == (1,) and not chk.ok
 
 
 def test_a_split_over_budget_does_not_fit():
@@ -60,12 +65,12 @@ def test_card0_whole_batch_claim_probes_one_more_sample_elsewhere():
     calls: list = []
     chk = levels.local_check(surface(calls=calls), budgets, [0, 15, 15], proven=[0], near=1,
                              batch_bracket=True)
-    assert chk.fits and chk.over == (0,) and chk.ok
+    assert chk.fits and chk.over == (0,) and chk.larger == () and chk.ok
     assert (1, 15, 15) in calls and (0, 15, 16) in calls
     # a batch that still fits with one more sample: card 0's claim fails
     chk = levels.local_check(surface(), [31, 1000, 1000], [0, 15, 15], proven=[0], near=1,
                              batch_bracket=True)
-    assert chk.over == () and not chk.ok
+    assert chk.over == () and chk.larger == (1, 2) and not chk.ok
 
 
 def test_batchnorm_chunks_stay_valid():
@@ -96,7 +101,7 @@ def _rows() -> list[dict]:
                           even_open=True, even_at_most=260, bal_split=[55, 65, 65, 65],
                           bal_probes=4, bal_certified=True, check_run=True, check_fits=True,
                           check_proven=[1, 2], check_over=[1],
-                          check_not_monotone="card 3: over at 81, fits at 82")
+                          check_not_monotone="card 3: over at 81, fits at 82", check_larger=[0])
     return _csv_rows([ok, bad])
 
 
@@ -106,14 +111,14 @@ def test_level_table_marks_uncertified_unchecked_and_not_run_cases():
     md = levels.level_table(rows, cases)
     lines = md.splitlines()
     assert len(lines) == 2 + 3
-    assert "| GPT | 4x24GB | 471 / 738 (+57%) | yes, 9 | yes, 3 | yes, 1/1, yes |" in md
+    assert "| GPT | 4x24GB | 471 / 738 (+57%) | yes, 9 | yes, 3 | yes, 1/1, none, yes |" in md
     mlp = lines[3]
     assert "250 (open, at most 260) / 300 (+20%)" in mlp and "**no**: not certified: 12 of 12" in mlp
-    assert "1/2 (card 2 **not over**)" in mlp and "**no**: card 3: over at 81, fits at 82" in mlp
+    assert "1/2 (card 2 **not over**), **cards 0** (301 fits)" in mlp and "**no**: card 3: over at 81, fits at 82" in mlp
     assert lines[4].startswith("| BERT | 2x80GB, 2x40GB | not run |")
     s = levels.summary(rows, cases)
     assert s.startswith("2 of 3 cases run; largest batch certified in 1 of 2")
-    assert "passed (fits, every proven card over at +1, monotone near the answer) in 1 of 2" in s
+    assert "monotone near the answer) in 1 of 2" in s
     assert s.endswith("not run: 1.")
 
 
