@@ -80,13 +80,13 @@ class LocalCheck:
 
 
 def local_check(probe: Probe, budgets: Sequence[int], split: Sequence[int],
-                proven: Sequence[int], m: int = 1, near: int = NEAR,
-                batch_bracket: bool = False) -> LocalCheck:
+                proven: Sequence[int], m: int = 1, near: int = NEAR) -> LocalCheck:
     """Probe ``split``; ``split`` with one more sample on each card (one probe per card: the
-    cards of ``proven`` must be over, and no card's must fit as a whole; with ``batch_bracket``, card 0's bracket is on the whole batch, and one more
-    sample on another card must also be over on card 0); then the cards 1.. shifted together by ``-near..near`` samples (card i's figure
-    depends on its own chunk only) and card 0 alone by the same; each card's fits in order of
-    its chunk must not fit again above an over."""
+    cards of ``proven`` must be over, card 0 included where its bracket is on the whole batch:
+    along the line the others sit at their chunks and card 0 takes the sample; and no card's
+    may fit as a whole); then the cards 1.. shifted together by ``-near..near`` samples (card
+    i's figure depends on its own chunk only) and card 0 alone by the same; each card's fits
+    in order of its chunk must not fit again above an over."""
     s = [int(c) for c in split]
     n = len(s)
     seen: dict[int, dict[int, Optional[bool]]] = {i: {} for i in range(n)}   # card -> d -> over
@@ -111,17 +111,6 @@ def local_check(probe: Probe, budgets: Sequence[int], split: Sequence[int],
         seen[i][t[i] - s[i]] = o
         if _fits(r, budgets):
             larger.add(i)
-        if i == 0 and batch_bracket and i in proven:
-            # card 0's claim is on the batch: one more sample anywhere is over on card 0,
-            # here on the last card in use (card 0 keeping its chunk)
-            k = max((j for j in range(1, n) if s[j]), default=None)
-            if k is not None:
-                t = list(s)
-                t[k] += 1
-                r = run(t)
-                o = o and _over(r, budgets, 0)
-                if _fits(r, budgets):
-                    larger.add(k)
         if o and i in proven:
             over.append(i)
     for d in [d for d in range(-near, near + 1) if d]:
@@ -249,10 +238,8 @@ def run_level_case(spec: config.ModelSpec, scenario: str, level: str = "reserved
         row.even_open, row.even_at_most = res.even.open_bracket, res.even.at_most
         say(f"max_batch: {row.max_batch} as {row.max_split}, {row.max_probes} probes, "
             f"certified {row.max_certified}; even {row.even_batch}")
-        closed = [b for b in res.brackets if b.closed]
         chk = local_check(lambda s: at_level(backend.probe(s), devices, budget.level), budgets,
-                          row.max_split, sorted({b.card for b in closed}), m, near,
-                          batch_bracket=any(b.card == 0 and b.what == "batch" for b in closed))
+                          row.max_split, sorted({b.card for b in res.brackets if b.closed}), m, near)
         row.check_run, row.check_fits = True, chk.fits
         row.check_proven, row.check_over = list(chk.proven), list(chk.over)
         row.check_not_monotone, row.check_probes = "; ".join(chk.not_monotone), chk.probes
