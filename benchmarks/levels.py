@@ -80,11 +80,13 @@ class LocalCheck:
 
 
 def local_check(probe: Probe, budgets: Sequence[int], split: Sequence[int],
-                proven: Sequence[int], m: int = 1, near: int = NEAR) -> LocalCheck:
+                proven: Sequence[int], m: int = 1, near: int = NEAR,
+                claim_at: Optional[dict[int, int]] = None) -> LocalCheck:
     """Probe ``split``; ``split`` with one more sample on each card (one probe per card: the
     cards of ``proven`` must be over, card 0 included where its bracket is on the whole batch:
     along the line the others sit at their chunks and card 0 takes the sample; and no card's
-    may fit as a whole); then the cards 1.. shifted together by ``-near..near`` samples (card
+    may fit as a whole; ``claim_at``: the chunk a proven card is claimed over at where that is
+    not one more than the split's, its bracket's ``hi``); then the cards 1.. shifted together by ``-near..near`` samples (card
     i's figure depends on its own chunk only) and card 0 alone by the same; each card's fits
     in order of its chunk must not fit again above an over."""
     s = [int(c) for c in split]
@@ -111,6 +113,10 @@ def local_check(probe: Probe, budgets: Sequence[int], split: Sequence[int],
         seen[i][t[i] - s[i]] = o
         if _fits(r, budgets):
             larger.add(i)
+        if i in proven and claim_at and claim_at.get(i, t[i]) != t[i]:
+            # the bracket's ``hi`` lies above one more sample (the answer short of its cap)
+            t[i] = claim_at[i]
+            o = _over(run(t), budgets, i)
         if o and i in proven:
             over.append(i)
     for d in [d for d in range(-near, near + 1) if d]:
@@ -238,8 +244,13 @@ def run_level_case(spec: config.ModelSpec, scenario: str, level: str = "reserved
         row.even_open, row.even_at_most = res.even.open_bracket, res.even.at_most
         say(f"max_batch: {row.max_batch} as {row.max_split}, {row.max_probes} probes, "
             f"certified {row.max_certified}; even {row.even_batch}")
+        closed = [b for b in res.brackets if b.closed]
+        # where the claim is: a card's bracket's hi; card 0's whole-batch bracket, its chunk
+        # with the batch one over the bracket's lo (the others at their chunks)
+        claim_at = {b.card: b.hi if b.what == "chunk" else row.max_split[0] + b.hi - row.max_batch
+                    for b in closed}
         chk = local_check(lambda s: at_level(backend.probe(s), devices, budget.level), budgets,
-                          row.max_split, sorted({b.card for b in res.brackets if b.closed}), m, near)
+                          row.max_split, sorted(claim_at), m, near, claim_at)
         row.check_run, row.check_fits = True, chk.fits
         row.check_proven, row.check_over = list(chk.proven), list(chk.over)
         row.check_not_monotone, row.check_probes = "; ".join(chk.not_monotone), chk.probes

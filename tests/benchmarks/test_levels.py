@@ -41,6 +41,10 @@ def test_a_card_left_one_short_of_its_cap_is_not_over():
     assert chk.fits and chk.over == (2,) and not chk.ok
     # and the batch one larger, that card given one more sample, fits as a whole
     assert chk.larger == (1,)
+    # the claim where the bracket puts it (card 1 proven over at 6, the answer one short):
+    # over there, and still a larger batch that fits
+    chk = levels.local_check(surface(), BUDGETS, [2, 4, 7], proven=[1, 2], claim_at={1: 6, 2: 8})
+    assert chk.over == (1, 2) and chk.larger == (1,) and not chk.ok
     # not claimed proven: still a larger batch that fits
     chk = levels.local_check(surface(), BUDGETS, [2, 4, 7], proven=[2])
     assert chk.over == (2,) and chk.larger == (1,) and not chk.ok
