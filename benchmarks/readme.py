@@ -4,6 +4,11 @@
 markers ``<!-- benchmarks:start -->`` and ``<!-- benchmarks:end -->`` in that page with the
 headline table and the quality summary rendered from the benchmark output, so the table is
 never edited by hand. ``make bench`` runs it after the benchmarks.
+
+``python -m benchmarks.readme --level reserved`` writes the reserved-level table
+(``reports/benchmarks/results-reserved.csv``, from ``python -m benchmarks --level reserved``,
+see :mod:`benchmarks.levels`) between ``<!-- benchmarks-reserved:start -->`` and
+``<!-- benchmarks-reserved:end -->``; the cases of the grid with no row read "not run".
 """
 
 from __future__ import annotations
@@ -16,10 +21,17 @@ from typing import Any, Optional, Sequence
 
 from benchmarks.run import headline_from_csv
 
-__all__ = ["START", "END", "render", "update", "main"]
+__all__ = ["START", "END", "markers", "render", "render_level", "update", "main"]
 
 START = "<!-- benchmarks:start -->"
 END = "<!-- benchmarks:end -->"
+
+
+def markers(level: str) -> tuple[str, str]:
+    """The page's markers of the table at ``level`` (the allocated one keeps the plain names)."""
+    if level == "allocated":
+        return START, END
+    return f"<!-- benchmarks-{level}:start -->", f"<!-- benchmarks-{level}:end -->"
 
 
 def _summary(rows: list[dict[str, Any]]) -> str:
@@ -45,24 +57,40 @@ def render(rows: list[dict[str, Any]]) -> str:
     return headline_from_csv(rows) + "\n\n" + _summary(rows)
 
 
-def update(readme: pathlib.Path, rows: list[dict[str, Any]]) -> None:
+def render_level(rows: list[dict[str, Any]]) -> str:
+    """The table of ``results-<level>.csv`` rows, every case of the grid listed, and its summary."""
+    from benchmarks import levels
+
+    cases = levels.all_cases()
+    return levels.level_table(rows, cases) + "\n\n" + levels.summary(rows, cases)
+
+
+def update(readme: pathlib.Path, rows: list[dict[str, Any]], level: str = "allocated") -> None:
+    start, end = markers(level)
     text = readme.read_text(encoding="utf-8")
-    if START not in text or END not in text:
-        raise SystemExit(f"{readme}: the markers {START} and {END} are missing")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{START}\n{render(rows)}\n{END}{tail}", encoding="utf-8")
+    if start not in text or end not in text:
+        raise SystemExit(f"{readme}: the markers {start} and {end} are missing")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    body = render(rows) if level == "allocated" else render_level(rows)
+    readme.write_text(f"{head}{start}\n{body}\n{end}{tail}", encoding="utf-8")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.readme", description=__doc__)
-    p.add_argument("--csv", default="reports/benchmarks/results.csv")
+    p.add_argument("--level", choices=["allocated", "reserved"], default="allocated",
+                   help="which table: allocated (results.csv) or reserved (results-reserved.csv)")
+    p.add_argument("--csv", default=None, help="default: reports/benchmarks/results.csv, or "
+                                               "results-reserved.csv with --level reserved")
     p.add_argument("--readme", default="docs/benchmarks.md")
     args = p.parse_args(argv)
-    with open(args.csv, newline="", encoding="utf-8") as fh:
+    path = args.csv or ("reports/benchmarks/results.csv" if args.level == "allocated"
+                        else f"reports/benchmarks/results-{args.level}.csv")
+    with open(path, newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
-    update(pathlib.Path(args.readme), rows)
-    print(f"wrote the benchmark table of {len(rows)} case(s) into {args.readme}", file=sys.stderr)
+    update(pathlib.Path(args.readme), rows, args.level)
+    print(f"wrote the {args.level}-level benchmark table of {len(rows)} case(s) into {args.readme}",
+          file=sys.stderr)
     return 0
 
 

@@ -546,7 +546,34 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--no-realistic", action="store_true",
                    help="skip the realistic configurations (GPT-2 small bf16, ViT-B)")
     p.add_argument("--out", default="reports/benchmarks", help="output folder")
+    p.add_argument("--level", choices=["allocated", "reserved"], default="allocated",
+                   help="budget level: allocated (default; the exhaustive optimum's level, "
+                        "results.csv) or reserved (dptune's default level, with its default "
+                        "headroom; no exhaustive optimum, a local check of each answer instead: "
+                        "results-reserved.csv, see benchmarks/levels.py)")
+    p.add_argument("--near", type=int, default=None,
+                   help="with --level reserved: samples either side of each card's chunk the "
+                        "local check probes (default 2)")
     return p.parse_args(argv)
+
+
+def _main_level(args: argparse.Namespace, models: Sequence[str], scenarios: Sequence[str],
+                t0: float) -> int:
+    """``--level reserved``: :mod:`benchmarks.levels` (one run of each search, no scale figures)."""
+    from benchmarks import levels
+
+    realistic = not (args.quick or args.no_realistic or args.models)
+    print(f"benchmarks at the {args.level} level: {len(models)} model(s) x {len(scenarios)} "
+          f"cluster(s){' + the realistic configurations' if realistic else ''}", file=sys.stderr)
+    rows = levels.run_grid(models, scenarios, realistic, args.level, pathlib.Path(args.out),
+                           levels.NEAR if args.near is None else args.near)
+    dicts = [r.to_csv() for r in rows]
+    print(f"wrote {args.out}/results-{args.level}.md, results-{args.level}.csv "
+          f"({(time.perf_counter() - t0) / 60:.1f} min)", file=sys.stderr)
+    print(levels.level_table(dicts))
+    print()
+    print(levels.summary(dicts, levels.all_cases()))
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -559,6 +586,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     models = args.models or (list(config.QUICK_MODELS) if args.quick else list(config.MODELS))
     scenarios = args.scenarios or (list(config.QUICK_SCENARIOS) if args.quick else list(config.SCENARIOS))
     repeats = args.repeats or (1 if args.quick else 3)
+    if args.level != "allocated":
+        return _main_level(args, models, scenarios, t0)
     print(f"benchmarks: {len(models)} model(s) x {len(scenarios)} cluster(s), headroom "
           f"{config.HEADROOM}, {repeats} timed run(s) of each dptune search", file=sys.stderr)
     # first, while this process is small: the children's ru_maxrss starts from ours
