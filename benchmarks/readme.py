@@ -39,7 +39,9 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     if not ok:
         return "No row has both dptune results."
     gaps = [int(r["max_batch_gap_samples"]) for r in ok]
-    dists = [int(r["balance_distance_samples"]) for r in ok if r.get("balance_distance_samples") != ""]
+    measured = [r for r in ok if r.get("balance_distance_samples") != ""]
+    kept = [r for r in measured if r.get("balance_split") == r.get("even_split")]
+    dists = [int(r["balance_distance_samples"]) for r in measured if r not in kept]
     cert = sum(str(r.get("max_batch_certified")).lower() == "true" for r in ok)
     below = [r for r in ok if int(r["max_batch"]) < int(r["even_max_batch"])]
     probes = sorted(int(r["max_batch_probes"]) for r in ok)
@@ -47,7 +49,9 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     return (f"Over {len(ok)} model x cluster cases: dptune's largest batch is {min(gaps)}..{max(gaps)} "
             f"samples short of the exhaustive optimum and certified in {cert} of {len(ok)}; it is "
             f"below the even split's in {len(below)}; its balanced split is "
-            f"{min(dists, default=0)}..{max(dists, default=0)} sample(s) per card from an optimal one. "
+            f"{min(dists, default=0)}..{max(dists, default=0)} sample(s) per card from an optimal one "
+            f"where it moved the even split, and the even split is kept in {len(kept)} (within the "
+            f"tolerance of the balanced one: 1 probe). "
             f"Probes (counting the even split's baseline and its largest batch): max_batch "
             f"{probes[0]}..{probes[-1]} (median {probes[len(probes) // 2]}), balance "
             f"{bal[0]}..{bal[-1]} (median {bal[len(bal) // 2]}).")

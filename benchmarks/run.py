@@ -350,13 +350,16 @@ def headline_from_csv(rows: list[dict[str, Any]]) -> str:
               "imbalance at even max: even → dptune",
               "probes: dptune balance, max_batch / Lightning / gpu0_bsz grid",
               "certified: balance, max_batch",
-              "dptune off optimum: balanced split (samples/card), largest batch (samples)",
+              "dptune off optimum: balanced split (samples/card; \"even kept\": the even "
+              "split within the tolerance of the balanced one, kept), largest batch (samples)",
               "output_device auto: card, largest batch (gain vs gathering on card 0), probes"]
     out = []
     for r in rows:
         even, best, opt = int(num(r, "even_max_batch")), num(r, "max_batch"), int(num(r, "opt_max_batch"))
         gain = best / even - 1 if even and not math.isnan(best) else math.nan
         dist = r.get("balance_distance_samples", "")
+        if dist not in ("", None, "0") and r.get("balance_split") == r.get("even_split"):
+            dist = f"{dist} (even kept)"    # within the tolerance of the balanced split
         out.append([
             str(r["model"]), str(r["scenario"]).replace(",", ", "),
             f"{even} / {int(best) if best else 'n/a'} / {opt}", _pct(gain),
