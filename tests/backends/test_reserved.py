@@ -41,6 +41,7 @@ def test_model_off_leaves_todays_figures(make):
     assert on.reserved_bytes is not None
 
 
+@pytest.mark.slow
 def test_trace_is_the_ledger_and_reserved_covers_allocated_at_every_event():
     b = backend(gpt_workload())
     r = b.probe([4, 4])
@@ -70,6 +71,7 @@ def test_trace_is_the_ledger_and_reserved_covers_allocated_at_every_event():
         assert ms["reserved_bytes.all.peak"] == r.reserved_bytes[card]
 
 
+@pytest.mark.slow
 def test_replay_is_deterministic():
     one, two = backend(mlp_workload()).probe([2, 6]), backend(mlp_workload()).probe([2, 6])
     assert one.memory_stats == two.memory_stats and one.total_bytes == two.total_bytes

@@ -50,6 +50,7 @@ def _fsdp_rank(spec: str, rank: int, reserved=MODEL) -> SimulatedFSDPRank:
                              FSDPOptions().shard_fn(), reserved=reserved)
 
 
+@pytest.mark.slow
 def test_fsdp_rank_trace_follows_the_resized_storages():
     """The rank's trace (FSDP2's storage resizes as a free and a new block) summed in order
     is the ledger's own peak, and the allocator keeps reserved >= allocated at every event."""

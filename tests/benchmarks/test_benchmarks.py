@@ -43,6 +43,7 @@ def _fits(backend, budgets, split) -> bool:
     return r.feasible and all(p <= b for p, b in zip(r.peak_bytes, budgets))
 
 
+@pytest.mark.slow
 def test_card_memory_depends_only_on_own_chunk_and_batch(setup):
     model, workload, backend, curves, _ = setup
     four = SimulatedBackend(workload, "4x41.125MiB,context=0")
@@ -64,6 +65,7 @@ def test_card_memory_depends_only_on_own_chunk_and_batch(setup):
     assert fs == sorted(fs) and gs == sorted(gs) and fs[-1] > fs[1] and gs[-1] > gs[0]
 
 
+@pytest.mark.slow
 def test_power_then_binary_finds_largest_even_batch(setup):
     _, _, backend, _, budgets = setup
     E, trials = search.power_then_binary(lambda b: _fits(backend, budgets, even_split(b, 3)), init=2)
@@ -98,6 +100,7 @@ def test_gpu0_bsz_grid_probes_every_point_and_bisection_agrees(setup):
     assert full.fits and full.max_share <= 1.0
 
 
+@pytest.mark.slow
 def test_balance_optimum_matches_brute_force(setup):
     _, _, _, curves, budgets = setup
     B = 30
@@ -110,6 +113,7 @@ def test_balance_optimum_matches_brute_force(setup):
         assert search.linf_distance(opt.chunk_sizes, opt.caps, B) == 0
 
 
+@pytest.mark.slow
 def test_max_batch_optimum_is_largest_over_all_splits(setup):
     _, _, backend, curves, budgets = setup
     B, split = search.max_batch_optimum(curves, budgets)

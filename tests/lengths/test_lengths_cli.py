@@ -89,6 +89,7 @@ def test_nothing_fits_at_the_longest_exits_3(tmp_path, capsys):
     assert code == EXIT_NO_FIT and "at length 128" in err
 
 
+@pytest.mark.slow
 def test_the_default_headroom_plans(tmp_path, lengths_file, capsys):
     """No --headroom, no --budget-level: the reserved level and its default headroom (256 MiB),
     as the single-shape search takes them; found by running the README's command without the

@@ -70,7 +70,8 @@ class Stack(nn.Module):
         return x
 
 
-@pytest.mark.parametrize("split", [[8, 8], [2, 6, 4, 4]], ids=lambda s: "-".join(map(str, s)))
+@pytest.mark.parametrize("split", [[8, 8], pytest.param([2, 6, 4, 4], marks=pytest.mark.slow)],
+                         ids=lambda s: "-".join(map(str, s)))
 def test_reentrant_checkpoint_behind_an_input_layer(split):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -161,6 +161,7 @@ def test_step_options_match_fsdp_mem_tracker(name: str, reshard: bool, accumulat
     _check(name, reshard, False, accumulate, clip)
 
 
+@pytest.mark.slow
 def test_unsharded_parameters_are_counted() -> None:
     """The peak depends on reshard_after_forward the way FSDP2 does: keeping the unsharded
     parameters after the forward costs at least the largest unit's parameters, and at most

@@ -103,6 +103,7 @@ def test_the_rank_peak_is_the_hand_count(world: int) -> None:
     assert abs(peak - _hand_peak(world, workspace)) <= SMALL, (peak, _hand_peak(world, workspace))
 
 
+@pytest.mark.slow
 def test_sharding_propagation_is_charged_to_no_card() -> None:
     """A step whose DTensor ops all miss the sharding-propagation caches (torch 2.11 misses
     them for the optimizer's foreach ops on every step): the global-shape temporaries of the

@@ -242,6 +242,7 @@ def test_card_0_is_mirrored_from_an_unpinned_class_card_of_its_chunk_and_spec():
     assert with_card0_mirrored(plan_replicas([0, 4, 4, 4], keys, (0,)), spec, (0,)).mirror is None
 
 
+@pytest.mark.slow
 def test_scalar_outputs_micro_batches_and_clipping():
     # forward(idx, targets) returns each replica's loss: 0-dim outputs, stacked by the gather
     m = _gpt()
