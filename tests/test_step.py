@@ -334,6 +334,7 @@ def test_cuda_backend_names_unread_outputs_whichever_cards_hold_samples(sizes):
     assert dict(r.unread_outputs) == {"output['hidden']": 8 * 3 * 4}
 
 
+@pytest.mark.slow
 def test_gpt2_through_the_cli_with_bf16_and_accumulation(tmp_path, capsys):
     from dptune.cli import main
 

@@ -35,6 +35,10 @@ from dptune.search.throughput import speed_notes, step_model
 from dptune.types import StepTime
 from dptune.step.workload import Workload
 
+#: the time model against the H200 session's measured steps (one estimate per model, seconds):
+#: run by make test-slow
+pytestmark = pytest.mark.slow
+
 MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "measured" / "h200-2026-11-27"
 BUILDS = {label: build for label, build, _ in cases()}
 

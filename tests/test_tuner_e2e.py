@@ -64,6 +64,7 @@ def balanced_or_no_move_helps(r: TuneResult, workload: Workload, cluster: str) -
         backend.close()
 
 
+@pytest.mark.slow
 def test_small_cnn_balances_and_card0_gets_less():
     torch.manual_seed(0)
     model = small_cnn()
@@ -93,6 +94,7 @@ def test_small_lm_balances_or_says_why_not():
     assert_same_state(model, before)
 
 
+@pytest.mark.slow
 def test_max_batch_with_adamw_and_loss_in_forward_beats_even():
     torch.manual_seed(0)
     model = TinyGPT(vocab_size=16000, d_model=256, n_layers=2, n_heads=2, seq_len=64)

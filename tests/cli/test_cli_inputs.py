@@ -138,6 +138,7 @@ def _rank_capacity(budget_cards: str = "1x2GB") -> int:
         sim.close()
 
 
+@pytest.mark.slow
 def test_plan_beyond_the_cards_says_what_they_take(model, capsys):
     """Issue 22: 'at most 99999996' for 100000000 and 99999992 for 99999996 (batch - 4)."""
     cap = _rank_capacity()

@@ -155,6 +155,7 @@ def test_from_batch_sizes_and_loss_scales():
         ddp.DDPPlan.from_batch_sizes([4, 0])
 
 
+@pytest.mark.slow
 def test_save_load_and_show(tmp_path, capsys):
     from dptune.cli import main
 

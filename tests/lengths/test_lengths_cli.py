@@ -43,6 +43,7 @@ def test_table_and_report(tmp_path, lengths_file, capsys):
     assert "max_tokens=" in summary and "BucketBatchSampler" in summary
 
 
+@pytest.mark.slow
 def test_printed_lines_one_per_bucket(tmp_path, lengths_file, capsys):
     code = main(BASE + ["--sample", "tests.support.lengths_models:batch", "--lengths", str(lengths_file),
                         "--buckets", "2", "--out", str(tmp_path / "r"), "--no-plots"])

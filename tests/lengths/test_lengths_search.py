@@ -165,6 +165,7 @@ def test_sample_that_ignores_the_length_is_refused():
                      simulate="2x24GB")
 
 
+@pytest.mark.slow
 def test_a_length_where_nothing_fits_names_it():
     with pytest.raises(NoFeasibleSplitError, match="at length 128"):
         # budgets of 9.1 MB: one sequence of 8 tokens fits, one of 128 does not

@@ -134,6 +134,7 @@ def test_simulator_gathers_on_the_output_device():
     assert on1[1]["outputs"] >= logits and on1[0].get("outputs", 0) == 0
 
 
+@pytest.mark.slow
 def test_output_device_auto_keeps_a_card_that_raises_the_largest_batch():
     model = TinyGPT(vocab_size=2000, d_model=64, n_layers=1, n_heads=2, seq_len=32)
     backend, _ = measured(model, adamw, "3x1GB")

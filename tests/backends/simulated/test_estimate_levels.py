@@ -3,6 +3,8 @@ peak, the reserved peak (the allocator model's replay) and the total use per car
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 import torch.nn as nn
 
@@ -26,6 +28,7 @@ def adamw(p):
     return torch.optim.AdamW(p)
 
 
+@pytest.mark.slow
 def test_the_three_levels_are_the_tuners():
     est = estimate_memory(mlp(), sample, [40, 24], CLUSTER, optimizer=adamw)
     assert est.allocated_bytes == est.peak_bytes

@@ -97,7 +97,7 @@ def _simulated_peak(world: int, card: str = "141GB", cold: bool = False) -> tupl
 SMALL = 64 * 1024
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_the_rank_peak_is_the_hand_count(world: int) -> None:
     peak, workspace = _simulated_peak(world)
     assert abs(peak - _hand_peak(world, workspace)) <= SMALL, (peak, _hand_peak(world, workspace))

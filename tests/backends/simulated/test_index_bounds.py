@@ -61,6 +61,7 @@ def test_negative_and_shifted_ids():
     assert estimate(Tokens(), lambda n: torch.arange(12).expand(n, 12) + 88).peak_bytes[0] > 0
 
 
+@pytest.mark.slow
 def test_a_sequence_longer_than_the_models_positions():
     """GPT-2's position ids are arange(seq_len): past n_positions the position table runs out."""
     model = tiny_gpt2(vocab_size=64, n_positions=16, n_embd=32, n_head=2, use_cache=False)

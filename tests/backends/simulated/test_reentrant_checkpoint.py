@@ -143,7 +143,8 @@ class Stack(nn.Module):
 
 # uneven chunks on 2 and 4 cards in `make test`; the even splits (several seconds each) are slow
 @pytest.mark.parametrize("split", [pytest.param([8, 8], marks=pytest.mark.slow), [4, 12],
-                                   pytest.param([4, 4, 4, 4], marks=pytest.mark.slow), [2, 6, 4, 4]],
+                                   pytest.param([4, 4, 4, 4], marks=pytest.mark.slow),
+                                   pytest.param([2, 6, 4, 4], marks=pytest.mark.slow)],
                          ids=lambda s: "-".join(map(str, s)))
 @pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "plain"])
 def test_data_parallel_peaks_match_torchs_broadcast_and_reduce(split, reentrant):

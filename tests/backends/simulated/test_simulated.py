@@ -251,6 +251,7 @@ def test_kwargs_dataclass_output_and_model_loss():
         estimate_memory(KwModel(), batch, [3, 5], "2x24GB")
 
 
+@pytest.mark.slow
 def test_bert_dict_output_sdpa_and_batchnorm_models():
     from dptune.examples.models import BertClassifier, SegNet
 
