@@ -80,6 +80,7 @@ def test_power_then_binary_finds_largest_even_batch(setup):
     assert len(trials) == len(powers) + 1 + math.ceil(math.log2(fail[0] - powers[-1]))
 
 
+@pytest.mark.slow
 def test_gpu0_bsz_grid_probes_every_point_and_bisection_agrees(setup):
     _, _, backend, curves, budgets = setup
     calls: list[list[int]] = []
@@ -132,6 +133,7 @@ def test_max_batch_optimum_is_largest_over_all_splits(setup):
     assert curves.fits([cap0] + [caps[0], B + 1 - cap0 - caps[0]], budgets) is False
 
 
+@pytest.mark.slow
 def test_run_case_tiny_dptune_near_the_optimum(setup):
     model, _, _, curves, _ = setup
     spec = config.ModelSpec("tiny-MLP", _model, "test", hint_per_card=8)

@@ -108,6 +108,7 @@ def run_subprocess(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
 
 # ---- happy path --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_search_subprocess_writes_every_file(tmp_path):
     (tmp_path / "tinymod.py").write_text(TINY_MODULE)
     proc = run_subprocess(tmp_path, "search", "--model", "tinymod:Net", "--batch-size", "32",

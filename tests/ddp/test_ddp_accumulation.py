@@ -97,6 +97,7 @@ def test_micro_batches_are_checked(kw, words):
         ddp.plan(wide, vectors, optimizer=adamw, simulate=SPEC, **kw)
 
 
+@pytest.mark.slow
 def test_cli_global_batch_plans_the_micro_batches(tmp_path, capsys):
     from dptune.cli import main
 

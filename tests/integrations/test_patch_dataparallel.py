@@ -143,6 +143,7 @@ def test_accepts_a_result_a_report_folder_or_a_list(tmp_path):
     assert nn.DataParallel is REAL
 
 
+@pytest.mark.slow
 def test_top_level_name_and_yolov5_style_script(tmp_path):
     """A script that builds torch.nn.DataParallel itself, run under dptune.patch_dataparallel."""
     script = tmp_path / "train_dp.py"

@@ -99,6 +99,7 @@ def test_the_console_detector_sees_a_broken_page(tmp_path):
     assert any("Uncaught Error: boom" in line for line in console)
 
 
+@pytest.mark.slow
 def test_a_reserved_level_page_and_a_256_card_page_in_chromium(tmp_path):
     r = reserved_result("max_batch")
     page = tmp_path / "report.html"
