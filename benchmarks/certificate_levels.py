@@ -11,7 +11,7 @@ the case (``SimulatedBackend(..., reserved=ReservedModel())`` and
   step on its chunk; the replay runs at its own capacity);
 - card 0 at chunk ``c0`` of a batch ``B``: one probe with the rest spread evenly.
 
-Each figure is cached, so the exhaustive answers (:func:`benchmarks.certificate.answer`: caps by
+Each figure is cached, so the exhaustive answers (:func:`benchmarks.certificate_answer.answer`: caps by
 bisection on the monotone surface, checked by a scan of the samples around each cap, see
 :func:`check_monotone_near`) and dptune's search share the probes. The allocated peaks ride
 along in each probe (``allocated_peak_bytes``), as they do in dptune's probes at the level.
@@ -168,7 +168,7 @@ def check_monotone_near(s: Surface, i: int, cap: int, width: int = 8) -> bool:
 def line_monotone_near(s: Surface, caps_: Sequence[int], best: int, width: int = 8) -> bool:
     """Card 0 along the line (the others at their caps, card 0 at the fewest samples left):
     every batch from ``best - width`` to ``best`` within budget, every one above over."""
-    from benchmarks.certificate import card0_chunk, reachable
+    from benchmarks.certificate_answer import card0_chunk, reachable
 
     reach = reachable(caps_, s.m)
     for b in range(max(1, best - width), best + width + 1):
@@ -200,7 +200,7 @@ def measure_level(name: str, level: str, max_probes: int = 12, oracle: int = 0) 
     batch up to ``B* + oracle`` (every split of every batch in that range tried)."""
     import time
 
-    from benchmarks.certificate import answer
+    from benchmarks.certificate_answer import answer
     from dptune import search as dsearch
 
     t0 = time.perf_counter()

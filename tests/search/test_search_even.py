@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.certificate import answer
+from benchmarks.certificate_answer import answer
 from benchmarks.certificate_cases import random_affine, staircase, synthetic
 from dptune import search
 from dptune.split import even_split

@@ -5,7 +5,7 @@ surface itself)."""
 
 from __future__ import annotations
 
-from benchmarks.certificate import answer
+from benchmarks.certificate_answer import answer
 from benchmarks.certificate_cases import staircase
 from dptune import search
 from dptune.split import even_split

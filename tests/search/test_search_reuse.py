@@ -37,7 +37,7 @@ def test_prior_probes_save_probes_on_staircases():
     search spare the second one probes it would spend finding them again: fewer in all over
     the 3- and 4-card staircases of seeds 0-19 (not on every one: a prior bracket moves where
     the fits aim, which a staircase may punish), each answer exact and certified."""
-    from benchmarks.certificate import answer
+    from benchmarks.certificate_answer import answer
     from benchmarks.certificate_cases import staircase
 
     with_prior = alone_total = 0
