@@ -37,7 +37,7 @@ from dptune.step.workload import Workload
 from benchmarks import config
 from benchmarks.output import write_table
 
-__all__ = ["CLUSTERS", "DDPRow", "exact_caps", "scan_caps", "scan_agrees", "rank_certified", "rank_model",
+__all__ = ["CLUSTERS", "DDPRow", "exact_caps", "scan_caps", "scan_agrees", "bisect_cap", "rank_certified", "rank_model",
            "open_brackets", "uncertified_notes", "run_case", "table",
            "main"]
 
@@ -98,7 +98,9 @@ class _Ranks:
             s.close()
 
 
-def _bisect_cap(fits: Any) -> int:
+def bisect_cap(fits: Any) -> int:
+    """The largest batch with ``fits`` (true then false; 0 when 1 does not fit), by doubling
+    then bisection."""
     hi = 1
     while fits(hi):
         hi *= 2
@@ -128,7 +130,7 @@ def scan_caps(workload: Workload, cluster: str, headroom: int, reserved: Any = N
     """(:func:`exact_caps`, whether a scan of ``width`` batches each side of every cap agrees)."""
     ranks = _Ranks(workload, cluster, headroom, reserved)
     try:
-        caps = [_bisect_cap(lambda b, r=r: ranks.fits(r, b)) for r in range(len(ranks.c))]
+        caps = [bisect_cap(lambda b, r=r: ranks.fits(r, b)) for r in range(len(ranks.c))]
         agree = all(scan_agrees(lambda b, r=r: ranks.fits(r, b), cap, width)
                     for r, cap in enumerate(caps)) if width else True
     finally:

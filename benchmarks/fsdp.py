@@ -45,7 +45,7 @@ from dptune.units import format_bytes
 from dptune.step.workload import Workload
 
 from benchmarks import config
-from benchmarks.ddp import open_brackets, rank_certified, rank_model, scan_agrees, uncertified_notes
+from benchmarks.ddp import bisect_cap, open_brackets, rank_certified, rank_model, scan_agrees, uncertified_notes
 from benchmarks.output import write_table
 
 __all__ = ["CASES", "FSDPRow", "exact_caps", "run_case", "table", "main"]
@@ -141,13 +141,7 @@ def scan_caps(workload: Workload, cluster: str, headroom: int, options: FSDPOpti
             if not fits(1):
                 caps.append(0)
                 continue
-            hi = 2
-            while fits(hi):
-                hi *= 2
-            lo = hi // 2
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+            lo = bisect_cap(fits)
             caps.append(lo)
             agree = agree and (not scan or scan_agrees(fits, lo, scan))
     finally:
