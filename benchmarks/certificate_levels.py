@@ -202,12 +202,16 @@ def measure_level(name: str, level: str, max_probes: int = 12, oracle: int = 0) 
 
     from benchmarks.certificate_answer import answer
     from dptune import search as dsearch
+    from dptune.search.alike import device_keys
 
     t0 = time.perf_counter()
     s = level_surface(name, level)
     ans = answer(s)
+    # the identical cards named as Tuner names them (dptune.search.alike.device_keys)
+    alike = device_keys(s.curves.devices) if isinstance(s, LevelSurface) and s.curves else None
     out = dsearch.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m,
-                      max_probes=max_probes, exact_on_oom=True)
+                      max_probes=max_probes, exact_on_oom=True,
+                      known=dsearch.Known(alike=alike))
     even = out.even.batch_size if out.even is not None else 0
     monotone = all(check_monotone_near(s, i, c) for i, c in enumerate(ans.caps, start=1)) \
         and line_monotone_near(s, ans.caps, ans.best)

@@ -62,7 +62,7 @@ from dptune.search.line import BatchLine, first_over, largest_true, last_within
 from dptune.search.loop import Proposal, fill, raise_cards, valid_split
 from dptune.search.even_baseline import EvenBaseline
 from dptune.search.models import CardFits, chord_cap
-from dptune.search.observations import Bracket, Observations, next_chunk
+from dptune.search.observations import Bracket, Observations, next_chunk, roundest
 from dptune.split import even_split
 
 __all__ = ["MaxBatch"]
@@ -176,7 +176,9 @@ class MaxBatch:
         c = max(lower, guess if upper is None else min(upper, guess))
         if upper is None:
             c = max(c, self._gallop(i, br.lo))
-        if self._stalled(f"card{i}") and br.hi is not None and c > lower:
+        if br.hi is not None and hi_pt is not None and obs.flat_within(i, hi_pt.peak_bytes):
+            c = roundest(br.lo, br.hi, m) or lower    # a flat step: the roundest chunk in it
+        elif self._stalled(f"card{i}") and br.hi is not None and c > lower:
             c = max(lower, self._unstall(f"card{i}", br.lo, br.hi))   # not halved in two probes
         return c if c == 0 or c >= m else m
 
@@ -241,11 +243,31 @@ class MaxBatch:
                 not any(p.exact and p.chunk == 0 for p in self.obs.points[0]):
             return line.total   # card 0 may fit only with no samples (no replica): try that
         b = b if b >= lower else lower
-        if stalled and b > lower and hi is not None:
+        if hi is not None and self.obs.flat_within(0, self._line_over_peak(line)):
+            b = max(lower, self._round_batch(line, lo, hi))   # a flat step of a staircase
+        elif stalled and b > lower and hi is not None:
             b = max(lower, self._unstall(f"line{line.t}", lo, hi))    # not halved in two probes
         elif hi is not None and b > lower and self.obs.flat_over(0):
-            b = max(lower, (lo + hi) // 2)          # a flat step of a staircase: halve it
+            b = max(lower, self._round_batch(line, lo, hi))   # a flat step of a staircase
         return b
+
+    def _round_batch(self, line: BatchLine, lo: int, hi: int) -> int:
+        """The batch in ``(lo, hi)`` along ``line`` that gives card 0 the roundest chunk
+        (:func:`~dptune.search.observations.roundest`); the middle where card 0's chunk does
+        not follow the batch one for one there."""
+        c_lo, c_hi = line.c0(lo), line.c0(hi)
+        if c_lo is None or c_hi is None or c_lo <= 0 or c_hi - c_lo != hi - lo:
+            return (lo + hi) // 2
+        c = roundest(c_lo, c_hi, self.m)
+        return (lo + hi) // 2 if c is None else lo + (c - c_lo)
+
+    def _line_over_peak(self, line: BatchLine) -> Optional[int]:
+        """Card 0's figure at the over point that sets the upper end of ``line``'s bracket."""
+        _, hi = self._line_bracket(line)
+        for p in self.obs.over_points(0):
+            if p.exact and max(p.batch, first_over(line, p.chunk, p.batch)) == hi:
+                return p.peak_bytes
+        return None
 
     # ---- the largest batch --------------------------------------------------------------
     def max_certified(self) -> bool:

@@ -28,6 +28,40 @@ from typing import Any, Mapping, Optional, Sequence
 from dptune.backends.base import ProbeResult
 from dptune.types import card_in_use
 
+#: A bracket over a flat step is halved when its upper end reads at most this share of the
+#: budget above the step (a segment or a few; a larger rise spans steps a chord can place).
+FLAT_RISE = 0.01
+
+def roundest(lo: int, hi: int, min_chunk: int = 1) -> Optional[int]:
+    """The chunk strictly between ``lo`` and ``hi`` with the most trailing zero bits (the
+    nearest the middle among those); ``lo + 1`` instead when ``lo`` is rounder than all of them
+    (``lo`` likely the last chunk of its step: the one-more test); ``None`` when there is no
+    chunk between. A staircase's steps rise where a block's size crosses a multiple of the
+    allocator's rounding (2 MiB for large blocks): for an activation of ``c`` samples of
+    ``s`` bytes each, at chunks that are multiples of ``2 MiB / s``, a power of two when ``s``
+    has a large power-of-two factor (feature widths usually do). Only a choice of the next
+    probe inside a flat step, where the fits cannot place the edge."""
+    first = max(lo + 1, min_chunk)
+    if first >= hi:
+        return None
+    mid = (lo + hi) / 2
+    for k in range(hi.bit_length(), -1, -1):     # the largest power of two with a multiple between
+        step = 1 << k
+        c = -(-first // step) * step
+        if c < hi:
+            below = c + (max(0, int(mid) - c) // step) * step    # the multiples nearest the middle
+            best = min((x for x in (below, below + step) if first <= x < hi),
+                       key=lambda x: (abs(x - mid), x))
+            break
+    if lo >= min_chunk and lo > 0 and _trailing_zeros(lo) > _trailing_zeros(best):
+        return first
+    return best
+
+
+def _trailing_zeros(x: int) -> int:
+    return (x & -x).bit_length() - 1
+
+
 __all__ = ["Point", "Bracket", "Observations", "next_chunk"]
 
 
@@ -189,6 +223,21 @@ class Observations:
         pts = [p for p in self.points[i] if p.exact and p.over and p.chunk > 0]
         return len(pts) >= 2 and pts[-1].peak_bytes == pts[-2].peak_bytes \
             and pts[-1].chunk != pts[-2].chunk
+
+    def flat_within(self, i: int, hi_peak: Optional[int] = None) -> bool:
+        """Card ``i``'s two largest chunks measured within budget (card 0: its last two) read
+        the same figure (the
+        bracket's lower end sits on a flat step of a staircase: the reserved level rises in
+        whole segments) and, where ``hi_peak`` (the figure at the bracket's upper end) is
+        given, that end lies at most :data:`FLAT_RISE` of the budget above it: about one
+        segment's rise, whose edge a fit through the points cannot place (it guesses next
+        to the lower end and walks a few samples a probe); the middle of the bracket can."""
+        pts = [p for p in self.points[i] if p.exact and not p.over and p.chunk > 0]
+        if i > 0:       # card 0: its last two (its figure depends on the batch too)
+            pts = list({p.chunk: p for p in sorted(pts, key=lambda p: p.chunk)}.values())
+        if len(pts) < 2 or pts[-1].peak_bytes != pts[-2].peak_bytes or pts[-1].chunk == pts[-2].chunk:
+            return False
+        return hi_peak is None or hi_peak - pts[-1].peak_bytes <= FLAT_RISE * self.budgets[i]
 
     def not_monotone(self, alike: Sequence[Sequence[int]] = ()) -> Optional[str]:
         """Where the points contradict the monotone surface the certificate rests on: a card
