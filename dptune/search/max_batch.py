@@ -44,6 +44,12 @@ fewer probes, none of which returns anything not measured:
 - a card ``i >= 1`` with nothing measured over whose one-more tests fitted twice in a row
   (its fits creep up a sample at a time: a staircase) gallops, ``lo + 2 ** k`` for ``k``
   such raises, rather than walk one sample per probe;
+- on a flat step of the default level's staircase (a card's two largest chunks within
+  budget read the same figure, the bracket's upper end at most 1% of the budget above it;
+  card 0: its last two points), where the fits cannot place the step's edge, the bracket's
+  roundest chunk (:func:`dptune.search.observations.roundest`: the most trailing zero bits,
+  where a block's size crosses the allocator's 2 MiB rounding; the one-more test when the
+  lower end is rounder), not a fit's guess next to the lower end;
 - when ``E >= lo`` is known only by dominance and the fits already guessed the even split too
   high once (card 0 measured over above ``lo``), ``even(lo + 1)`` is asked directly: a
   dominating probe usually puts ``lo`` at card 0's cap, so one probe closes the bracket
