@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from dptune.errors import NoFeasibleSplitError
-from dptune.search.observations import Bracket
+from dptune.search.observations import Bracket, roundest
 from dptune.solve.memory import MIN_SLOPE_BYTES, Fit, fit_affine, solve_balance
 
 __all__ = ["RankProbe", "RankObservations", "Runner", "cap_of", "balance_ranks", "bracket_ranks",
@@ -239,9 +239,14 @@ def beyond_the_ranks(obs: RankObservations, run: Runner, global_batch: int,
 
 def _next_batch(obs: RankObservations, r: int, bisect: bool, limit: Optional[int],
                 staircase: bool) -> int:
-    """Rank r's next probe inside its open bracket: the bracket's middle (``bisect``, or on a
-    staircase), else where its fit meets the budget, at most 64x past what is known to fit."""
+    """Rank r's next probe inside its open bracket: on a flat step of a staircase (its two
+    largest batches within budget read the same peak) its roundest batch
+    (:func:`dptune.search.observations.roundest`), else the bracket's middle (``bisect``, or
+    on a staircase), else where its fit meets the budget, at most 64x past what is known to
+    fit."""
     lo, hi = obs.lo(r), obs.hi(r)
+    if hi is not None and staircase and _flat(obs, r):     # a flat step: see roundest
+        return roundest(lo, hi, obs.m) or (lo + hi) // 2
     if hi is not None and (bisect or staircase):
         return (lo + hi) // 2
     x = max(cap_of(obs.fit(r, lo), obs.budgets[r]), lo + 1)
@@ -253,6 +258,15 @@ def _next_batch(obs: RankObservations, r: int, bisect: bool, limit: Optional[int
     if limit is not None:
         x = min(x, max(limit, lo + 1))
     return x
+
+
+def _flat(obs: RankObservations, r: int) -> bool:
+    """Rank ``r``'s two largest batches measured within budget read the same peak: its
+    bracket's lower end sits on a flat step of the staircase."""
+    fit = sorted((p for p in obs.of(r) if p.fits and p.peak_bytes is not None),
+                 key=lambda p: p.batch_size)
+    return len(fit) >= 2 and fit[-1].peak_bytes == fit[-2].peak_bytes \
+        and fit[-1].batch_size != fit[-2].batch_size
 
 
 def bracket_ranks(obs: RankObservations, run: Runner, max_rounds: int, limit: Optional[int],
