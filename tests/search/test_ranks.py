@@ -62,3 +62,26 @@ def test_a_plan_stopped_by_its_round_cap_says_so():
                     objective="max_batch", simulate="2x8GB", max_rounds=3)
     assert not plan.certified
     assert any("not certified: 3 of 3 rounds" in n and "still open" in n for n in plan.notes), plan.notes
+
+
+@pytest.mark.parametrize("step_samples", [64, 128, 256])
+def test_flat_steps_of_a_rank_staircase_close_at_the_cap(step_samples):
+    """A rank's reserved figure on a wide MLP: every layer's activation a block rounded up to
+    2 MiB, so the peak is flat for ``step_samples`` batches at a time and rises at their
+    multiples. On a flat step the search asks the bracket's roundest batch (where such steps
+    rise): every rank's bracket closes at its cap (brute force on the surface), certified,
+    within 19 rounds (the middle of each bracket, as before, takes 20 on each of these)."""
+    two = 2 * 2**20
+    per_sample = two // step_samples
+    budgets = [24 * GiB, 20 * GiB, 13 * GiB]
+
+    def peak(r, b):  # type: ignore[no-untyped-def]
+        return 2 * GiB + 8 * (-(-b * per_sample // two) * two)
+
+    obs = RankObservations(budgets, 1)
+    run = _runner(obs, peak)
+    run([4096, 4096, 4096])
+    assert bracket_ranks(obs, run, 19, None, staircase=True)
+    for r, budget in enumerate(budgets):
+        want = max(b for b in range(1, 400_000) if peak(r, b) <= budget)
+        assert obs.lo(r) == want and obs.hi(r) == want + 1
