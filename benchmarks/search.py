@@ -31,6 +31,8 @@ from dptune.parallel import gpu0_split
 from dptune.split import scale_split
 from dptune.step.workload import Workload
 
+from benchmarks.certificate_answer import reachable
+
 __all__ = ["Curves", "largest_true", "power_then_binary", "GridResult", "grid_gpu0_bsz",
            "max_batch_optimum", "BalanceOptimum", "balance_optimum", "linf_distance",
            "split_valid", "max_share", "imbalance_of"]
@@ -235,24 +237,6 @@ def grid_gpu0_bsz(peaks: Callable[[list[int]], Sequence[float]], budgets: Sequen
 
 # ---- the exact optimum --------------------------------------------------------------------
 
-def _reachable(caps: Sequence[int], min_chunk: int) -> list[tuple[int, int]]:
-    """Sums reachable with card ``i`` taking 0 or ``min_chunk..caps[i]``, as disjoint intervals."""
-    iv = [(0, 0)]
-    for c in caps:
-        if c < min_chunk:
-            continue
-        new = iv + [(a + min_chunk, b + c) for a, b in iv]
-        new.sort()
-        merged: list[tuple[int, int]] = []
-        for a, b in new:
-            if merged and a <= merged[-1][1] + 1:
-                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-            else:
-                merged.append((a, b))
-        iv = merged
-    return iv
-
-
 def _in(x: int, intervals: Sequence[tuple[int, int]]) -> bool:
     return any(a <= x <= b for a, b in intervals)
 
@@ -261,7 +245,7 @@ def _fill(total: int, caps: Sequence[int], min_chunk: int) -> Optional[list[int]
     """Chunks ``0`` or ``min_chunk..caps[i]`` summing to ``total``, earlier cards fullest."""
     out: list[int] = []
     for i, cap in enumerate(caps):
-        rest = _reachable(caps[i + 1:], min_chunk)
+        rest = reachable(caps[i + 1:], min_chunk)
         v = next((v for v in range(min(cap, total), -1, -1)
                   if (v == 0 or v >= min_chunk) and _in(total - v, rest)), None)
         if v is None:
@@ -284,7 +268,7 @@ def max_batch_optimum(curves: Curves, budgets: Sequence[int], guess: Optional[in
     m = curves.min_chunk
     caps = [card_capacity(curves, b, guess_split[i + 1] if guess_split else None)
             for i, b in enumerate(budgets[1:])]
-    reach = _reachable(caps, m)
+    reach = reachable(caps, m)
 
     def card0(batch: int) -> Optional[int]:
         """The fewest samples card 0 can take of this batch (None if none works)."""

@@ -249,7 +249,7 @@ class MaxBatch:
                 not any(p.exact and p.chunk == 0 for p in self.obs.points[0]):
             return line.total   # card 0 may fit only with no samples (no replica): try that
         b = b if b >= lower else lower
-        if hi is not None and self.obs.flat_within(0, self._line_over_peak(line)):
+        if hi is not None and self.obs.flat_within(0, self._line_over_peak(line, hi)):
             b = max(lower, self._round_batch(line, lo, hi))   # a flat step of a staircase
         elif stalled and b > lower and hi is not None:
             b = max(lower, self._unstall(f"line{line.t}", lo, hi))    # not halved in two probes
@@ -267,9 +267,9 @@ class MaxBatch:
         c = roundest(c_lo, c_hi, self.m)
         return (lo + hi) // 2 if c is None else lo + (c - c_lo)
 
-    def _line_over_peak(self, line: BatchLine) -> Optional[int]:
-        """Card 0's figure at the over point that sets the upper end of ``line``'s bracket."""
-        _, hi = self._line_bracket(line)
+    def _line_over_peak(self, line: BatchLine, hi: int) -> Optional[int]:
+        """Card 0's figure at the over point that sets ``hi``, the upper end of ``line``'s
+        bracket (:meth:`_line_bracket`)."""
         for p in self.obs.over_points(0):
             if p.exact and max(p.batch, first_over(line, p.chunk, p.batch)) == hi:
                 return p.peak_bytes

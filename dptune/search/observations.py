@@ -28,9 +28,17 @@ from typing import Any, Mapping, Optional, Sequence
 from dptune.backends.base import ProbeResult
 from dptune.types import card_in_use
 
-#: A bracket over a flat step is halved when its upper end reads at most this share of the
-#: budget above the step (a segment or a few; a larger rise spans steps a chord can place).
+#: A bracket over a flat step is asked at its roundest chunk when its upper end reads at most
+#: this share of the budget above the step (a segment or a few; a larger rise spans steps a
+#: chord can place).
 FLAT_RISE = 0.01
+
+
+def on_one_step(points: Sequence[tuple[int, int]]) -> bool:
+    """The last two ``(work, figure)`` points read the same figure at different work: both
+    on one flat step of a staircase (the reserved level rises in whole segments)."""
+    return len(points) >= 2 and points[-1][1] == points[-2][1] and points[-1][0] != points[-2][0]
+
 
 def roundest(lo: int, hi: int, min_chunk: int = 1) -> Optional[int]:
     """The chunk strictly between ``lo`` and ``hi`` with the most trailing zero bits (the
@@ -62,7 +70,7 @@ def _trailing_zeros(x: int) -> int:
     return (x & -x).bit_length() - 1
 
 
-__all__ = ["Point", "Bracket", "Observations", "next_chunk"]
+__all__ = ["Point", "Bracket", "Observations", "next_chunk", "roundest", "on_one_step", "FLAT_RISE"]
 
 
 def next_chunk(c: int, min_chunk: int) -> int:
@@ -221,21 +229,21 @@ class Observations:
         a few samples a probe (the largest-batch search halves card 0's bracket there).
         Over budget only: within budget, the bracket's upper end may lie far off."""
         pts = [p for p in self.points[i] if p.exact and p.over and p.chunk > 0]
-        return len(pts) >= 2 and pts[-1].peak_bytes == pts[-2].peak_bytes \
-            and pts[-1].chunk != pts[-2].chunk
+        return on_one_step([(p.chunk, p.peak_bytes) for p in pts])
 
     def flat_within(self, i: int, hi_peak: Optional[int] = None) -> bool:
-        """Card ``i``'s two largest chunks measured within budget (card 0: its last two) read
-        the same figure (the
-        bracket's lower end sits on a flat step of a staircase: the reserved level rises in
-        whole segments) and, where ``hi_peak`` (the figure at the bracket's upper end) is
-        given, that end lies at most :data:`FLAT_RISE` of the budget above it: about one
-        segment's rise, whose edge a fit through the points cannot place (it guesses next
-        to the lower end and walks a few samples a probe); the middle of the bracket can."""
+        """Card ``i``'s two largest chunks measured within budget (card 0: its last two points
+        within budget, its figure depends on the batch too) read the same figure: the
+        bracket's lower end sits on a flat step of a staircase (the reserved level rises in
+        whole segments). Where ``hi_peak`` (the figure at the bracket's upper end) is given,
+        that end must also lie at most :data:`FLAT_RISE` of the budget above it: about one
+        segment's rise, whose edge a fit through the points cannot place (it guesses next to
+        the lower end and walks a few samples a probe); the roundest chunk of the bracket
+        can (:func:`roundest`)."""
         pts = [p for p in self.points[i] if p.exact and not p.over and p.chunk > 0]
-        if i > 0:       # card 0: its last two (its figure depends on the batch too)
+        if i > 0:       # by chunk, one point each (its last measured)
             pts = list({p.chunk: p for p in sorted(pts, key=lambda p: p.chunk)}.values())
-        if len(pts) < 2 or pts[-1].peak_bytes != pts[-2].peak_bytes or pts[-1].chunk == pts[-2].chunk:
+        if not on_one_step([(p.chunk, p.peak_bytes) for p in pts]):
             return False
         return hi_peak is None or hi_peak - pts[-1].peak_bytes <= FLAT_RISE * self.budgets[i]
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from dptune.errors import NoFeasibleSplitError
-from dptune.search.observations import Bracket, roundest
+from dptune.search.observations import Bracket, on_one_step, roundest
 from dptune.solve.memory import MIN_SLOPE_BYTES, Fit, fit_affine, solve_balance
 
 __all__ = ["RankProbe", "RankObservations", "Runner", "cap_of", "balance_ranks", "bracket_ranks",
@@ -265,8 +265,7 @@ def _flat(obs: RankObservations, r: int) -> bool:
     bracket's lower end sits on a flat step of the staircase."""
     fit = sorted((p for p in obs.of(r) if p.fits and p.peak_bytes is not None),
                  key=lambda p: p.batch_size)
-    return len(fit) >= 2 and fit[-1].peak_bytes == fit[-2].peak_bytes \
-        and fit[-1].batch_size != fit[-2].batch_size
+    return on_one_step([(p.batch_size, p.peak_bytes) for p in fit if p.peak_bytes is not None])
 
 
 def bracket_ranks(obs: RankObservations, run: Runner, max_rounds: int, limit: Optional[int],
