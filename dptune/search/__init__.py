@@ -133,8 +133,8 @@ class Known:
     points narrow those cards' brackets, they are never returned. ``alike``: one key per card,
     equal for the same card with the same memory held by others
     (:func:`dptune.search.alike.device_keys`); cards ``i >= 1`` with equal keys and budgets get
-    chunks within one sample of each other (balance: they share their measurements; max_batch:
-    an answer that leaves them further apart is spread by one more probe; see
+    chunks within one sample of each other (they share their measurements; max_batch: an
+    answer that leaves them further apart is spread by one more probe; see
     :mod:`dptune.search.alike`). ``None``: no two cards are taken to be alike."""
 
     over: Sequence[ProbeResult] = ()
@@ -167,11 +167,9 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     goal = Objective.parse(objective)
     balance = goal in (Objective.BALANCE, Objective.THROUGHPUT)
     groups = groups_of(known.alike, budgets)
-    # alike cards pool their points for balance; the largest-batch search keeps each card's
-    # own (its first probes read the cards' differences as a slope across them) and evens
-    # out alike cards in its answer (:class:`_Settle`)
-    obs = Observations(budgets, exact_on_oom=exact_on_oom, min_chunk=min_chunk,
-                       alike=groups if balance else ())
+    # alike cards pool their points (a one-more test on one of them closes all their
+    # brackets); the largest-batch search also evens them out in its answer (:class:`_Settle`)
+    obs = Observations(budgets, exact_on_oom=exact_on_oom, min_chunk=min_chunk, alike=groups)
     for r in known.over:
         obs.add_bound(r)
     for r in known.prior:

@@ -297,3 +297,66 @@ def test_the_benchmark_mlp_on_four_cards_certified_at_the_default_level():
     assert not any(over(split))
     for i in range(4):
         assert over([c + (k == i) for k, c in enumerate(split)])[i]
+
+
+def _fragmented_probe(gap_share):  # type: ignore[no-untyped-def]
+    """Two 24 GiB cards whose reserved figure is the allocated peak plus a share of it that
+    ``gap_share(chunk)`` picks (the caching allocator's cached but free blocks), plus NCCL."""
+    def probe(split):  # type: ignore[no-untyped-def]
+        s = tuple(split)
+        alloc = (GiB + 5 * MiB * s[0] + 64 * 1024 * sum(s), GiB + 5 * MiB * s[1] if s[1] else 0)
+        peaks = tuple(int(a * (1 + gap_share(c))) + NCCL if c else 0 for a, c in zip(alloc, s))
+        return ProbeResult(s, peaks, allocated_peak_bytes=alloc)
+    return probe
+
+
+def test_a_fragmented_figure_is_never_certified():
+    """Where fragmentation, not the work, sets a card's figure (the simulator's BatchNorm CNN
+    on 24 GB cards reads 23.8 GB at 3,052 samples and 20.3 GB at 3,053, 15.8 GB allocated at
+    both), a chunk that fits next to one that is over proves nothing about larger chunks:
+    whichever edge the search closes, its two points show the gap over the allocated peak
+    jump by gigabytes at one sample, and the answer is returned uncertified with the remedy.
+    The same cards with a gap that grows with the work are certified."""
+    budgets = [24 * GiB, 24 * GiB]
+    chaotic = search.run(_fragmented_probe(lambda c: 0.45 if c % 2 else 0.2), budgets,
+                         "max_batch", 200, max_probes=12)
+    assert not chaotic.certified
+    assert chaotic.best.within_budget(budgets)
+    assert any("fragmentation, not the work" in n and "expandable_segments:True" in n
+               for n in chaotic.notes), chaotic.notes
+    steady = search.run(_fragmented_probe(lambda c: 0.2 + c / 100_000), budgets, "max_batch", 200,
+                        max_probes=12)
+    assert steady.certified and not any("fragmentation, not" in n for n in steady.notes)
+
+
+def test_fragmentation_is_read_from_the_gap_over_the_allocated_peak():
+    """``Observations.fragmented``: the gap falling by more than 5% of the budget while the work
+    grows, or rising by that much at one more sample; never a gap that grows with the work
+    between chunks far apart, nor a staircase's sawtooth of a few segments."""
+    from dptune.search import Observations
+
+    def obs_of(*probes):  # type: ignore[no-untyped-def]
+        o = Observations([24 * GiB] * 2, exact_on_oom=True)
+        for s, peaks, alloc in probes:
+            o.add(ProbeResult(s, peaks, allocated_peak_bytes=alloc))
+        return o
+    g = 16 * GiB
+    # card 1: 4 GiB over its allocated peak at 100 samples, 1 GiB at 105: falls while the work grows
+    why = obs_of(((10, 100), (GiB, g + 4 * GiB), (GiB, g)),
+                 ((10, 105), (GiB, g + GiB), (GiB, g + MiB))).fragmented()
+    assert why is not None and "card 1 reads 4.0 GiB over its allocated peak at 100 samples" in why
+    # the gap grows by 3 GiB between chunks far apart: the work, not fragmentation
+    assert obs_of(((10, 100), (GiB, g + GiB), (GiB, g)),
+                  ((10, 200), (GiB, 2 * g + 4 * GiB), (GiB, 2 * g))).fragmented() is None
+    # ... and by 3 GiB at one more sample: fragmentation
+    assert obs_of(((10, 100), (GiB, g + GiB), (GiB, g)),
+                  ((10, 101), (GiB, g + 4 * GiB), (GiB, g + MiB))).fragmented() is not None
+    # a staircase's sawtooth: the gap moves by a few 2 MiB segments
+    assert obs_of(((10, 100), (GiB, g + 40 * MiB), (GiB, g)),
+                  ((10, 101), (GiB, g + 2 * MiB), (GiB, g + 30 * MiB))).fragmented() is None
+    # card 0 compares points whose chunk and batch both grow; none here
+    assert obs_of(((100, 200), (g + 4 * GiB, g), (g, g)),
+                  ((101, 150), (g + GiB, g), (g, g))).fragmented() is None
+    # no allocated peaks riding along (the allocated level): nothing to read
+    assert obs_of(((10, 100), (GiB, g + 4 * GiB), None),
+                  ((10, 105), (GiB, g + GiB), None)).fragmented() is None
