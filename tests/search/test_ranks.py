@@ -48,6 +48,22 @@ def test_a_rank_within_budget_above_a_batch_it_was_over_at_is_never_certified():
     assert not bracket_ranks(obs, run, 40, None)
 
 
+def test_a_rank_whose_peak_falls_by_gigabytes_is_never_certified():
+    """A rank reading 3 GiB less at a larger batch, both within budget (fragmentation: the
+    caching allocator reused cached blocks there): no bracket of it is a proof."""
+    budgets = [24 * GiB]
+
+    def peak(r, b):  # type: ignore[no-untyped-def]
+        return GiB + 2**20 * b + (3 * GiB if b == 100 else 0)
+
+    obs = RankObservations(budgets, 1)
+    run = _runner(obs, peak)
+    run([100])
+    run([101])
+    assert obs.not_monotone() == "rank 0 reads 4.1 GiB at 100 samples and 1.1 GiB at 101: its figure falls as its batch grows"
+    assert not bracket_ranks(obs, run, 40, None)
+
+
 @pytest.mark.slow
 def test_a_plan_stopped_by_its_round_cap_says_so():
     """DDP's largest batch per rank, stopped by the round cap before a bracket closed: the
