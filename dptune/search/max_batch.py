@@ -182,7 +182,10 @@ class MaxBatch:
         c = max(lower, guess if upper is None else min(upper, guess))
         if upper is None:
             c = max(c, self._gallop(i, br.lo))
-        if br.hi is not None and hi_pt is not None and obs.flat_within(i, hi_pt.peak_bytes):
+        end = obs.flat_end(i, br.lo, br.hi) if br.hi is not None else None
+        if end is not None and obs.flat_within(i):
+            c = max(end, lower)             # a flat step: where it likely ends (step_end)
+        elif br.hi is not None and hi_pt is not None and obs.flat_within(i, hi_pt.peak_bytes):
             c = roundest(br.lo, br.hi, m) or lower    # a flat step: the roundest chunk in it
         elif self._stalled(f"card{i}") and br.hi is not None and c > lower:
             c = max(lower, self._unstall(f"card{i}", br.lo, br.hi))   # not halved in two probes
@@ -249,7 +252,10 @@ class MaxBatch:
                 not any(p.exact and p.chunk == 0 for p in self.obs.points[0]):
             return line.total   # card 0 may fit only with no samples (no replica): try that
         b = b if b >= lower else lower
-        if hi is not None and self.obs.flat_within(0, self._line_over_peak(line, hi)):
+        end = self._end_batch(line, lo, hi) if hi is not None and self.obs.flat_within(0) else None
+        if end is not None:
+            b = max(lower, end)             # a flat step: where it likely ends (step_end)
+        elif hi is not None and self.obs.flat_within(0, self._line_over_peak(line, hi)):
             b = max(lower, self._round_batch(line, lo, hi))   # a flat step of a staircase
         elif stalled and b > lower and hi is not None:
             b = max(lower, self._unstall(f"line{line.t}", lo, hi))    # not halved in two probes
@@ -266,6 +272,16 @@ class MaxBatch:
             return (lo + hi) // 2
         c = roundest(c_lo, c_hi, self.m)
         return (lo + hi) // 2 if c is None else lo + (c - c_lo)
+
+    def _end_batch(self, line: BatchLine, lo: int, hi: int) -> Optional[int]:
+        """The batch in ``(lo, hi)`` along ``line`` that gives card 0 the chunk where its flat
+        step likely ends (:meth:`Observations.flat_end`); ``None`` where there is none or card
+        0's chunk does not follow the batch one for one there."""
+        c_lo, c_hi = line.c0(lo), line.c0(hi)
+        if c_lo is None or c_hi is None or c_lo <= 0 or c_hi - c_lo != hi - lo:
+            return None
+        c = self.obs.flat_end(0, c_lo, c_hi)
+        return None if c is None else lo + (c - c_lo)
 
     def _line_over_peak(self, line: BatchLine, hi: int) -> Optional[int]:
         """Card 0's figure at the over point that sets ``hi``, the upper end of ``line``'s

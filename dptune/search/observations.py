@@ -34,20 +34,62 @@ from dptune.units import format_bytes
 #: chord can place).
 FLAT_RISE = 0.01
 
-#: A card whose figure, or its part over the allocated peak, falls by more than this share of
-#: its budget (and by at least :data:`FRAGMENTED_MIN` bytes) while its work grows is read as
-#: fragmented: at the reserved level the caching allocator's cached but free blocks, not the
-#: work, set its figure (the benchmarks' BatchNorm CNN reads 3.4 GB less at one more sample).
-#: A staircase of the work never falls, and its part over the allocated peak moves by one
-#: 2 MiB rounding per live block.
-FRAGMENTED_SHARE = 0.05
-FRAGMENTED_MIN = 256 * 1024 * 1024
+#: A rise at one sample this many times the slope below it is a staircase's step edge.
+EDGE_RATIO = 4
+
+#: A card whose figure falls by more than this share of its budget (and by at least
+#: :data:`FRAGMENTED_MIN` bytes) while its work grows is read as fragmented: at the reserved
+#: level the caching allocator's cached but free blocks, not the work, set its figure (the
+#: benchmarks' BatchNorm CNN reads 3.4 GB less at one more sample). A staircase of the work
+#: never falls; the margin leaves room for a real card's repeat-to-repeat spread.
+FRAGMENTED_SHARE = 0.01
+FRAGMENTED_MIN = 64 * 1024 * 1024
 
 
 def on_one_step(points: Sequence[tuple[int, int]]) -> bool:
     """The last two ``(work, figure)`` points read the same figure at different work: both
     on one flat step of a staircase (the reserved level rises in whole segments)."""
     return len(points) >= 2 and points[-1][1] == points[-2][1] and points[-1][0] != points[-2][0]
+
+
+def at_step_edge(points: Sequence[tuple[int, int]]) -> bool:
+    """The last two ``(work, figure)`` points are one sample apart and the figure rose between
+    them by more than :data:`EDGE_RATIO` times its slope from the lowest point below: one
+    sample crossed a step's edge of a staircase (a block's size passed a multiple of the
+    allocator's rounding), so the new step is flat above it and a line through the two points
+    would guess next to them."""
+    if len(points) < 3:
+        return False
+    lo, hi = sorted(points[-2:])
+    if hi[0] - lo[0] != 1 or hi[1] <= lo[1]:
+        return False
+    far = min(points[:-2])
+    if far[0] >= lo[0]:
+        return False
+    slope = (lo[1] - far[1]) / (lo[0] - far[0])
+    return hi[1] - lo[1] > EDGE_RATIO * max(slope, 0.0)
+
+
+def step_end(points: Sequence[tuple[int, int]], lo: int, hi: Optional[int]) -> Optional[int]:
+    """Where the flat step under the largest ``(work, figure)`` point likely ends: the points
+    reading its figure span ``[a, b]``; a staircase's steps are ``(m W, (m + 1) W]`` for a
+    power of two ``W`` (a block crossing a multiple of the allocator's rounding), the smallest
+    ``W`` that holds ``a`` and ``b`` in one step gives the nearest end, ``ceil(b / W) W``
+    (``b + 1``, the one-more test, when ``b`` is that end). ``None`` when no two points share
+    the figure or the end is not inside ``(lo, hi)``. A larger true ``W`` ends the step at a
+    multiple of this one: the next such probe doubles ``W``."""
+    if not points:
+        return None
+    b, top = max(points)
+    a = min(w for w, f in points if f == top)
+    if a >= b:
+        return None
+    w = 1
+    while -(-a // w) != -(-b // w):
+        w *= 2
+    end = -(-b // w) * w
+    end = b + 1 if end == b else end
+    return end if end > lo and (hi is None or end < hi) else None
 
 
 def roundest(lo: int, hi: int, min_chunk: int = 1) -> Optional[int]:
@@ -80,7 +122,8 @@ def _trailing_zeros(x: int) -> int:
     return (x & -x).bit_length() - 1
 
 
-__all__ = ["Point", "Bracket", "Observations", "next_chunk", "roundest", "on_one_step", "FLAT_RISE",
+__all__ = ["Point", "Bracket", "Observations", "next_chunk", "roundest", "step_end", "on_one_step",
+           "at_step_edge", "FLAT_RISE",
            "FRAGMENTED_SHARE", "FRAGMENTED_MIN"]
 
 
@@ -99,8 +142,6 @@ class Point:
     over: bool          # over budget or out of memory on this card
     exact: bool         # a measurement; False: a lower bound (another card failed first)
     probe: int = -1     # which probe (0-based, in the order run)
-    #: the allocated peak riding along a figure at another level (``allocated_peak_bytes``)
-    allocated: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -178,15 +219,13 @@ class Observations:
 
     def _add_points(self, r: ProbeResult, k: int, cards: Sequence[int]) -> None:
         b = r.batch_size
-        alloc = r.allocated_peak_bytes
         for i, (c, p) in enumerate(zip(r.chunk_sizes, r.peak_bytes)):
             if (i > 0 and c == 0) or i not in cards:
                 continue               # no replica ran there: nothing measured
             p = int(p)
             if r.feasible or self.exact_on_oom:
                 over = p > self.budgets[i] or r.oom_device == i
-                a = None if alloc is None or r.oom_device == i else int(alloc[i])
-                self.own[i].append(Point(c, b, p, over, True, k, a))
+                self.own[i].append(Point(c, b, p, over, True, k))
             elif r.oom_device == i:
                 self.own[i].append(Point(c, b, max(p, self.budgets[i] + 1), True, False, k))
             elif p > self.budgets[i]:   # a lower bound already over budget
@@ -258,9 +297,18 @@ class Observations:
         pts = [p for p in self.points[i] if p.exact and not p.over and p.chunk > 0]
         if i > 0:       # by chunk, one point each (its last measured)
             pts = list({p.chunk: p for p in sorted(pts, key=lambda p: p.chunk)}.values())
-        if not on_one_step([(p.chunk, p.peak_bytes) for p in pts]):
+        work = [(p.chunk, p.peak_bytes) for p in pts]
+        if not (on_one_step(work) or at_step_edge(work)):
             return False
         return hi_peak is None or hi_peak - pts[-1].peak_bytes <= FLAT_RISE * self.budgets[i]
+
+    def flat_end(self, i: int, lo: int, hi: Optional[int]) -> Optional[int]:
+        """Card ``i``'s chunk where the flat step under its largest chunk measured within
+        budget likely ends (:func:`step_end`), inside ``(lo, hi)``; ``None`` when no two of its
+        chunks within budget read that figure. Card 0's points at any batch count (its
+        figure's part that grows with the batch is taken as flat there too)."""
+        pts = [(p.chunk, p.peak_bytes) for p in self.fit_points(i) if p.exact and p.chunk > 0]
+        return step_end(pts, lo, hi)
 
     def not_monotone(self, alike: Sequence[Sequence[int]] = ()) -> Optional[str]:
         """Where the points contradict the monotone surface the certificate rests on: a card
@@ -285,16 +333,15 @@ class Observations:
         return self.fragmented()
 
     def fragmented(self) -> Optional[str]:
-        """Where fragmentation, not the work, sets a card's figure: as its work grows (card 0:
-        its chunk and the batch both at least as large, one of them larger), the figure falls,
-        or (where the probes carry the allocated peak: the reserved level) its part over the
-        allocated peak falls, by more than :data:`FRAGMENTED_SHARE` of the budget (at least
-        :data:`FRAGMENTED_MIN`), within budget or not. The allocated peak grows with the work,
-        so a shrinking part over it is cached but free memory the larger step happened to
-        reuse. A certificate's "one more sample is over" then proves nothing about larger
-        chunks. The simulator's allocator model has a BatchNorm CNN's card at 23,760 MiB
-        reserved with 3,052 samples and 20,320 MiB with 3,053 (15.8 GB allocated at both).
-        ``None`` when no card shows it."""
+        """Where fragmentation, not the work, sets a card's figure: the figure falls as the
+        card's work grows (card 0: its chunk and the batch both at least as large, one of them
+        larger) by more than :data:`FRAGMENTED_SHARE` of its budget (at least
+        :data:`FRAGMENTED_MIN`), within budget or not. A certificate's "one more sample is
+        over" then proves nothing about larger chunks. The simulator's allocator model has a
+        BatchNorm CNN's card at 23,760 MiB reserved with 3,052 samples and 20,320 MiB with
+        3,053 (15.8 GB allocated at both). (The part over the allocated peak falling is no
+        sign: a larger step's new blocks may fill cached free space while the figure still
+        grows, as card 0's gathered outputs do.) ``None`` when no card shows it."""
         for i in range(self.n):
             limit = max(FRAGMENTED_MIN, int(FRAGMENTED_SHARE * self.budgets[i]))
             pts = [p for p in self.own[i] if p.exact and p.chunk > 0]
@@ -302,18 +349,11 @@ class Observations:
                 for b in pts:
                     grows = (b.chunk >= a.chunk and b.batch >= a.batch
                              and (b.chunk, b.batch) != (a.chunk, a.batch)) if i == 0 else b.chunk > a.chunk
-                    if not grows:
-                        continue
-                    at = [f"{p.chunk} samples{f' of {p.batch}' if i == 0 else ''}" for p in (a, b)]
-                    if a.peak_bytes - b.peak_bytes > limit:
+                    if grows and a.peak_bytes - b.peak_bytes > limit:
+                        at = [f"{p.chunk} samples{f' of {p.batch}' if i == 0 else ''}" for p in (a, b)]
                         return (f"card {i} reads {format_bytes(a.peak_bytes)} at {at[0]} and "
                                 f"{format_bytes(b.peak_bytes)} at {at[1]}: its figure falls as "
                                 "its work grows")
-                    if a.allocated is not None and b.allocated is not None and \
-                            (a.peak_bytes - a.allocated) - (b.peak_bytes - b.allocated) > limit:
-                        return (f"card {i} reads {format_bytes(a.peak_bytes - a.allocated)} over its "
-                                f"allocated peak at {at[0]} and {format_bytes(b.peak_bytes - b.allocated)}"
-                                f" at {at[1]}: the cached but free part falls as its work grows")
         return None
 
     def bracket(self, i: int) -> Bracket:

@@ -263,12 +263,15 @@ def test_flat_steps_of_activations_never_past_the_answer(per_sample, cards):
 
 
 @pytest.mark.slow
-def test_the_benchmark_mlp_on_four_cards_certified_at_the_default_level():
+@pytest.mark.parametrize("cluster", ["4x24GB", "4x80GB"])
+def test_the_benchmark_mlp_on_four_cards_certified_at_the_default_level(cluster):
     """What a user gets: ``Tuner(...).fit()`` at the defaults (budget level ``reserved``) on
-    the benchmarks' wide MLP (377M parameters) on four simulated 24 GB cards, a staircase of
-    20 MiB steps every 64 samples per card. Certified within the default probes, the split
-    checked by direct probes: within every budget, and each card over at one sample more
-    (card 0: one more sample of the whole batch)."""
+    the benchmarks' wide MLP (377M parameters) on four simulated 24 GB or 80 GB cards, a
+    staircase of 20 MiB steps every 64 samples per card. Certified within the default probes,
+    the split checked by direct probes: within every budget, and each card over at one sample
+    more (card 0: one more sample of the whole batch). On 80 GB cards card 0 sits on a flat
+    step from 247,259 samples to 247,296, which the fits walked a sample or two a probe
+    (uncertified) until the search asked where the step ends (``step_end``)."""
     import warnings
 
     from benchmarks import config
@@ -281,7 +284,7 @@ def test_the_benchmark_mlp_on_four_cards_certified_at_the_default_level():
     spec = config.MODELS["MLP"]
     budget = Budget.at("reserved")
     model, sample = spec.workload_args()
-    backend = SimulatedBackend(Workload(model, sample, None, config.optimizer), parse_cluster("4x24GB"),
+    backend = SimulatedBackend(Workload(model, sample, None, config.optimizer), parse_cluster(cluster),
                                reserved=budget.reserved)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -323,10 +326,9 @@ def test_a_figure_that_falls_by_gigabytes_is_never_certified():
 
 
 def test_fragmentation_is_read_from_a_fall_as_the_work_grows():
-    """``Observations.fragmented``: a card's figure, or its part over the allocated peak where
-    the probes carry it, falling by more than 5% of its budget (at least 256 MiB) while its
-    work grows, within budget or over; never a rise, nor a fall of a few segments, nor card
-    0's figure at a larger chunk of a smaller batch."""
+    """``Observations.fragmented``: a card's figure falling by more than 1% of its budget (at
+    least 64 MiB) while its work grows, within budget or over; never a rise, nor a fall of a
+    segment or two, nor card 0's figure at a larger chunk of a smaller batch."""
     from dptune.search import Observations
 
     def obs_of(*probes):  # type: ignore[no-untyped-def]
@@ -341,21 +343,70 @@ def test_fragmentation_is_read_from_a_fall_as_the_work_grows():
     assert obs_of(((10, 100), (GiB, 30 * GiB)), ((10, 105), (GiB, 26 * GiB))).fragmented() is not None
     assert obs_of(((10, 100), (GiB, g)), ((10, 101), (GiB, g + 4 * GiB))).fragmented() is None
     assert obs_of(((10, 100), (GiB, g + 40 * MiB)), ((10, 101), (GiB, g))).fragmented() is None
+    assert obs_of(((10, 100), (GiB, g + 300 * MiB)), ((10, 101), (GiB, g))).fragmented() is not None
     # card 0 compares points whose chunk and batch both grow; none here
     assert obs_of(((100, 200), (g + 4 * GiB, g)), ((101, 150), (g, g))).fragmented() is None
     why = obs_of(((100, 200), (g + 4 * GiB, g)), ((100, 250), (g, g))).fragmented()
     assert why is not None and "card 0 reads 20.0 GiB at 100 samples of 300 and 16.0 GiB at 100 samples of 350" in why
-    # where the allocated peaks ride along (the reserved level): the part over them falling by
-    # 3 GiB while the work grows is read too, though the figure itself rises by 1 GiB
+    # the allocated peaks riding along (the reserved level) change nothing: card 0's new blocks
+    # may fill cached free space while its figure grows (the part over them falls by 3 GiB)
     o = Observations([24 * GiB] * 2, exact_on_oom=True)
-    o.add(ProbeResult((10, 100), (GiB, g), allocated_peak_bytes=(GiB, g - 4 * GiB)))
-    o.add(ProbeResult((10, 105), (GiB, g + GiB), allocated_peak_bytes=(GiB, g)))
-    why = o.fragmented()
-    assert why is not None and "card 1 reads 4.0 GiB over its allocated peak at 100 samples and 1.0 GiB at 105" in why
-    # the part over the allocated peak growing with the work: a staircase, nothing to read
-    o = Observations([24 * GiB] * 2, exact_on_oom=True)
-    o.add(ProbeResult((10, 100), (GiB, g), allocated_peak_bytes=(GiB, g - GiB)))
-    o.add(ProbeResult((10, 105), (GiB, g + 3 * GiB), allocated_peak_bytes=(GiB, g)))
+    o.add(ProbeResult((100, 100), (g, g), allocated_peak_bytes=(g - 4 * GiB, g)))
+    o.add(ProbeResult((100, 150), (g + GiB, g), allocated_peak_bytes=(g, g)))
     assert o.fragmented() is None
     # read by not_monotone, which the certificate consults
     assert obs_of(((10, 100), (GiB, g + 4 * GiB)), ((10, 105), (GiB, g + GiB))).not_monotone() is not None
+
+
+def test_a_step_edge_is_read_from_a_rise_far_above_the_slope():
+    """``at_step_edge``: the last two points one sample apart, the figure rising between them
+    by more than four times its slope from the lowest point below (a staircase's edge); never
+    a rise at the slope (a smooth figure), points further apart, a fall, or fewer than three
+    points."""
+    from dptune.search.observations import at_step_edge
+
+    # the wide MLP's card 0 at the default level: 20 MB at one sample, ~0.3 MB a sample below
+    assert at_step_edge([(4096, 100), (64384, 16_660), (64385, 16_680)])
+    assert at_step_edge([(4096, 100), (64385, 16_680), (64384, 16_660)])     # either order
+    assert not at_step_edge([(0, 0), (100, 1000), (101, 1010)])               # the slope itself
+    assert not at_step_edge([(0, 0), (100, 1000), (102, 2000)])
+    assert not at_step_edge([(0, 0), (100, 1000), (101, 990)])
+    assert not at_step_edge([(100, 1000), (101, 2000)])
+
+
+@pytest.mark.slow      # about 150 simulated steps of a 377M-parameter MLP (a minute or two)
+def test_the_wide_mlp_with_sgd_certified_and_exact_at_the_default_level():
+    """The certificate benchmark's wide MLP with SGD on 4 x 24 GB at the default level: the
+    largest batch (the bisection's B* on the surface, scanned for monotonicity around every
+    cap) found and certified within 12 probes. Card 0's figure rises by a segment at 64,385
+    samples and stays flat to 64,448; the fits walked it a sample a probe (uncertified)."""
+    from benchmarks.certificate_levels import measure_level
+
+    row = measure_level("mlp-wide/sgd", "reserved")
+    assert row["monotone"] and row["split_fits"]
+    assert row["best_exact"] and row["certified"] and row["probes"] <= 12, row["notes"]
+
+
+def test_step_end_against_brute_force():
+    """``step_end``: on staircases whose steps are ``(m W, (m + 1) W]`` for a power of two
+    ``W``, two points of one step give a chunk above the larger point and never past the step's
+    end (the end itself when ``W`` is the smallest power of two holding both); when the larger
+    point is the end, the one-more test."""
+    from dptune.search.observations import step_end
+
+    rng = random.Random(3)
+    for _ in range(2000):
+        w = 1 << rng.randint(0, 9)
+        m = rng.randint(1, 5000)
+        first, last = m * w + 1, (m + 1) * w
+        a, b = sorted(rng.sample(range(first, last + 1), 2)) if w > 1 else (first, first)
+        if a == b:
+            assert step_end([(a, 7)], 0, None) is None
+            continue
+        got = step_end([(a - w, 5), (a, 7), (b, 7)], 0, None)
+        assert got is not None
+        if b == last:
+            assert got == b + 1                   # b is the end: the one-more test
+        else:
+            assert b < got <= last                # above what is known, never past the end
+        assert step_end([(a, 7), (b, 7)], got, None) is None        # not inside (lo, hi)
