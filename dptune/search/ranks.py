@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from dptune.errors import NoFeasibleSplitError
-from dptune.search.observations import FRAGMENTED_MIN, FRAGMENTED_SHARE, Bracket, on_one_step, roundest
+from dptune.search.observations import (FRAGMENTED_MIN, FRAGMENTED_SHARE, Bracket, on_one_step, roundest,
+                                        step_end)
 from dptune.solve.memory import MIN_SLOPE_BYTES, Fit, fit_affine, solve_balance
 from dptune.units import format_bytes
 
@@ -252,13 +253,15 @@ def beyond_the_ranks(obs: RankObservations, run: Runner, global_batch: int,
 def _next_batch(obs: RankObservations, r: int, bisect: bool, limit: Optional[int],
                 staircase: bool) -> int:
     """Rank r's next probe inside its open bracket: on a flat step of a staircase (its two
-    largest batches within budget read the same peak) its roundest batch
+    largest batches within budget read the same peak) where the step likely ends
+    (:func:`dptune.search.observations.step_end`) or its roundest batch
     (:func:`dptune.search.observations.roundest`), else the bracket's middle (``bisect``, or
     on a staircase), else where its fit meets the budget, at most 64x past what is known to
     fit."""
     lo, hi = obs.lo(r), obs.hi(r)
-    if hi is not None and staircase and _flat(obs, r):     # a flat step: see roundest
-        return roundest(lo, hi, obs.m) or (lo + hi) // 2
+    if hi is not None and staircase and _flat(obs, r):     # a flat step: see step_end, roundest
+        fit = [(p.batch_size, p.peak_bytes) for p in obs.of(r) if p.fits and p.peak_bytes is not None]
+        return step_end(fit, lo, hi) or roundest(lo, hi, obs.m) or (lo + hi) // 2
     if hi is not None and (bisect or staircase):
         return (lo + hi) // 2
     x = max(cap_of(obs.fit(r, lo), obs.budgets[r]), lo + 1)
