@@ -46,6 +46,12 @@ FRAGMENTED_SHARE = 0.01
 FRAGMENTED_MIN = 64 * 1024 * 1024
 
 
+def fall_limit(budget: int) -> int:
+    """How far a card's figure may fall as its work grows before it is read as fragmented
+    (:data:`FRAGMENTED_SHARE` of its budget, at least :data:`FRAGMENTED_MIN`)."""
+    return max(FRAGMENTED_MIN, int(FRAGMENTED_SHARE * budget))
+
+
 def on_one_step(points: Sequence[tuple[int, int]]) -> bool:
     """The last two ``(work, figure)`` points read the same figure at different work: both
     on one flat step of a staircase (the reserved level rises in whole segments)."""
@@ -123,8 +129,7 @@ def _trailing_zeros(x: int) -> int:
 
 
 __all__ = ["Point", "Bracket", "Observations", "next_chunk", "roundest", "step_end", "on_one_step",
-           "at_step_edge", "FLAT_RISE",
-           "FRAGMENTED_SHARE", "FRAGMENTED_MIN"]
+           "at_step_edge", "fall_limit", "FLAT_RISE", "FRAGMENTED_SHARE", "FRAGMENTED_MIN"]
 
 
 def next_chunk(c: int, min_chunk: int) -> int:
@@ -343,7 +348,7 @@ class Observations:
         sign: a larger step's new blocks may fill cached free space while the figure still
         grows, as card 0's gathered outputs do.) ``None`` when no card shows it."""
         for i in range(self.n):
-            limit = max(FRAGMENTED_MIN, int(FRAGMENTED_SHARE * self.budgets[i]))
+            limit = fall_limit(self.budgets[i])
             pts = [p for p in self.own[i] if p.exact and p.chunk > 0]
             for a in pts:
                 for b in pts:

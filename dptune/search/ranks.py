@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from dptune.errors import NoFeasibleSplitError
-from dptune.search.observations import (FRAGMENTED_MIN, FRAGMENTED_SHARE, Bracket, on_one_step, roundest,
-                                        step_end)
+from dptune.search.observations import Bracket, fall_limit, on_one_step, roundest, step_end
 from dptune.solve.memory import MIN_SLOPE_BYTES, Fit, fit_affine, solve_balance
 from dptune.units import format_bytes
 
@@ -100,15 +99,14 @@ class RankObservations:
         """Where a rank's probes contradict the monotone surface its certificate rests on: a
         batch measured within budget above one measured over (the reserved level can do this:
         fragmentation decides whether a freed block is reused), or a rank's peak falling as
-        its batch grows by more than :data:`~dptune.search.observations.FRAGMENTED_SHARE` of
-        its budget (at least ``FRAGMENTED_MIN``; see
+        its batch grows by more than :func:`~dptune.search.observations.fall_limit` (see
         :meth:`dptune.search.observations.Observations.fragmented`). ``None`` when none does."""
         for r in range(self.n):
             hi = self.hi(r)
             if hi is not None and self.lo(r) > hi:
                 return f"rank {r} fits at {self.lo(r)} samples and is over at {hi}"
         for r in range(self.n):
-            limit = max(FRAGMENTED_MIN, int(FRAGMENTED_SHARE * self.budgets[r]))
+            limit = fall_limit(self.budgets[r])
             pts = [(p.batch_size, p.peak_bytes) for p in self.of(r) if p.peak_bytes is not None]
             for b0, p0 in pts:
                 for b1, p1 in pts:
