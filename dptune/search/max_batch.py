@@ -182,8 +182,8 @@ class MaxBatch:
         c = max(lower, guess if upper is None else min(upper, guess))
         if upper is None:
             c = max(c, self._gallop(i, br.lo))
-        end = obs.flat_end(i, br.lo, br.hi) if br.hi is not None else None
-        if end is not None and obs.flat_within(i):
+        end = obs.flat_end(i, br.lo, br.hi) if br.hi is not None and obs.flat_within(i) else None
+        if end is not None:
             c = max(end, lower)             # a flat step: where it likely ends (step_end)
         elif br.hi is not None and hi_pt is not None and obs.flat_within(i, hi_pt.peak_bytes):
             c = roundest(br.lo, br.hi, m) or lower    # a flat step: the roundest chunk in it
