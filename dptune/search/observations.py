@@ -52,6 +52,19 @@ def fall_limit(budget: int) -> int:
     return max(FRAGMENTED_MIN, int(FRAGMENTED_SHARE * budget))
 
 
+def first_fall(points: Sequence[tuple[tuple[int, ...], int]], limit: int
+               ) -> Optional[tuple[int, int]]:
+    """The first pair ``(a, b)`` of indices into ``points`` (``(work, figure)``, the work a
+    tuple: a card's chunk, card 0's chunk and batch, a rank's batch) where the work grows from
+    ``a`` to ``b`` (every coordinate at least as large, one larger) and the figure falls by
+    more than ``limit`` bytes; ``None`` when none does."""
+    for ia, (wa, fa) in enumerate(points):
+        for ib, (wb, fb) in enumerate(points):
+            if fa - fb > limit and wb != wa and all(x <= y for x, y in zip(wa, wb)):
+                return ia, ib
+    return None
+
+
 def on_one_step(points: Sequence[tuple[int, int]]) -> bool:
     """The last two ``(work, figure)`` points read the same figure at different work: both
     on one flat step of a staircase (the reserved level rises in whole segments)."""
@@ -98,6 +111,27 @@ def step_end(points: Sequence[tuple[int, int]], lo: int, hi: Optional[int]) -> O
     return end if end > lo and (hi is None or end < hi) else None
 
 
+def step_start(points: Sequence[tuple[int, int]], lo: int, hi: Optional[int]) -> Optional[int]:
+    """Where the flat step over the smallest ``(work, figure)`` point likely starts (the mirror
+    of :func:`step_end`, for probes over budget): the points reading its figure span
+    ``[a, b]``; the smallest power of two ``W`` that holds them in one step ``(m W, (m + 1)
+    W]`` gives its nearest start ``m W + 1`` (``a - 1`` when ``a`` is that start: the last
+    sample of the step below). ``None`` when no two points share the figure or the start is not
+    inside ``(lo, hi)``."""
+    if not points:
+        return None
+    a, low = min(points)
+    b = max(w for w, f in points if f == low)
+    if a >= b:
+        return None
+    w = 1
+    while -(-a // w) != -(-b // w):
+        w *= 2
+    start = (-(-a // w) - 1) * w + 1
+    start = a - 1 if start == a else start
+    return start if start > lo and (hi is None or start < hi) else None
+
+
 def roundest(lo: int, hi: int, min_chunk: int = 1) -> Optional[int]:
     """The chunk strictly between ``lo`` and ``hi`` with the most trailing zero bits (the
     nearest the middle among those); ``lo + 1`` instead when ``lo`` is rounder than all of them
@@ -124,12 +158,41 @@ def roundest(lo: int, hi: int, min_chunk: int = 1) -> Optional[int]:
     return best
 
 
+def round_middle(lo: int, hi: int, min_chunk: int = 1) -> Optional[int]:
+    """A bisection step for a staircase: the batch with the most trailing zero bits in the
+    middle half of ``(lo, hi)`` (the nearest the middle among those), so each probe keeps at
+    most three quarters of the bracket and lands where steps rise (see :func:`roundest`).
+    ``None`` when there is nothing between."""
+    first = max(lo + 1, min_chunk)
+    if first >= hi:
+        return None
+    quarter = (hi - lo) // 4
+    return _roundest_in(max(first, lo + quarter), max(first, hi - 1 - quarter), (lo + hi) / 2)
+
+
+def roundest_near(x: int, lo: int, hi: int, width: int) -> int:
+    """The batch with the most trailing zero bits within ``width`` of ``x`` and strictly
+    inside ``(lo, hi)`` (the nearest ``x`` among those); ``x`` must be inside."""
+    return _roundest_in(max(lo + 1, x - width), min(hi - 1, x + width), x)
+
+
+def _roundest_in(a: int, b: int, mid: float) -> int:
+    """The integer of ``[a, b]`` with the most trailing zero bits, the nearest ``mid``."""
+    for k in range(b.bit_length(), -1, -1):
+        step = 1 << k
+        c = -(-a // step) * step
+        if c <= b:
+            below = c + (max(0, int(mid) - c) // step) * step
+            return min((x for x in (below, below + step) if a <= x <= b), key=lambda x: (abs(x - mid), x))
+    return a
+
+
 def _trailing_zeros(x: int) -> int:
     return (x & -x).bit_length() - 1
 
 
-__all__ = ["Point", "Bracket", "Observations", "next_chunk", "roundest", "step_end", "on_one_step",
-           "at_step_edge", "fall_limit", "FLAT_RISE", "FRAGMENTED_SHARE", "FRAGMENTED_MIN"]
+__all__ = ["Point", "Bracket", "Observations", "next_chunk", "roundest", "round_middle", "roundest_near", "step_end", "step_start", "on_one_step",
+           "at_step_edge", "fall_limit", "first_fall", "FLAT_RISE", "FRAGMENTED_SHARE", "FRAGMENTED_MIN"]
 
 
 def next_chunk(c: int, min_chunk: int) -> int:
@@ -348,17 +411,15 @@ class Observations:
         sign: a larger step's new blocks may fill cached free space while the figure still
         grows, as card 0's gathered outputs do.) ``None`` when no card shows it."""
         for i in range(self.n):
-            limit = fall_limit(self.budgets[i])
             pts = [p for p in self.own[i] if p.exact and p.chunk > 0]
-            for a in pts:
-                for b in pts:
-                    grows = (b.chunk >= a.chunk and b.batch >= a.batch
-                             and (b.chunk, b.batch) != (a.chunk, a.batch)) if i == 0 else b.chunk > a.chunk
-                    if grows and a.peak_bytes - b.peak_bytes > limit:
-                        at = [f"{p.chunk} samples{f' of {p.batch}' if i == 0 else ''}" for p in (a, b)]
-                        return (f"card {i} reads {format_bytes(a.peak_bytes)} at {at[0]} and "
-                                f"{format_bytes(b.peak_bytes)} at {at[1]}: its figure falls as "
-                                "its work grows")
+            fall = first_fall([((p.chunk, p.batch) if i == 0 else (p.chunk,), p.peak_bytes)
+                               for p in pts], fall_limit(self.budgets[i]))
+            if fall is not None:
+                a, b = (pts[k] for k in fall)
+                at = [f"{p.chunk} samples{f' of {p.batch}' if i == 0 else ''}" for p in (a, b)]
+                return (f"card {i} reads {format_bytes(a.peak_bytes)} at {at[0]} and "
+                        f"{format_bytes(b.peak_bytes)} at {at[1]}: its figure falls as "
+                        "its work grows")
         return None
 
     def bracket(self, i: int) -> Bracket:

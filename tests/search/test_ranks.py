@@ -101,3 +101,21 @@ def test_flat_steps_of_a_rank_staircase_close_at_the_cap(step_samples):
     for r, budget in enumerate(budgets):
         want = max(b for b in range(1, 400_000) if peak(r, b) <= budget)
         assert obs.lo(r) == want and obs.hi(r) == want + 1
+
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_rank_staircases_close_at_their_caps_from_one_sample(seed):
+    """The reserved level's staircases from the planner's start (every rank at one sample):
+    every bracket closes at the rank's cap (bisection of the rising surface), certified,
+    within 40 rounds (``benchmarks.rank_staircases`` counts them)."""
+    from benchmarks.rank_staircases import exact_cap, layered_staircase
+
+    peak, budgets = layered_staircase(seed)
+    obs = RankObservations(budgets, 1)
+    run = _runner(obs, peak)
+    run([1] * len(budgets))
+    assert bracket_ranks(obs, run, 40, None, staircase=True)
+    for r, budget in enumerate(budgets):
+        cap = exact_cap(peak, r, budget)
+        assert obs.lo(r) == cap and obs.hi(r) == cap + 1

@@ -387,6 +387,48 @@ def test_the_wide_mlp_with_sgd_certified_and_exact_at_the_default_level():
     assert row["best_exact"] and row["certified"] and row["probes"] <= 12, row["notes"]
 
 
+def test_step_start_against_brute_force():
+    """``step_start``, the mirror of ``step_end`` for probes over budget: on staircases whose
+    steps are ``(m W, (m + 1) W]`` for a power of two ``W``, two overs of one step give a
+    batch below the smaller one and never below the step's start (the start itself when
+    ``W`` is the smallest power of two holding both); when the smaller over is the start, the
+    last batch of the step below."""
+    from dptune.search.observations import step_start
+
+    rng = random.Random(5)
+    for _ in range(2000):
+        w = 1 << rng.randint(1, 9)
+        m = rng.randint(1, 5000)
+        first, last = m * w + 1, (m + 1) * w
+        a, b = sorted(rng.sample(range(first, last + 1), 2))
+        got = step_start([(a, 7), (b, 7), (b + w, 9)], 0, None)
+        assert got is not None
+        if a == first:
+            assert got == a - 1                   # a starts the step: the step below's last
+        else:
+            assert first <= got < a               # below what is known, never past the start
+        assert step_start([(a, 7), (b, 7)], 0, got) is None         # not inside (lo, hi)
+        assert step_start([(a, 7), (b, 8)], 0, None) is None        # no two share a figure
+
+
+def test_round_middle_keeps_at_most_three_quarters_of_the_bracket():
+    """Every ``round_middle`` probe lies inside the bracket's middle half, so either answer
+    keeps at most three quarters of it, and no batch of that half is rounder."""
+    from dptune.search.observations import _trailing_zeros, round_middle
+
+    rng = random.Random(11)
+    for _ in range(3000):
+        lo = rng.randint(0, 100_000)
+        hi = lo + rng.randint(2, 20_000)
+        x = round_middle(lo, hi)
+        assert x is not None and lo < x < hi
+        w = hi - lo
+        assert max(hi - x, x - lo) <= w - w // 4
+        half = range(max(lo + 1, lo + w // 4), hi - w // 4)
+        assert all(_trailing_zeros(y) <= _trailing_zeros(x) for y in half)
+    assert round_middle(5, 6) is None
+
+
 def test_step_end_against_brute_force():
     """``step_end``: on staircases whose steps are ``(m W, (m + 1) W]`` for a power of two
     ``W``, two points of one step give a chunk above the larger point and never past the step's
