@@ -6,7 +6,11 @@ points at this batch, chunk 0 apart); solve for the split that minimises the lar
 (:func:`dptune.solve.memory.solve_balance`), with every card capped below a chunk measured over
 budget; verify it with a probe. When the probe matches its prediction within ``tolerance``,
 one more probe certifies it: every card whose next chunk is not yet known to reach the
-largest share is given one more sample (the heaviest card gives them).
+largest share is given one more sample (the heaviest card gives them). Where a card's figure
+rises in steps (two chunks measured with one figure: the reserved level), one more sample
+stays on the step, and the probe tests the largest share ``L`` instead
+(:meth:`Balance._level_test`): every card at the same fraction of the range where its last
+chunk below ``L`` lies, so each probe narrows every card's range at once.
 
 The certificate (:meth:`Balance.proven`): for a share level ``L``, each card may take at
 most the chunk before the first one measured at or above ``L`` (memory is non-decreasing);
@@ -25,6 +29,7 @@ nothing worth the change (one probe when the even split's own shares are that cl
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 from dptune.solve import memory as solver
@@ -148,9 +153,64 @@ class Balance:
             return None
         return tuple(split)
 
+    def _on_steps(self) -> bool:
+        """Some card was measured at two chunks (card 0: at this batch) with one figure: its
+        figure rises in steps (the reserved level), where one more sample tells little."""
+        for i in range(self.n):
+            seen: dict[int, int] = {}
+            for p in self.obs.points[i]:
+                if p.exact and p.chunk > 0 and (i > 0 or p.batch == self.B):
+                    if seen.setdefault(p.peak_bytes, p.chunk) != p.chunk:
+                        return True
+        return False
+
+    def _level_test(self, r: ProbeResult) -> Optional[tuple[int, ...]]:
+        """A split that tests whether every card fits below the largest share ``L`` of ``r``.
+        Each card's largest chunk below ``L`` lies between the largest measured below it
+        (``lo``) and the chunk before the first measured at or above it (``hi``; from its line
+        where none is); its line puts it at ``t`` in that range. When the ``t`` add up to the
+        batch or more, the cards take the same fraction of ``[lo, t]`` (the probe may find a
+        split below ``L``); else they take ``t`` and share the rest in proportion to
+        ``(t, hi]`` (the probe may find the certificate: the ``hi`` adding up to less than the
+        batch). Either way each card the probe finds at or above ``L`` lowers its ``hi`` and
+        each below it raises its ``lo``, where one more sample per card can stay on a flat
+        step of the staircase. ``None`` when the ranges leave nothing to test."""
+        level = max(self.obs.shares(r))
+        lows, tops, highs = [], [], []
+        cf = CardFits(self.obs, across_steps=True)
+        for i in range(self.n):
+            bud = self.obs.budgets[i]
+            if bud <= 0:
+                return None
+            below = [p.chunk for p in self.obs.points[i] if p.exact and card_in_use(i, p.chunk)
+                     and (i > 0 or p.batch >= self.B) and p.peak_bytes / bud < level]
+            lo = max(below, default=0)
+            f = self.first_at(i, level)
+            line = cf.card0_line(max(lo, 1), self.B) if i == 0 else cf.card_line(i, max(lo, 1))
+            guess = None if line is None or line.slope <= 0 else \
+                math.ceil((level * bud - line.intercept) / line.slope)
+            if f is None:
+                if guess is None:
+                    return None
+                f = max(lo + 1, guess)
+            hi = max(lo, f - 1)
+            lows.append(lo)
+            highs.append(hi)
+            tops.append(hi if guess is None else min(hi, max(lo, guess - 1)))
+        if sum(highs) < self.B or sum(highs) == sum(lows):
+            return None
+        if sum(tops) >= self.B:
+            split = _spread(lows, tops, self.B - sum(lows))
+        else:
+            split = _spread(tops, highs, self.B - sum(tops))
+        key = spread(_fix_batchnorm(split, self.m), self.obs.groups, self.m)
+        if sum(key) != self.B or not valid_split(key, self.m) or key in self.obs.by_split:
+            return None
+        return key
+
     # ---- fits -------------------------------------------------------------------------
     def fits(self, target: Sequence[int]) -> Optional[list[solver.Fit]]:
-        cf = CardFits(self.obs)
+        cf = CardFits(self.obs, across_steps=True)
         out: list[solver.Fit] = []
         for i in range(self.n):
             if i == 0:
@@ -253,6 +313,11 @@ class Balance:
             return Proposal(s, "alike") if s not in obs.by_split else None
         good = (best is not None and last is best and last.purpose in ("verify", "refine")
                 and self.error(last) <= self.tol)
+        # fits that missed twice (a cliff in a card's figure, say): the level tests lead
+        misled = sum(p.purpose == "refine" and self.error(p) > self.tol for p in obs.probes) >= 2
+        test = self._level_test(best) if misled and best is not None else None
+        if test is not None:
+            return Proposal(test, "certify")
         if not good:
             prop = self._solve(last)
             if prop is not None:
@@ -260,7 +325,7 @@ class Balance:
             if best is None:
                 return None
         assert best is not None
-        cert = self._certificate_split(best)
+        cert = (self._level_test(best) if self._on_steps() else None) or self._certificate_split(best)
         if cert is None or cert in obs.by_split:
             return self._solve(last) if good else None
         return Proposal(cert, "certify")
@@ -345,3 +410,17 @@ def _fix_batchnorm(split: list[int], m: int) -> list[int]:
             split[k] += split[j]
             split[j] = 0
     return split
+
+
+def _spread(lows: Sequence[int], highs: Sequence[int], extra: int) -> list[int]:
+    """``lows`` plus ``extra`` samples shared in proportion to each ``highs - lows`` (none past
+    its high; the remainder one by one, most room first)."""
+    span = sum(h - lo for lo, h in zip(lows, highs))
+    out = [lo + (extra * (h - lo)) // span if span > 0 else lo for lo, h in zip(lows, highs)]
+    left = extra - (sum(out) - sum(lows))
+    while left > 0 and any(o < h for o, h in zip(out, highs)):
+        for i in sorted(range(len(out)), key=lambda i: (out[i] - highs[i], i)):
+            if left > 0 and out[i] < highs[i]:
+                out[i] += 1
+                left -= 1
+    return out

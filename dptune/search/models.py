@@ -42,11 +42,13 @@ class Line:
         return self.intercept + self.slope * x
 
 
-def secant(pts: Sequence[tuple[int, float]], target: int) -> Optional[Line]:
+def secant(pts: Sequence[tuple[int, float]], target: int, across_steps: bool = False) -> Optional[Line]:
     """The line through the point nearest ``target`` and the next nearest with another x
     (None if fewer). When ``target`` lies far from both, the second point is taken at least
     a quarter of that distance away (a slope over a sample or two, extrapolated far, turns
-    the allocator's rounding into a large error)."""
+    the allocator's rounding into a large error). ``across_steps``: when the two read the
+    same figure (one flat step of the reserved level's staircase), the nearest point with
+    another figure is taken instead, where there is one."""
     if not pts:
         return None
     order = sorted(pts, key=lambda p: (abs(p[0] - target), -p[0]))
@@ -57,6 +59,8 @@ def secant(pts: Sequence[tuple[int, float]], target: int) -> Optional[Line]:
         b = next((p for p in order if p[0] != a[0]), None)
     if b is None:
         return None
+    if across_steps and b[1] == a[1]:    # both on one flat step of a staircase: its slope says nothing
+        b = next((p for p in order if p[0] != a[0] and p[1] != a[1]), b)
     slope = (b[1] - a[1]) / (b[0] - a[0])
     return Line(a[1] - slope * a[0], slope)
 
@@ -72,8 +76,11 @@ def chord_cap(lo: tuple[int, float], hi: tuple[int, float], budget: float) -> in
 class CardFits:
     """Per-card predictions from the observations as they stand (rebuilt after each probe)."""
 
-    def __init__(self, obs: Observations):
+    def __init__(self, obs: Observations, across_steps: bool = False):
         self.obs = obs
+        #: secants near a target step off a flat step (:func:`secant`); the balance's
+        #: solver, which reads a flat line as free room, asks for it
+        self.across_steps = across_steps
         self.n = obs.n
         self.g = self._batch_slope()
         others = [s for s in (self._slope(i) for i in range(1, self.n)) if s is not None]
@@ -123,7 +130,7 @@ class CardFits:
     def card_line(self, i: int, target: int) -> Optional[Line]:
         """Card ``i >= 1`` near chunk ``target``: a secant, or one point and the others' slope."""
         pts = [(p.chunk, float(p.peak_bytes)) for p in self._exact(i)]
-        line = secant(pts, target)
+        line = secant(pts, target, self.across_steps)
         if line is not None:
             return Line(line.intercept, max(line.slope, MIN_SLOPE_BYTES))
         if pts and self.median_slope is not None:
@@ -150,7 +157,7 @@ class CardFits:
             same = [p for p in pts if p.batch == batch]
             pts = same or pts
         adj = [(p.chunk, p.peak_bytes - g * p.batch) for p in pts]
-        line = secant(adj, target)
+        line = secant(adj, target, self.across_steps)
         if line is None and adj:
             near = min(adj, key=lambda a: abs(a[0] - target))
             s = self.median_slope if self.median_slope is not None else 0.0
