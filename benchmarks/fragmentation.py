@@ -6,8 +6,10 @@ peak is set by fragmentation rather than by the work.
 other cards at each chunk; per chunk card ``--card``'s allocated peak, its reserved peak with
 the default allocator and with ``expandable_segments:True``, each from a replay of its
 set-up, a warm-up step and the measured step without a capacity limit (the figure the
-default budget level checks, less NCCL's buffers). Estimated, not measured on a card. The
-BatchNorm CNN of ``make bench`` swings by 3.4 GB between neighbouring chunks with the default
+default budget level checks, less NCCL's buffers), and the least memory the default
+allocator runs the step in when it may free its cache and retry a ``cudaMalloc`` (what a card
+needs for it, at the cost of a cache flush in every step). Estimated, not measured on a card.
+The BatchNorm CNN of ``make bench`` swings by 3.4 GB between neighbouring chunks with the default
 allocator and not with expandable segments (see ``docs/guides/reserved-level-search.md``).
 """
 
@@ -22,12 +24,14 @@ from benchmarks import config
 MiB = 2**20
 
 
-def figures(model: str, cluster: str, card: int, chunks: Sequence[int]) -> list[tuple[int, int, int, int]]:
+def figures(model: str, cluster: str, card: int, chunks: Sequence[int]) -> list[tuple[int, int, int, int, int]]:
     """Per chunk: (chunk, allocated peak, reserved peak, reserved peak with expandable
-    segments), bytes, from the probes' ``memory_stats`` (torch's key names)."""
+    segments, the least memory the default allocator runs the step in when it may free its
+    cache and retry), bytes, the peaks from the probes' ``memory_stats`` (torch's key
+    names), the last from :func:`~dptune.backends.simulated.reserved.least_capacity`."""
     from dptune.backends.simulated import SimulatedBackend, parse_cluster
     from dptune.backends.simulated.allocator import AllocatorConfig
-    from dptune.backends.simulated.reserved import ReservedModel
+    from dptune.backends.simulated.reserved import ReservedModel, least_capacity
     from dptune.step.workload import Workload
 
     spec = config.MODELS[model]
@@ -39,9 +43,11 @@ def figures(model: str, cluster: str, card: int, chunks: Sequence[int]) -> list[
     out = []
     for c in chunks:
         split = [max(2, spec.hint_per_card)] + [c] * (n - 1)
-        a, b = (be.probe(split).memory_stats[card] for be in (plain, grown))
+        a = plain.probe(split).memory_stats[card]
+        need = least_capacity(plain.allocator_traces(card))
+        b = grown.probe(split).memory_stats[card]
         out.append((c, a["allocated_bytes.all.peak"], a["reserved_bytes.all.peak"],
-                    b["reserved_bytes.all.peak"]))
+                    b["reserved_bytes.all.peak"], need))
     return out
 
 
@@ -54,10 +60,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     lo, hi = (int(x) for x in args.chunks.split(":"))
     print(f"| samples on card {args.card} | allocated peak (MiB) | reserved peak (MiB) | "
-          "with expandable_segments:True (MiB) |")
-    print("|---|---|---|---|")
-    for c, a, r, e in figures(args.model, args.cluster, args.card, range(lo, hi + 1)):
-        print(f"| {c:,} | {a // MiB:,} | {r // MiB:,} | {e // MiB:,} |", flush=True)
+          "with expandable_segments:True (MiB) | least reserved it runs in, retrying (MiB) |")
+    print("|---|---|---|---|---|")
+    for c, a, r, e, need in figures(args.model, args.cluster, args.card, range(lo, hi + 1)):
+        print(f"| {c:,} | {a // MiB:,} | {r // MiB:,} | {e // MiB:,} | {need // MiB:,} |", flush=True)
     return 0
 
 

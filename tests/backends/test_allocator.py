@@ -391,3 +391,39 @@ def test_blocks_belong_to_their_stream():
     assert a.reserved == 24 * MiB
     a.malloc("in2", 12 * MiB, stream=1)                 # the copy stream's own block
     assert a.reserved == 24 * MiB
+
+
+def test_least_capacity_against_every_capacity():
+    """``least_capacity``: the first capacity (in 2 MiB steps) at which the replay runs
+    without running out, found by scanning every capacity from the allocated peak up; at
+    most the reserved peak without a limit: a step that needs a 20 MiB block no cached one
+    holds runs in less than that peak by freeing them."""
+    from dptune.backends.simulated.reserved import least_capacity
+
+    # two 12 MiB blocks (each its own segment: over kMinLargeAlloc, a multiple of 2 MiB),
+    # freed, then one of 20 MiB: without a limit a third segment (12 + 12 + 20 MiB); with 24
+    # MiB the cache is freed and the 20 MiB cut from the room left (one retry); 22 MiB cannot
+    # hold the two 12 MiB blocks live together
+    trace = [Event(0, 12 * MiB), Event(1, 12 * MiB), Event(0, -1), Event(1, -1), Event(2, 20 * MiB)]
+    free = replay([trace], BIG)
+    assert free.reserved_peak == 44 * MiB and free.allocated_peak == 24 * MiB
+    need = least_capacity([trace])
+    scan = next(c for c in range(0, 64 * MiB, 2 * MiB) if not replay([trace], c).num_ooms)
+    assert need == scan == 24 * MiB
+    assert replay([trace], need).num_alloc_retries == 1
+    rng = random.Random(7)
+    for _ in range(30):                     # random traces: the bisection finds the scan's answer
+        live: list[int] = []
+        events = []
+        for k in range(40):
+            if live and rng.random() < 0.4:
+                events.append(Event(live.pop(rng.randrange(len(live))), -1))
+            else:
+                events.append(Event(k, rng.choice([1, 3, 9, 21, 40]) * MiB + rng.randint(0, MiB)))
+                live.append(k)
+        free = replay([events], BIG)
+        scan = next(c for c in range(0, free.reserved_peak + 4 * MiB, 2 * MiB)
+                    if not replay([events], c).num_ooms)
+        got = least_capacity([events])
+        assert free.allocated_peak <= got <= free.reserved_peak + 2 * MiB
+        assert not replay([events], got).num_ooms and got == scan

@@ -18,7 +18,9 @@ from dptune.step import tree as _tree
 from dptune._torch_private import fake_tensor_mode, new_shape_env
 from dptune.backends.base import Capabilities, ModelFacts, ProbeResult
 from dptune.hardware.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
-from dptune.backends.simulated.reserved import ReservedFigures, ReservedModel, TraceRecorder, level_settings
+from dptune.backends.simulated.allocator import Event
+from dptune.backends.simulated.reserved import (ReservedFigures, ReservedModel, TraceRecorder, canonical_traces,
+                                                level_settings)
 from dptune.hardware.speeds import cluster_speeds
 from dptune.backends.simulated import sdpa as _sdpa
 from dptune.backends.simulated.autocast import cuda_autocast
@@ -447,6 +449,15 @@ class SimulatedBackend:
                            oom_device=oom, breakdown=tuple(est.breakdown), seconds=est.seconds,
                            note="; ".join(("simulated",) + est.notes),
                            unread_outputs=est.unread_outputs, **extra)
+
+    def allocator_traces(self, card: int) -> list[list[Event]]:
+        """Card ``card``'s allocator traces of the last probe, as the reserved level replays
+        them: the set-up, the step as warm-up, the step measured (ids renamed in order of
+        first use); empty without an allocator model (``reserved=``) or a probe."""
+        if self._recorder is None or not self._step_trace:
+            return []
+        return [list(t) for t in canonical_traces([self._recorder.events[card], self._step_trace[card],
+                                             self._step_trace[card]])]
 
     def close(self) -> None:
         self._ledger = self._module = self._optimizer = None

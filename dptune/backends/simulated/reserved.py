@@ -37,7 +37,7 @@ from dptune.errors import UsageError
 from dptune.units import format_bytes
 
 __all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "level_settings", "advice_lines",
-           "merge_rank_probes",
+           "merge_rank_probes", "least_capacity", "canonical_traces",
            "predict_steps"]
 
 #: reserved over allocated by this share (and by at least 256 MiB) calls for the advice
@@ -147,7 +147,7 @@ class ReservedModel:
                                        num_alloc_retries=s.num_alloc_retries)
 
         # like cards (the same capacity, the same trace up to the ids' names) replay once
-        jobs = [(_canonical([setup[i], *(w[i] for w in before), step[i]]),
+        jobs = [(canonical_traces([setup[i], *(w[i] for w in before), step[i]]),
                  max(0, d.available_bytes - nccl)) for i, d in enumerate(devices)]
 
         def run(cfg: AllocatorConfig) -> tuple[AllocatorStats, ...]:
@@ -165,7 +165,30 @@ class ReservedModel:
         return ReservedFigures(stats, total, nccl, expandable, time.perf_counter() - t0, replays)
 
 
-def _canonical(traces: Sequence[Sequence[Event]]) -> tuple[tuple[Event, ...], ...]:
+def least_capacity(traces: Sequence[Sequence[Event]], config: Optional[AllocatorConfig] = None,
+                   granularity: int = 2 * 1024 * 1024) -> int:
+    """The least memory (bytes, a multiple of ``granularity``) the allocator may reserve and
+    still run ``traces`` (set-up, warm-up steps, the measured step) without running out of
+    memory, freeing its cache and retrying where it must (``num_alloc_retries``): what a card
+    needs for the step, at most the reserved peak without a limit, at least the allocated
+    peak. By bisection over replays (running out is monotone in the capacity for one trace
+    only approximately; the bisection reads it as monotone). The reserved level's figure is
+    the peak without a limit, which a step that has to retry exceeds (see
+    ``benchmarks.fragmentation``)."""
+    cfg = config or AllocatorConfig()
+    free = replay(traces, 1 << 62, cfg, measure_from=len(traces) - 1)
+    lo = max(0, free.allocated_peak // granularity - 1)     # runs out at lo * granularity
+    hi = -(-free.reserved_peak // granularity)              # runs at hi * granularity
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if replay(traces, mid * granularity, cfg, measure_from=len(traces) - 1).num_ooms:
+            lo = mid
+        else:
+            hi = mid
+    return hi * granularity
+
+
+def canonical_traces(traces: Sequence[Sequence[Event]]) -> tuple[tuple[Event, ...], ...]:
     """The traces with their ids renamed 0, 1, 2, ... in order of first use: two cards whose
     traces differ only in the ids' names (each card's storages have their own) replay alike,
     as the replay uses an id only to pair a free with its malloc."""
