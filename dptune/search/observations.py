@@ -89,6 +89,23 @@ def at_step_edge(points: Sequence[tuple[int, int]]) -> bool:
     return hi[1] - lo[1] > EDGE_RATIO * max(slope, 0.0)
 
 
+def _flat_span(points: Sequence[tuple[int, int]], at: Optional[tuple[int, int]]
+               ) -> Optional[tuple[int, int, int]]:
+    """``(a, b, W)``: the least and the most work of the points reading the figure of the
+    point ``at``, and the smallest power of two ``W`` that holds them in one step ``(m W, (m
+    + 1) W]``; ``None`` when no other point reads that figure."""
+    if at is None:
+        return None
+    a = min(w for w, f in points if f == at[1])
+    b = max(w for w, f in points if f == at[1])
+    if a >= b:
+        return None
+    w = 1
+    while -(-a // w) != -(-b // w):
+        w *= 2
+    return a, b, w
+
+
 def step_end(points: Sequence[tuple[int, int]], lo: int, hi: Optional[int]) -> Optional[int]:
     """Where the flat step under the largest ``(work, figure)`` point likely ends: the points
     reading its figure span ``[a, b]``; a staircase's steps are ``(m W, (m + 1) W]`` for a
@@ -97,15 +114,10 @@ def step_end(points: Sequence[tuple[int, int]], lo: int, hi: Optional[int]) -> O
     (``b + 1``, the one-more test, when ``b`` is that end). ``None`` when no two points share
     the figure or the end is not inside ``(lo, hi)``. A larger true ``W`` ends the step at a
     multiple of this one: the next such probe doubles ``W``."""
-    if not points:
+    span = _flat_span(points, max(points) if points else None)
+    if span is None:
         return None
-    b, top = max(points)
-    a = min(w for w, f in points if f == top)
-    if a >= b:
-        return None
-    w = 1
-    while -(-a // w) != -(-b // w):
-        w *= 2
+    a, b, w = span
     end = -(-b // w) * w
     end = b + 1 if end == b else end
     return end if end > lo and (hi is None or end < hi) else None
@@ -118,15 +130,10 @@ def step_start(points: Sequence[tuple[int, int]], lo: int, hi: Optional[int]) ->
     W]`` gives its nearest start ``m W + 1`` (``a - 1`` when ``a`` is that start: the last
     sample of the step below). ``None`` when no two points share the figure or the start is not
     inside ``(lo, hi)``."""
-    if not points:
+    span = _flat_span(points, min(points) if points else None)
+    if span is None:
         return None
-    a, low = min(points)
-    b = max(w for w, f in points if f == low)
-    if a >= b:
-        return None
-    w = 1
-    while -(-a // w) != -(-b // w):
-        w *= 2
+    a, b, w = span
     start = (-(-a // w) - 1) * w + 1
     start = a - 1 if start == a else start
     return start if start > lo and (hi is None or start < hi) else None
