@@ -4,8 +4,8 @@
 model. Each case is one to four ranks whose figure is a random network's reserved peak as the
 caching allocator rounds it: one to four activations of ``s`` bytes per sample (feature
 widths with and without large powers of two), each live ``k`` times, every block rounded up
-to 2 MiB, over a fixed 1-6 GiB; budgets of 24-80 GiB. Every rank starts at one sample (as
-``ddp.plan`` does after its first round). For the staircase search (what ``ddp.plan`` runs
+to 2 MiB, over a fixed 1-6 GiB; budgets of 24-80 GiB. Every rank starts with one probe at
+one sample (``ddp.plan`` probes the smallest batch, then eight times it). For the staircase search (what ``ddp.plan`` runs
 at the reserved level) and, beside it, the allocated level's search (secant and bisection
 alternating) on the same surfaces, prints
 

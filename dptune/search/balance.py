@@ -38,7 +38,7 @@ from dptune.errors import NoFeasibleSplitError
 from dptune.search.alike import spread
 from dptune.search.loop import Proposal, valid_split
 from dptune.search.messages import card0_holdings, infeasible_error
-from dptune.search.models import CardFits
+from dptune.search.models import MIN_SLOPE_BYTES, CardFits
 from dptune.search.observations import Bracket, Observations, next_chunk
 from dptune.split import even_split
 from dptune.types import card_in_use
@@ -174,7 +174,10 @@ class Balance:
         ``(t, hi]`` (the probe may find the certificate: the ``hi`` adding up to less than the
         batch). Either way each card the probe finds at or above ``L`` lowers its ``hi`` and
         each below it raises its ``lo``, where one more sample per card can stay on a flat
-        step of the staircase. ``None`` when the ranges leave nothing to test."""
+        step of the staircase. When the ``lo`` alone add up to the batch, a split below ``L``
+        is known (memory never falls as the work grows): the cards take the same fraction of
+        ``[0, lo]``. A line flat to the byte places nothing. ``None`` when the ranges leave
+        nothing to test."""
         level = max(self.obs.shares(r))
         lows, tops, highs = [], [], []
         cf = CardFits(self.obs, across_steps=True)
@@ -187,7 +190,7 @@ class Balance:
             lo = max(below, default=0)
             f = self.first_at(i, level)
             line = cf.card0_line(max(lo, 1), self.B) if i == 0 else cf.card_line(i, max(lo, 1))
-            guess = None if line is None or line.slope <= 0 else \
+            guess = None if line is None or line.slope <= MIN_SLOPE_BYTES else \
                 math.ceil((level * bud - line.intercept) / line.slope)
             if f is None:
                 if guess is None:
@@ -199,7 +202,9 @@ class Balance:
             tops.append(hi if guess is None else min(hi, max(lo, guess - 1)))
         if sum(highs) < self.B or sum(highs) == sum(lows):
             return None
-        if sum(tops) >= self.B:
+        if sum(lows) >= self.B:     # every card below L at its lo: a split below L, measured
+            split = _spread([0] * self.n, lows, self.B)
+        elif sum(tops) >= self.B:
             split = _spread(lows, tops, self.B - sum(lows))
         else:
             split = _spread(tops, highs, self.B - sum(tops))

@@ -93,12 +93,12 @@ def _flat_span(points: Sequence[tuple[int, int]], at: Optional[tuple[int, int]]
                ) -> Optional[tuple[int, int, int]]:
     """``(a, b, W)``: the least and the most work of the points reading the figure of the
     point ``at``, and the smallest power of two ``W`` that holds them in one step ``(m W, (m
-    + 1) W]``; ``None`` when no other point reads that figure."""
+    + 1) W]``; ``None`` when no other point reads that figure (or the least work is 0)."""
     if at is None:
         return None
     a = min(w for w, f in points if f == at[1])
     b = max(w for w, f in points if f == at[1])
-    if a >= b:
+    if a >= b or a <= 0:
         return None
     w = 1
     while -(-a // w) != -(-b // w):

@@ -272,9 +272,10 @@ def _next_batch(obs: RankObservations, r: int, bisect: bool, limit: Optional[int
 def _next_on_staircase(obs: RankObservations, r: int, bisect: bool) -> int:
     """Rank r's next probe inside its bracket ``[lo, hi)`` where peaks rise in steps (the
     reserved level), whose edges sit at round batches (:func:`~dptune.search.observations
-    .roundest`): where the flat step its largest fits share likely ends
-    (:func:`~dptune.search.observations.step_end`), else where the flat step its smallest
-    overs share likely starts (:func:`~dptune.search.observations.step_start`), else, in
+    .roundest`): where its two largest fits share a figure, where that flat step likely ends
+    (:func:`~dptune.search.observations.step_end`) or else the bracket's roundest batch;
+    otherwise where the flat step its smallest overs share likely starts
+    (:func:`~dptune.search.observations.step_start`), else, in
     turns, the roundest batch within a sixteenth of the bracket of where the line through
     its two ends meets the budget (the false position) and the roundest batch of its middle
     half (:func:`~dptune.search.observations.round_middle`). ``benchmarks.rank_staircases``:
@@ -287,7 +288,7 @@ def _next_on_staircase(obs: RankObservations, r: int, bisect: bool) -> int:
                   if not p.fits and p.peak_bytes is not None)
     edge = (step_end(fit, lo, hi) or roundest(lo, hi, obs.m)) if on_one_step(fit) \
         else step_start(over, lo, hi)
-    if edge is not None:
+    if edge is not None and edge >= obs.m:
         return edge
     if not bisect and lo > 0:
         a, b = obs.measured(r, lo), obs.measured(r, hi)
@@ -302,8 +303,7 @@ def _next_on_staircase(obs: RankObservations, r: int, bisect: bool) -> int:
 
 
 def _fit_points(obs: RankObservations, r: int) -> list[tuple[int, int]]:
-    """Rank ``r``'s ``(batch, peak)`` measured within budget, by batch: on a flat step of the
-    staircase when its last two read the same peak (:func:`on_one_step`)."""
+    """Rank ``r``'s ``(batch, peak)`` measured within budget, by batch."""
     return sorted((p.batch_size, p.peak_bytes) for p in obs.of(r)
                   if p.fits and p.peak_bytes is not None)
 
@@ -317,7 +317,7 @@ def bracket_ranks(obs: RankObservations, run: Runner, max_rounds: int, limit: Op
     ``staircase``: peaks rise in steps (the reserved level: whole segments), where a line
     through two probes says little near the edge of a step: a rank whose line says it is at
     its limit with no batch yet measured over probes ``lo + lo/256`` (not ``lo + 1``) to find
-    one, and a bracket is closed by bisection alone."""
+    one, and a bracket is closed by its steps' edges (:func:`_next_on_staircase`)."""
     n = obs.n
     bisect_next = [False] * n
     while obs.rounds < max_rounds:

@@ -106,7 +106,7 @@ def test_flat_steps_of_a_rank_staircase_close_at_the_cap(step_samples):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_rank_staircases_close_at_their_caps_from_one_sample(seed):
-    """The reserved level's staircases from the planner's start (every rank at one sample):
+    """The reserved level's staircases from one probe at one sample per rank:
     every bracket closes at the rank's cap (bisection of the rising surface), certified,
     within 40 rounds (``benchmarks.rank_staircases`` counts them)."""
     from benchmarks.rank_staircases import exact_cap, layered_staircase
@@ -119,3 +119,33 @@ def test_rank_staircases_close_at_their_caps_from_one_sample(seed):
     for r, budget in enumerate(budgets):
         cap = exact_cap(peak, r, budget)
         assert obs.lo(r) == cap and obs.hi(r) == cap + 1
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_rank_staircases_under_batchnorm_never_probe_one_sample(seed):
+    """The same staircases with BatchNorm's smallest batch of two, from the planner's first
+    two rounds (2, then 16): every bracket closes at the cap, no probe below two."""
+    from benchmarks.rank_staircases import exact_cap, layered_staircase
+
+    peak, budgets = layered_staircase(seed)
+    obs = RankObservations(budgets, 2)
+    run = _runner(obs, peak)
+    run([2] * len(budgets))
+    run([16] * len(budgets))
+    assert bracket_ranks(obs, run, 40, None, staircase=True)
+    assert min(p.batch_size for p in obs.probes) >= 2
+    for r, budget in enumerate(budgets):
+        assert obs.lo(r) == exact_cap(peak, r, budget)
+
+
+def test_a_step_start_below_the_smallest_batch_is_not_asked():
+    """Under BatchNorm (smallest batch 2) a rank over budget at 3 and 5 samples with one
+    figure: that step likely starts at 1 (``step_start``), a batch BatchNorm cannot train on;
+    the next probe is 2."""
+    obs = RankObservations([GiB], 2)
+    run = _runner(obs, lambda r, b: 2 * GiB)    # over at every batch
+    run([3])
+    run([5])
+    asked: list = []
+    bracket_ranks(obs, lambda sizes: (asked.append(list(sizes)), run(sizes)), 3, None, staircase=True)
+    assert asked and asked[0] == [2]

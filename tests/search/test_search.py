@@ -666,3 +666,22 @@ def test_balance_on_rounded_staircases_is_exact_and_certified():
         else:
             assert any("not certified" in n for n in out.notes), seed
     assert certified >= 38
+
+
+def test_spread_shares_the_extra_in_proportion_to_the_room():
+    """``_spread`` (the balance's level test): the lows plus the extra, summing exactly, none
+    past its high, in proportion to each room (the remainder one by one)."""
+    import random
+
+    from dptune.search.balance import _spread
+
+    assert _spread([10, 20], [30, 60], 30) == [20, 40]
+    assert _spread([0, 0, 0], [5, 5, 5], 7) == [3, 2, 2]
+    rng = random.Random(2)
+    for _ in range(500):
+        lows = [rng.randint(0, 50) for _ in range(rng.randint(1, 6))]
+        highs = [lo + rng.randint(0, 40) for lo in lows]
+        extra = rng.randint(0, sum(highs) - sum(lows))
+        out = _spread(lows, highs, extra)
+        assert sum(out) == sum(lows) + extra
+        assert all(lo <= o <= h for lo, o, h in zip(lows, out, highs))
