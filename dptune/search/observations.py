@@ -127,15 +127,25 @@ def step_start(points: Sequence[tuple[int, int]], lo: int, hi: Optional[int]) ->
     """Where the flat step over the smallest ``(work, figure)`` point likely starts (the mirror
     of :func:`step_end`, for probes over budget): the points reading its figure span
     ``[a, b]``; the smallest power of two ``W`` that holds them in one step ``(m W, (m + 1)
-    W]`` gives its nearest start ``m W + 1`` (``a - 1`` when ``a`` is that start: the last
-    sample of the step below). ``None`` when no two points share the figure or the start is not
-    inside ``(lo, hi)``."""
+    W]`` gives its nearest start ``m W + 1``. When ``a`` is that start, ``a`` may start its
+    step or a wider one starts lower: the middle one of the starts that wider powers of two
+    give above ``lo + 1`` (``a - 1``, the last sample of the step below, when there is none).
+    ``None`` when no two points share the figure or the start is not inside ``(lo, hi)``."""
     span = _flat_span(points, min(points) if points else None)
     if span is None:
         return None
     a, b, w = span
     start = (-(-a // w) - 1) * w + 1
-    start = a - 1 if start == a else start
+    if start == a:          # a may start its step, or a wider step starts lower: the middle
+        starts = [a]        # of the starts the wider powers of two put above lo
+        while True:
+            w *= 2
+            s2 = (-(-a // w) - 1) * w + 1
+            if s2 <= lo + 1 or s2 == starts[-1]:
+                break
+            starts.append(s2)
+        start = starts[len(starts) // 2] if len(starts) > 1 else a - 1
+        start = a - 1 if start == a else start
     return start if start > lo and (hi is None or start < hi) else None
 
 

@@ -390,9 +390,10 @@ def test_the_wide_mlp_with_sgd_certified_and_exact_at_the_default_level():
 def test_step_start_against_brute_force():
     """``step_start``, the mirror of ``step_end`` for probes over budget: on staircases whose
     steps are ``(m W, (m + 1) W]`` for a power of two ``W``, two overs of one step give a
-    batch below the smaller one and never below the step's start (the start itself when
-    ``W`` is the smallest power of two holding both); when the smaller over is the start, the
-    last batch of the step below."""
+    batch below the smaller one: the start of the smallest power-of-two step holding both,
+    never past the step's start; when the smaller over is that start, the middle one of the
+    starts wider powers of two give above ``lo`` (the last batch of the step below when there
+    is none)."""
     from dptune.search.observations import step_start
 
     rng = random.Random(5)
@@ -402,11 +403,17 @@ def test_step_start_against_brute_force():
         first, last = m * w + 1, (m + 1) * w
         a, b = sorted(rng.sample(range(first, last + 1), 2))
         got = step_start([(a, 7), (b, 7), (b + w, 9)], 0, None)
-        assert got is not None
-        if a == first:
-            assert got == a - 1                   # a starts the step: the step below's last
-        else:
-            assert first <= got < a               # below what is known, never past the start
+        assert got is not None and got < a
+        v = 1                                     # the smallest power of two holding a and b
+        while -(-a // v) != -(-b // v):
+            v *= 2
+        nearest = (-(-a // v) - 1) * v + 1
+        if nearest < a:
+            assert first <= got == nearest        # never past the step's start
+        else:                                     # a starts a v-step, or a wider one starts lower
+            k = ((got - 1) & -(got - 1)).bit_length() - 1 if got > 1 else 64
+            assert got == a - 1 or 1 << k > v     # the start of a wider power-of-two step
+            assert step_start([(a, 7), (b, 7)], a - 2, None) == a - 1   # none above lo
         assert step_start([(a, 7), (b, 7)], 0, got) is None         # not inside (lo, hi)
         assert step_start([(a, 7), (b, 8)], 0, None) is None        # no two share a figure
 
