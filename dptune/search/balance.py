@@ -318,10 +318,12 @@ class Balance:
             return Proposal(s, "alike") if s not in obs.by_split else None
         good = (best is not None and last is best and last.purpose in ("verify", "refine")
                 and self.error(last) <= self.tol)
-        # fits that missed twice (a cliff in a card's figure, say): the level tests lead
+        # fits that missed twice (a cliff in a card's figure, say): the level tests lead; on a
+        # staircase they stand in for the one-more-sample certificate below
         misled = sum(p.purpose == "refine" and self.error(p) > self.tol for p in obs.probes) >= 2
-        test = self._level_test(best) if misled and best is not None else None
-        if test is not None:
+        steps = self._on_steps()
+        test = self._level_test(best) if best is not None and (misled or steps) else None
+        if misled and test is not None:
             return Proposal(test, "certify")
         if not good:
             prop = self._solve(last)
@@ -330,7 +332,7 @@ class Balance:
             if best is None:
                 return None
         assert best is not None
-        cert = (self._level_test(best) if self._on_steps() else None) or self._certificate_split(best)
+        cert = (test if steps else None) or self._certificate_split(best)
         if cert is None or cert in obs.by_split:
             return self._solve(last) if good else None
         return Proposal(cert, "certify")

@@ -161,15 +161,7 @@ def roundest(lo: int, hi: int, min_chunk: int = 1) -> Optional[int]:
     first = max(lo + 1, min_chunk)
     if first >= hi:
         return None
-    mid = (lo + hi) / 2
-    for k in range(hi.bit_length(), -1, -1):     # the largest power of two with a multiple between
-        step = 1 << k
-        c = -(-first // step) * step
-        if c < hi:
-            below = c + (max(0, int(mid) - c) // step) * step    # the multiples nearest the middle
-            best = min((x for x in (below, below + step) if first <= x < hi),
-                       key=lambda x: (abs(x - mid), x))
-            break
+    best = _roundest_in(first, hi - 1, (lo + hi) / 2)
     if lo >= min_chunk and lo > 0 and _trailing_zeros(lo) > _trailing_zeros(best):
         return first
     return best
@@ -195,11 +187,11 @@ def roundest_near(x: int, lo: int, hi: int, width: int) -> int:
 
 def _roundest_in(a: int, b: int, mid: float) -> int:
     """The integer of ``[a, b]`` with the most trailing zero bits, the nearest ``mid``."""
-    for k in range(b.bit_length(), -1, -1):
+    for k in range(b.bit_length(), -1, -1):     # the largest power of two with a multiple in
         step = 1 << k
         c = -(-a // step) * step
         if c <= b:
-            below = c + (max(0, int(mid) - c) // step) * step
+            below = c + (max(0, int(mid) - c) // step) * step    # the multiples nearest mid
             return min((x for x in (below, below + step) if a <= x <= b), key=lambda x: (abs(x - mid), x))
     return a
 
