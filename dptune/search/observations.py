@@ -141,9 +141,10 @@ def step_start(points: Sequence[tuple[int, int]], lo: int, hi: Optional[int]) ->
         while True:
             w *= 2
             s2 = (-(-a // w) - 1) * w + 1
-            if s2 <= lo + 1 or s2 == starts[-1]:
+            if s2 <= lo + 1:
                 break
-            starts.append(s2)
+            if s2 != starts[-1]:    # a step twice as wide may start at a too: wider still
+                starts.append(s2)
         start = starts[len(starts) // 2] if len(starts) > 1 else a - 1
         start = a - 1 if start == a else start
     return start if start > lo and (hi is None or start < hi) else None
@@ -219,6 +220,9 @@ class Point:
     over: bool          # over budget or out of memory on this card
     exact: bool         # a measurement; False: a lower bound (another card failed first)
     probe: int = -1     # which probe (0-based, in the order run)
+    #: at a budget level above the allocated one: the allocated peak of the same step (the
+    #: smooth figure the level's staircase rises over; fits take its slope on a flat step)
+    allocated_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -296,13 +300,15 @@ class Observations:
 
     def _add_points(self, r: ProbeResult, k: int, cards: Sequence[int]) -> None:
         b = r.batch_size
+        alloc = r.allocated_peak_bytes
         for i, (c, p) in enumerate(zip(r.chunk_sizes, r.peak_bytes)):
             if (i > 0 and c == 0) or i not in cards:
                 continue               # no replica ran there: nothing measured
             p = int(p)
             if r.feasible or self.exact_on_oom:
                 over = p > self.budgets[i] or r.oom_device == i
-                self.own[i].append(Point(c, b, p, over, True, k))
+                a = None if alloc is None or r.oom_device == i else int(alloc[i])
+                self.own[i].append(Point(c, b, p, over, True, k, a))
             elif r.oom_device == i:
                 self.own[i].append(Point(c, b, max(p, self.budgets[i] + 1), True, False, k))
             elif p > self.budgets[i]:   # a lower bound already over budget

@@ -413,9 +413,16 @@ def test_step_start_against_brute_force():
         else:                                     # a starts a v-step, or a wider one starts lower
             k = ((got - 1) & -(got - 1)).bit_length() - 1 if got > 1 else 64
             assert got == a - 1 or 1 << k > v     # the start of a wider power-of-two step
+            wider = {(-(-a // (v << j)) - 1) * (v << j) + 1 for j in range(1, 24)}
+            wider = {s for s in wider if 1 < s < a}
+            if wider:                             # a wider step starts lower: one of those
+                assert got in wider, (a, b, got, sorted(wider))
             assert step_start([(a, 7), (b, 7)], a - 2, None) == a - 1   # none above lo
         assert step_start([(a, 7), (b, 7)], 0, got) is None         # not inside (lo, hi)
         assert step_start([(a, 7), (b, 8)], 0, None) is None        # no two share a figure
+    # 193 = 3 * 64 + 1 starts its step at every width from 2 to 64; the 128-wide step starts
+    # at 129: the widths that repeat a start are skipped, not taken for the last one
+    assert step_start([(193, 7), (194, 7)], 0, None) == 129
 
 
 def test_round_middle_keeps_at_most_three_quarters_of_the_bracket():
@@ -459,3 +466,41 @@ def test_step_end_against_brute_force():
         else:
             assert b < got <= last                # above what is known, never past the end
         assert step_end([(a, 7), (b, 7)], got, None) is None        # not inside (lo, hi)
+
+
+def test_a_flat_step_takes_the_allocated_slope():
+    """Two probes on one flat step of the reserved level's staircase read one figure; a fit
+    through them is flat and reads the next steps as free room (the BatchNorm CNN's third
+    probe asked card 0 at 88,704 samples, 4.3 times its budget). With the allocated peaks the
+    probes carry, the line takes the allocated figure's slope between the same points, so it
+    predicts the staircase far away within a segment; without them (the allocated level)
+    nothing changes."""
+    from dptune.search import Observations
+    from dptune.search.models import CardFits
+
+    seg = 20 * MiB                          # the staircase rises one segment at a time
+    def alloc(c):
+        return 600 * MiB + 40_000 * c
+
+    def level(c):
+        return -(-alloc(c) // seg) * seg     # a monotone staircase over the allocated figure
+
+    def probe(split, with_alloc):
+        peaks = tuple(level(c) for c in split)
+        return ProbeResult(split, peaks,
+                           allocated_peak_bytes=tuple(alloc(c) for c in split) if with_alloc else None)
+
+    a, b = 8, 22
+    assert level(a) == level(b) and alloc(a) != alloc(b)     # one flat step
+    for with_alloc in (True, False):
+        obs = Observations([2 * GiB] * 3, exact_on_oom=True)
+        obs.add(probe((a, a, a), with_alloc))
+        obs.add(probe((a, b, b), with_alloc))
+        fits = CardFits(obs)
+        far = 16_000
+        got = fits.card_line(1, far).at(far)
+        if with_alloc:
+            assert abs(got - level(far)) <= seg, (got, level(far))
+            assert fits.median_slope == pytest.approx(40_000)
+        else:
+            assert got <= level(a) + far        # flat: one byte a sample (MIN_SLOPE_BYTES)
