@@ -39,7 +39,7 @@ from dptune.search.alike import spread
 from dptune.search.loop import Proposal, valid_split
 from dptune.search.messages import card0_holdings, infeasible_error
 from dptune.search.models import MIN_SLOPE_BYTES, CardFits
-from dptune.search.observations import Bracket, Observations, next_chunk
+from dptune.search.observations import Bracket, Observations, next_chunk, round_middle, roundest
 from dptune.split import even_split
 from dptune.types import card_in_use
 
@@ -164,7 +164,7 @@ class Balance:
                         return True
         return False
 
-    def _level_test(self, r: ProbeResult) -> Optional[tuple[int, ...]]:
+    def _level_test(self, r: ProbeResult, cliffs: Sequence[int] = ()) -> Optional[tuple[int, ...]]:
         """A split that tests whether every card fits below the largest share ``L`` of ``r``.
         Each card's largest chunk below ``L`` lies between the largest measured below it
         (``lo``) and the chunk before the first measured at or above it (``hi``; from its line
@@ -177,7 +177,13 @@ class Balance:
         step of the staircase. When the ``lo`` alone add up to the batch, a split below ``L``
         is known (memory never falls as the work grows): the cards take the same fraction of
         ``[0, lo]``. A line flat to the byte places nothing. ``None`` when the ranges leave
-        nothing to test."""
+        nothing to test.
+
+        ``cliffs``: cards whose fits missed (:meth:`missed_cards`). The one of them with
+        the widest open range is not placed by its line but on a round chunk of the range
+        (:func:`~dptune.search.observations.round_middle`, or the one-more test above a round
+        ``lo``: a staircase's cliffs rise where a block crosses a power of two), the others
+        sharing the rest within their ranges: a bisection of that card's range."""
         level = max(self.obs.shares(r))
         lows, tops, highs = [], [], []
         cf = CardFits(self.obs, across_steps=True)
@@ -202,7 +208,10 @@ class Balance:
             tops.append(hi if guess is None else min(hi, max(lo, guess - 1)))
         if sum(highs) < self.B or sum(highs) == sum(lows):
             return None
-        if sum(lows) >= self.B:     # every card below L at its lo: a split below L, measured
+        pinned = self._on_cliff(cliffs, lows, tops, highs)
+        if pinned is not None:
+            split = pinned
+        elif sum(lows) >= self.B:     # every card below L at its lo: a split below L, measured
             split = _spread([0] * self.n, lows, self.B)
         elif sum(tops) >= self.B:
             split = _spread(lows, tops, self.B - sum(lows))
@@ -212,6 +221,34 @@ class Balance:
         if sum(key) != self.B or not valid_split(key, self.m) or key in self.obs.by_split:
             return None
         return key
+
+    def _on_cliff(self, cliffs: Sequence[int], lows: list[int], tops: list[int],
+                  highs: list[int]) -> Optional[list[int]]:
+        """The level test's split with the cliff card of the widest open range on a round
+        chunk of it (see :meth:`_level_test`); ``None`` when no such card or the others cannot
+        take the rest within their ranges."""
+        open_ = [i for i in cliffs if highs[i] > lows[i] and sum(lows) < self.B]
+        if not open_:
+            return None
+        i = max(open_, key=lambda k: (highs[k] - lows[k], -k))
+        lo, hi = lows[i], highs[i] + 1
+        c = roundest(lo, hi, self.m)
+        if c != next_chunk(lo, self.m):
+            c = round_middle(lo, hi, self.m)
+        if c is None:
+            return None
+        rest = self.B - c
+        o_lows = [x for k, x in enumerate(lows) if k != i]
+        o_tops = [x for k, x in enumerate(tops) if k != i]
+        o_highs = [x for k, x in enumerate(highs) if k != i]
+        if not sum(o_lows) <= rest <= sum(o_highs):
+            return None
+        if sum(o_tops) >= rest:
+            others = _spread(o_lows, o_tops, rest - sum(o_lows))
+        else:
+            others = _spread(o_tops, o_highs, rest - sum(o_tops))
+        others.insert(i, c)
+        return others
 
     # ---- fits -------------------------------------------------------------------------
     def fits(self, target: Sequence[int]) -> Optional[list[solver.Fit]]:
@@ -243,15 +280,29 @@ class Balance:
     def error(self, r: ProbeResult) -> float:
         """Largest miss of the prediction for a probe, as a share of each card's budget (or of
         its peak where that is smaller)."""
+        if tuple(r.chunk_sizes) not in self.pred or not r.feasible:
+            return float("inf")
+        return max(self.card_error(r, i) for i in range(self.n))
+
+    def card_error(self, r: ProbeResult, i: int) -> float:
+        """The miss of the prediction for card ``i`` in a probe (see :meth:`error`); 0 for a
+        card that ran no replica, infinite for a probe that was not predicted or failed."""
         pred = self.pred.get(tuple(r.chunk_sizes))
         if pred is None or not r.feasible:
             return float("inf")
-        out = 0.0
-        for i, (p, q, b, c) in enumerate(zip(r.peak_bytes, pred, self.obs.budgets, r.chunk_sizes)):
-            if card_in_use(i, c):
-                scale = min(b, max(p, q))
-                out = max(out, abs(p - q) / scale if scale > 0 else float("inf"))
-        return out
+        p, q, b, c = r.peak_bytes[i], pred[i], self.obs.budgets[i], r.chunk_sizes[i]
+        if not card_in_use(i, c):
+            return 0.0
+        scale = min(b, max(p, q))
+        return abs(p - q) / scale if scale > 0 else float("inf")
+
+    def missed_cards(self) -> set[int]:
+        """Cards whose fits missed (beyond the tolerance) on a refine probe. Asked once the
+        fits missed twice (``misled``): a cliff in such a card's figure, whose place no line
+        tells."""
+        refine = [p for p in self.obs.probes if p.purpose == "refine" and p.feasible]
+        return {i for i in range(self.n)
+                if sum(self.card_error(p, i) > self.tol for p in refine) >= 1}
 
     # ---- the second split -------------------------------------------------------------
     def shift(self, base: Sequence[int], r: Optional[ProbeResult]) -> list[int]:
@@ -322,7 +373,8 @@ class Balance:
         # staircase they stand in for the one-more-sample certificate below
         misled = sum(p.purpose == "refine" and self.error(p) > self.tol for p in obs.probes) >= 2
         steps = self._on_steps()
-        test = self._level_test(best) if best is not None and (misled or steps) else None
+        test = self._level_test(best, sorted(self.missed_cards()) if misled else ()) \
+            if best is not None and (misled or steps) else None
         if misled and test is not None:
             return Proposal(test, "certify")
         if not good:
