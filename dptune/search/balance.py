@@ -227,8 +227,8 @@ class Balance:
         """The level test's split with the cliff card of the widest open range on a round
         chunk of it (see :meth:`_level_test`); ``None`` when no such card or the others cannot
         take the rest within their ranges."""
-        open_ = [i for i in cliffs if highs[i] > lows[i] and sum(lows) < self.B]
-        if not open_:
+        open_ = [i for i in cliffs if highs[i] > lows[i]]
+        if not open_ or sum(lows) >= self.B:    # a split below L already measured: spread it
             return None
         i = max(open_, key=lambda k: (highs[k] - lows[k], -k))
         lo, hi = lows[i], highs[i] + 1
