@@ -407,7 +407,8 @@ class Balance:
         prop = list(spread(prop, self.obs.groups, self.m))
         peaks = solver.predict(fits, prop, B)
         over = max(solver.shares_of(peaks, obs.budgets, prop)) > 1.0
-        if over and self.error(last) <= self.tol and last.purpose in ("verify", "refine"):
+        if over and self.error(last) <= self.tol and last.purpose in ("verify", "refine") \
+                and obs.best_within(B) is None:     # a split measured within budget stands
             worst = max(range(self.n), key=lambda i: (peaks[i] - obs.budgets[i])
                         if card_in_use(i, prop[i]) else -float("inf"))
             raise infeasible_error(worst, peaks[worst] - obs.budgets[worst], B,
