@@ -18,7 +18,7 @@ result. The rules that keep fits honest:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 from dptune.search.observations import Observations, Point
 
@@ -42,19 +42,13 @@ class Line:
         return self.intercept + self.slope * x
 
 
-def secant(pts: Sequence[tuple[int, float]], target: int, across_steps: bool = False,
-           under: Optional[Mapping[int, float]] = None) -> Optional[Line]:
+def secant(pts: Sequence[tuple[int, float]], target: int, across_steps: bool = False) -> Optional[Line]:
     """The line through the point nearest ``target`` and the next nearest with another x
     (None if fewer). When ``target`` lies far from both, the second point is taken at least
     a quarter of that distance away (a slope over a sample or two, extrapolated far, turns
     the allocator's rounding into a large error). ``across_steps``: when the two read the
     same figure (one flat step of the reserved level's staircase), the nearest point with
-    another figure is taken instead, where there is one.
-
-    ``under``: the allocated figure at each x, where the figure is a budget level's
-    staircase over it. When the two points still read one figure (one flat step), the line
-    takes the allocated figure's slope between them: the staircase rises as the allocated
-    figure does, one segment at a time, and a flat slope reads the next step as free room."""
+    another figure is taken instead, where there is one."""
     if not pts:
         return None
     order = sorted(pts, key=lambda p: (abs(p[0] - target), -p[0]))
@@ -68,8 +62,6 @@ def secant(pts: Sequence[tuple[int, float]], target: int, across_steps: bool = F
     if across_steps and b[1] == a[1]:    # both on one flat step of a staircase: its slope says nothing
         b = next((p for p in order if p[0] != a[0] and p[1] != a[1]), b)
     slope = (b[1] - a[1]) / (b[0] - a[0])
-    if slope == 0 and under is not None and a[0] in under and b[0] in under:
-        slope = (under[b[0]] - under[a[0]]) / (b[0] - a[0])
     return Line(a[1] - slope * a[0], slope)
 
 
@@ -79,15 +71,6 @@ def chord_cap(lo: tuple[int, float], hi: tuple[int, float], budget: float) -> in
     if p1 <= p0:
         return (c0 + c1) // 2
     return c0 + int((budget - p0) / (p1 - p0) * (c1 - c0))
-
-
-def _under(pts: Sequence[Point], g: float = 0.0) -> Optional[dict[int, float]]:
-    """The allocated figure at each chunk of ``pts`` (``g`` per sample of the batch taken off,
-    as from the level's figures), for :func:`secant`; None where a point lacks it (the
-    allocated level: the figure is the allocated one)."""
-    if not pts or any(p.allocated_bytes is None for p in pts):
-        return None
-    return {p.chunk: p.allocated_bytes - g * p.batch for p in pts}  # type: ignore[operator]
 
 
 class CardFits:
@@ -119,8 +102,6 @@ class CardFits:
             for q in pts[:k]:
                 if q.chunk == p.chunk and q.batch != p.batch:
                     s = (p.peak_bytes - q.peak_bytes) / (p.batch - q.batch)
-                    if s == 0 and p.allocated_bytes is not None and q.allocated_bytes is not None:
-                        s = (p.allocated_bytes - q.allocated_bytes) / (p.batch - q.batch)
                     if best is None or abs(p.batch - q.batch) >= best[0]:
                         best = (abs(p.batch - q.batch), s)
         return None if best is None else max(0.0, best[1])
@@ -132,7 +113,7 @@ class CardFits:
     def _slope(self, i: int) -> Optional[float]:
         pts = self._exact(i)
         line = secant([(p.chunk, float(p.peak_bytes)) for p in pts],
-                      max((p.chunk for p in pts), default=0), under=_under(pts))
+                      max((p.chunk for p in pts), default=0))
         return None if line is None else line.slope
 
     def _pooled_slope(self) -> Optional[float]:
@@ -140,18 +121,16 @@ class CardFits:
         first probe that gave them different chunks; cards that run the same replica cost
         alike per sample, a guess that only chooses the next probe). With the points at two
         chunks only, the 2% check tests that the cards at one chunk agree."""
-        exact = [p for i in range(1, self.n) for p in self._exact(i)]
-        pts = [(p.chunk, float(p.peak_bytes)) for p in exact]
-        line = secant(pts, max((c for c, _ in pts), default=0), under=_under(exact))
+        pts = [(p.chunk, float(p.peak_bytes)) for i in range(1, self.n) for p in self._exact(i)]
+        line = secant(pts, max((c for c, _ in pts), default=0))
         if line is None or any(abs(line.at(c) - y) > POOLED_TOLERANCE * y for c, y in pts):
             return None     # the cards do not lie on one line: not alike, no slope across
         return line.slope
 
     def card_line(self, i: int, target: int) -> Optional[Line]:
         """Card ``i >= 1`` near chunk ``target``: a secant, or one point and the others' slope."""
-        exact = self._exact(i)
-        pts = [(p.chunk, float(p.peak_bytes)) for p in exact]
-        line = secant(pts, target, self.across_steps, _under(exact))
+        pts = [(p.chunk, float(p.peak_bytes)) for p in self._exact(i)]
+        line = secant(pts, target, self.across_steps)
         if line is not None:
             return Line(line.intercept, max(line.slope, MIN_SLOPE_BYTES))
         if pts and self.median_slope is not None:
@@ -178,7 +157,7 @@ class CardFits:
             same = [p for p in pts if p.batch == batch]
             pts = same or pts
         adj = [(p.chunk, p.peak_bytes - g * p.batch) for p in pts]
-        line = secant(adj, target, self.across_steps, _under(pts, g))
+        line = secant(adj, target, self.across_steps)
         if line is None and adj:
             near = min(adj, key=lambda a: abs(a[0] - target))
             s = self.median_slope if self.median_slope is not None else 0.0

@@ -220,9 +220,6 @@ class Point:
     over: bool          # over budget or out of memory on this card
     exact: bool         # a measurement; False: a lower bound (another card failed first)
     probe: int = -1     # which probe (0-based, in the order run)
-    #: at a budget level above the allocated one: the allocated peak of the same step (the
-    #: smooth figure the level's staircase rises over; fits take its slope on a flat step)
-    allocated_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -300,15 +297,13 @@ class Observations:
 
     def _add_points(self, r: ProbeResult, k: int, cards: Sequence[int]) -> None:
         b = r.batch_size
-        alloc = r.allocated_peak_bytes
         for i, (c, p) in enumerate(zip(r.chunk_sizes, r.peak_bytes)):
             if (i > 0 and c == 0) or i not in cards:
                 continue               # no replica ran there: nothing measured
             p = int(p)
             if r.feasible or self.exact_on_oom:
                 over = p > self.budgets[i] or r.oom_device == i
-                a = None if alloc is None or r.oom_device == i else int(alloc[i])
-                self.own[i].append(Point(c, b, p, over, True, k, a))
+                self.own[i].append(Point(c, b, p, over, True, k))
             elif r.oom_device == i:
                 self.own[i].append(Point(c, b, max(p, self.budgets[i] + 1), True, False, k))
             elif p > self.budgets[i]:   # a lower bound already over budget
