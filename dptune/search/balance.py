@@ -208,25 +208,25 @@ class Balance:
             tops.append(hi if guess is None else min(hi, max(lo, guess - 1)))
         if sum(highs) < self.B or sum(highs) == sum(lows):
             return None
-        pinned = self._on_cliff(cliffs, lows, tops, highs)
-        if pinned is not None:
-            split = pinned
-        elif sum(lows) >= self.B:     # every card below L at its lo: a split below L, measured
-            split = _spread([0] * self.n, lows, self.B)
-        elif sum(tops) >= self.B:
-            split = _spread(lows, tops, self.B - sum(lows))
-        else:
-            split = _spread(tops, highs, self.B - sum(tops))
-        key = spread(_fix_batchnorm(split, self.m), self.obs.groups, self.m)
-        if sum(key) != self.B or not valid_split(key, self.m) or key in self.obs.by_split:
-            return None
-        return key
+        for pinned in (self._on_cliff(cliffs, lows, tops, highs), None):
+            if pinned is not None:
+                split = pinned
+            elif sum(lows) >= self.B:     # every card below L at its lo: a split below L, measured
+                split = _spread([0] * self.n, lows, self.B)
+            elif sum(tops) >= self.B:
+                split = _spread(lows, tops, self.B - sum(lows))
+            else:
+                split = _spread(tops, highs, self.B - sum(tops))
+            key = spread(_fix_batchnorm(split, self.m), self.obs.groups, self.m)
+            if sum(key) == self.B and valid_split(key, self.m) and key not in self.obs.by_split:
+                return key
+        return None
 
     def _on_cliff(self, cliffs: Sequence[int], lows: list[int], tops: list[int],
                   highs: list[int]) -> Optional[list[int]]:
         """The level test's split with the cliff card of the widest open range on a round
-        chunk of it (see :meth:`_level_test`); ``None`` when no such card or the others cannot
-        take the rest within their ranges."""
+        chunk of it, and its alike cards with it (see :meth:`_level_test`); ``None`` when no
+        such card or the other cards cannot take the rest within their ranges."""
         open_ = [i for i in cliffs if highs[i] > lows[i]]
         if not open_ or sum(lows) >= self.B:    # a split below L already measured: spread it
             return None
@@ -237,18 +237,20 @@ class Balance:
             c = round_middle(lo, hi, self.m)
         if c is None:
             return None
-        rest = self.B - c
-        o_lows = [x for k, x in enumerate(lows) if k != i]
-        o_tops = [x for k, x in enumerate(tops) if k != i]
-        o_highs = [x for k, x in enumerate(highs) if k != i]
-        if not sum(o_lows) <= rest <= sum(o_highs):
+        pinned = next((set(g) for g in self.obs.groups if i in g), {i})
+        others = [k for k in range(self.n) if k not in pinned]
+        rest = self.B - c * len(pinned)
+        o_lows, o_tops, o_highs = ([v[k] for k in others] for v in (lows, tops, highs))
+        if not others or not sum(o_lows) <= rest <= sum(o_highs):
             return None
         if sum(o_tops) >= rest:
-            others = _spread(o_lows, o_tops, rest - sum(o_lows))
+            shared = _spread(o_lows, o_tops, rest - sum(o_lows))
         else:
-            others = _spread(o_tops, o_highs, rest - sum(o_tops))
-        others.insert(i, c)
-        return others
+            shared = _spread(o_tops, o_highs, rest - sum(o_tops))
+        split = [c] * self.n
+        for k, x in zip(others, shared):
+            split[k] = x
+        return split
 
     # ---- fits -------------------------------------------------------------------------
     def fits(self, target: Sequence[int]) -> Optional[list[solver.Fit]]:
