@@ -213,10 +213,8 @@ class Balance:
                 split = pinned
             elif sum(lows) >= self.B:     # every card below L at its lo: a split below L, measured
                 split = _spread([0] * self.n, lows, self.B)
-            elif sum(tops) >= self.B:
-                split = _spread(lows, tops, self.B - sum(lows))
             else:
-                split = _spread(tops, highs, self.B - sum(tops))
+                split = _fill(lows, tops, highs, self.B)
             key = spread(_fix_batchnorm(split, self.m), self.obs.groups, self.m)
             if sum(key) == self.B and valid_split(key, self.m) and key not in self.obs.by_split:
                 return key
@@ -243,12 +241,8 @@ class Balance:
         o_lows, o_tops, o_highs = ([v[k] for k in others] for v in (lows, tops, highs))
         if not others or not sum(o_lows) <= rest <= sum(o_highs):
             return None
-        if sum(o_tops) >= rest:
-            shared = _spread(o_lows, o_tops, rest - sum(o_lows))
-        else:
-            shared = _spread(o_tops, o_highs, rest - sum(o_tops))
         split = [c] * self.n
-        for k, x in zip(others, shared):
+        for k, x in zip(others, _fill(o_lows, o_tops, o_highs, rest)):
             split[k] = x
         return split
 
@@ -282,8 +276,6 @@ class Balance:
     def error(self, r: ProbeResult) -> float:
         """Largest miss of the prediction for a probe, as a share of each card's budget (or of
         its peak where that is smaller)."""
-        if tuple(r.chunk_sizes) not in self.pred or not r.feasible:
-            return float("inf")
         return max(self.card_error(r, i) for i in range(self.n))
 
     def card_error(self, r: ProbeResult, i: int) -> float:
@@ -303,8 +295,7 @@ class Balance:
         fits missed twice (``misled``): a cliff in such a card's figure, whose place no line
         tells."""
         refine = [p for p in self.obs.probes if p.purpose == "refine" and p.feasible]
-        return {i for i in range(self.n)
-                if sum(self.card_error(p, i) > self.tol for p in refine) >= 1}
+        return {i for i in range(self.n) if any(self.card_error(p, i) > self.tol for p in refine)}
 
     # ---- the second split -------------------------------------------------------------
     def shift(self, base: Sequence[int], r: Optional[ProbeResult]) -> list[int]:
@@ -472,6 +463,15 @@ def _fix_batchnorm(split: list[int], m: int) -> list[int]:
             split[k] += split[j]
             split[j] = 0
     return split
+
+
+def _fill(lows: Sequence[int], tops: Sequence[int], highs: Sequence[int], total: int) -> list[int]:
+    """``total`` samples over cards with ranges ``lows <= tops <= highs`` (the level test's):
+    the same fraction of each ``[lo, top]`` when the tops hold the total, else every card at
+    its top and the rest in proportion to each ``(top, high]``."""
+    if sum(tops) >= total:
+        return _spread(lows, tops, total - sum(lows))
+    return _spread(tops, highs, total - sum(tops))
 
 
 def _spread(lows: Sequence[int], highs: Sequence[int], extra: int) -> list[int]:

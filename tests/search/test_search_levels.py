@@ -262,6 +262,36 @@ def test_flat_steps_of_activations_never_past_the_answer(per_sample, cards):
     assert len(out.probes) <= 12
 
 
+def _benchmark_fit(name: str, cluster: str, objective: str, batch: int):  # type: ignore[no-untyped-def]
+    """``Tuner(...).fit()`` at the defaults (budget level ``reserved``) on the benchmarks' model
+    ``name`` on a simulated cluster. Returns the result and ``shares(split)``: each card's
+    figure at the level over its budget, probed directly on the same simulated cluster."""
+    import warnings
+
+    from benchmarks import config
+    from dptune.backends.simulated import SimulatedBackend, parse_cluster
+    from dptune.budget import at_level
+    from dptune.settings import Budget
+    from dptune.step.workload import Workload
+    from dptune.tuner import Tuner
+
+    spec = config.MODELS[name]
+    budget = Budget.at("reserved")
+    model, sample = spec.workload_args()
+    backend = SimulatedBackend(Workload(model, sample, None, config.optimizer, amp=spec.amp),
+                               parse_cluster(cluster), reserved=budget.reserved)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = Tuner(model, sample, batch_size=batch, optimizer=config.optimizer, objective=objective,
+                  budget=budget, verbose=False, backend=backend, amp=spec.amp).fit()
+    limits = [d.budget_bytes(budget.headroom_bytes) for d in backend.devices]
+
+    def shares(split) -> list[float]:  # type: ignore[no-untyped-def]
+        peaks = at_level(backend.probe(list(split)), backend.devices, budget.level).peak_bytes
+        return [p / b for p, b in zip(peaks, limits)]
+    return r, shares
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cluster", ["4x24GB", "4x80GB"])
 def test_the_benchmark_mlp_on_four_cards_certified_at_the_default_level(cluster):
@@ -272,30 +302,13 @@ def test_the_benchmark_mlp_on_four_cards_certified_at_the_default_level(cluster)
     more (card 0: one more sample of the whole batch). On 80 GB cards card 0 sits on a flat
     step from 247,259 samples to 247,296, which the fits walked a sample or two a probe
     (uncertified) until the search asked where the step ends (``step_end``)."""
-    import warnings
-
     from benchmarks import config
-    from dptune.backends.simulated import SimulatedBackend, parse_cluster
-    from dptune.budget import at_level
-    from dptune.settings import Budget
-    from dptune.step.workload import Workload
-    from dptune.tuner import Tuner
 
-    spec = config.MODELS["MLP"]
-    budget = Budget.at("reserved")
-    model, sample = spec.workload_args()
-    backend = SimulatedBackend(Workload(model, sample, None, config.optimizer), parse_cluster(cluster),
-                               reserved=budget.reserved)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        r = Tuner(model, sample, batch_size=4 * spec.hint_per_card, optimizer=config.optimizer,
-                  objective="max_batch", budget=budget, verbose=False, backend=backend).fit()
+    r, shares = _benchmark_fit("MLP", cluster, "max_batch", 4 * config.MODELS["MLP"].hint_per_card)
     assert r.certified and r.num_probes <= 12, r.notes
-    limits = [d.budget_bytes(budget.headroom_bytes) for d in backend.devices]
 
     def over(split) -> list[bool]:  # type: ignore[no-untyped-def]
-        peaks = at_level(backend.probe(list(split)), backend.devices, budget.level).peak_bytes
-        return [p > b for p, b in zip(peaks, limits)]
+        return [x > 1 for x in shares(split)]
     split = list(r.chunk_sizes)
     assert not any(over(split))
     for i in range(4):
@@ -311,31 +324,10 @@ def test_the_benchmark_mlp_balance_past_card_0s_cliff():
     within the default probes now, checked by direct probes: the split within every budget,
     the identical cards 1-3 within one sample, and card 0 one sample more (the rest spread on
     the others) at or above the split's largest share."""
-    import warnings
-
-    from benchmarks import config
-    from dptune.backends.simulated import SimulatedBackend, parse_cluster
-    from dptune.budget import at_level
-    from dptune.settings import Budget
     from dptune.split import even_split
-    from dptune.step.workload import Workload
-    from dptune.tuner import Tuner
 
-    spec = config.MODELS["MLP"]
-    budget = Budget.at("reserved")
-    model, sample = spec.workload_args()
-    backend = SimulatedBackend(Workload(model, sample, None, config.optimizer),
-                               parse_cluster("4x24GB,used=0:6GB"), reserved=budget.reserved)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        r = Tuner(model, sample, batch_size=133_377, optimizer=config.optimizer,
-                  objective="balance", budget=budget, verbose=False, backend=backend).fit()
+    r, shares = _benchmark_fit("MLP", "4x24GB,used=0:6GB", "balance", 133_377)
     assert r.certified and r.num_probes <= 12, r.notes
-    limits = [d.budget_bytes(budget.headroom_bytes) for d in backend.devices]
-
-    def shares(split) -> list[float]:  # type: ignore[no-untyped-def]
-        peaks = at_level(backend.probe(list(split)), backend.devices, budget.level).peak_bytes
-        return [p / b for p, b in zip(peaks, limits)]
     split = list(r.chunk_sizes)
     level = max(shares(split))
     assert level <= 1 and max(split[1:]) - min(split[1:]) <= 1
@@ -352,23 +344,7 @@ def test_a_batch_whose_even_split_fits_is_never_called_infeasible():
     balance raised ``NoFeasibleSplitError`` ("card 0 is 1012.0 GiB over its budget") although
     the even split was measured to fit. A split measured within budget stands: it is returned
     (uncertified, saying why)."""
-    import warnings
-
-    from benchmarks import config
-    from dptune.backends.simulated import SimulatedBackend, parse_cluster
-    from dptune.settings import Budget
-    from dptune.step.workload import Workload
-    from dptune.tuner import Tuner
-
-    spec = config.MODELS["ResNet"]
-    budget = Budget.at("reserved")
-    model, sample = spec.workload_args()
-    backend = SimulatedBackend(Workload(model, sample, None, config.optimizer, amp=spec.amp),
-                               parse_cluster("2x80GB,2x40GB"), reserved=budget.reserved)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        r = Tuner(model, sample, batch_size=20_788, optimizer=config.optimizer, objective="balance",
-                  budget=budget, verbose=False, backend=backend, amp=spec.amp).fit()
+    r, _ = _benchmark_fit("ResNet", "2x80GB,2x40GB", "balance", 20_788)
     assert sum(r.chunk_sizes) == 20_788 and r.num_probes <= 12
     assert r.certified or any("not certified" in n or "not monotone" in n for n in r.notes), r.notes
 
