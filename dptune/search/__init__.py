@@ -284,11 +284,12 @@ def _max_batch_found(obs: Observations, mb: MaxBatch, batch_size: int, min_chunk
         card = next((r.oom_device for r in reversed(obs.probes) if not r.feasible), None)
         smallest = min((r.batch_size for r in obs.probes), default=min_chunk)
         detail = f"not even the smallest batch was measured within budget in {len(obs.probes)} probes"
-        if smallest > min_chunk:     # the probes ran out before a batch that small was asked
-            detail = (f"none of the {len(obs.probes)} probes fitted, the smallest batch probed "
-                      f"being {smallest}: a smaller one was not tried (more probes would)")
+        ran_out = smallest > min_chunk  # the probes ran out before a batch that small was asked
+        if ran_out:
+            detail = (f"the smallest batch probed was {smallest}: a smaller one was not tried "
+                      "(more probes would)")
         raise infeasible_error(card, None, smallest, detail, probes=obs.probes,
-                               budgets=obs.budgets)
+                               budgets=obs.budgets, proven=not ran_out)
     lo, hi = mb.even_bracket() if compare_even else (0, None)
     even_s = tuple(even_split(lo, obs.n)) if lo > 0 else tuple(even_split(batch_size, obs.n))
     even = obs.by_split.get(even_s) if lo > 0 else None

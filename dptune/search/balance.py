@@ -19,6 +19,12 @@ at the returned split's largest share, the split is optimal. When card 0 with no
 already holds the largest share (its master weights, gradients, optimizer state and
 gathered outputs), no split can do better: certified at once.
 
+On real cards an out-of-memory probe measures only the failing card: near the largest batch
+the probes of this batch could each learn one card and none fit. Once a card other than card 0
+has run out, the balance first probes at a smaller batch (:meth:`Balance._scout`), where every
+card is measured, and a card's line that its out-of-memory probe shows too low is turned up
+through that probe's figure (:meth:`Balance._lifted`).
+
 Ties are ties: alike cards (the same card with the same memory held by others, as the
 caller names them; :mod:`dptune.search.alike`) share their measurements and every split
 the solver proposes gives them chunks within one sample of each other. When the even split
@@ -263,7 +269,26 @@ class Balance:
                 if line is None:
                     return None
                 out.append(solver.Fit(line.intercept, line.slope))
-        return out
+        return [self._lifted(i, f) for i, f in enumerate(out)]
+
+    def _lifted(self, i: int, fit: solver.Fit) -> solver.Fit:
+        """``fit`` turned up about its value at card ``i``'s largest chunk measured (exactly)
+        below a chunk the card ran out of memory at, so that it passes through that lower
+        bound, when it predicted less there (real cards: an out-of-memory probe records the
+        failing card's peak as a lower bound, never a fit point; a line from far below that
+        missed the failure would put the card just below it again, one sample a probe)."""
+        for o in self.obs.points[i]:
+            if o.exact or not o.over or o.chunk <= 0 or (i == 0 and o.batch != self.B):
+                continue
+            below = [p.chunk for p in self.obs.points[i]
+                     if p.exact and 0 < p.chunk < o.chunk]
+            if not below or fit.predict(o.chunk, self.B) >= o.peak_bytes:
+                continue
+            a = max(below)
+            at = fit.predict(a, self.B)
+            slope = (o.peak_bytes - at) / (o.chunk - a)
+            fit = solver.Fit(at - slope * a, slope, zero_bytes=fit.zero_bytes)
+        return fit
 
     def caps(self) -> list[Optional[int]]:
         """Each card's largest chunk not measured over budget at this batch (or below)."""
@@ -336,6 +361,39 @@ class Balance:
                     out[donor] -= give
         return _fix_batchnorm(out, m)
 
+    # ---- real cards: learn the cards below the batch ------------------------------------
+    def _scout(self) -> Optional[Proposal]:
+        """On real cards, while nothing at this batch was measured within budget: two probes
+        at a smaller batch. An out-of-memory probe measures only the failing card (the
+        others' peaks are lower bounds), so near the largest batch the probes at this batch
+        can each learn one card, and none fits (8 cards, 12 probes). A smaller batch fits
+        and measures every card: first the even split of half the smallest batch probed
+        (again while none fits), then that split with card 0 at its chunk and every other
+        card a quarter fewer samples (it fits: no card has more work): every card's slope,
+        and card 0's cost per sample of the whole batch. The fits then solve for this batch,
+        and the probes at this batch decide as on the simulator."""
+        obs, B = self.obs, self.B
+        if obs.exact_on_oom or obs.best_within(B) is not None or \
+                not any(r.oom_device not in (None, 0) for r in obs.probes):
+            return None     # only card 0 ran out: its holdings, which the shift moves off
+        fitted = [r for r in obs.probes if obs.within_budget(r)]
+        if not fitted:
+            batch = min(r.batch_size for r in obs.probes) // 2
+            s = even_split(batch, self.n)
+            while not valid_split(s, self.m) and batch > 1:
+                batch -= 1
+                s = even_split(batch, self.n)
+            key = tuple(s)
+            return Proposal(key, "scout") if valid_split(s, self.m) and key not in obs.by_split \
+                else None
+        if len(fitted) >= 2:
+            return None
+        base = fitted[0].chunk_sizes
+        s = [base[0]] + [c - max(1, c // 4) if c > self.m else c for c in base[1:]]
+        key = tuple(_fix_batchnorm(s, self.m))
+        return Proposal(key, "scout") if sum(key) > 0 and key != tuple(base) \
+            and key not in obs.by_split else None
+
     # ---- the strategy -------------------------------------------------------------------
     def propose(self) -> Optional[Proposal]:
         obs, B, n = self.obs, self.B, self.n
@@ -348,6 +406,9 @@ class Balance:
             return Proposal(tuple(self.shift(even, None)), "fit")
         if n == 1 or self.even_kept() is not None:
             return None
+        scout = self._scout()
+        if scout is not None:
+            return scout
         if len(obs.probes) == 1:
             s = tuple(self.shift(obs.probes[0].chunk_sizes, obs.probes[0]))
             if s not in obs.by_split and sum(s) == B:
@@ -434,6 +495,9 @@ class Balance:
             return infeasible_error(worst, peaks[worst] - obs.budgets[worst], self.B,
                                     f"measured caps leave no split; predicted for the best "
                                     f"split {list(prop)}")
+        # proven: the chunks each card may take below a chunk measured over budget add up to
+        # less than the batch (or card 0 is over with no samples); else the probes ran out
+        proven = self.proven(math.nextafter(1.0, math.inf))
         measured = [r for r in obs.probes if r.feasible and r.batch_size == self.B]
         if measured:
             def over(r: ProbeResult) -> tuple[float, int]:
@@ -442,11 +506,13 @@ class Balance:
             r = min(measured, key=over)
             short, card = over(r)
             return infeasible_error(card, short, self.B,
-                                    f"measured for the best split {list(r.chunk_sizes)}")
-        failed = obs.probes[-1].oom_device if obs.probes else None
+                                    f"measured for the best split {list(r.chunk_sizes)}",
+                                    proven=proven)
+        at_b = [r for r in obs.probes if r.batch_size == self.B]
+        failed = at_b[-1].oom_device if at_b else None
         return infeasible_error(failed, None, self.B,
-                                f"every one of {len(obs.probes)} probes ran out of memory",
-                                probes=obs.probes, budgets=obs.budgets)
+                                f"every one of the {len(at_b)} probes of this batch ran out of "
+                                "memory", probes=at_b, budgets=obs.budgets, proven=proven)
 
 
 def _fix_batchnorm(split: list[int], m: int) -> list[int]:

@@ -60,12 +60,14 @@ def fixed_costs_fill(probes: Sequence[ProbeResult], budgets: Sequence[int]) -> O
 
 def infeasible_error(card: Optional[int], shortfall_bytes: Optional[float], batch_size: int,
                      detail: str = "", *, probes: Sequence[ProbeResult] = (),
-                     budgets: Sequence[int] = ()) -> NoFeasibleSplitError:
+                     budgets: Sequence[int] = (), proven: bool = True) -> NoFeasibleSplitError:
     """The error for "no split fits", saying where, by how much, and what to try.
 
     Without a ``shortfall_bytes``, the amount comes from the out-of-memory probe among
     ``probes`` that came closest to the ``budgets`` (a lower bound: a step stops at the
-    allocation that fails).
+    allocation that fails). ``proven=False``: the probes ran out before one fitted, and
+    nothing they measured shows that none fits: the message says so, and that more probes
+    may find one, instead of claiming no split fits.
     """
     short = None if shortfall_bytes is None else max(0, int(math.ceil(shortfall_bytes)))
     where = ""
@@ -83,6 +85,13 @@ def infeasible_error(card: Optional[int], shortfall_bytes: Optional[float], batc
     if fixed is not None:
         return NoFeasibleSplitError(f"no split of batch size {batch_size} fits: {fixed}.",
                                     shortfall_bytes=short)
+    if not proven:
+        msg = (f"no split of batch size {batch_size} was measured within every card's budget, "
+               f"and none is proven not to fit{where}"
+               f"{'; ' + detail if detail else ''}. More probes may find one (--max-probes, "
+               "max_probes=); else try a smaller batch_size, a smaller headroom, more or larger "
+               "cards, or gradient accumulation (several smaller batches per step).")
+        return NoFeasibleSplitError(msg, shortfall_bytes=short)
     msg = (f"no split of batch size {batch_size} fits every card's budget{where}"
            f"{'; ' + detail if detail else ''}. Try a smaller batch_size, a smaller headroom, "
            "more or larger cards, or gradient accumulation (several smaller batches per step).")
