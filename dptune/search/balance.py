@@ -48,6 +48,7 @@ from dptune.search.models import MIN_SLOPE_BYTES, CardFits
 from dptune.search.observations import Bracket, Observations, next_chunk, round_middle, roundest
 from dptune.split import even_split
 from dptune.types import card_in_use
+from dptune.units import format_bytes
 
 __all__ = ["Balance"]
 
@@ -466,7 +467,9 @@ class Balance:
             worst = max(range(self.n), key=lambda i: (peaks[i] - obs.budgets[i])
                         if card_in_use(i, prop[i]) else -float("inf"))
             raise infeasible_error(worst, peaks[worst] - obs.budgets[worst], B,
-                                   f"predicted for the best split {list(prop)}")
+                                   f"predicted for the best split {list(prop)} by fits "
+                                   f"the last probe matched within {self.tol:.0%}",
+                                   proven=self.proven(math.nextafter(1.0, math.inf)))
         key = tuple(prop)
         if key in obs.by_split:
             return None
@@ -487,17 +490,22 @@ class Balance:
         """The error when nothing at this batch was measured within budget."""
         obs = self.obs
         if fits is not None:
-            prop = solver.solve_balance(fits, obs.budgets, self.B, min_chunk_nonzero=self.m,
-                                        strict=False)
-            peaks = solver.predict(fits, prop, self.B)
-            worst = max(range(self.n), key=lambda i: (peaks[i] - obs.budgets[i])
-                        if card_in_use(i, prop[i]) else -float("inf"))
-            return infeasible_error(worst, peaks[worst] - obs.budgets[worst], self.B,
+            worst, short, prop = self._predicted_best(fits)
+            return infeasible_error(worst, short, self.B,
                                     f"measured caps leave no split; predicted for the best "
-                                    f"split {list(prop)}")
+                                    f"split {prop}")
         # proven: the chunks each card may take below a chunk measured over budget add up to
         # less than the batch (or card 0 is over with no samples); else the probes ran out
         proven = self.proven(math.nextafter(1.0, math.inf))
+        fits = None if proven else self.fits(even_split(self.B, self.n))
+        if fits is not None:    # not proven: what the fits say, a prediction
+            worst, short, prop = self._predicted_best(fits)
+            verdict = "also over" if short > 0 else "within budget"
+            amount = f", card {worst} by {format_bytes(max(short, 0))}" if short > 0 else ""
+            predicted = (f"; the fits predict the best split {prop} {verdict}{amount} "
+                         "(a prediction, not a measurement)")
+        else:
+            predicted = ""
         measured = [r for r in obs.probes if r.feasible and r.batch_size == self.B]
         if measured:
             def over(r: ProbeResult) -> tuple[float, int]:
@@ -506,13 +514,25 @@ class Balance:
             r = min(measured, key=over)
             short, card = over(r)
             return infeasible_error(card, short, self.B,
-                                    f"measured for the best split {list(r.chunk_sizes)}",
-                                    proven=proven)
+                                    f"measured for the best split {list(r.chunk_sizes)}"
+                                    f"{predicted}", proven=proven)
         at_b = [r for r in obs.probes if r.batch_size == self.B]
         failed = at_b[-1].oom_device if at_b else None
         return infeasible_error(failed, None, self.B,
                                 f"every one of the {len(at_b)} probes of this batch ran out of "
-                                "memory", probes=at_b, budgets=obs.budgets, proven=proven)
+                                f"memory{predicted}", probes=at_b, budgets=obs.budgets,
+                                proven=proven)
+
+    def _predicted_best(self, fits: Sequence[solver.Fit]) -> tuple[int, float, list[int]]:
+        """The fits' best split of the batch (no caps), its tightest card and how far over
+        its budget it is predicted (bytes; negative: within)."""
+        obs = self.obs
+        prop = solver.solve_balance(fits, obs.budgets, self.B, min_chunk_nonzero=self.m,
+                                    strict=False)
+        peaks = solver.predict(fits, prop, self.B)
+        worst = max(range(self.n), key=lambda i: (peaks[i] - obs.budgets[i])
+                    if card_in_use(i, prop[i]) else -float("inf"))
+        return worst, peaks[worst] - obs.budgets[worst], list(prop)
 
 
 def _fix_batchnorm(split: list[int], m: int) -> list[int]:

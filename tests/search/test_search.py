@@ -664,6 +664,11 @@ def test_balance_probes_run_out_says_so_not_that_nothing_fits():
         run(shape, "balance", batch, real=True, max_probes=2)
     assert "none is proven not to fit" in str(e.value) and "--max-probes" in str(e.value)
     assert "fits every card's budget" not in str(e.value)
+    shape = mlp(4)          # 30% over the largest batch: the fits' prediction is said as one
+    with pytest.raises(NoFeasibleSplitError) as e:
+        run(shape, "balance", 13 * best_batch(shape) // 10, real=True, max_probes=12)
+    assert "none is proven not to fit" in str(e.value)
+    assert "the fits predict the best split" in str(e.value) and "also over" in str(e.value)
     shape = mlp(2)
     with pytest.raises(NoFeasibleSplitError) as e:
         run(shape, "balance", 4 * best_batch(shape), max_probes=12)
