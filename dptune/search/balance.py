@@ -457,7 +457,11 @@ class Balance:
                                         caps=caps, strict=False)
         except NoFeasibleSplitError:
             # the cards may not take the batch below the chunks measured over budget: no
-            # split fits; the shortfall is the fits' estimate for the best split without caps
+            # split fits; the shortfall is the fits' estimate for the best split without caps.
+            # A split of the batch measured within budget says the figure is not monotone
+            # (a chunk over below one within): that split stands, nothing is raised
+            if obs.best_within(B) is not None:
+                return None
             raise self.no_split(fits) from None
         prop = list(spread(prop, self.obs.groups, self.m))
         peaks = solver.predict(fits, prop, B)

@@ -794,3 +794,24 @@ def test_spread_shares_the_extra_in_proportion_to_the_room():
         out = _spread(lows, highs, extra)
         assert sum(out) == sum(lows) + extra
         assert all(lo <= o <= h for lo, o, h in zip(lows, out, highs))
+
+
+def test_balance_caps_below_a_measured_split_do_not_raise():
+    """A card measured over at a chunk below one it was measured within at (a figure that
+    is not monotone: fragmentation at the reserved level) caps the solver below the batch;
+    the split measured within budget stands, and no "no split fits" is raised for it."""
+    from dptune.backends.base import ProbeResult
+    from dptune.search.balance import Balance
+    from dptune.search.observations import Observations
+
+    budget = 10 * GiB
+    obs = Observations([budget, budget], exact_on_oom=True)
+    bal = Balance(obs, 300, 12, 0.02, [])
+    for split, peaks in (((150, 150), (9 * GiB, 9 * GiB)),
+                         ((140, 160), (8 * GiB, 9 * GiB + GiB // 2)),
+                         ((195, 105), (11 * GiB, 11 * GiB))):     # card 1 over at 105 < 150
+        bal.pred[split] = [float(p) for p in peaks]
+        obs.add(ProbeResult(split, peaks, purpose="refine"))
+    assert bal.caps() == [194, 104]         # 298 samples in all: the solver finds no split
+    assert bal._solve(obs.probes[-1]) is None
+    assert obs.best_within(300) is not None
