@@ -23,7 +23,7 @@ On real cards an out-of-memory probe measures only the failing card: near the la
 the probes of this batch could each learn one card and none fit. Once a card other than card 0
 has run out, the balance first probes at a smaller batch (:meth:`Balance._scout`), where every
 card is measured, and a card's line that its out-of-memory probe shows too low is turned up
-through that probe's figure (:meth:`Balance._lifted`).
+through that probe's figure (:meth:`dptune.search.models.CardFits._lifted`).
 
 Ties are ties: alike cards (the same card with the same memory held by others, as the
 caller names them; :mod:`dptune.search.alike`) share their measurements and every split
@@ -270,26 +270,7 @@ class Balance:
                 if line is None:
                     return None
                 out.append(solver.Fit(line.intercept, line.slope))
-        return [self._lifted(i, f) for i, f in enumerate(out)]
-
-    def _lifted(self, i: int, fit: solver.Fit) -> solver.Fit:
-        """``fit`` turned up about its value at card ``i``'s largest chunk measured (exactly)
-        below a chunk the card ran out of memory at, so that it passes through that lower
-        bound, when it predicted less there (real cards: an out-of-memory probe records the
-        failing card's peak as a lower bound, never a fit point; a line from far below that
-        missed the failure would put the card just below it again, one sample a probe)."""
-        for o in self.obs.points[i]:
-            if o.exact or not o.over or o.chunk <= 0 or (i == 0 and o.batch != self.B):
-                continue
-            below = [p.chunk for p in self.obs.points[i]
-                     if p.exact and 0 < p.chunk < o.chunk]
-            if not below or fit.predict(o.chunk, self.B) >= o.peak_bytes:
-                continue
-            a = max(below)
-            at = fit.predict(a, self.B)
-            slope = (o.peak_bytes - at) / (o.chunk - a)
-            fit = solver.Fit(at - slope * a, slope, zero_bytes=fit.zero_bytes)
-        return fit
+        return out
 
     def caps(self) -> list[Optional[int]]:
         """Each card's largest chunk not measured over budget at this batch (or below)."""

@@ -128,16 +128,39 @@ class CardFits:
         return line.slope
 
     def card_line(self, i: int, target: int) -> Optional[Line]:
-        """Card ``i >= 1`` near chunk ``target``: a secant, or one point and the others' slope."""
+        """Card ``i >= 1`` near chunk ``target``: a secant, or one point and the others' slope
+        (turned up through a failed probe's lower bound: :meth:`_lifted`)."""
         pts = [(p.chunk, float(p.peak_bytes)) for p in self._exact(i)]
         line = secant(pts, target, self.across_steps)
         if line is not None:
-            return Line(line.intercept, max(line.slope, MIN_SLOPE_BYTES))
+            return self._lifted(i, Line(line.intercept, max(line.slope, MIN_SLOPE_BYTES)))
         if pts and self.median_slope is not None:
             c, m = pts[0]
             s = max(self.median_slope, MIN_SLOPE_BYTES)
-            return Line(m - s * c, s)
+            return self._lifted(i, Line(m - s * c, s))
         return None
+
+    def _lifted(self, i: int, line: Line, batch: Optional[int] = None) -> Line:
+        """``line`` (card ``i``'s figure against its chunk; card 0's at ``batch``) turned up
+        about its value at the card's largest chunk measured exactly below a chunk where one
+        of this search's probes ran out of memory on it, so that it passes through that
+        probe's figure, when it predicted less there. On real cards a failed probe records
+        the failing card's figure as a lower bound, never a fit point: a line from far below
+        that missed the failure would put the card just below it again, one sample a probe.
+        Card 0's figure at another batch is moved by its cost per sample of the whole batch
+        (a guess: the line only chooses the next probe)."""
+        g = self.g if self.g is not None else 0.0
+        for o in self.obs.points[i]:
+            if o.exact or not o.over or o.chunk <= 0 or o.probe < 0:
+                continue    # measured, or a bound carried from another search
+            below = [p.chunk for p in self.obs.points[i] if p.exact and 0 < p.chunk < o.chunk]
+            y = o.peak_bytes - (g * (o.batch - batch) if i == 0 and batch is not None else 0.0)
+            if not below or line.at(o.chunk) >= y:
+                continue
+            a = max(below)
+            slope = (y - line.at(a)) / (o.chunk - a)
+            line = Line(line.at(a) - slope * a, slope)
+        return line
 
     def predict(self, i: int, c: int, batch: int) -> Optional[float]:
         """Predicted peak of card ``i`` (bytes) with chunk ``c`` in a batch; None if unknown."""
@@ -164,7 +187,8 @@ class CardFits:
             line = Line(near[1] - s * near[0], s)
         if line is None:
             return None
-        return Line(line.intercept + g * batch, max(line.slope, MIN_SLOPE_BYTES))
+        return self._lifted(0, Line(line.intercept + g * batch, max(line.slope, MIN_SLOPE_BYTES)),
+                            batch)
 
     def predict0(self, c: int, batch: int) -> Optional[float]:
         g = self.g if self.g is not None else 0.0

@@ -815,3 +815,30 @@ def test_balance_caps_below_a_measured_split_do_not_raise():
     assert bal.caps() == [194, 104]         # 298 samples in all: the solver finds no split
     assert bal._solve(obs.probes[-1]) is None
     assert obs.best_within(300) is not None
+
+
+def test_a_line_below_an_out_of_memory_bound_is_turned_up_through_it():
+    """Real cards: an out-of-memory probe records the failing card's figure as a lower bound
+    (not a fit point). A line through two small chunks that predicted that chunk to fit is
+    turned up about its largest measured chunk below to pass through the bound, so it puts
+    the card well below the failure rather than one sample under it; a bound carried over
+    from another search (``add_bound``) does not move it, nor does one the line clears."""
+    from dptune.backends.base import ProbeResult
+    from dptune.search.models import CardFits
+    from dptune.search.observations import Observations
+
+    budget = 10 * GiB
+    obs = Observations([budget, budget], exact_on_oom=False)
+    obs.add(ProbeResult((10, 10), (2 * GiB, 2 * GiB)))
+    obs.add(ProbeResult((10, 20), (2 * GiB, 3 * GiB)))       # card 1: a GiB per 10 samples
+    flat = CardFits(obs).card_line(1, 20)
+    assert flat is not None and flat.at(200) == pytest.approx(21 * GiB)
+    obs.add_bound(ProbeResult((10, 60), (2 * GiB, 12 * GiB)))  # another search's: ignored
+    assert CardFits(obs).card_line(1, 20) == flat
+    obs.add(ProbeResult((10, 100), (GiB, 11 * GiB), oom_device=1))  # the line said 11 GiB: clears
+    assert CardFits(obs).card_line(1, 20) == flat
+    obs.add(ProbeResult((10, 80), (GiB, 13 * GiB), oom_device=1))   # the line said 9 GiB here
+    line = CardFits(obs).card_line(1, 20)
+    assert line is not None and line.at(80) == pytest.approx(13 * GiB)
+    assert line.at(20) == pytest.approx(3 * GiB)                    # pivoted on chunk 20
+    assert (budget - line.intercept) / line.slope < 65               # the bound says it
