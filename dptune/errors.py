@@ -9,11 +9,13 @@ and what to do. The tree::
     │   ├── ImportStringError                "module:attr" that is malformed or names nothing
     │   ├── ReportError                      a report folder or report.json that is missing or invalid
     │   └── OutputError                      a report or plot folder that cannot be written
-    ├── NoFeasibleSplitError         exit 3  no split of the batch fits every card's budget
+    ├── NoFeasibleSplitError         exit 3  no split of the batch was found within every card's budget
+    │                                        (proven not to fit, or the probes ran out: the
+    │                                        message says which)
     ├── BackendUnavailableError      exit 4  GPUs asked for are missing, NVML/CUDA unusable
     ├── UserCodeError (RuntimeError) exit 1  the user's model, loss or optimizer raised;
     │                                        chained (``raise ... from``) to their exception
-    └── InternalError (RuntimeError) exit 1  dptune's own machinery failed (a bug in dptune,
+    └── InternalError (RuntimeError) exit 5  dptune's own machinery failed (a bug in dptune,
                                              never blamed on the user's code), naming the part
 
 Out-of-memory during a probe is not an error: the probe records which card ran out.
@@ -70,7 +72,9 @@ class OutputError(UsageError):
 
 
 class NoFeasibleSplitError(DptuneError, RuntimeError):
-    """No split of the batch fits every card's budget.
+    """No split of the batch was found within every card's budget: proven not to fit (the
+    probes bound every card below the batch), or the probes ran out before one fitted; the
+    message says which, and never claims "no split fits" where the probes do not prove it.
 
     ``shortfall_bytes`` is how much memory is missing on the tightest card for the best
     split found (``None`` when unknown).

@@ -26,7 +26,8 @@ exit codes:
   {EXIT_OK}    success
   {EXIT_USER_CODE}    an error in your model, batch, loss or optimizer (its traceback is shown)
   {EXIT_USAGE}    usage: bad flags, cluster spec, import string, JSON or report folder
-  {EXIT_NO_FIT}    no split of the batch fits every card's budget
+  {EXIT_NO_FIT}    no split of the batch within every card's budget (none fits, or the
+       probes ran out before one did: the message says which)
   {EXIT_BACKEND}    backend unavailable (e.g. --devices with no visible GPU)
   {EXIT_INTERNAL}    dptune's own failure (a bug in dptune: please report it)
   141  the reader of the output went away (dptune show DIR | head)
