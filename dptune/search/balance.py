@@ -55,6 +55,10 @@ __all__ = ["Balance"]
 #: Fraction of the donor card's chunk moved by the second probe.
 SECOND_SPLIT_SHARE = 0.25
 
+#: Real cards: at most this many halved scouts while none fits (a card 0 that holds no sample
+#: at all runs out in every one of them; the shift at the batch then moves its samples off).
+MAX_HALVINGS = 5
+
 
 class Balance:
     """The balance strategy (see the module docstring)."""
@@ -360,6 +364,8 @@ class Balance:
             return None     # only card 0 ran out: its holdings, which the shift moves off
         fitted = [r for r in obs.probes if obs.within_budget(r)]
         if not fitted:
+            if sum(r.purpose == "scout" for r in obs.probes) >= MAX_HALVINGS:
+                return None     # card 0 may hold no sample at all: the shift at this batch
             batch = min(r.batch_size for r in obs.probes) // 2
             s = even_split(batch, self.n)
             while not valid_split(s, self.m) and batch > 1:
@@ -430,7 +436,8 @@ class Balance:
         target = list(last.chunk_sizes) if last.batch_size == B else even_split(B, self.n)
         fits = self.fits(target)
         if fits is None:
-            s = tuple(self.shift(last.chunk_sizes, last)) if last.batch_size == B else None
+            at_b = next((r for r in reversed(obs.probes) if r.batch_size == B), None)
+            s = tuple(self.shift(at_b.chunk_sizes, at_b)) if at_b is not None else None
             return Proposal(s, "fit") if s is not None and s not in obs.by_split else None
         caps = self.caps()
         try:
@@ -474,23 +481,26 @@ class Balance:
     def no_split(self, fits: Optional[Sequence[solver.Fit]] = None) -> NoFeasibleSplitError:
         """The error when nothing at this batch was measured within budget."""
         obs = self.obs
-        if fits is not None:
-            worst, short, prop = self._predicted_best(fits)
-            return infeasible_error(worst, short, self.B,
-                                    f"measured caps leave no split; predicted for the best "
-                                    f"split {prop}")
         # proven: the chunks each card may take below a chunk measured over budget add up to
         # less than the batch (or card 0 is over with no samples); else the probes ran out
         proven = self.proven(math.nextafter(1.0, math.inf))
+        if fits is not None:
+            best = self._predicted_best(fits)
+            if best is not None:
+                worst, short, prop = best
+                return infeasible_error(worst, short, self.B,
+                                        f"measured caps leave no split; predicted for the best "
+                                        f"split {prop}", proven=proven)
         fits = None if proven else self.fits(even_split(self.B, self.n))
-        if fits is not None:    # not proven: what the fits say, a prediction
-            worst, short, prop = self._predicted_best(fits)
+        best = None if fits is None else self._predicted_best(fits)
+        predicted, far = "", False
+        if best is not None:    # not proven: what the fits say, a prediction
+            worst, short, prop = best
             verdict = "also over" if short > 0 else "within budget"
             amount = f", card {worst} by {format_bytes(max(short, 0))}" if short > 0 else ""
             predicted = (f"; the fits predict the best split {prop} {verdict}{amount} "
                          "(a prediction, not a measurement)")
-        else:
-            predicted = ""
+            far = short > self.tol * obs.budgets[worst]
         measured = [r for r in obs.probes if r.feasible and r.batch_size == self.B]
         if measured:
             def over(r: ProbeResult) -> tuple[float, int]:
@@ -500,20 +510,25 @@ class Balance:
             short, card = over(r)
             return infeasible_error(card, short, self.B,
                                     f"measured for the best split {list(r.chunk_sizes)}"
-                                    f"{predicted}", proven=proven)
+                                    f"{predicted}", proven=proven, likely=far)
         at_b = [r for r in obs.probes if r.batch_size == self.B]
         failed = at_b[-1].oom_device if at_b else None
+        every = "the one probe" if len(at_b) == 1 else f"every one of the {len(at_b)} probes"
         return infeasible_error(failed, None, self.B,
-                                f"every one of the {len(at_b)} probes of this batch ran out of "
-                                f"memory{predicted}", probes=at_b, budgets=obs.budgets,
-                                proven=proven)
+                                f"{every} of this batch ran out of memory{predicted}",
+                                probes=at_b, budgets=obs.budgets, proven=proven, likely=far)
 
-    def _predicted_best(self, fits: Sequence[solver.Fit]) -> tuple[int, float, list[int]]:
+    def _predicted_best(self, fits: Sequence[solver.Fit]
+                        ) -> Optional[tuple[int, float, list[int]]]:
         """The fits' best split of the batch (no caps), its tightest card and how far over
-        its budget it is predicted (bytes; negative: within)."""
+        its budget it is predicted (bytes; negative: within); ``None`` where the solver
+        finds no split at all (a budget of nothing, the BatchNorm rule)."""
         obs = self.obs
-        prop = solver.solve_balance(fits, obs.budgets, self.B, min_chunk_nonzero=self.m,
-                                    strict=False)
+        try:
+            prop = solver.solve_balance(fits, obs.budgets, self.B, min_chunk_nonzero=self.m,
+                                        strict=False)
+        except NoFeasibleSplitError:
+            return None
         peaks = solver.predict(fits, prop, self.B)
         worst = max(range(self.n), key=lambda i: (peaks[i] - obs.budgets[i])
                     if card_in_use(i, prop[i]) else -float("inf"))

@@ -60,14 +60,16 @@ def fixed_costs_fill(probes: Sequence[ProbeResult], budgets: Sequence[int]) -> O
 
 def infeasible_error(card: Optional[int], shortfall_bytes: Optional[float], batch_size: int,
                      detail: str = "", *, probes: Sequence[ProbeResult] = (),
-                     budgets: Sequence[int] = (), proven: bool = True) -> NoFeasibleSplitError:
+                     budgets: Sequence[int] = (), proven: bool = True,
+                     likely: bool = False) -> NoFeasibleSplitError:
     """The error for "no split fits", saying where, by how much, and what to try.
 
     Without a ``shortfall_bytes``, the amount comes from the out-of-memory probe among
     ``probes`` that came closest to the ``budgets`` (a lower bound: a step stops at the
     allocation that fails). ``proven=False``: the probes ran out before one fitted, and
     nothing they measured shows that none fits: the message says so, and that more probes
-    may find one, instead of claiming no split fits.
+    may find one, instead of claiming no split fits. ``likely``: the fits predict every split
+    over by more than the tolerance: the smaller batch leads the advice, more probes settle it.
     """
     short = None if shortfall_bytes is None else max(0, int(math.ceil(shortfall_bytes)))
     where = ""
@@ -86,12 +88,17 @@ def infeasible_error(card: Optional[int], shortfall_bytes: Optional[float], batc
         return NoFeasibleSplitError(f"no split of batch size {batch_size} fits: {fixed}.",
                                     shortfall_bytes=short)
     if not proven:
-        msg = (f"no split of batch size {batch_size} was measured within every card's budget, "
-               f"and none is proven not to fit{where}"
-               f"{'; ' + detail if detail else ''}. More probes may find one (--max-probes, "
-               "max_probes=); else try a smaller batch_size, a smaller headroom, more or larger "
-               "cards, or gradient accumulation (several smaller batches per step).")
-        return NoFeasibleSplitError(msg, shortfall_bytes=short)
+        head = (f"no split of batch size {batch_size} was measured within every card's budget, "
+                f"and none is proven not to fit{where}{'; ' + detail if detail else ''}. ")
+        if likely:
+            advice = ("Try a smaller batch_size, a smaller headroom, more or larger cards, or "
+                      "gradient accumulation (several smaller batches per step); more probes "
+                      "(--max-probes, max_probes=) would settle it.")
+        else:
+            advice = ("More probes may find one (--max-probes, max_probes=); else try a smaller "
+                      "batch_size, a smaller headroom, more or larger cards, or gradient "
+                      "accumulation (several smaller batches per step).")
+        return NoFeasibleSplitError(head + advice, shortfall_bytes=short)
     msg = (f"no split of batch size {batch_size} fits every card's budget{where}"
            f"{'; ' + detail if detail else ''}. Try a smaller batch_size, a smaller headroom, "
            "more or larger cards, or gradient accumulation (several smaller batches per step).")

@@ -666,11 +666,15 @@ def test_balance_probes_run_out_says_so_not_that_nothing_fits():
         run(shape, "balance", batch, real=True, max_probes=2)
     assert "none is proven not to fit" in str(e.value) and "--max-probes" in str(e.value)
     assert "fits every card's budget" not in str(e.value)
+    assert "the one probe of this batch ran out of memory" in str(e.value)
     shape = mlp(4)          # 30% over the largest batch: the fits' prediction is said as one
     with pytest.raises(NoFeasibleSplitError) as e:
         run(shape, "balance", 13 * best_batch(shape) // 10, real=True, max_probes=12)
     assert "none is proven not to fit" in str(e.value)
     assert "the fits predict the best split" in str(e.value) and "also over" in str(e.value)
+    # predicted over by far more than the tolerance: a smaller batch leads the advice
+    assert "Try a smaller batch_size" in str(e.value) and "would settle it" in str(e.value)
+    assert "More probes may find one" not in str(e.value)
     shape = mlp(2)
     with pytest.raises(NoFeasibleSplitError) as e:
         run(shape, "balance", 4 * best_batch(shape), max_probes=12)
@@ -854,3 +858,18 @@ def test_a_line_below_an_out_of_memory_bound_is_turned_up_through_it():
     assert line is not None and line.at(80) == pytest.approx(13 * GiB)
     assert line.at(20) == pytest.approx(3 * GiB)                    # pivoted on chunk 20
     assert (budget - line.intercept) / line.slope < 65               # the bound says it
+
+
+def test_balance_on_real_cards_stops_halving_when_card_0_holds_no_sample():
+    """Real cards, 8 mixed cards, card 0 holding 20 GiB of optimizer state and gathered
+    outputs (it fits only with no samples: :func:`sheds_replica`), the batch near the
+    largest. Every halved scout gives card 0 samples and runs out on it; after a few the
+    shift at the batch moves card 0's samples off, and the balance is found and certified
+    (halving down to one sample a card used every probe, and the error said none was found)."""
+    shape = sheds_replica(8)
+    shape.totals = [g * GiB for g in (24, 12, 40, 12, 16, 80, 24, 16)]
+    shape.used = [g * GiB for g in (0, 0, 2, 0, 0, 0, 6, 6)]
+    out, be = run(shape, "balance", 3069, real=True, max_probes=12)
+    assert out.certified and out.best.chunk_sizes[0] == 0
+    measured_within(shape, out)
+    assert_balanced(shape, 3069, out, shape.name)
