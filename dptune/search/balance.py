@@ -103,6 +103,10 @@ class Balance:
         it) add up to less than the batch, or card 0 reaches it with no samples at all."""
         total = 0
         for i in range(self.n):
+            if self.obs.budgets[i] <= 0:    # no room at all: card 0 holds the weights in
+                if i == 0:                  # every split; another card takes no samples
+                    return True
+                continue
             f = self.first_at(i, level)
             if f is None:
                 return False            # nothing bounds this card below the level

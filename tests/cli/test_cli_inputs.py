@@ -195,7 +195,9 @@ def test_headroom_over_the_card_says_by_how_much_in_gib(model, capsys):
     code, _, err = run(capsys, "search", "--model", f"{model}:Net", "--input-shape", "16",
                        "--batch-size", "8", "--simulate", "2x2GB", "--max-probes", "4",
                        "--headroom", "3GB", "--out", "r", "-q")
-    line = one_line(code, err, EXIT_NO_FIT, "card 0 is", "GiB over its budget")
+    line = one_line(code, err, EXIT_NO_FIT, "no split of batch size 8 fits every card's budget",
+                    "GiB over its budget")
+    assert re.search(r"card \d is \d+\.\d GiB over", line), line
     assert " bytes over" not in line
 
 
