@@ -42,7 +42,7 @@ from dptune.solve import memory as solver
 from dptune.backends.base import ProbeResult
 from dptune.errors import NoFeasibleSplitError
 from dptune.search.alike import spread
-from dptune.search.loop import Proposal, valid_split
+from dptune.search.loop import Proposal, even_at_most, valid_split
 from dptune.search.messages import card0_holdings, infeasible_error
 from dptune.search.models import MIN_SLOPE_BYTES, CardFits
 from dptune.search.observations import Bracket, Observations, next_chunk, round_middle, roundest
@@ -115,6 +115,11 @@ class Balance:
             c = f - 1
             total += 0 if 0 < c < self.m else c
         return total < self.B
+
+    def none_fits(self) -> bool:
+        """The probes prove that no split of the batch fits: :meth:`proven` just above a
+        share of 1 (every point counted is over its budget, a lower bound included)."""
+        return self.proven(math.nextafter(1.0, math.inf))
 
     def floor_level(self) -> float:
         """The largest share the probes prove every split of the batch reaches (0 if none)."""
@@ -370,13 +375,8 @@ class Balance:
         if not fitted:
             if sum(r.purpose == "scout" for r in obs.probes) >= MAX_HALVINGS:
                 return None     # card 0 may hold no sample at all: the shift at this batch
-            batch = min(r.batch_size for r in obs.probes) // 2
-            s = even_split(batch, self.n)
-            while not valid_split(s, self.m) and batch > 1:
-                batch -= 1
-                s = even_split(batch, self.n)
-            key = tuple(s)
-            return Proposal(key, "scout") if valid_split(s, self.m) and key not in obs.by_split \
+            half = even_at_most(min(r.batch_size for r in obs.probes) // 2, self.n, self.m)
+            return Proposal(half, "scout") if half is not None and half not in obs.by_split \
                 else None
         if len(fitted) >= 2:
             return None
@@ -460,12 +460,11 @@ class Balance:
         over = max(solver.shares_of(peaks, obs.budgets, prop)) > 1.0
         if over and self.error(last) <= self.tol and last.purpose in ("verify", "refine") \
                 and obs.best_within(B) is None:     # a split measured within budget stands
-            worst = max(range(self.n), key=lambda i: (peaks[i] - obs.budgets[i])
-                        if card_in_use(i, prop[i]) else -float("inf"))
-            raise infeasible_error(worst, peaks[worst] - obs.budgets[worst], B,
+            worst, short = self._tightest(prop, peaks)
+            raise infeasible_error(worst, short, B,
                                    f"predicted for the best split {list(prop)} by fits "
                                    f"the last probe matched within {self.tol:.0%}",
-                                   proven=self.proven(math.nextafter(1.0, math.inf)))
+                                   proven=self.none_fits())
         key = tuple(prop)
         if key in obs.by_split:
             return None
@@ -487,7 +486,7 @@ class Balance:
         obs = self.obs
         # proven: the chunks each card may take below a chunk measured over budget add up to
         # less than the batch (or card 0 is over with no samples); else the probes ran out
-        proven = self.proven(math.nextafter(1.0, math.inf))
+        proven = self.none_fits()
         if fits is not None:
             best = self._predicted_best(fits)
             if best is not None:
@@ -533,10 +532,16 @@ class Balance:
                                         strict=False)
         except NoFeasibleSplitError:
             return None
-        peaks = solver.predict(fits, prop, self.B)
-        worst = max(range(self.n), key=lambda i: (peaks[i] - obs.budgets[i])
-                    if card_in_use(i, prop[i]) else -float("inf"))
-        return worst, peaks[worst] - obs.budgets[worst], list(prop)
+        worst, short = self._tightest(prop, solver.predict(fits, prop, self.B))
+        return worst, short, list(prop)
+
+    def _tightest(self, split: Sequence[int], peaks: Sequence[float]) -> tuple[int, float]:
+        """The card in use furthest over (or least within) its budget in ``split`` and by how
+        many bytes (negative: within)."""
+        bud = self.obs.budgets
+        worst = max(range(self.n), key=lambda i: (peaks[i] - bud[i])
+                    if card_in_use(i, split[i]) else -float("inf"))
+        return worst, peaks[worst] - bud[worst]
 
 
 def _fix_batchnorm(split: list[int], m: int) -> list[int]:

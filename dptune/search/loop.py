@@ -14,8 +14,9 @@ from typing import Callable, Optional, Protocol, Sequence
 
 from dptune.backends.base import ProbeResult
 from dptune.search.observations import Observations
+from dptune.split import even_split
 
-__all__ = ["Proposal", "Strategy", "refine", "valid_split", "fill", "raise_cards"]
+__all__ = ["Proposal", "Strategy", "refine", "valid_split", "even_at_most", "fill", "raise_cards"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,16 @@ class Strategy(Protocol):
 def valid_split(split: Sequence[int], min_chunk: int) -> bool:
     """Non-negative chunks, at least one sample, none between 1 and ``min_chunk - 1``."""
     return sum(split) > 0 and all(c == 0 or c >= min_chunk for c in split) and min(split) >= 0
+
+
+def even_at_most(batch: int, n: int, min_chunk: int) -> Optional[tuple[int, ...]]:
+    """The even split of the largest batch ``<= batch`` that gives no card ``1..min_chunk - 1``
+    samples; ``None`` when none does."""
+    s = even_split(batch, n)
+    while not valid_split(s, min_chunk) and batch > 1:
+        batch -= 1
+        s = even_split(batch, n)
+    return tuple(s) if valid_split(s, min_chunk) else None
 
 
 def fill(total: int, caps: Sequence[int], min_chunk: int) -> Optional[list[int]]:

@@ -65,7 +65,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from dptune.search.line import BatchLine, first_over, largest_true, last_within
-from dptune.search.loop import Proposal, fill, raise_cards, valid_split
+from dptune.search.loop import Proposal, even_at_most, fill, raise_cards, valid_split
 from dptune.search.even_baseline import EvenBaseline
 from dptune.search.models import CardFits, chord_cap
 from dptune.search.observations import Bracket, Observations, next_chunk, roundest
@@ -426,12 +426,8 @@ class MaxBatch:
         obs = self.obs
         if obs.exact_on_oom or len(obs.probes) < 2 or any(obs.within_budget(r) for r in obs.probes):
             return None
-        batch = max(self.even.start(), obs.probes[-1].batch_size // 2)
-        s = tuple(even_split(batch, self.n))
-        while not valid_split(s, self.m) and batch > 1:
-            batch -= 1
-            s = tuple(even_split(batch, self.n))
-        return Proposal(s, "max") if valid_split(s, self.m) and s not in obs.by_split else None
+        s = even_at_most(max(self.even.start(), obs.probes[-1].batch_size // 2), self.n, self.m)
+        return Proposal(s, "max") if s is not None and s not in obs.by_split else None
 
     def _spread(self, s: tuple[int, ...]) -> tuple[int, ...]:
         """The first split with the cards ``i >= 1`` at two chunks (three cards or more, on
