@@ -16,6 +16,11 @@ of ``PYTORCH_CUDA_ALLOC_CONF`` in this environment) on a one-card cluster like t
 the relative error per level and writes ``reports/benchmarks/validate_reserved.csv``. Without
 a GPU it says so and exits 0. Until it has run on hardware, the reserved figures are a model
 of the allocator not yet checked there.
+
+``--batches LO:HI`` measures every batch size from LO to HI instead of the cases' own (with
+``--only``): a sweep that says where the card's reserved peak falls as the batch grows, and
+where the simulator says it falls. A certificate at the reserved level ("c fits, c+1 over")
+is a proof only where the figure does not fall; the sweep is the real card's answer.
 """
 
 from __future__ import annotations
@@ -94,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="only the first batch size of each model")
     parser.add_argument("--only", action="append", metavar="MODEL",
                         help="only the rows of this model (repeatable)")
+    parser.add_argument("--batches", metavar="LO:HI", default=None,
+                        help="every batch size from LO to HI (inclusive) instead of the cases' own")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
                         help="processes that compute the estimates while the card measures")
     args = parser.parse_args(argv)
@@ -121,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     cases = _cases()
     wanted = selected_rows(cases, args.quick, args.only)
+    if args.batches:
+        lo, hi = (int(x) for x in args.batches.split(":"))
+        wanted = [(i, b) for i in sorted({i for i, _ in wanted}) for b in range(lo, hi + 1)]
     estimates = Estimates(wanted, cluster_kw, "levels", args.jobs)
     out = RowWriter(args.csv)
     try:
@@ -133,7 +143,33 @@ def main(argv: list[str] | None = None) -> int:
         estimates.close()
         out.close()
     print(f"table written to {os.path.relpath(args.csv)}")
+    if args.batches:
+        print(falls_summary(rows))
     return 0
+
+
+def falls(rows: list[dict[str, Any]], key: str) -> list[tuple[str, str, int, int]]:
+    """(model, step, batch, bytes it fell by) wherever ``key`` is lower at a batch than at the
+    batch before it, in the same model and step."""
+    out = []
+    for prev, row in zip(rows, rows[1:]):
+        same = (prev["model"], prev["step"]) == (row["model"], row["step"])
+        if same and row["batch_size"] == prev["batch_size"] + 1 and row[key] < prev[key]:
+            out.append((row["model"], row["step"], row["batch_size"], prev[key] - row[key]))
+    return out
+
+
+def falls_summary(rows: list[dict[str, Any]]) -> str:
+    """Where the measured and the simulated reserved peaks fall as the batch grows by one."""
+    from dptune.units import format_bytes
+
+    lines = []
+    for who in ("real", "est"):
+        found = falls(rows, f"{who}_reserved")
+        name = "measured" if who == "real" else "simulated"
+        lines.append(f"{name} reserved peak falls at {len(found)} of {max(0, len(rows) - 1)} steps"
+                     + "".join(f"\n  {m} {s} batch {b}: -{format_bytes(d)}" for m, s, b, d in found))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
