@@ -288,8 +288,10 @@ def _max_batch_found(obs: Observations, mb: MaxBatch, batch_size: int, min_chunk
         if ran_out:
             detail = (f"the smallest batch probed was {smallest}: a smaller one was not tried "
                       "(more probes would)")
+        # proven only where the probes show every split of it over (card 0 with no samples
+        # included: a card 0 that sheds its replica may fit with none)
         raise infeasible_error(card, None, smallest, detail, probes=obs.probes,
-                               budgets=obs.budgets, proven=not ran_out)
+                               budgets=obs.budgets, proven=not ran_out and mb.infeasible(smallest))
     lo, hi = mb.even_bracket() if compare_even else (0, None)
     even_s = tuple(even_split(lo, obs.n)) if lo > 0 else tuple(even_split(batch_size, obs.n))
     even = obs.by_split.get(even_s) if lo > 0 else None

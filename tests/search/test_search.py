@@ -366,6 +366,20 @@ def test_nothing_fits_raises():
         run(shape, "max_batch", 64)
 
 
+def test_smallest_batch_over_is_not_proof_while_card_0_may_shed_its_replica():
+    """Card 0 runs out with the one sample of batch 1, but holds less with none: the probes
+    ran out before [0, 1, 0, 0] was asked, so "no split of batch size 1 fits" is not proven;
+    with more probes the search finds the split that leaves card 0 no samples."""
+    w, a = 3 * GiB, 50 * MiB
+    shape = Shape("sheds-at-one", [24 * GiB] * 4, f=lambda i, c: w + a * c,
+                  g=lambda c0, b: 21 * GiB + 2048 * b + (w + a * c0 if c0 else 0))
+    with pytest.raises(NoFeasibleSplitError) as e:
+        run(shape, "max_batch", 1, real=True, max_probes=1)
+    assert "none is proven not to fit" in str(e.value) and "More probes may find one" in str(e.value)
+    out, _ = run(shape, "max_batch", 1, real=True)
+    assert out.best.chunk_sizes[0] == 0 and out.best.batch_size == best_batch(shape)
+
+
 # ---- staircases: any monotone surface ends within max_probes with a verified split ----------
 
 def staircase(seed: int) -> Shape:
