@@ -11,7 +11,8 @@ with ``expandable_segments:True``. Times are medians over ``repeats`` probes.
     python -m benchmarks.reserved [--models MLP,GPT] [--cluster 4x24GB] [--repeats 3]
     python -m benchmarks.reserved --models GPT --varied 34,28,36,30,35,32   # changing batch
 
-The reserved figures are a model of the allocator, not yet checked on hardware.
+The reserved figures are a model of the allocator, checked on one H200 (2026-11-27: -14.6% to
++6.9% of max_memory_reserved on 19 single-card steps; not on several cards or NCCL).
 """
 
 from __future__ import annotations

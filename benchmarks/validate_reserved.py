@@ -14,8 +14,8 @@ against the simulator with the allocator model (:mod:`dptune.backends.simulated.
 of ``PYTORCH_CUDA_ALLOC_CONF`` in this environment) on a one-card cluster like this one
 (context = what was measured before the first allocation, no NCCL on one card). It prints
 the relative error per level and writes ``reports/benchmarks/validate_reserved.csv``. Without
-a GPU it says so and exits 0. Until it has run on hardware, the reserved figures are a model
-of the allocator not yet checked there.
+a GPU it says so and exits 0. On one H200 (2026-11-27, ``benchmarks/measured/``) the reserved
+peak was within -14.6% to +6.9% on 19 training steps; several cards and NCCL are not checked.
 
 ``--batches LO:HI`` measures every batch size from LO to HI instead of the cases' own (with
 ``--only``): a sweep that says where the card's reserved peak falls as the batch grows, and

@@ -107,6 +107,14 @@ class BudgetLevel(str, Enum):
     RESERVED = "reserved"
 
 
+#: What the simulated reserved level is, said wherever a simulated reserved figure is shown:
+#: how far it was checked on hardware (the README's "How close is the simulator" and
+#: ``benchmarks/measured/h200-2026-11-27-final`` hold the table; rerun by
+#: ``benchmarks/gpu_session.sh``).
+RESERVED_MODEL = ("a model of the caching allocator, checked on one card only (an H200, "
+                  "2026-11-27: -14.6% to +6.9% of max_memory_reserved on 19 training steps), "
+                  "not on several cards or NCCL's buffers")
+
 #: The level :class:`dptune.Tuner`, ``dptune search``, ``dptune plan`` (DDP and FSDP), the
 #: ``--lengths`` plans and the Hugging Face integration check by default: the one that runs
 #: out. ``budget_level="allocated"`` (``--budget-level allocated``) still checks the

@@ -23,7 +23,7 @@ from dptune.step.advice import unread_outputs_advice
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
 from dptune.backends.choice import BackendChoice, build_backend, choose_backend, timed
 from dptune.backends.simulated.reserved import ReservedModel, advice_lines
-from dptune.budget import BudgetLevel, at_level
+from dptune.budget import RESERVED_MODEL, BudgetLevel, at_level
 from dptune.errors import BackendUnavailableError, UsageError
 from dptune.result.model import SplitFigures, TuneResult, imbalance
 from dptune.search.alike import device_keys
@@ -43,8 +43,7 @@ OUTPUTS_ADVICE_SHARE = 0.15
 
 RESERVED_NOTE = ("budgets checked against the reserved level: peaks are the caching allocator's "
                  "reserved peak plus NCCL's buffers (allocated peaks in each probe's "
-                 "allocated_peak_bytes); on simulated cards a model of the allocator, not yet "
-                 "checked on hardware")
+                 f"allocated_peak_bytes); on simulated cards {RESERVED_MODEL}")
 
 
 def _notice(message: str, verbose: bool) -> None:

@@ -167,7 +167,7 @@ def level_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="reserved|allocated",
                    help="reserved (the default): the caching allocator's reserved peak plus "
                         "NCCL's buffers, what runs out on a card (on simulated cards predicted by "
-                        "a model of the allocator, not yet checked on hardware); allocated: the "
+                        "a model of the allocator, checked on one H200); allocated: the "
                         "allocator's allocated peak (max_memory_allocated), the headroom "
                         "covering the rest")
     g.add_argument("--allocator", type=allocator_arg, default=None, metavar="CONF",

@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
-from dptune.budget import Collectives
+from dptune.budget import RESERVED_MODEL, Collectives
 from dptune.budget import BudgetLevel
 from dptune.ddp.group import Group, LocalGroup, TorchGroup
 from dptune.ddp.probers import Prober, SimulatedProber, local_cuda_prober
@@ -447,8 +447,8 @@ def _notes(settings: Settings, job: _Job, obs: RankObservations, found: _Found,
     if settings.budget.level is BudgetLevel.RESERVED:
         notes.append("budgets checked against the reserved level: each rank's peak is the caching "
                      "allocator's reserved peak plus NCCL's buffers" + (
-                         f" ({format_bytes(reserved.fixed.nccl_for(obs.n, collectives))} per rank); a model of "
-                         "the allocator, not yet checked on hardware" if reserved is not None else
+                         f" ({format_bytes(reserved.fixed.nccl_for(obs.n, collectives))} per rank); "
+                         + RESERVED_MODEL if reserved is not None else
                          "; DDP's buckets counted on top of the single-card step's "
                          "max_memory_reserved"))
     if obs.m > 1:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Hashable, Iterable, Optional, Sequence
 
 from dptune import search
 from dptune.backends.base import Backend, ProbeResult
-from dptune.budget import BudgetLevel, at_level
+from dptune.budget import RESERVED_MODEL, BudgetLevel, at_level
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.lengths.buckets import Buckets, assign, bucket_edges
 from dptune.lengths.plan import BucketPlan, LengthPlan
@@ -217,7 +217,7 @@ def _level_notes(level: BudgetLevel, simulated: bool, given: Sequence[str]) -> l
         return []
     return ["budgets checked against the reserved level: each bucket's peaks are the caching "
             "allocator's reserved peak plus NCCL's buffers" + (
-                ", predicted by a model of the allocator, not yet checked on hardware"
+                f", predicted by {RESERVED_MODEL}"
                 if simulated else " (max_memory_reserved)")]
 
 

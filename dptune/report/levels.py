@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
+from dptune.budget import RESERVED_MODEL
 from dptune.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,8 +116,7 @@ def level_lines(result: "TuneResult") -> list[str]:
                 + (f" ({format_bytes(nccl)} per card)" if nccl is not None else "")
                 if simulated else "max_memory_reserved")
         lines = [f"budget level: reserved (peaks are {what}: what runs out on a card"
-                 + ("; predicted by a model of the caching allocator, not yet checked on "
-                    "hardware)" if simulated else ")")]
+                 + (f"; predicted by {RESERVED_MODEL})" if simulated else ")")]
     cards = split_memory(result, result.chunk_sizes, result.peak_bytes)
     if cards is not None:
         lines.append(_columns_line(cards, simulated))

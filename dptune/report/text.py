@@ -248,7 +248,7 @@ def _certificate(result: TuneResult) -> str:
         if result.certified:
             return (f"certified: yes (one more sample does not fit: the whole batch's bracket "
                     f"{whole[0].describe().removeprefix('whole batch ')} is closed, which is "
-                    f"all a largest batch needs{rest})")
+                    f"all a largest batch needs{rest}){_monotone_caveat(result)}")
         return (f"certified: no (the whole batch's bracket "
                 f"{whole[0].describe().removeprefix('whole batch ')} is still open{rest})")
     if result.certified:
@@ -260,6 +260,17 @@ def _certificate(result: TuneResult) -> str:
                     f"than the tolerance; brackets at the floor the probes prove: {br})")
         return f"certified: yes ({why}; brackets {br})"
     return f"certified: no (brackets {br})"
+
+
+def _monotone_caveat(result: TuneResult) -> str:
+    """At the reserved level, what "one more sample does not fit" rests on: the figure not
+    falling back under the budget at a larger batch (the allocator's fragmentation can make
+    it; the search refuses to certify where its probes show it, not where they did not look)."""
+    if budget_level(result) != "reserved":
+        return ""
+    return ("; at the reserved level this holds if the figure does not fall as the batch "
+            "grows, which the probes checked only where they measured (the caching "
+            "allocator's fragmentation can break it: expandable_segments:True makes it hold)")
 
 
 def _subject(result: TuneResult) -> str:

@@ -104,7 +104,7 @@ def test_table_shows_allocated_reserved_and_total_per_card(reserved):
                               format_bytes(p.reserved_bytes[i]),
                               format_bytes(p.reserved_bytes[i] + CONTEXT + NCCL)]
     assert "budget level: reserved" in text and f"({format_bytes(NCCL)} per card)" in text
-    assert "not yet checked on hardware" in text
+    assert "checked on one card only (an H200" in text and "not on several cards" in text
     assert "retried a cudaMalloc: close to running out, and slower): card 1: 2" in text
 
 
