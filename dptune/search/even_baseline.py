@@ -139,6 +139,16 @@ class EvenBaseline:
                    and any(p.probe == k and p.over for p in obs.points[0])
                    for k, r in enumerate(obs.probes))
 
+    def _crept(self, lo: int) -> bool:
+        """The last two probes were even splits one batch apart, at ``lo - 1`` and ``lo``,
+        and both fitted: the fits guessed one above the bracket twice and were wrong twice
+        (card 0 on a flat step of its figure)."""
+        obs = self.obs
+        last = obs.probes[-2:]
+        return (len(last) == 2 and lo % self.n != 0
+                and all(r.purpose.startswith("even-max") and obs.within_budget(r) for r in last)
+                and [r.batch_size for r in last] == [lo - 1, lo])
+
     def certified(self) -> bool:
         """``even(E)`` known to fit and ``even(E + 1)`` known over, from measured points (by
         dominance: ``even(E)`` need not be probed itself when a probe within budget put every
@@ -166,6 +176,11 @@ class EvenBaseline:
         b = min(max(largest_true(fits_at, lower, upper), lower), upper)
         if self.host._stalled("even") and hi is not None and b > lower:
             b = self.host._unstall("even", lo, hi)       # not halved in two probes
+        elif b == lower and self._crept(lo):
+            # the fits put E at lo again after a guess at lo + 1 fitted: card 0 sits on a
+            # flat step of its figure; the largest batch that leaves card 0 that chunk answers
+            # every batch below it at once (each card at most as loaded)
+            b = min(upper, self.n * -(-lower // self.n))
         for cand in [b, *range(b - 1, lower - 1, -1)[:4], *range(b + 1, upper + 1)[:4]]:
             s = tuple(even_split(cand, self.n))
             if valid_split(s, self.m) and s not in obs.by_split and not obs.split_fits(s) \

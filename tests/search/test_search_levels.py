@@ -12,6 +12,7 @@ import pytest
 
 from dptune import search
 from dptune.backends.base import ProbeResult
+from dptune.split import even_split
 from tests.support.level_oracle import fits_some_split, largest_batch
 
 MiB, GiB = 2**20, 2**30
@@ -167,6 +168,27 @@ def test_alike_cards_on_a_staircase_never_past_the_oracle(seed):
     assert max(rest) - min(rest) <= 1
     assert all(x <= b for x, b in zip(out.best.peak_bytes, budgets))
     assert len(out.probes) <= 12
+
+
+def test_the_even_baseline_does_not_walk_a_flat_step_of_card_0_one_batch_a_probe():
+    """Identical cards on a staircase where card 0, at the even split's cap, sits on a flat
+    step (seed 1: 0.9995 of its budget with 180 samples of 900 and with 181 of 905): the fits
+    guess one batch above the bracket and are wrong, batch after batch. Once two such guesses
+    fitted, the even split with card 0 at the same chunk and the largest batch answers every
+    batch below it. The even baseline is the brute force's and closed, in at most four
+    even-split probes (before: 900, 901, ..., 905, and the probes ran out with the bracket
+    open at [905, 2076])."""
+    n, f, g, probe, budgets = _alike_surface(1)
+    out = search.run(probe, budgets, "max_batch", 16 * n, max_probes=12,
+                     known=search.Known(alike=[0] + [1] * (n - 1)))
+
+    def even_fits(b: int) -> bool:
+        s = even_split(b, n)
+        return g(s[0], b) <= budgets[0] and all(f(i, c) <= budgets[i] for i, c in enumerate(s) if i and c)
+    e = next(b for b in range(1, 10 ** 5) if not even_fits(b + 1))
+    assert out.certified and out.even is not None and out.even.batch_size == e
+    assert not any("even split's largest batch was not bracketed" in x for x in out.notes)
+    assert sum(p.purpose.startswith("even-max") for p in out.probes) <= 4
 
 
 # ---- a flat step of the staircase: the roundest chunk --------------------------------------
