@@ -115,6 +115,14 @@ RESERVED_MODEL = ("a model of the caching allocator, checked on one card only (a
                   "2026-11-27: -14.6% to +6.9% of max_memory_reserved on 19 training steps), "
                   "not on several cards or NCCL's buffers")
 
+#: What a certificate ("one more sample does not fit") rests on at the reserved level, said
+#: wherever one is shown there: the figure not falling as the work grows, which fragmentation
+#: can break (``docs/guides/reserved-level-search.md``).
+RESERVED_CERTIFICATE = ("at the reserved level this holds if the figure does not fall as the "
+                        "batch grows, which the probes checked only where they measured (the "
+                        "caching allocator's fragmentation can break it: "
+                        "expandable_segments:True makes it hold)")
+
 #: The level :class:`dptune.Tuner`, ``dptune search``, ``dptune plan`` (DDP and FSDP), the
 #: ``--lengths`` plans and the Hugging Face integration check by default: the one that runs
 #: out. ``budget_level="allocated"`` (``--budget-level allocated``) still checks the

@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
-from dptune.budget import RESERVED_MODEL, Collectives
+from dptune.budget import RESERVED_CERTIFICATE, RESERVED_MODEL, Collectives
 from dptune.budget import BudgetLevel
 from dptune.ddp.group import Group, LocalGroup, TorchGroup
 from dptune.ddp.probers import Prober, SimulatedProber, local_cuda_prober
@@ -451,6 +451,8 @@ def _notes(settings: Settings, job: _Job, obs: RankObservations, found: _Found,
                          + RESERVED_MODEL if reserved is not None else
                          "; DDP's buckets counted on top of the single-card step's "
                          "max_memory_reserved"))
+        notes.append(f"a rank's batch certified (one more sample measured over): "
+                     f"{RESERVED_CERTIFICATE}")
     if obs.m > 1:
         notes.append("the model has BatchNorm: every rank gets at least 2 samples (or use "
                      "SyncBatchNorm, whose statistics span the global batch)")

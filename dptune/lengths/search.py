@@ -24,7 +24,7 @@ from typing import Any, Callable, Hashable, Iterable, Optional, Sequence
 
 from dptune import search
 from dptune.backends.base import Backend, ProbeResult
-from dptune.budget import RESERVED_MODEL, BudgetLevel, at_level
+from dptune.budget import RESERVED_CERTIFICATE, RESERVED_MODEL, BudgetLevel, at_level
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.lengths.buckets import Buckets, assign, bucket_edges
 from dptune.lengths.plan import BucketPlan, LengthPlan
@@ -218,7 +218,8 @@ def _level_notes(level: BudgetLevel, simulated: bool, given: Sequence[str]) -> l
     return ["budgets checked against the reserved level: each bucket's peaks are the caching "
             "allocator's reserved peak plus NCCL's buffers" + (
                 f", predicted by {RESERVED_MODEL}"
-                if simulated else " (max_memory_reserved)")]
+                if simulated else " (max_memory_reserved)"),
+            f"a bucket certified (one more sample measured over): {RESERVED_CERTIFICATE}"]
 
 
 def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterable[int],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from dptune.budget import RESERVED_CERTIFICATE
 from dptune.report.levels import budget_level, has_total, level_lines, split_memory
 from dptune.report.tables import Align, markdown_table, text_table
 from dptune.types import Objective
@@ -266,11 +267,7 @@ def _monotone_caveat(result: TuneResult) -> str:
     """At the reserved level, what "one more sample does not fit" rests on: the figure not
     falling back under the budget at a larger batch (the allocator's fragmentation can make
     it; the search refuses to certify where its probes show it, not where they did not look)."""
-    if budget_level(result) != "reserved":
-        return ""
-    return ("; at the reserved level this holds if the figure does not fall as the batch "
-            "grows, which the probes checked only where they measured (the caching "
-            "allocator's fragmentation can break it: expandable_segments:True makes it hold)")
+    return f"; {RESERVED_CERTIFICATE}" if budget_level(result) == "reserved" else ""
 
 
 def _subject(result: TuneResult) -> str:

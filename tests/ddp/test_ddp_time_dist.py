@@ -192,4 +192,6 @@ def test_a_plan_on_real_cards_says_its_peaks_are_measured(job):
     world, out = job
     plan = _plans(out, world, "timed_plan:fast")
     level = next(n for n in plan["notes"] if n.startswith("budgets checked against the reserved"))
-    assert "max_memory_reserved" in level and "a model of the allocator" not in level
+    assert "max_memory_reserved" in level and "a model of the caching allocator" not in level
+    assert any(n.startswith("a rank's batch certified") and "expandable_segments:True" in n
+               for n in plan["notes"])

@@ -106,6 +106,9 @@ def test_the_default_headroom_plans(tmp_path, lengths_file, capsys):
         plan = json.loads((out / "lengths.json").read_text())
         assert plan["headroom_bytes"] == headroom
         assert any("reserved level" in n for n in plan["notes"]) == (not extra)
+        # what a certified bucket rests on at the reserved level, said there only
+        assert any(n.startswith("a bucket certified") and "does not fall as the batch grows" in n
+                   for n in plan["notes"]) == (not extra)
 
 
 def test_a_sample_function_without_length_is_one_line(tmp_path, lengths_file, capsys):

@@ -253,3 +253,20 @@ def largest(surface, budgets, length):
         if surface.peaks(length, [c0, b + 1 - c0, 0, 0])[0] > budgets[0]:
             return b
         b += 1
+
+
+def test_the_reserved_level_notes_say_what_a_bucket_certificate_rests_on():
+    """At the reserved level a plan's notes say how the figure was predicted (the allocator
+    model, checked on one card) and what a certified bucket rests on (a figure that does not
+    fall as the batch grows); at the allocated level neither."""
+    from dptune.budget import BudgetLevel
+    from dptune.lengths.search import _level_notes
+
+    sim = _level_notes(BudgetLevel.RESERVED, True, ())
+    assert any("checked on one card only" in n for n in sim)
+    assert any(n.startswith("a bucket certified") and "does not fall as the batch grows" in n
+               for n in sim)
+    real = _level_notes(BudgetLevel.RESERVED, False, ())
+    assert any("max_memory_reserved" in n for n in real) and not any("one card only" in n for n in real)
+    assert any(n.startswith("a bucket certified") for n in real)
+    assert _level_notes(BudgetLevel.ALLOCATED, True, ()) == []
