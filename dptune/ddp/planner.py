@@ -47,8 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
-from dptune.budget import RESERVED_CERTIFICATE, RESERVED_MODEL, Collectives
-from dptune.budget import BudgetLevel
+from dptune.budget import RESERVED_CERTIFICATE, RESERVED_MODEL, BudgetLevel, Collectives
 from dptune.ddp.group import Group, LocalGroup, TorchGroup
 from dptune.ddp.probers import Prober, SimulatedProber, local_cuda_prober
 from dptune.ddp.ranks import RankInfo

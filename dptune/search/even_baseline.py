@@ -177,9 +177,9 @@ class EvenBaseline:
         if self.host._stalled("even") and hi is not None and b > lower:
             b = self.host._unstall("even", lo, hi)       # not halved in two probes
         elif b == lower and self._crept(lo):
-            # the fits put E at lo again after a guess at lo + 1 fitted: card 0 sits on a
-            # flat step of its figure; the largest batch that leaves card 0 that chunk answers
-            # every batch below it at once (each card at most as loaded)
+            # the fits put E at lo again after two even splits one batch apart fitted: card 0
+            # sits on a flat step of its figure; the largest batch that leaves card 0 that
+            # chunk answers every batch below it at once (each card at most as loaded)
             b = min(upper, self.n * -(-lower // self.n))
         for cand in [b, *range(b - 1, lower - 1, -1)[:4], *range(b + 1, upper + 1)[:4]]:
             s = tuple(even_split(cand, self.n))
