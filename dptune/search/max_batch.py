@@ -57,9 +57,10 @@ fewer probes, none of which returns anything not measured:
 - when the last two probes were even splits one batch apart that both fitted and the fits
   put ``E`` at ``lo`` again (card 0 on a flat step of its figure), the even split with card 0
   at the same chunk and the largest batch (``n`` times that chunk) is asked: it answers every
-  batch below it (on 40 alike staircases of the tests: 24 even brackets left open instead of
-  26, 443 probes instead of 447; 40 mixed clusters 231 instead of 230; the default-level grid's
-  15 rows on 4x24GB, 8x24GB and 4x24GB with 6 GB used on card 0: identical).
+  batch below it (``python -m benchmarks.search_families`` against ``--without-flat-step``:
+  40 alike staircases 24 even brackets left open instead of 26, 443 probes instead of 447;
+  40 mixed clusters 231 instead of 230; the default-level grid's 15 rows on 4x24GB, 8x24GB and
+  4x24GB with 6 GB used on card 0: identical).
 
 When the probes run out first, the even split is reported at the lower end of its bracket
 (what the probes prove: measured or by dominance), with the upper end beside it
