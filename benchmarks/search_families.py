@@ -6,6 +6,8 @@ cores). Families (analytic curves from ``tests/search``, answers by brute force 
 
 - alike staircases: identical cards 1..n-1 on a segment staircase (``_alike_surface``), the
   default probe cap (12), the cards named alike;
+- fine staircases: four identical 24 GB cards on 20 MiB steps of a few samples each (what
+  ``expandable_segments:True`` maps), thousands of samples per card (``_fine_surface``);
 - mixed clusters: staircases on 3-5 cards, some alike, NCCL or not (``random_cluster``);
 - staircases: monotone staircases (``staircase``), on the simulator and with real-card
   out-of-memory semantics, 16 probes.
@@ -42,6 +44,22 @@ def alike_staircases(n: int) -> dict[str, int]:
         c0 = max(c for c in range(4096) if g(c, c) <= budgets[0])
         want = largest_batch(f, g, budgets, cap * (k - 1) + c0)
         _count(out, r, r.best.batch_size == want)
+    return out
+
+
+def fine_staircases(n: int) -> dict[str, int]:
+    from dptune import search
+    from tests.search import test_search_levels as L
+    from tests.support.level_oracle import fits_some_split
+
+    out = dict(cases=0, certified=0, exact=0, even_open=0, probes=0)
+    for seed in range(n):
+        k, f, g, probe, budgets = L._fine_surface(seed)
+        r = search.run(probe, budgets, "max_batch", 16 * k, max_probes=12,
+                       known=search.Known(alike=[0] + [1] * (k - 1)))
+        # a batch that fits there leaves every smaller one fitting: the answer (measured
+        # within budget) is exact when no split of one more sample fits (every split tried)
+        _count(out, r, not fits_some_split(f, g, budgets, r.best.batch_size + 1))
     return out
 
 
@@ -100,7 +118,9 @@ def main(argv: Any = None) -> int:
     if args.without_flat_step:
         from dptune.search.even_baseline import EvenBaseline
         EvenBaseline._crept = lambda self, lo: False      # type: ignore[method-assign]
-    for name, family in (("alike staircases", alike_staircases), ("mixed clusters", mixed_clusters),
+    for name, family in (("alike staircases", alike_staircases),
+                         ("fine staircases (4 x 24 GB, 20 MiB steps)", fine_staircases),
+                         ("mixed clusters", mixed_clusters),
                          ("staircases (simulator, real)", staircases)):
         c = family(args.n)
         print(f"{name}: {c['cases']} cases, certified {c['certified']}, exact {c['exact']}, "

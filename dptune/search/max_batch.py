@@ -75,7 +75,7 @@ from dptune.search.line import BatchLine, first_over, largest_true, last_within
 from dptune.search.loop import Proposal, even_at_most, fill, raise_cards, valid_split
 from dptune.search.even_baseline import EvenBaseline
 from dptune.search.models import CardFits, chord_cap
-from dptune.search.observations import Bracket, Observations, next_chunk, roundest
+from dptune.search.observations import FLAT_RISE, Bracket, Observations, next_chunk, roundest
 from dptune.split import even_split
 
 __all__ = ["MaxBatch"]
@@ -189,7 +189,10 @@ class MaxBatch:
         c = max(lower, guess if upper is None else min(upper, guess))
         if upper is None:
             c = max(c, self._gallop(i, br.lo))
-        end = obs.flat_end(i, br.lo, br.hi) if br.hi is not None and obs.flat_within(i) else None
+        # a flat step whose end may be the cap: the upper end reads at most about a segment
+        # above it (FLAT_RISE); further above, the cap lies steps on, where the chord points
+        near = obs.flat_within(i, None if hi_pt is None else hi_pt.peak_bytes)
+        end = obs.flat_end(i, br.lo, br.hi) if br.hi is not None and near else None
         if end is not None:
             c = max(end, lower)             # a flat step: where it likely ends (step_end)
         elif br.hi is not None and hi_pt is not None and obs.flat_within(i, hi_pt.peak_bytes):
@@ -266,7 +269,10 @@ class MaxBatch:
             b = max(lower, self._round_batch(line, lo, hi))   # a flat step of a staircase
         elif stalled and b > lower and hi is not None:
             b = max(lower, self._unstall(f"line{line.t}", lo, hi))    # not halved in two probes
-        elif hi is not None and b > lower and self.obs.flat_over(0):
+        elif hi is not None and b > lower and self.obs.flat_over(0) \
+                and self._line_rise(line, lo, hi) <= FLAT_RISE * budget:
+            # card 0's over points on one flat step, and the bracket's lower end at most about
+            # a segment below them (further below, the fits place the cap better than a halving)
             b = max(lower, self._round_batch(line, lo, hi))   # a flat step of a staircase
         return b
 
@@ -289,6 +295,15 @@ class MaxBatch:
             return None
         c = self.obs.flat_end(0, c_lo, c_hi)
         return None if c is None else lo + (c - c_lo)
+
+    def _line_rise(self, line: BatchLine, lo: int, hi: int) -> int:
+        """How far card 0's figure rises across ``line``'s bracket ``[lo, hi)``: the figure at
+        the over point that sets ``hi`` less the one at the point within budget that sets
+        ``lo`` (0 where either is not measured: nothing says the bracket is wide)."""
+        over = self._line_over_peak(line, hi)
+        within = [p.peak_bytes for p in self.obs.fit_points(0)
+                  if last_within(line, p.chunk, p.batch) == lo]
+        return 0 if over is None or not within else over - max(within)
 
     def _line_over_peak(self, line: BatchLine, hi: int) -> Optional[int]:
         """Card 0's figure at the over point that sets ``hi``, the upper end of ``line``'s
