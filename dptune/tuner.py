@@ -25,7 +25,7 @@ from dptune.backends.choice import BackendChoice, build_backend, choose_backend,
 from dptune.backends.simulated.reserved import ReservedModel, advice_lines
 from dptune.budget import RESERVED_MODEL, BudgetLevel, at_level
 from dptune.errors import BackendUnavailableError, UsageError
-from dptune.result.model import SplitFigures, TuneResult, imbalance
+from dptune.result.model import AllocatorAnswer, SplitFigures, TuneResult, imbalance
 from dptune.search.alike import device_keys
 from dptune.search.messages import card0_holdings
 from dptune.search.output_card import reuse, swapped, swapped_outcome
@@ -199,6 +199,7 @@ class Tuner:
             k = self._output_candidate(backend)
             if k:
                 outcome, card0_batch, out_dev = self._gather_on(backend, outcome, k, notes)
+            other = self._other_allocator(backend, outcome, out_dev)
         finally:
             if self.backend is None:
                 backend.close()
@@ -226,11 +227,12 @@ class Tuner:
             breakdown=list(best.breakdown) if best.breakdown is not None else None,
             requested_batch_size=self.batch_size, seconds=time.perf_counter() - start,
             advice=(_advice(best, even, outcome, budgets) + _output_device_advice(out_dev)
-                    + advice_lines(best) + speed_advice),
+                    + advice_lines(best) + speed_advice
+                    + ([other.advice(best.batch_size)] if other is not None else [])),
             notes=notes,
             certified=outcome.certified, brackets=list(outcome.brackets), model=model,
             output_device=out_dev, card0_output_batch_size=card0_batch,
-            settings=_settings(self.workload, backend))
+            allocator_answer=other, settings=_settings(self.workload, backend))
 
     def _open_backend(self, notes: list[str]) -> Backend:
         """The backend given, else the one the cards chosen name (said once in ``notes``)."""
@@ -262,6 +264,29 @@ class Tuner:
         notes.append(f"gathering the outputs on card {k} fits batch "
                      f"{alt.best.batch_size}, no more than on card 0: card 0 kept")
         return dataclasses.replace(outcome, probes=probes), None, 0
+
+    def _other_allocator(self, backend: Backend, outcome: search.SearchOutcome,
+                         output_device: int) -> Optional[AllocatorAnswer]:
+        """``max_batch`` on simulated cards at the reserved level, where the probes showed the
+        reserved figures falling as the work grows (fragmentation: the answer is then not
+        certified): the same search with ``expandable_segments:True`` added to the
+        allocator's setting, under which segments grow in place and the figure follows the
+        allocated one, so that the advice can give a certified batch for it. ``None``
+        otherwise (the tuned setting is never changed: this is advice beside it)."""
+        model = self.settings.budget.reserved
+        switch = getattr(backend, "allocator_setting", None)
+        if (self.objective is not Objective.MAX_BATCH or outcome.not_monotone is None
+                or model is None or model.config.expandable_segments or switch is None):
+            return None
+        config = dataclasses.replace(model.config, expandable_segments=True)
+        _notice("the reserved figures fall as the work grows (fragmentation): searching again "
+                f"with {config.to_conf()} for the advice", self.settings.verbose)
+        with switch(config):
+            alt = self._search(backend, output_device=output_device)
+        return AllocatorAnswer(setting=config.to_conf(), chunk_sizes=tuple(alt.best.chunk_sizes),
+                               peak_bytes=tuple(alt.best.peak_bytes),
+                               certified=alt.certified and alt.not_monotone is None,
+                               probes=len(alt.probes))
 
     def _search(self, backend: Backend, output_device: int = 0,
                 first: Optional[search.SearchOutcome] = None) -> search.SearchOutcome:

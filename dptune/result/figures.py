@@ -13,7 +13,8 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 from dptune.types import ProbeResult, card_in_use
 
-__all__ = ["GainRange", "MAX_GAIN_SPAN", "shares", "imbalance", "BudgetCheck", "budget_check", "SplitFigures"]
+__all__ = ["GainRange", "MAX_GAIN_SPAN", "shares", "imbalance", "BudgetCheck", "budget_check", "SplitFigures",
+           "AllocatorAnswer"]
 
 
 def shares(peak_bytes: Sequence[int], budget_bytes: Sequence[int]) -> list[float]:
@@ -128,3 +129,39 @@ class SplitFigures:
                     breakdown=list(self.breakdown) if self.breakdown is not None else None,
                     batch_size=self.batch_size, implied_by=list(self.implied_by),
                     open_bracket=self.open_bracket, at_most=self.at_most)
+
+
+@dataclass(frozen=True)
+class AllocatorAnswer:
+    """The largest batch searched again on the simulated cards with another setting of the
+    caching allocator (``setting``, as ``PYTORCH_CUDA_ALLOC_CONF`` takes it), where the first
+    answer could not be certified because its reserved figures fall as the work grows
+    (fragmentation). ``chunk_sizes`` and ``peak_bytes`` (at the budget level, the setting's
+    reserved peak plus NCCL) are those of the split measured within every budget;
+    ``certified``: one more sample measured over on every card; ``probes``: the probes this
+    search ran (besides the first search's)."""
+
+    setting: str
+    chunk_sizes: tuple[int, ...]
+    peak_bytes: tuple[int, ...]
+    certified: bool
+    probes: int
+
+    @property
+    def batch_size(self) -> int:
+        return sum(self.chunk_sizes)
+
+    def advice(self, batch_size: int) -> str:
+        """The advice line beside an uncertified answer of ``batch_size`` samples."""
+        gain = f" ({self.batch_size / batch_size - 1:+.0%})" if batch_size > 0 else ""
+        proof = ("certified: one more sample measured over on every card" if self.certified
+                 else "not certified either")
+        return (f"with PYTORCH_CUDA_ALLOC_CONF={self.setting} the caching allocator's figures "
+                f"grow with the work: batch {self.batch_size}{gain} as {list(self.chunk_sizes)}, "
+                f"{proof} ({self.probes} more simulated probes); set it in the environment "
+                "before the run starts (on real cards, tune again with it set)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(setting=self.setting, chunk_sizes=list(self.chunk_sizes),
+                    batch_size=self.batch_size, peak_bytes=list(self.peak_bytes),
+                    certified=self.certified, probes=self.probes)

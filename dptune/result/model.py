@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dptune.errors import ReportError
-from dptune.result.figures import BudgetCheck, GainRange, SplitFigures, budget_check, imbalance, shares
+from dptune.result.figures import (AllocatorAnswer, BudgetCheck, GainRange, SplitFigures, budget_check,
+                                   imbalance, shares)
 from dptune.result.read import OBJECTIVES, REPORT_VERSION, read_json, result_fields
 from dptune.result.wrap import NOT_GIVEN, wrap_model
 from dptune.result.wrap import warn_settings as _warn_settings  # noqa: F401 (integrations.transformers)
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from dptune.parallel import BalancedDataParallel
 
-__all__ = ["Fit", "Bracket", "SplitFigures", "TuneResult", "REPORT_VERSION", "OBJECTIVES", "shares",
+__all__ = ["Fit", "Bracket", "SplitFigures", "AllocatorAnswer", "TuneResult", "REPORT_VERSION", "OBJECTIVES", "shares",
            "imbalance", "load_result", "BudgetCheck", "budget_check", "wrap_model", "NOT_GIVEN"]
 
 
@@ -53,6 +54,10 @@ class TuneResult:
       ``brackets``: per card ``[lo, hi)``, ``lo`` measured within budget, ``hi`` over.
     - ``output_device``: the card DataParallel gathers the outputs on (0 unless another card
       raised the largest batch; ``card0_output_batch_size`` is then the batch with card 0).
+    - ``allocator_answer``: ``max_batch`` on simulated cards at the reserved level, when the
+      answer is not certified because the reserved figures fall as the work grows
+      (fragmentation): the same search with ``expandable_segments:True``
+      (:class:`AllocatorAnswer`), else ``None``.
     - ``settings``: the training step the split was tuned for (mixed precision,
       accumulation, clipping, the user's step function); a split is only valid for it.
     - ``model``: the user's model wrapped in a ``BalancedDataParallel`` with this split
@@ -80,6 +85,7 @@ class TuneResult:
     brackets: list[Bracket] = field(default_factory=list)
     output_device: int = 0
     card0_output_batch_size: Optional[int] = None
+    allocator_answer: Optional[AllocatorAnswer] = None
     settings: StepSettings = field(default_factory=StepSettings)
     model: Optional["torch.nn.Module"] = field(default=None, repr=False, compare=False)
     #: the report file this result was read from (set by :func:`load_result`)
@@ -168,6 +174,8 @@ class TuneResult:
             certified=self.certified,
             brackets=[b.to_dict() for b in self.brackets], output_device=self.output_device,
             card0_output_batch_size=self.card0_output_batch_size,
+            allocator_answer=(None if self.allocator_answer is None
+                              else self.allocator_answer.to_dict()),
         )
 
     @classmethod

@@ -16,7 +16,7 @@ import os
 from typing import Any, Optional, Sequence, cast
 
 from dptune.errors import ReportError, UsageError
-from dptune.result.figures import SplitFigures
+from dptune.result.figures import AllocatorAnswer, SplitFigures
 from dptune.search.observations import Bracket
 from dptune.solve.memory import Fit
 from dptune.types import Device, Objective, ProbeResult
@@ -288,6 +288,19 @@ def _check_implied(even: SplitFigures, probes: int) -> None:
                           f"probe(s) ({have}); {_AGAIN}")
 
 
+def _read_allocator_answer(c: _Checked, n: int) -> Optional[AllocatorAnswer]:
+    """None recorded (the first answer was certified, or the search not run), or one."""
+    raw = c.raw("allocator_answer", optional=True)
+    if raw is None:
+        return None
+    a = _Checked(raw, "allocator_answer")
+    chunks = a.ints("chunk_sizes", n)
+    _check_sum(a, chunks)
+    return AllocatorAnswer(setting=a.text("setting"), chunk_sizes=tuple(chunks),
+                           peak_bytes=tuple(a.ints("peak_bytes", n)),
+                           certified=_read_flag(a, "certified"), probes=a.integer("probes"))
+
+
 def _read_brackets(c: _Checked, n: int) -> list[Bracket]:
     """None recorded, or one per card."""
     items = c.objects("brackets", n if c.raw("brackets", optional=True) else None, optional=True)
@@ -345,6 +358,7 @@ def result_fields(d: Any) -> dict[str, Any]:
         brackets=_read_brackets(c, n),
         output_device=c.card("output_device", n) or 0,
         card0_output_batch_size=c.integer("card0_output_batch_size", optional=True),
+        allocator_answer=_read_allocator_answer(c, n),
     )
 
 

@@ -67,6 +67,9 @@ class SearchOutcome:
     even_open: bool = False
     even_at_most: Optional[int] = None
     even_kept: bool = False
+    #: where the probes contradict a figure that grows with the work (fragmentation at the
+    #: reserved level: :meth:`Observations.not_monotone`), which leaves the answer uncertified
+    not_monotone: Optional[str] = None
 
 
 def _fits(obs: Observations, split: Sequence[int]) -> tuple[Fit, ...]:
@@ -212,7 +215,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
                          fits=_fits(obs, found.best.chunk_sizes), brackets=tuple(found.brackets),
                          certified=found.certified, card0_floor=found.floor, notes=tuple(notes),
                          even_open=found.even_open, even_at_most=found.even_at_most,
-                         even_kept=found.even_kept)
+                         even_kept=found.even_kept, not_monotone=contradiction)
 
 
 class _Settle:

@@ -19,6 +19,7 @@ from dptune._torch_private import fake_tensor_mode, new_shape_env
 from dptune.backends.base import Capabilities, ModelFacts, ProbeResult
 from dptune.hardware.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
 from dptune.backends.simulated.allocator import Event
+from dptune.backends.simulated.allocator_config import AllocatorConfig
 from dptune.backends.simulated.reserved import (ReservedFigures, ReservedModel, TraceRecorder, canonical_traces,
                                                 level_settings)
 from dptune.hardware.speeds import cluster_speeds
@@ -449,6 +450,20 @@ class SimulatedBackend:
                            oom_device=oom, breakdown=tuple(est.breakdown), seconds=est.seconds,
                            note="; ".join(("simulated",) + est.notes),
                            unread_outputs=est.unread_outputs, **extra)
+
+    @contextlib.contextmanager
+    def allocator_setting(self, config: AllocatorConfig) -> Iterator[None]:
+        """Probes inside replay the step with the allocator configured as ``config`` (the
+        reserved level's model; its fixed costs kept), the model's own outside. Needs an
+        allocator model (``reserved=``)."""
+        if self.reserved is None:
+            raise InternalError("allocator_setting needs an allocator model (reserved=)")
+        kept = self.reserved
+        self.reserved = dataclasses.replace(kept, config=config)
+        try:
+            yield
+        finally:
+            self.reserved = kept
 
     def allocator_traces(self, card: int) -> list[list[Event]]:
         """Card ``card``'s allocator traces of the last probe, as the reserved level replays

@@ -1,0 +1,186 @@
+"""The largest batch when the reserved figures fall as the work grows (fragmentation): the
+answer is not certified, and on simulated cards the tuner searches again with
+``expandable_segments:True`` for a certified batch to advise (``TuneResult.allocator_answer``).
+
+A synthetic backend (no torch work in the probes) whose reserved figure is the allocated one
+plus 3 GiB of cached but free blocks on card 1 from 100 to 160 samples (it falls by 3 GiB at
+161) and, with ``expandable_segments:True``, the allocated one rounded up to 20 MiB pages.
+The expected batch comes from brute force over every split on that monotone surface."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Iterator, Sequence
+
+import pytest
+import torch
+
+from dptune.backends.base import Device, ProbeResult
+from dptune.budget import BudgetLevel
+from dptune.result.model import TuneResult
+from dptune.tuner import Tuner
+
+GiB, MiB = 2**30, 2**20
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # BalancedDataParallel on CPU
+
+
+class FragmentingBackend:
+    """Two simulated 8 GiB cards; card 0 also pays per sample of the whole batch."""
+
+    kind = "simulated"
+
+    def __init__(self, fragments: bool = True):
+        self.devices = [Device(i, f"card{i}", 8 * GiB) for i in range(2)]
+        self.fragments = fragments
+        self.expandable = False
+        self.settings: list[str] = []      # every allocator setting switched to
+        self.calls: list[tuple[bool, tuple[int, ...]]] = []
+
+    def describe(self) -> str:
+        return "2 fragmenting cards"
+
+    @contextlib.contextmanager
+    def allocator_setting(self, config) -> Iterator[None]:  # type: ignore[no-untyped-def]
+        self.settings.append(config.to_conf())
+        kept, self.expandable = self.expandable, config.expandable_segments
+        try:
+            yield
+        finally:
+            self.expandable = kept
+
+    @staticmethod
+    def allocated(i: int, c: int, batch: int) -> int:
+        if i > 0 and c == 0:
+            return 0
+        return GiB + 20 * MiB * c + (MiB * batch if i == 0 else 0)
+
+    def reserved(self, i: int, c: int, batch: int) -> int:
+        a = self.allocated(i, c, batch)
+        if a == 0:
+            return 0
+        if self.expandable:
+            return -(-a // (20 * MiB)) * 20 * MiB
+        return a + (3 * GiB if self.fragments and i == 1 and 100 <= c <= 160 else 0)
+
+    def probe(self, chunk_sizes: Sequence[int]) -> ProbeResult:
+        s = tuple(int(c) for c in chunk_sizes)
+        self.calls.append((self.expandable, s))
+        b = sum(s)
+        alloc = tuple(self.allocated(i, c, b) for i, c in enumerate(s))
+        res = tuple(self.reserved(i, c, b) for i, c in enumerate(s))
+        over = [i for i, r in enumerate(res) if r > self.devices[i].available_bytes]
+        return ProbeResult(s, alloc, reserved_bytes=res, oom_device=over[0] if over else None)
+
+    def close(self) -> None:
+        pass
+
+
+def tune(backend: FragmentingBackend, **kw) -> TuneResult:  # type: ignore[no-untyped-def]
+    kw.setdefault("verbose", False)
+    return Tuner(torch.nn.Linear(4, 2), lambda n: torch.randn(n, 4), batch_size=64,
+                 objective="max_batch", backend=backend, **kw).fit()
+
+
+def brute_force(budgets: Sequence[int]) -> int:
+    """The largest batch some split fits with expandable segments (every split tried)."""
+    be = FragmentingBackend()
+    be.expandable = True
+    best = 0
+    for b in range(1, 800):
+        if any(be.reserved(0, b - c1, b) <= budgets[0] and be.reserved(1, c1, b) <= budgets[1]
+               for c1 in range(b + 1)):
+            best = b
+    return best
+
+
+def test_an_answer_whose_figures_fall_gets_a_certified_answer_with_expandable_segments():
+    be = FragmentingBackend()
+    r = tune(be)
+    assert not r.certified
+    assert any("not monotone" in n for n in r.notes)
+    alt = r.allocator_answer
+    assert alt is not None and be.settings == ["expandable_segments:True"]
+    # the alternative: certified, the brute force's largest batch, every card within budget
+    assert alt.certified and alt.batch_size == brute_force(r.budget_bytes)
+    assert all(p <= b for p, b in zip(alt.peak_bytes, r.budget_bytes))
+    assert alt.probes == sum(1 for exp, _ in be.calls if exp)
+    # the answer itself is the default allocator's (probed without the setting), unchanged
+    assert (False, tuple(r.chunk_sizes)) in be.calls
+    line = next(a for a in r.advice if "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in a
+                and "certified" in a)
+    assert f"batch {alt.batch_size}" in line and "tune again" in line
+    # the report keeps it
+    back = TuneResult.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back.allocator_answer == alt
+
+
+def test_no_second_search_when_the_figures_grow_with_the_work():
+    be = FragmentingBackend(fragments=False)
+    r = tune(be)
+    assert r.allocator_answer is None and be.settings == []
+    assert not any(exp for exp, _ in be.calls)
+    assert TuneResult.from_dict(json.loads(json.dumps(r.to_dict()))).allocator_answer is None
+
+
+def test_no_second_search_at_the_allocated_level_or_for_balance():
+    be = FragmentingBackend()
+    r = tune(be, budget_level="allocated")
+    assert r.allocator_answer is None and be.settings == []
+    be = FragmentingBackend()
+    r = Tuner(torch.nn.Linear(4, 2), lambda n: torch.randn(n, 4), batch_size=64,
+              backend=be, verbose=False).fit()
+    assert r.allocator_answer is None and be.settings == []
+
+
+def test_no_second_search_when_expandable_segments_is_already_set():
+    be = FragmentingBackend()
+    r = tune(be, allocator="expandable_segments:True")
+    assert r.allocator_answer is None and be.settings == []
+
+
+def test_a_report_with_a_bad_allocator_answer_is_refused():
+    from dptune.errors import ReportError
+
+    d = tune(FragmentingBackend()).to_dict()
+    d["allocator_answer"]["chunk_sizes"] = [1]
+    with pytest.raises(ReportError, match="allocator_answer.chunk_sizes"):
+        TuneResult.from_dict(d)
+
+
+@pytest.mark.slow
+def test_the_benchmarks_batchnorm_cnn_on_two_24gb_cards():
+    """What a user gets on the simulated cluster: the benchmarks' BatchNorm CNN (AdamW) on
+    2 x 24 GB reads its reserved figure falling (3.4 GB at one more sample, see
+    docs/guides/reserved-level-search.md), so the answer is not certified; with expandable
+    segments the answer is certified, and direct probes on a simulated cluster with that
+    setting show the split within every budget and both splits of one more sample over."""
+    import warnings
+
+    from benchmarks import config
+    from dptune.backends.simulated import SimulatedBackend, parse_cluster
+    from dptune.budget import at_level
+    from dptune.settings import Budget
+    from dptune.step.workload import Workload
+
+    spec = config.MODELS["ResNet"]
+    model, sample = spec.workload_args()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = Tuner(model, sample, batch_size=2 * spec.hint_per_card, optimizer=config.optimizer,
+                  objective="max_batch", simulate="2x24GB", verbose=False).fit()
+    assert not r.certified
+    alt = r.allocator_answer
+    assert alt is not None and alt.certified and alt.batch_size > r.batch_size
+    budget = Budget.at("reserved", allocator="expandable_segments:True")
+    backend = SimulatedBackend(Workload(model, sample, None, config.optimizer),
+                               parse_cluster("2x24GB"), reserved=budget.reserved)
+    limits = [d.budget_bytes(budget.headroom_bytes) for d in backend.devices]
+
+    def over(split: Sequence[int]) -> list[bool]:
+        peaks = at_level(backend.probe(list(split)), backend.devices, BudgetLevel.RESERVED).peak_bytes
+        return [p > b for p, b in zip(peaks, limits)]
+    split = list(alt.chunk_sizes)
+    assert not any(over(split))
+    assert any(over([split[0] + 1, split[1]])) and any(over([split[0], split[1] + 1]))
