@@ -161,6 +161,11 @@ class LevelRow:
     even_batch: int = 0              # the even split's largest batch as dptune reports it
     even_open: bool = False
     even_at_most: Optional[int] = None
+    #: the largest batch with expandable_segments:True (the tuner's allocator_answer, where
+    #: fragmentation showed), its certificate and probes; 0 where it did not run
+    exp_batch: int = 0
+    exp_certified: bool = False
+    exp_probes: int = 0
     bal_split: list[int] = field(default_factory=list)
     bal_certified: bool = False
     bal_probes: int = 0
@@ -187,6 +192,9 @@ class LevelRow:
                 "max_batch_error": self.max_error, "dptune_even_max_batch": self.even_batch,
                 "even_open": self.even_open,
                 "even_at_most": "" if self.even_at_most is None else self.even_at_most,
+                "expandable_max_batch": self.exp_batch or "",
+                "expandable_certified": self.exp_certified if self.exp_batch else "",
+                "expandable_probes": self.exp_probes or "",
                 "balance_split": ints(self.bal_split), "balance_certified": self.bal_certified,
                 "balance_probes": self.bal_probes, "balance_notes": self.bal_notes,
                 "balance_error": self.bal_error, "check_run": self.check_run,
@@ -242,6 +250,9 @@ def run_level_case(spec: config.ModelSpec, scenario: str, level: str = "reserved
         row.max_notes = "" if res.certified else _certificate_notes(res.notes)
         row.even_batch = res.even.batch_size
         row.even_open, row.even_at_most = res.even.open_bracket, res.even.at_most
+        alt = res.allocator_answer
+        if alt is not None:
+            row.exp_batch, row.exp_certified, row.exp_probes = alt.batch_size, alt.certified, alt.probes
         say(f"max_batch: {row.max_batch} as {row.max_split}, {row.max_probes} probes, "
             f"certified {row.max_certified}; even {row.even_batch}")
         closed = [b for b in res.brackets if b.closed]
@@ -290,6 +301,7 @@ def level_table(rows: Sequence[dict[str, Any]], cases: Optional[Sequence[tuple[s
         return str(r.get(k, "")).lower() == "true"
 
     header = ["model", "cluster", "largest batch: even / dptune (gain)", "max_batch: certified, probes",
+              "with expandable_segments:True (advised where fragmentation shows): batch, certified, probes",
               "balance at even max: certified, probes",
               "local check: split fits, +1 over on cards proven, one more fits on, monotone near"]
     out = []
@@ -319,8 +331,10 @@ def level_table(rows: Sequence[dict[str, Any]], cases: Optional[Sequence[tuple[s
                  + (f", **cards {', '.join(larger)}** ({best + 1} fits)" if larger else ", none")
                  + f", {'yes' if not r.get('check_not_monotone') else '**no**: ' + r['check_not_monotone']}"
                  if yes(r, "check_run") else "not run")
+        exp = (f"{r['expandable_max_batch']}, {'yes' if yes(r, 'expandable_certified') else '**no**'}, "
+               f"{r['expandable_probes']}" if str(r.get("expandable_max_batch") or "") else "-")
         out.append(cells + [f"{even}{open_} / {best} ({gain})", f"{cert}, {r['max_batch_probes']}",
-                            bal, check])
+                            exp, bal, check])
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in out])
 
@@ -334,12 +348,15 @@ def summary(rows: Sequence[dict[str, Any]], cases: Sequence[tuple[str, str]]) ->
                and set(str(r["check_proven_cards"]).split()) == set(str(r["check_over_cards"]).split())
                and not r.get("check_not_monotone") and not str(r.get("check_larger_cards", "")).split()]
     run = {(str(r["model"]), str(r["scenario"])) for r in rows}
+    exp = [r for r in ok if str(r.get("expandable_max_batch") or "")]
     return (f"{len(rows)} of {len(cases)} cases run; largest batch certified in "
             f"{sum(yes(r, 'max_batch_certified') for r in ok)} of {len(ok)}, balance certified in "
             f"{sum(yes(r, 'balance_certified') for r in ok if not r.get('balance_error'))}; the local "
             f"check passed (fits, every proven card over at +1, no batch one larger fits, monotone near "
             f"the answer) in "
-            f"{len(checked)} of {len(ok)}; not run: {len([c for c in cases if c not in run])}.")
+            f"{len(checked)} of {len(ok)}; with expandable_segments:True advised in "
+            f"{len(exp)} (certified in {sum(yes(r, 'expandable_certified') for r in exp)}); "
+            f"not run: {len([c for c in cases if c not in run])}.")
 
 
 def run_grid(models: Sequence[str], scenarios: Sequence[str], realistic: bool, level: str,

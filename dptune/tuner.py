@@ -267,20 +267,25 @@ class Tuner:
 
     def _other_allocator(self, backend: Backend, outcome: search.SearchOutcome,
                          output_device: int) -> Optional[AllocatorAnswer]:
-        """``max_batch`` on simulated cards at the reserved level, where the probes showed the
-        reserved figures falling as the work grows (fragmentation: the answer is then not
-        certified): the same search with ``expandable_segments:True`` added to the
-        allocator's setting, under which segments grow in place and the figure follows the
-        allocated one, so that the advice can give a certified batch for it. ``None``
-        otherwise (the tuned setting is never changed: this is advice beside it)."""
+        """``max_batch`` on simulated cards at the reserved level, where fragmentation shows:
+        the probes saw the reserved figures fall as the work grows (the answer is then not
+        certified), or the answer's reserved peak lies widely over its allocated peak (the
+        simulator then predicts the figure with expandable segments too,
+        ``expandable_reserved_bytes``): the same search with ``expandable_segments:True``
+        added to the allocator's setting, under which segments grow in place and the figure
+        follows the allocated one, so that the advice can give a certified batch for it.
+        ``None`` otherwise (the tuned setting is never changed: this is advice beside it)."""
         model = self.settings.budget.reserved
         switch = getattr(backend, "allocator_setting", None)
-        if (self.objective is not Objective.MAX_BATCH or outcome.not_monotone is None
+        fragmented = (outcome.not_monotone is not None
+                      or outcome.best.expandable_reserved_bytes is not None)
+        if (self.objective is not Objective.MAX_BATCH or not fragmented
                 or model is None or model.config.expandable_segments or switch is None):
             return None
         config = dataclasses.replace(model.config, expandable_segments=True)
-        _notice("the reserved figures fall as the work grows (fragmentation): searching again "
-                f"with {config.to_conf()} for the advice", self.settings.verbose)
+        _notice("fragmentation (the reserved figures fall as the work grows, or lie widely over "
+                f"the allocated ones): searching again with {config.to_conf()} for the advice",
+                self.settings.verbose)
         with switch(config):
             alt = self._search(backend, output_device=output_device)
         return AllocatorAnswer(setting=config.to_conf(), chunk_sizes=tuple(alt.best.chunk_sizes),

@@ -31,9 +31,10 @@ class FragmentingBackend:
 
     kind = "simulated"
 
-    def __init__(self, fragments: bool = True):
+    def __init__(self, fragments: bool = True, wide: bool = False):
         self.devices = [Device(i, f"card{i}", 8 * GiB) for i in range(2)]
         self.fragments = fragments
+        self.wide = wide      # 40% over the allocated peak cached but free, growing with it
         self.expandable = False
         self.settings: list[str] = []      # every allocator setting switched to
         self.calls: list[tuple[bool, tuple[int, ...]]] = []
@@ -62,7 +63,8 @@ class FragmentingBackend:
             return 0
         if self.expandable:
             return -(-a // (20 * MiB)) * 20 * MiB
-        return a + (3 * GiB if self.fragments and i == 1 and 100 <= c <= 160 else 0)
+        return a + (3 * GiB if self.fragments and i == 1 and 100 <= c <= 160 else 0) \
+            + (a * 2 // 5 if self.wide else 0)
 
     def probe(self, chunk_sizes: Sequence[int]) -> ProbeResult:
         s = tuple(int(c) for c in chunk_sizes)
@@ -71,7 +73,10 @@ class FragmentingBackend:
         alloc = tuple(self.allocated(i, c, b) for i, c in enumerate(s))
         res = tuple(self.reserved(i, c, b) for i, c in enumerate(s))
         over = [i for i, r in enumerate(res) if r > self.devices[i].available_bytes]
-        return ProbeResult(s, alloc, reserved_bytes=res, oom_device=over[0] if over else None)
+        # the simulator predicts the figure with expandable segments where the gap is wide
+        exp = tuple(-(-a // (20 * MiB)) * 20 * MiB for a in alloc) if self.wide else None
+        return ProbeResult(s, alloc, reserved_bytes=res, oom_device=over[0] if over else None,
+                           expandable_reserved_bytes=exp)
 
     def close(self) -> None:
         pass
@@ -122,6 +127,19 @@ def test_no_second_search_when_the_figures_grow_with_the_work():
     assert r.allocator_answer is None and be.settings == []
     assert not any(exp for exp, _ in be.calls)
     assert TuneResult.from_dict(json.loads(json.dumps(r.to_dict()))).allocator_answer is None
+
+
+def test_a_certified_answer_with_a_wide_gap_gets_the_expandable_answer_beside_it():
+    """Figures that grow with the work but lie 40% over the allocated peak (cached but free
+    blocks): the answer is certified, and the advice gives the larger batch expandable
+    segments fit, certified too."""
+    be = FragmentingBackend(fragments=False, wide=True)
+    r = tune(be)
+    assert r.certified and be.settings == ["expandable_segments:True"]
+    alt = r.allocator_answer
+    assert alt is not None and alt.certified and alt.batch_size == brute_force(r.budget_bytes)
+    assert alt.batch_size > r.batch_size
+    assert any(f"batch {alt.batch_size}" in a for a in r.advice)
 
 
 def test_no_second_search_at_the_allocated_level_or_for_balance():

@@ -135,8 +135,9 @@ class SplitFigures:
 class AllocatorAnswer:
     """The largest batch searched again on the simulated cards with another setting of the
     caching allocator (``setting``, as ``PYTORCH_CUDA_ALLOC_CONF`` takes it), where the first
-    answer could not be certified because its reserved figures fall as the work grows
-    (fragmentation). ``chunk_sizes`` and ``peak_bytes`` (at the budget level, the setting's
+    search showed fragmentation: its reserved figures fall as the work grows (its answer is
+    then not certified), or its answer's reserved peak lies widely over the allocated one
+    (:func:`dptune.backends.simulated.reserved.advice_lines`). ``chunk_sizes`` and ``peak_bytes`` (at the budget level, the setting's
     reserved peak plus NCCL) are those of the split measured within every budget;
     ``certified``: one more sample measured over on every card; ``probes``: the probes this
     search ran (besides the first search's)."""
@@ -156,10 +157,11 @@ class AllocatorAnswer:
         gain = f" ({self.batch_size / batch_size - 1:+.0%})" if batch_size > 0 else ""
         proof = ("certified: one more sample measured over on every card" if self.certified
                  else "not certified either")
-        return (f"with PYTORCH_CUDA_ALLOC_CONF={self.setting} the caching allocator's figures "
-                f"grow with the work: batch {self.batch_size}{gain} as {list(self.chunk_sizes)}, "
-                f"{proof} ({self.probes} more simulated probes); set it in the environment "
-                "before the run starts (on real cards, tune again with it set)")
+        return (f"with PYTORCH_CUDA_ALLOC_CONF={self.setting} (segments grow in place, so the "
+                "reserved figure follows the allocated one) the simulated cards fit batch "
+                f"{self.batch_size}{gain} as {list(self.chunk_sizes)}, {proof} "
+                f"({self.probes} more simulated probes); set it in the environment before the "
+                "run starts (on real cards, tune again with it set)")
 
     def to_dict(self) -> dict[str, Any]:
         return dict(setting=self.setting, chunk_sizes=list(self.chunk_sizes),

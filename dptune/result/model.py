@@ -54,10 +54,10 @@ class TuneResult:
       ``brackets``: per card ``[lo, hi)``, ``lo`` measured within budget, ``hi`` over.
     - ``output_device``: the card DataParallel gathers the outputs on (0 unless another card
       raised the largest batch; ``card0_output_batch_size`` is then the batch with card 0).
-    - ``allocator_answer``: ``max_batch`` on simulated cards at the reserved level, when the
-      answer is not certified because the reserved figures fall as the work grows
-      (fragmentation): the same search with ``expandable_segments:True``
-      (:class:`AllocatorAnswer`), else ``None``.
+    - ``allocator_answer``: ``max_batch`` on simulated cards at the reserved level, where the
+      search showed fragmentation (the reserved figures falling as the work grows, which
+      leaves the answer uncertified, or lying widely over the allocated ones): the same
+      search with ``expandable_segments:True`` (:class:`AllocatorAnswer`), else ``None``.
     - ``settings``: the training step the split was tuned for (mixed precision,
       accumulation, clipping, the user's step function); a split is only valid for it.
     - ``model``: the user's model wrapped in a ``BalancedDataParallel`` with this split

@@ -104,7 +104,8 @@ def _rows() -> list[dict]:
                           even_open=True, even_at_most=260, bal_split=[55, 65, 65, 65],
                           bal_probes=4, bal_certified=True, check_run=True, check_fits=True,
                           check_proven=[1, 2], check_over=[1],
-                          check_not_monotone="card 3: over at 81, fits at 82", check_larger=[0])
+                          check_not_monotone="card 3: over at 81, fits at 82", check_larger=[0],
+                          exp_batch=420, exp_certified=True, exp_probes=8)
     return _csv_rows([ok, bad])
 
 
@@ -114,14 +115,16 @@ def test_level_table_marks_uncertified_unchecked_and_not_run_cases():
     md = levels.level_table(rows, cases)
     lines = md.splitlines()
     assert len(lines) == 2 + 3
-    assert "| GPT | 4x24GB | 471 / 738 (+57%) | yes, 9 | yes, 3 | yes, 1/1, none, yes |" in md
+    assert "| GPT | 4x24GB | 471 / 738 (+57%) | yes, 9 | - | yes, 3 | yes, 1/1, none, yes |" in md
     mlp = lines[3]
     assert "250 (open, at most 260) / 300 (+20%)" in mlp and "**no**: not certified: 12 of 12" in mlp
     assert "1/2 (card 2 **not over**), **cards 0** (301 fits)" in mlp and "**no**: card 3: over at 81, fits at 82" in mlp
+    assert "| 420, yes, 8 |" in mlp      # the expandable segments' answer the tuner advised
     assert lines[4].startswith("| BERT | 2x80GB, 2x40GB | not run |")
     s = levels.summary(rows, cases)
     assert s.startswith("2 of 3 cases run; largest batch certified in 1 of 2")
     assert "monotone near the answer) in 1 of 2" in s
+    assert "with expandable_segments:True advised in 1 (certified in 1)" in s
     assert s.endswith("not run: 1.")
 
 
