@@ -275,12 +275,16 @@ class Tuner:
         added to the allocator's setting, under which segments grow in place and the figure
         follows the allocated one, so that the advice can give a certified batch for it.
         ``None`` otherwise (the tuned setting is never changed: this is advice beside it)."""
-        model = self.settings.budget.reserved
+        # the allocator model the backend replays (one built by the caller may carry its own)
+        own = getattr(backend, "reserved", None)
+        model = own if isinstance(own, ReservedModel) else self.settings.budget.reserved
         switch = getattr(backend, "allocator_setting", None)
         fragmented = (outcome.not_monotone is not None
                       or outcome.best.expandable_reserved_bytes is not None)
         if (self.objective is not Objective.MAX_BATCH or not fragmented
-                or model is None or model.config.expandable_segments or switch is None):
+                or self.settings.budget.level is not BudgetLevel.RESERVED
+                or not isinstance(model, ReservedModel) or model.config.expandable_segments
+                or switch is None):
             return None
         config = dataclasses.replace(model.config, expandable_segments=True)
         _notice("fragmentation (the reserved figures fall as the work grows, or lie widely over "

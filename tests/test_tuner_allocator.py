@@ -152,6 +152,16 @@ def test_no_second_search_at_the_allocated_level_or_for_balance():
     assert r.allocator_answer is None and be.settings == []
 
 
+def test_the_second_search_keeps_the_allocator_options_given():
+    be = FragmentingBackend()
+    r = tune(be, allocator="max_split_size_mb:128")
+    assert be.settings == ["max_split_size_mb:128,expandable_segments:True"]
+    assert r.allocator_answer is not None
+    assert r.allocator_answer.setting == "max_split_size_mb:128,expandable_segments:True"
+    assert any("PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128,expandable_segments:True" in a
+               for a in r.advice)
+
+
 def test_no_second_search_when_expandable_segments_is_already_set():
     be = FragmentingBackend()
     r = tune(be, allocator="expandable_segments:True")

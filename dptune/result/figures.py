@@ -137,8 +137,9 @@ class AllocatorAnswer:
     caching allocator (``setting``, as ``PYTORCH_CUDA_ALLOC_CONF`` takes it), where the first
     search showed fragmentation: its reserved figures fall as the work grows (its answer is
     then not certified), or its answer's reserved peak lies widely over the allocated one
-    (:func:`dptune.backends.simulated.reserved.advice_lines`). ``chunk_sizes`` and ``peak_bytes`` (at the budget level, the setting's
-    reserved peak plus NCCL) are those of the split measured within every budget;
+    (:func:`dptune.backends.simulated.reserved.advice_lines`). ``chunk_sizes`` and
+    ``peak_bytes`` (at the budget level: the setting's reserved peak plus NCCL) are those of
+    the split measured within every budget;
     ``certified``: one more sample measured over on every card; ``probes``: the probes this
     search ran (besides the first search's)."""
 
@@ -153,7 +154,7 @@ class AllocatorAnswer:
         return sum(self.chunk_sizes)
 
     def advice(self, batch_size: int) -> str:
-        """The advice line beside an uncertified answer of ``batch_size`` samples."""
+        """The advice line beside the first search's answer of ``batch_size`` samples."""
         gain = f" ({self.batch_size / batch_size - 1:+.0%})" if batch_size > 0 else ""
         proof = ("certified: one more sample measured over on every card" if self.certified
                  else "not certified either")
