@@ -133,7 +133,12 @@ def _alike_surface(seed: int):  # type: ignore[no-untyped-def]
     a, seg = rng.randint(2, 8) * MiB, rng.choice([18, 20]) * MiB
     w, p = rng.randint(1, 4) * GiB // 2, rng.choice([64 * 1024, MiB // 2])
     budgets = [rng.choice([4, 6]) * GiB] + [rng.choice([6, 8]) * GiB] * (n - 1)
+    return (n, *_staircase(w, a, p, seg), budgets)
 
+
+def _staircase(w: int, a: int, p: int, seg: int):  # type: ignore[no-untyped-def]
+    """``f``, ``g`` and ``probe`` of identical cards ``i >= 1`` at ``w + a`` per sample and card 0
+    also ``p`` per sample of the batch, each reserved in ``seg``-sized steps plus NCCL."""
     def f(i: int, c: int) -> int:
         return _segments(w + a * c, seg) + NCCL if c else 0
 
@@ -145,7 +150,7 @@ def _alike_surface(seed: int):  # type: ignore[no-untyped-def]
         peaks = (g(s[0], sum(s)), *(f(i, c) for i, c in enumerate(s) if i))
         alloc = (w + a * s[0] + p * sum(s), *(w + a * c if c else 0 for c in s[1:]))
         return ProbeResult(s, peaks, allocated_peak_bytes=alloc)
-    return n, f, g, probe, budgets
+    return f, g, probe
 
 
 @pytest.mark.parametrize("seed", [k if k < 4 else pytest.param(k, marks=pytest.mark.slow)
@@ -176,20 +181,7 @@ def _fine_surface(seed: int):  # type: ignore[no-untyped-def]
     rng = random.Random(500 + seed)
     n, a = 4, rng.randint(3, 6) * MiB + rng.randint(0, MiB)
     w, p = rng.randint(1, 8) * 64 * MiB, rng.choice([64 * 1024, MiB // 4])
-    budgets = [24 * GiB] * n
-
-    def f(i: int, c: int) -> int:
-        return _segments(w + a * c, 20 * MiB) + NCCL if c else 0
-
-    def g(c0: int, b: int) -> int:
-        return _segments(w + a * c0 + p * b, 20 * MiB) + NCCL
-
-    def probe(split):  # type: ignore[no-untyped-def]
-        s = tuple(split)
-        peaks = (g(s[0], sum(s)), *(f(i, c) for i, c in enumerate(s) if i))
-        alloc = (w + a * s[0] + p * sum(s), *(w + a * c if c else 0 for c in s[1:]))
-        return ProbeResult(s, peaks, allocated_peak_bytes=alloc)
-    return n, f, g, probe, budgets
+    return (n, *_staircase(w, a, p, 20 * MiB), [24 * GiB] * n)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 6, 9])
