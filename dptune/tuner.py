@@ -24,7 +24,7 @@ from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
 from dptune.backends.choice import BackendChoice, build_backend, choose_backend, timed
 from dptune.backends.simulated.reserved import ReservedModel, advice_lines
 from dptune.budget import RESERVED_MODEL, BudgetLevel, at_level
-from dptune.errors import BackendUnavailableError, UsageError
+from dptune.errors import BackendUnavailableError, NoFeasibleSplitError, UsageError
 from dptune.result.model import AllocatorAnswer, SplitFigures, TuneResult, imbalance
 from dptune.search.alike import device_keys
 from dptune.search.messages import card0_holdings
@@ -199,7 +199,7 @@ class Tuner:
             k = self._output_candidate(backend)
             if k:
                 outcome, card0_batch, out_dev = self._gather_on(backend, outcome, k, notes)
-            other = self._other_allocator(backend, outcome, out_dev)
+            other = self._other_allocator(backend, outcome, out_dev, notes)
         finally:
             if self.backend is None:
                 backend.close()
@@ -266,7 +266,7 @@ class Tuner:
         return dataclasses.replace(outcome, probes=probes), None, 0
 
     def _other_allocator(self, backend: Backend, outcome: search.SearchOutcome,
-                         output_device: int) -> Optional[AllocatorAnswer]:
+                         output_device: int, notes: list[str]) -> Optional[AllocatorAnswer]:
         """``max_batch`` on simulated cards at the reserved level, where fragmentation shows:
         the probes saw the reserved figures fall as the work grows (the answer is then not
         certified), or the answer's reserved peak lies widely over its allocated peak (the
@@ -290,8 +290,12 @@ class Tuner:
         _notice("fragmentation (the reserved figures fall as the work grows, or lie widely over "
                 f"the allocated ones): searching again with {config.to_conf()} for the advice",
                 self.settings.verbose)
-        with switch(config):
-            alt = self._search(backend, output_device=output_device)
+        try:
+            with switch(config):
+                alt = self._search(backend, output_device=output_device)
+        except NoFeasibleSplitError as e:     # the answer above stands; the advice has none
+            notes.append(f"with {config.to_conf()} no split was found within every budget: {e}")
+            return None
         return AllocatorAnswer(setting=config.to_conf(), chunk_sizes=tuple(alt.best.chunk_sizes),
                                peak_bytes=tuple(alt.best.peak_bytes),
                                certified=alt.certified and alt.not_monotone is None,

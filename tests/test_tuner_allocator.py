@@ -31,10 +31,11 @@ class FragmentingBackend:
 
     kind = "simulated"
 
-    def __init__(self, fragments: bool = True, wide: bool = False):
+    def __init__(self, fragments: bool = True, wide: bool = False, nothing_expands: bool = False):
         self.devices = [Device(i, f"card{i}", 8 * GiB) for i in range(2)]
         self.fragments = fragments
         self.wide = wide      # 40% over the allocated peak cached but free, growing with it
+        self.nothing_expands = nothing_expands    # with expandable segments nothing fits
         self.expandable = False
         self.settings: list[str] = []      # every allocator setting switched to
         self.calls: list[tuple[bool, tuple[int, ...]]] = []
@@ -62,7 +63,7 @@ class FragmentingBackend:
         if a == 0:
             return 0
         if self.expandable:
-            return -(-a // (20 * MiB)) * 20 * MiB
+            return 9 * GiB if self.nothing_expands else -(-a // (20 * MiB)) * 20 * MiB
         return a + (3 * GiB if self.fragments and i == 1 and 100 <= c <= 160 else 0) \
             + (a * 2 // 5 if self.wide else 0)
 
@@ -119,6 +120,16 @@ def test_an_answer_whose_figures_fall_gets_a_certified_answer_with_expandable_se
     # the report keeps it
     back = TuneResult.from_dict(json.loads(json.dumps(r.to_dict())))
     assert back.allocator_answer == alt
+
+
+def test_a_second_search_that_finds_nothing_leaves_the_answer_and_says_so():
+    be = FragmentingBackend(nothing_expands=True)
+    r = tune(be)
+    assert r.allocator_answer is None and be.settings == ["expandable_segments:True"]
+    assert r.batch_size > 0 and any(exp for exp, _ in be.calls)
+    assert any("with expandable_segments:True no split was found within every budget" in n
+               for n in r.notes)
+    assert not any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments" in a for a in r.advice)
 
 
 def test_no_second_search_when_the_figures_grow_with_the_work():
