@@ -24,7 +24,7 @@ from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
 from dptune.backends.choice import BackendChoice, build_backend, choose_backend, timed
 from dptune.backends.simulated.reserved import ReservedModel, advice_lines
 from dptune.budget import RESERVED_MODEL, BudgetLevel, at_level
-from dptune.errors import BackendUnavailableError, NoFeasibleSplitError, UsageError
+from dptune.errors import BackendUnavailableError, DptuneError, NoFeasibleSplitError, UsageError
 from dptune.result.model import AllocatorAnswer, SplitFigures, TuneResult, imbalance
 from dptune.search.alike import device_keys
 from dptune.search.messages import card0_holdings
@@ -295,6 +295,10 @@ class Tuner:
                 alt = self._search(backend, output_device=output_device)
         except NoFeasibleSplitError as e:     # the answer above stands; the advice has none
             notes.append(f"with {config.to_conf()} no split was found within every budget: {e}")
+            return None
+        except DptuneError as e:              # advice only: it never costs the answer above
+            notes.append(f"the search again with {config.to_conf()} failed, so no advice for "
+                         f"it: {type(e).__name__}: {e}")
             return None
         return AllocatorAnswer(setting=config.to_conf(), chunk_sizes=tuple(alt.best.chunk_sizes),
                                peak_bytes=tuple(alt.best.peak_bytes),

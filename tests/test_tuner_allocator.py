@@ -83,6 +83,12 @@ class FragmentingBackend:
         pass
 
 
+class NoSecondSearch(FragmentingBackend):
+    """The same cards, with no allocator setting to switch to (a backend that offers none)."""
+
+    allocator_setting = None  # type: ignore[assignment]
+
+
 def tune(backend: FragmentingBackend, **kw) -> TuneResult:  # type: ignore[no-untyped-def]
     kw.setdefault("verbose", False)
     return Tuner(torch.nn.Linear(4, 2), lambda n: torch.randn(n, 4), batch_size=64,
@@ -112,14 +118,34 @@ def test_an_answer_whose_figures_fall_gets_a_certified_answer_with_expandable_se
     assert alt.certified and alt.batch_size == brute_force(r.budget_bytes)
     assert all(p <= b for p, b in zip(alt.peak_bytes, r.budget_bytes))
     assert alt.probes == sum(1 for exp, _ in be.calls if exp)
-    # the answer itself is the default allocator's (probed without the setting), unchanged
+    # the answer itself is the default allocator's, as without the second search: the same
+    # split, probes, notes and certificate, the advice one line longer
     assert (False, tuple(r.chunk_sizes)) in be.calls
+    plain = tune(NoSecondSearch())
+    assert plain.allocator_answer is None
+    assert (r.chunk_sizes, r.certified, r.notes) == (plain.chunk_sizes, plain.certified, plain.notes)
+    assert [(p.chunk_sizes, p.peak_bytes) for p in r.probes] == \
+        [(p.chunk_sizes, p.peak_bytes) for p in plain.probes]
+    assert r.advice == plain.advice + [alt.advice(r.batch_size)]
     line = next(a for a in r.advice if "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in a
                 and "certified" in a)
     assert f"batch {alt.batch_size}" in line and "tune again" in line
     # the report keeps it
     back = TuneResult.from_dict(json.loads(json.dumps(r.to_dict())))
     assert back.allocator_answer == alt
+
+
+def test_a_second_search_that_fails_leaves_the_answer_and_says_so():
+    from dptune.errors import InternalError
+
+    class Failing(FragmentingBackend):
+        def probe(self, chunk_sizes: Sequence[int]) -> ProbeResult:
+            if self.expandable:
+                raise InternalError("the replay broke")
+            return super().probe(chunk_sizes)
+    r = tune(Failing())
+    assert r.allocator_answer is None and r.batch_size > 0
+    assert any("failed, so no advice for it: InternalError: the replay broke" in n for n in r.notes)
 
 
 def test_a_second_search_that_finds_nothing_leaves_the_answer_and_says_so():
@@ -154,13 +180,16 @@ def test_a_certified_answer_with_a_wide_gap_gets_the_expandable_answer_beside_it
 
 
 def test_no_second_search_at_the_allocated_level_or_for_balance():
-    be = FragmentingBackend()
+    """With a wide gap on every probe (fragmentation shown at once), still no second search
+    at the allocated level nor for the balance."""
+    be = FragmentingBackend(wide=True)
     r = tune(be, budget_level="allocated")
     assert r.allocator_answer is None and be.settings == []
-    be = FragmentingBackend()
+    be = FragmentingBackend(wide=True)
     r = Tuner(torch.nn.Linear(4, 2), lambda n: torch.randn(n, 4), batch_size=64,
               backend=be, verbose=False).fit()
     assert r.allocator_answer is None and be.settings == []
+    assert tune(FragmentingBackend(wide=True)).allocator_answer is not None   # max_batch does
 
 
 def test_the_second_search_keeps_the_allocator_options_given():

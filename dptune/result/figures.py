@@ -155,7 +155,10 @@ class AllocatorAnswer:
 
     def advice(self, batch_size: int) -> str:
         """The advice line beside the first search's answer of ``batch_size`` samples."""
-        gain = f" ({self.batch_size / batch_size - 1:+.0%})" if batch_size > 0 else ""
+        d = self.batch_size - batch_size
+        gain = (f" ({d:,} more than the answer above, {d / batch_size:+.0%})" if d > 0 and batch_size
+                else f" ({-d:,} fewer than the answer above)" if d < 0 else
+                " (the answer's batch)")
         proof = ("certified: one more sample measured over on every card" if self.certified
                  else "not certified either")
         return (f"with PYTORCH_CUDA_ALLOC_CONF={self.setting} (segments grow in place, so the "

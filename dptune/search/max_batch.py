@@ -190,8 +190,11 @@ class MaxBatch:
         if upper is None:
             c = max(c, self._gallop(i, br.lo))
         # a flat step whose end may be the cap: the upper end reads at most about a segment
-        # above it (FLAT_RISE); further above, the cap lies steps on, where the chord points
-        near = obs.flat_within(i, None if hi_pt is None else hi_pt.peak_bytes)
+        # above it (FLAT_RISE); further above, the cap lies steps on, where the chord points.
+        # Where a bound (a real card's out-of-memory probe, a shorter bucket's) sets the upper
+        # end, its figure is not measured: the step's end is asked, as before.
+        hi_peak = hi_pt.peak_bytes if hi_pt is not None and hi_pt.chunk == br.hi else None
+        near = obs.flat_within(i, hi_peak)
         end = obs.flat_end(i, br.lo, br.hi) if br.hi is not None and near else None
         if end is not None:
             c = max(end, lower)             # a flat step: where it likely ends (step_end)

@@ -190,11 +190,27 @@ def test_a_fine_staircase_far_below_the_budget_is_crossed_by_the_chord(seed):
     segment above it: with 20 MiB steps and the over point 2-3% of the budget higher (the
     benchmarks' BatchNorm CNN with expandable segments on 4 x 24 GB: its cards 1-3 at 4,295
     samples, 2.7% below the budget, over at 4,419), each step's end is a few samples on and
-    walking them used up the probes (these four seeds: uncertified, 41 to 1,495 samples short,
+    walking them (and halving card 0's bracket from its flat over points, under the same
+    condition now) used up the probes (these four seeds: uncertified, 41 to 1,495 samples short,
     before). The chord crosses to the cap: certified, and no split of one more sample fits
     (every split tried; on this surface a batch that fits leaves every smaller one fitting,
     so that is the largest batch)."""
     n, f, g, probe, budgets = _fine_surface(seed)
+    out = search.run(probe, budgets, "max_batch", 16 * n, max_probes=12,
+                     known=search.Known(alike=[0] + [1] * (n - 1)))
+    assert out.certified
+    assert all(x <= b for x, b in zip(out.best.peak_bytes, budgets))
+    assert not fits_some_split(f, g, budgets, out.best.batch_size + 1)
+    assert len(out.probes) <= 12
+
+
+def test_a_card_on_a_flat_step_far_below_its_over_point_follows_the_chord():
+    """Identical cards on a staircase (seed 36): where cards 1..n-1 sit on a flat step and
+    their bracket's upper end reads more than a segment above it, the step's end is not the
+    cap; asking it anyway (each step's end a probe) left this case uncertified within the
+    default probes. Certified, and no split of one more sample fits (every split tried; a
+    batch that fits on this surface leaves every smaller one fitting)."""
+    n, f, g, probe, budgets = _alike_surface(36)
     out = search.run(probe, budgets, "max_batch", 16 * n, max_probes=12,
                      known=search.Known(alike=[0] + [1] * (n - 1)))
     assert out.certified
