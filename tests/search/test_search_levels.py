@@ -175,6 +175,18 @@ def test_alike_cards_on_a_staircase_never_past_the_oracle(seed):
     assert len(out.probes) <= 12
 
 
+def _certified_largest(n, f, g, probe, budgets) -> None:  # type: ignore[no-untyped-def]
+    """The largest-batch search on identical cards 1..n-1 within the default probes:
+    certified, within every budget, and no split of one more sample fits (every split tried;
+    on these surfaces a batch that fits leaves every smaller one fitting)."""
+    out = search.run(probe, budgets, "max_batch", 16 * n, max_probes=12,
+                     known=search.Known(alike=[0] + [1] * (n - 1)))
+    assert out.certified
+    assert all(x <= b for x, b in zip(out.best.peak_bytes, budgets))
+    assert not fits_some_split(f, g, budgets, out.best.batch_size + 1)
+    assert len(out.probes) <= 12
+
+
 def _fine_surface(seed: int):  # type: ignore[no-untyped-def]
     """Four identical 24 GB cards on a fine staircase: 20 MiB steps of a few samples each
     (what ``expandable_segments:True`` maps, page by page), thousands of samples per card."""
@@ -196,12 +208,7 @@ def test_a_fine_staircase_far_below_the_budget_is_crossed_by_the_chord(seed):
     (every split tried; on this surface a batch that fits leaves every smaller one fitting,
     so that is the largest batch)."""
     n, f, g, probe, budgets = _fine_surface(seed)
-    out = search.run(probe, budgets, "max_batch", 16 * n, max_probes=12,
-                     known=search.Known(alike=[0] + [1] * (n - 1)))
-    assert out.certified
-    assert all(x <= b for x, b in zip(out.best.peak_bytes, budgets))
-    assert not fits_some_split(f, g, budgets, out.best.batch_size + 1)
-    assert len(out.probes) <= 12
+    _certified_largest(n, f, g, probe, budgets)
 
 
 def test_a_card_on_a_flat_step_far_below_its_over_point_follows_the_chord():
@@ -211,12 +218,7 @@ def test_a_card_on_a_flat_step_far_below_its_over_point_follows_the_chord():
     default probes. Certified, and no split of one more sample fits (every split tried; a
     batch that fits on this surface leaves every smaller one fitting)."""
     n, f, g, probe, budgets = _alike_surface(36)
-    out = search.run(probe, budgets, "max_batch", 16 * n, max_probes=12,
-                     known=search.Known(alike=[0] + [1] * (n - 1)))
-    assert out.certified
-    assert all(x <= b for x, b in zip(out.best.peak_bytes, budgets))
-    assert not fits_some_split(f, g, budgets, out.best.batch_size + 1)
-    assert len(out.probes) <= 12
+    _certified_largest(n, f, g, probe, budgets)
 
 
 def test_the_even_baseline_does_not_walk_a_flat_step_of_card_0_one_batch_a_probe():
