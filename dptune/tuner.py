@@ -22,7 +22,7 @@ from dptune import search
 from dptune.step.advice import unread_outputs_advice
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
 from dptune.backends.choice import BackendChoice, build_backend, choose_backend, timed
-from dptune.backends.simulated.reserved import ReservedModel, advice_lines
+from dptune.backends.simulated.reserved import ReservedModel, advice_lines, look_past_of
 from dptune.budget import RESERVED_MODEL, BudgetLevel, at_level
 from dptune.errors import BackendUnavailableError, DptuneError, NoFeasibleSplitError, UsageError
 from dptune.result.model import AllocatorAnswer, SplitFigures, TuneResult, imbalance
@@ -340,7 +340,9 @@ class Tuner:
             objective = self.objective     # throughput: the balance search, mapping memory only
             extra = reuse(first, perm, self.objective)
             known = dataclasses.replace(extra.pop("known", search.Known()),
-                                        alike=[device_keys(devices)[perm[i]] for i in range(len(perm))])
+                                        alike=[device_keys(devices)[perm[i]] for i in range(len(perm))],
+                                        look_past=None if output_device else
+                                        look_past_of(backend, budgets, level))
             out = search.run(probe, [budgets[perm[i]] for i in range(len(perm))], objective,
                              self.batch_size, min_chunk=m, max_probes=self.settings.max_probes,
                              tolerance=self.settings.tolerance,

@@ -2,6 +2,8 @@
 
 - :class:`Device` (one card as the tuner sees it) and :class:`ProbeResult` (what one probe
   measured), shared by every backend, the search, the result and the reports;
+- :class:`CardWindow` and :class:`WindowCheck`: what a look past the over points of a
+  certificate found (the simulator's allocator model, at the reserved level);
 - the closed sets as enums: :class:`Objective` (what a search optimises), :class:`Strategy`
   (how a DDP plan's ranks hold the model), :class:`Category`
   (the parts of a per-card breakdown) and :class:`BackendKind` (real or simulated cards);
@@ -24,7 +26,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from dptune.errors import UsageError
 
-__all__ = ["StepTime", "TimeSource", "Device", "ProbeResult", "CATEGORIES", "Category", "Objective", "Strategy", "BackendKind",
+__all__ = ["StepTime", "TimeSource", "Device", "ProbeResult", "CardWindow", "WindowCheck", "CATEGORIES", "Category", "Objective", "Strategy", "BackendKind",
            "card_in_use", "within_budget", "budget_share"]
 
 
@@ -290,3 +292,65 @@ class ProbeResult:
         if isinstance(kw.get("time"), Mapping):
             kw["time"] = StepTime.from_dict(kw["time"])
         return cls(**{k: v for k, v in kw.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class CardWindow:
+    """One card's window past its over point, looked at on the simulator's allocator model:
+    the figure at every chunk from ``start`` (one past the chunk measured, or on card 0 the
+    answer's chunk, over) to where the allocated peak alone passes the budget, each step
+    replayed from the card's traces scaled per sample.
+
+    ``card``: the card (a position in the search's card list); ``start``: the first chunk
+    looked at; ``end``: the first chunk whose allocated peak (a bound the level's figure never
+    goes below) is over, so every chunk from there is over, ``None`` where the look stopped
+    first (``limit`` replays); ``fits``: the first chunk in the window whose figure is within
+    budget (``None``: none), and ``fits_bytes`` its figure. ``scaled``: ``False`` where the
+    card's traces do not grow by a fixed amount per sample (checked against a third step), so
+    nothing was looked at. Card 0 moves along the answer's line: its chunk and the batch one
+    more sample per step, the other cards as in the answer (``batch_start``: the batch at
+    ``start``)."""
+
+    card: int
+    start: int
+    end: Optional[int]
+    fits: Optional[int] = None
+    fits_bytes: Optional[int] = None
+    scaled: bool = True
+    batch_start: Optional[int] = None
+
+    @property
+    def closed(self) -> bool:
+        """Every chunk from ``start`` on is over budget (on the model)."""
+        return self.scaled and self.fits is None and self.end is not None
+
+    def describe(self) -> str:
+        where = "card 0 along the answer's line" if self.card == 0 else f"card {self.card}"
+        if not self.scaled:
+            return f"{where}: its steps do not grow by a fixed amount per sample, not looked at"
+        if self.fits is not None:
+            at = (f"{self.fits} samples (batch {self.batch_start + self.fits - self.start})"
+                  if self.card == 0 and self.batch_start is not None else f"{self.fits} samples")
+            return f"{where} fits again at {at}, above its over point"
+        if self.end is None:
+            return f"{where}: over from {self.start} samples as far as looked"
+        return f"{where}: over at every chunk from {self.start} to {self.end - 1} samples, and " \
+               f"from {self.end} its allocated peak alone is over"
+
+
+@dataclass(frozen=True)
+class WindowCheck:
+    """A certificate's over points looked past (:class:`CardWindow` per card looked at)."""
+
+    cards: tuple[CardWindow, ...]
+    replays: int = 0
+
+    @property
+    def falls(self) -> tuple[CardWindow, ...]:
+        """Cards that fit again above a chunk measured over: the certificate does not hold."""
+        return tuple(w for w in self.cards if w.fits is not None)
+
+    @property
+    def closed(self) -> bool:
+        """Every card looked at is over at every chunk past its over point."""
+        return bool(self.cards) and all(w.closed for w in self.cards)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Hashable, Iterable, Optional, Sequence
 
 from dptune import search
 from dptune.backends.base import Backend, ProbeResult
+from dptune.backends.simulated.reserved import look_past_of
 from dptune.budget import RESERVED_CERTIFICATE, RESERVED_MODEL, BudgetLevel, at_level
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.lengths.buckets import Buckets, assign, bucket_edges
@@ -31,7 +32,7 @@ from dptune.lengths.plan import BucketPlan, LengthPlan
 from dptune.search.alike import device_keys, groups_of, spread
 from dptune.split import scale_split
 from dptune.settings import SearchSettings, sort_keywords
-from dptune.types import Objective, card_in_use
+from dptune.types import Objective, WindowCheck, card_in_use
 
 __all__ = ["LengthSample", "BucketSearch", "search_buckets", "plan_lengths", "next_split"]
 
@@ -130,12 +131,16 @@ def search_buckets(probe_at: Callable[[int, Sequence[int]], ProbeResult], budget
                    max_probes: int = 16, tolerance: float = 0.02, exact_on_oom: bool = True,
                    from_neighbour: bool = True,
                    on_bucket: Callable[[BucketSearch], None] = lambda s: None,
-                   alike: Optional[Sequence[Hashable]] = None) -> list[BucketSearch]:
+                   alike: Optional[Sequence[Hashable]] = None,
+                   look_past_at: Optional[Callable[[int, Sequence[int], Sequence[Optional[int]]],
+                                                   WindowCheck]] = None) -> list[BucketSearch]:
     """The largest batch at every edge, shortest first (``probe_at(length, split)`` runs one
     step). ``from_neighbour=False`` searches every bucket on its own from ``start`` (what a
     per-bucket search such as NeMo's OOMptimizer does; the benchmark compares the two).
     ``alike``: one key per card, equal for identical cards (:func:`dptune.search.run`): their
     chunks in each bucket's answer are within one sample of each other.
+    ``look_past_at(length, split, over)``: a certified bucket's over points looked past on a
+    model of the figure (``search.Known.look_past``).
     Raises :class:`NoFeasibleSplitError` naming the length at which nothing fits."""
     out: list[BucketSearch] = []
     known: list[ProbeResult] = []
@@ -148,12 +153,18 @@ def search_buckets(probe_at: Callable[[int, Sequence[int]], ProbeResult], budget
 
         def probe(split: Sequence[int], length: int = length) -> ProbeResult:
             return probe_at(length, split)
+
+        def look(split: Sequence[int], over: Sequence[Optional[int]],
+                 length: int = length) -> WindowCheck:
+            assert look_past_at is not None
+            return look_past_at(length, split, over)
         try:
             outcome = search.run(probe, budgets, Objective.MAX_BATCH, sum(first) if first else start,
                                  min_chunk=min_chunk, first_split=first,
                                  max_probes=max_probes, tolerance=tolerance,
                                  exact_on_oom=exact_on_oom, compare_even=False,
-                                 known=search.Known(over=known if from_neighbour else (), alike=alike))
+                                 known=search.Known(over=known if from_neighbour else (), alike=alike,
+                                                    look_past=look if look_past_at else None))
         except NoFeasibleSplitError as e:
             prev = f"; the lengths up to {out[-1].length} fit" if out else ""
             raise NoFeasibleSplitError(
@@ -291,6 +302,12 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
         ls.length = length
         r = backend.probe(split)
         return r if ddp else at_level(r, backend.devices, level)
+    past = None if ddp else look_past_of(backend, budgets, level)
+
+    def look_at(length: int, split: Sequence[int], over: Sequence[Optional[int]]) -> WindowCheck:
+        assert past is not None
+        ls.length = length
+        return past(split, over)
     try:
         found = search_buckets(probe_at, budgets, edges, start=batch_size,
                                min_chunk=_min_chunk(wl), max_probes=look.max_probes,
@@ -298,7 +315,8 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
                                exact_on_oom=getattr(backend, "kind", "") == "simulated",
                                from_neighbour=kw.rest.get("from_neighbour", True),
                                on_bucket=_say if look.verbose else lambda s: None,
-                               alike=device_keys(backend.devices))
+                               alike=device_keys(backend.devices),
+                               look_past_at=look_at if past is not None else None)
         found, speed_notes = _speed(found, probe_at, budgets, counts, tokens, objective, wl,
                                     backend if ddp else None)
     finally:

@@ -27,9 +27,15 @@ from dptune.search.models import CardFits
 from dptune.search.observations import Bracket, Observations, Point
 from dptune.solve.memory import Fit
 from dptune.split import even_split
-from dptune.types import Objective
+from dptune.types import Objective, WindowCheck
 
-__all__ = ["SearchOutcome", "run", "Bracket", "Observations", "Proposal", "IMPLIED"]
+__all__ = ["SearchOutcome", "run", "Bracket", "Observations", "Proposal", "IMPLIED", "LookPast"]
+
+#: ``look(split, over)``: past a largest-batch certificate's over points, on a model of the
+#: figure (:meth:`dptune.backends.simulated.SimulatedBackend.look_past`): ``over[i]`` the
+#: smallest chunk card ``i >= 1`` was measured over at, ``over[0]`` card 0's chunk one
+#: sample past the answer's
+LookPast = Callable[[Sequence[int], Sequence[Optional[int]]], WindowCheck]
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,8 @@ class SearchOutcome:
     #: where the probes contradict a figure that grows with the work (fragmentation at the
     #: reserved level: :meth:`Observations.not_monotone`), which leaves the answer uncertified
     not_monotone: Optional[str] = None
+    #: max_batch with a look past the over points (``run(look_past=...)``): what it found
+    window: Optional[WindowCheck] = None
 
 
 def _fits(obs: Observations, split: Sequence[int]) -> tuple[Fit, ...]:
@@ -138,12 +146,16 @@ class Known:
     (:func:`dptune.search.alike.device_keys`); cards ``i >= 1`` with equal keys and budgets get
     chunks within one sample of each other (they share their measurements; max_batch: an
     answer that leaves them further apart is spread by one more probe; see
-    :mod:`dptune.search.alike`). ``None``: no two cards are taken to be alike."""
+    :mod:`dptune.search.alike`). ``None``: no two cards are taken to be alike.
+    ``look_past``: a model of the cards' figure that can look past a certificate's over
+    points (:data:`LookPast`; the simulator at the reserved level, where fragmentation can
+    make the figure fall as the work grows)."""
 
     over: Sequence[ProbeResult] = ()
     prior: Sequence[ProbeResult] = ()
     prior_cards: Sequence[int] = ()
     alike: Optional[Sequence[Hashable]] = None
+    look_past: Optional[LookPast] = None
 
 
 def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], objective: str,
@@ -162,7 +174,10 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     ``compare_even=False`` (``max_batch``): the even
     split's largest batch is not searched for (``even`` is ``None``: a length bucket, or a
     search whose even baseline is taken from another); ``first_split``: the first split
-    probed (``max_batch``; default the even split of ``batch_size``).
+    probed (``max_batch``; default the even split of ``batch_size``). With
+    ``known.look_past`` (``max_batch``), a certified answer's over points are looked past on
+    a model of the figure (:data:`LookPast`); where a card fits again above one, the answer
+    is not certified (``not_monotone`` says where).
     Raises :class:`dptune.errors.NoFeasibleSplitError` when nothing fits.
     """
     # the throughput objective maps memory with the balance search, never stopping at the even
@@ -197,6 +212,14 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         raise NoFeasibleSplitError(f"no split fits: {fixed}.",
                                    shortfall_bytes=e.shortfall_bytes) from None
     contradiction = obs.not_monotone(groups)
+    window = None
+    look_past = known.look_past
+    if contradiction is None and look_past is not None and not balance and found.certified:
+        over = [found.best.chunk_sizes[0] + 1] + [obs.bracket(i).hi for i in range(1, obs.n)]
+        window = look_past(found.best.chunk_sizes, over)
+        if window.falls:
+            contradiction = ("on the allocator model, past the over points: " +
+                             "; ".join(w.describe() for w in window.falls))
     if contradiction is not None:
         notes.append(f"the figures are not monotone ({contradiction}; the caching allocator's "
                      "reserved peak depends on fragmentation): one more sample measured over "
@@ -205,6 +228,10 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
                      "cards --allocator expandable_segments:True) makes the reserved figure "
                      "follow the allocated one")
         found = found._replace(certified=False)
+    elif window is not None:
+        notes.append("looked past the over points on the allocator model: " +
+                     "; ".join(w.describe() for w in window.cards) +
+                     f" ({window.replays} replays)")
     elif not found.certified:
         open_ = [b.describe() for b in found.brackets if not b.closed]
         notes.append(f"not certified: {len(obs.probes)} of {max_probes} probes run and "
@@ -215,7 +242,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
                          fits=_fits(obs, found.best.chunk_sizes), brackets=tuple(found.brackets),
                          certified=found.certified, card0_floor=found.floor, notes=tuple(notes),
                          even_open=found.even_open, even_at_most=found.even_at_most,
-                         even_kept=found.even_kept, not_monotone=contradiction)
+                         even_kept=found.even_kept, not_monotone=contradiction, window=window)
 
 
 class _Settle:
