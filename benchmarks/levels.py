@@ -166,6 +166,9 @@ class LevelRow:
     exp_batch: int = 0
     exp_certified: bool = False
     exp_probes: int = 0
+    #: the look past a certified answer's over points on the allocator model
+    #: (``TuneResult.looked_past``), in a few words (:func:`looked_words`); "" where none ran
+    looked_past: str = ""
     bal_split: list[int] = field(default_factory=list)
     bal_certified: bool = False
     bal_probes: int = 0
@@ -195,6 +198,7 @@ class LevelRow:
                 "expandable_max_batch": self.exp_batch or "",
                 "expandable_certified": self.exp_certified if self.exp_batch else "",
                 "expandable_probes": self.exp_probes or "",
+                "looked_past": self.looked_past,
                 "balance_split": ints(self.bal_split), "balance_certified": self.bal_certified,
                 "balance_probes": self.bal_probes, "balance_notes": self.bal_notes,
                 "balance_error": self.bal_error, "check_run": self.check_run,
@@ -203,6 +207,20 @@ class LevelRow:
                 "check_not_monotone": self.check_not_monotone,
                 "check_larger_cards": ints(self.check_larger), "check_probes": self.check_probes,
                 "seconds": round(self.seconds, 1)}
+
+
+def looked_words(w: Any) -> str:
+    """A :class:`~dptune.types.WindowCheck` in a few words: "over throughout (N chunks)", or
+    the cards that fit again / were not looked at / looked at only so far."""
+    if w is None:
+        return ""
+    if w.closed:
+        return f"over throughout ({sum(c.end - c.start for c in w.cards)} chunks)"
+    parts = [f"card {c.card} fits again at {c.fits}" for c in w.cards if c.fits is not None]
+    parts += [f"card {c.card} not looked at" for c in w.cards if not c.scaled]
+    parts += [f"card {c.card} looked at only so far" for c in w.cards
+              if c.scaled and c.fits is None and c.end is None]
+    return "; ".join(parts)
 
 
 def _certificate_notes(notes: Sequence[str]) -> str:
@@ -253,6 +271,7 @@ def run_level_case(spec: config.ModelSpec, scenario: str, level: str = "reserved
         alt = res.allocator_answer
         if alt is not None:
             row.exp_batch, row.exp_certified, row.exp_probes = alt.batch_size, alt.certified, alt.probes
+        row.looked_past = looked_words(res.looked_past)
         say(f"max_batch: {row.max_batch} as {row.max_split}, {row.max_probes} probes, "
             f"certified {row.max_certified}; even {row.even_batch}")
         closed = [b for b in res.brackets if b.closed]
@@ -301,6 +320,7 @@ def level_table(rows: Sequence[dict[str, Any]], cases: Optional[Sequence[tuple[s
         return str(r.get(k, "")).lower() == "true"
 
     header = ["model", "cluster", "largest batch: even / dptune (gain)", "max_batch: certified, probes",
+              "looked past the over points (allocator model)",
               "with expandable_segments:True (advised where fragmentation shows): batch, certified, probes",
               "balance at even max: certified, probes",
               "local check: split fits, +1 over on cards proven, one more fits on, monotone near"]
@@ -334,7 +354,7 @@ def level_table(rows: Sequence[dict[str, Any]], cases: Optional[Sequence[tuple[s
         exp = (f"{r['expandable_max_batch']}, {'yes' if yes(r, 'expandable_certified') else '**no**'}, "
                f"{r['expandable_probes']}" if str(r.get("expandable_max_batch") or "") else "-")
         out.append(cells + [f"{even}{open_} / {best} ({gain})", f"{cert}, {r['max_batch_probes']}",
-                            exp, bal, check])
+                            str(r.get("looked_past") or "-"), exp, bal, check])
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in out])
 
@@ -349,6 +369,7 @@ def summary(rows: Sequence[dict[str, Any]], cases: Sequence[tuple[str, str]]) ->
                and not r.get("check_not_monotone") and not str(r.get("check_larger_cards", "")).split()]
     run = {(str(r["model"]), str(r["scenario"])) for r in rows}
     exp = [r for r in ok if str(r.get("expandable_max_batch") or "")]
+    looked = [r for r in ok if str(r.get("looked_past") or "")]
     return (f"{len(rows)} of {len(cases)} cases run; largest batch certified in "
             f"{sum(yes(r, 'max_batch_certified') for r in ok)} of {len(ok)}, balance certified in "
             f"{sum(yes(r, 'balance_certified') for r in ok if not r.get('balance_error'))}; the local "
@@ -356,6 +377,8 @@ def summary(rows: Sequence[dict[str, Any]], cases: Sequence[tuple[str, str]]) ->
             f"the answer) in "
             f"{len(checked)} of {len(ok)}; with expandable_segments:True advised in "
             f"{len(exp)} (certified in {sum(yes(r, 'expandable_certified') for r in exp)}); "
+            f"looked past the over points in {len(looked)} (over throughout in "
+            f"{sum(str(r['looked_past']).startswith('over throughout') for r in looked)}); "
             f"not run: {len([c for c in cases if c not in run])}.")
 
 

@@ -123,6 +123,13 @@ RESERVED_CERTIFICATE = ("at the reserved level this holds if the figure does not
                         "caching allocator's fragmentation can break it: "
                         "expandable_segments:True makes it hold)")
 
+#: The same, where the answer's over points were looked past on the simulator's allocator
+#: model (``search.Known.look_past``) and the figure stayed over throughout.
+RESERVED_CERTIFICATE_LOOKED = ("at the reserved level the figure can fall as the batch grows "
+                               "(the caching allocator's fragmentation): past every over point "
+                               "it was looked at on the allocator model, chunk by chunk up to "
+                               "where the allocated peak alone is over, and stays over there")
+
 #: The level :class:`dptune.Tuner`, ``dptune search``, ``dptune plan`` (DDP and FSDP), the
 #: ``--lengths`` plans and the Hugging Face integration check by default: the one that runs
 #: out. ``budget_level="allocated"`` (``--budget-level allocated``) still checks the

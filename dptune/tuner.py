@@ -232,7 +232,8 @@ class Tuner:
             notes=notes,
             certified=outcome.certified, brackets=list(outcome.brackets), model=model,
             output_device=out_dev, card0_output_batch_size=card0_batch,
-            allocator_answer=other, settings=_settings(self.workload, backend))
+            allocator_answer=other, looked_past=outcome.window,
+            settings=_settings(self.workload, backend))
 
     def _open_backend(self, notes: list[str]) -> Backend:
         """The backend given, else the one the cards chosen name (said once in ``notes``)."""

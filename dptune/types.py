@@ -324,6 +324,9 @@ class CardWindow:
         """Every chunk from ``start`` on is over budget (on the model)."""
         return self.scaled and self.fits is None and self.end is not None
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
     def describe(self) -> str:
         where = "card 0 along the answer's line" if self.card == 0 else f"card {self.card}"
         if not self.scaled:
@@ -354,3 +357,9 @@ class WindowCheck:
     def closed(self) -> bool:
         """Every card looked at is over at every chunk past its over point."""
         return bool(self.cards) and all(w.closed for w in self.cards)
+
+    def describe(self) -> str:
+        return "; ".join(w.describe() for w in self.cards)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cards": [w.to_dict() for w in self.cards], "replays": self.replays}

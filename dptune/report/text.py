@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from dptune.budget import RESERVED_CERTIFICATE
+from dptune.budget import RESERVED_CERTIFICATE, RESERVED_CERTIFICATE_LOOKED
 from dptune.report.levels import budget_level, has_total, level_lines, split_memory
 from dptune.report.tables import Align, markdown_table, text_table
 from dptune.types import Objective
@@ -266,8 +266,16 @@ def _certificate(result: TuneResult) -> str:
 def _monotone_caveat(result: TuneResult) -> str:
     """At the reserved level, what "one more sample does not fit" rests on: the figure not
     falling back under the budget at a larger batch (the allocator's fragmentation can make
-    it; the search refuses to certify where its probes show it, not where they did not look)."""
-    return f"; {RESERVED_CERTIFICATE}" if budget_level(result) == "reserved" else ""
+    it; the search refuses to certify where its probes show it; on simulated cards it also
+    looks past the over points on the allocator model: ``result.looked_past``)."""
+    if budget_level(result) != "reserved":
+        return ""
+    looked = result.looked_past
+    if looked is not None and looked.closed:
+        return f"; {RESERVED_CERTIFICATE_LOOKED}"
+    if looked is not None:
+        return f"; {RESERVED_CERTIFICATE} (looked past on the allocator model: {looked.describe()})"
+    return f"; {RESERVED_CERTIFICATE}"
 
 
 def _subject(result: TuneResult) -> str:

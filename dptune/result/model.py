@@ -26,7 +26,7 @@ from dptune.result.wrap import NOT_GIVEN, wrap_model
 from dptune.result.wrap import warn_settings as _warn_settings  # noqa: F401 (integrations.transformers)
 from dptune.search.observations import Bracket
 from dptune.solve.memory import Fit
-from dptune.types import Device, ProbeResult
+from dptune.types import Device, ProbeResult, WindowCheck
 from dptune.step.workload import StepSettings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,6 +58,10 @@ class TuneResult:
       search showed fragmentation (the reserved figures falling as the work grows, which
       leaves the answer uncertified, or lying widely over the allocated ones): the same
       search with ``expandable_segments:True`` (:class:`AllocatorAnswer`), else ``None``.
+    - ``looked_past``: ``max_batch`` on simulated cards at the reserved level with a
+      certificate from the probes: what a look past its over points on the allocator model
+      found (:class:`~dptune.types.WindowCheck`; a card fitting again above its over point
+      leaves the answer uncertified), else ``None``.
     - ``settings``: the training step the split was tuned for (mixed precision,
       accumulation, clipping, the user's step function); a split is only valid for it.
     - ``model``: the user's model wrapped in a ``BalancedDataParallel`` with this split
@@ -86,6 +90,7 @@ class TuneResult:
     output_device: int = 0
     card0_output_batch_size: Optional[int] = None
     allocator_answer: Optional[AllocatorAnswer] = None
+    looked_past: Optional[WindowCheck] = None
     settings: StepSettings = field(default_factory=StepSettings)
     model: Optional["torch.nn.Module"] = field(default=None, repr=False, compare=False)
     #: the report file this result was read from (set by :func:`load_result`)
@@ -176,6 +181,7 @@ class TuneResult:
             card0_output_batch_size=self.card0_output_batch_size,
             allocator_answer=(None if self.allocator_answer is None
                               else self.allocator_answer.to_dict()),
+            looked_past=None if self.looked_past is None else self.looked_past.to_dict(),
         )
 
     @classmethod

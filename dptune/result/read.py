@@ -19,7 +19,7 @@ from dptune.errors import ReportError, UsageError
 from dptune.result.figures import AllocatorAnswer, SplitFigures
 from dptune.search.observations import Bracket
 from dptune.solve.memory import Fit
-from dptune.types import Device, Objective, ProbeResult
+from dptune.types import CardWindow, Device, Objective, ProbeResult, WindowCheck
 from dptune.step.workload import StepSettings
 
 __all__ = ["REPORT_VERSION", "OBJECTIVES", "read_json", "result_fields"]
@@ -301,6 +301,27 @@ def _read_allocator_answer(c: _Checked, n: int) -> Optional[AllocatorAnswer]:
                            certified=_read_flag(a, "certified"), probes=a.integer("probes"))
 
 
+def _read_looked_past(c: _Checked, n: int) -> Optional[WindowCheck]:
+    """None recorded (no look past the over points), or the windows looked at."""
+    if c.raw("looked_past", optional=True) is None:
+        return None
+    w = _Checked(c.raw("looked_past"), "looked_past")
+    cards = []
+    for x in w.objects("cards"):
+        card = x.integer("card")
+        if card >= n:
+            raise x.fail("card", f"a card of the report (0..{n - 1})", card)
+        scaled = x.raw("scaled")
+        if not isinstance(scaled, bool):
+            raise x.fail("scaled", "true or false", scaled)
+        cards.append(CardWindow(card=card, start=x.integer("start"),
+                                end=x.integer("end", optional=True),
+                                fits=x.integer("fits", optional=True),
+                                fits_bytes=x.integer("fits_bytes", optional=True), scaled=scaled,
+                                batch_start=x.integer("batch_start", optional=True)))
+    return WindowCheck(tuple(cards), w.integer("replays"))
+
+
 def _read_brackets(c: _Checked, n: int) -> list[Bracket]:
     """None recorded, or one per card."""
     items = c.objects("brackets", n if c.raw("brackets", optional=True) else None, optional=True)
@@ -359,6 +380,7 @@ def result_fields(d: Any) -> dict[str, Any]:
         output_device=c.card("output_device", n) or 0,
         card0_output_batch_size=c.integer("card0_output_batch_size", optional=True),
         allocator_answer=_read_allocator_answer(c, n),
+        looked_past=_read_looked_past(c, n),
     )
 
 

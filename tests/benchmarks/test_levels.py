@@ -97,7 +97,8 @@ def _rows() -> list[dict]:
                          max_split=[0, 246, 246, 246], max_certified=True, max_probes=9,
                          even_batch=471, bal_split=[0, 157, 157, 157], bal_certified=True,
                          bal_probes=3, check_run=True, check_fits=True, check_proven=[0],
-                         check_over=[0], check_probes=7)
+                         check_over=[0], check_probes=7,
+                         looked_past="over throughout (12 chunks)")
     bad = levels.LevelRow("MLP", "4x24GB", "reserved", 256 << 20, cards=4, max_batch=300,
                           max_split=[60, 80, 80, 80], max_probes=12,
                           max_notes="not certified: 12 of 12 probes run", even_batch=250,
@@ -115,7 +116,8 @@ def test_level_table_marks_uncertified_unchecked_and_not_run_cases():
     md = levels.level_table(rows, cases)
     lines = md.splitlines()
     assert len(lines) == 2 + 3
-    assert "| GPT | 4x24GB | 471 / 738 (+57%) | yes, 9 | - | yes, 3 | yes, 1/1, none, yes |" in md
+    assert ("| GPT | 4x24GB | 471 / 738 (+57%) | yes, 9 | over throughout (12 chunks) | - | yes, 3 "
+            "| yes, 1/1, none, yes |") in md
     mlp = lines[3]
     assert "250 (open, at most 260) / 300 (+20%)" in mlp and "**no**: not certified: 12 of 12" in mlp
     assert "1/2 (card 2 **not over**), **cards 0** (301 fits)" in mlp and "**no**: card 3: over at 81, fits at 82" in mlp
@@ -125,6 +127,7 @@ def test_level_table_marks_uncertified_unchecked_and_not_run_cases():
     assert s.startswith("2 of 3 cases run; largest batch certified in 1 of 2")
     assert "monotone near the answer) in 1 of 2" in s
     assert "with expandable_segments:True advised in 1 (certified in 1)" in s
+    assert "looked past the over points in 1 (over throughout in 1)" in s
     assert s.endswith("not run: 1.")
 
 
@@ -138,3 +141,14 @@ def test_readme_writes_the_reserved_table_between_its_own_markers(tmp_path):
     inside = text.split(start)[1].split(end)[0]
     assert "| GPT | 4x24GB | 471 / 738 (+57%)" in inside
     assert inside.count("not run") >= len(levels.all_cases()) - 2
+
+
+def test_looked_words_says_what_the_look_past_found():
+    from dptune.types import CardWindow, WindowCheck
+    closed = WindowCheck((CardWindow(0, 561, 564), CardWindow(1, 569, 573)))
+    assert levels.looked_words(closed) == "over throughout (7 chunks)"
+    mixed = WindowCheck((CardWindow(0, 561, None, scaled=False), CardWindow(1, 569, None, fits=571),
+                         CardWindow(2, 569, None)))
+    assert levels.looked_words(mixed) == ("card 1 fits again at 571; card 0 not looked at; "
+                                          "card 2 looked at only so far")
+    assert levels.looked_words(None) == ""
