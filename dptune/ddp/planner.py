@@ -50,7 +50,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 from dptune.budget import RESERVED_CERTIFICATE, RESERVED_MODEL, BudgetLevel, Collectives
 from dptune.ddp.group import Group, LocalGroup, TorchGroup
 from dptune.ddp.probers import Prober, SimulatedProber, local_cuda_prober
-from dptune.ddp.ranks import RankInfo
+from dptune.ddp.ranks import RankInfo, window_words
 from dptune.ddp.result import DDPPlan, RankPlan, RankReason, loss_scales
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.search.ranks import RankObservations, Runner, balance_ranks, bracket_ranks, cap_of
@@ -174,8 +174,12 @@ def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..
         obs = RankObservations([i.budget_bytes for i in infos], max(i.min_batch for i in infos))
         times = None if settings.fsdp else _times(obs, timer)
         hosted = None if times is None or timer is None else timer.host_seconds
+        def look(r: int, b: int) -> Any:
+            past = getattr(probers[r], "look_past", None)
+            return None if past is None else past(b)
+
         found = _search(settings, job, obs, infos, lambda sizes: obs.run(
-            job.group.each, sizes, probe, None if times is None else timed, hosted), times)
+            job.group.each, sizes, probe, None if times is None else timed, hosted), times, look)
     finally:
         for p in probers.values():
             p.close()
@@ -272,9 +276,11 @@ def _times(obs: RankObservations, timer: Any) -> Any:
 
 
 def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequence[RankInfo],
-            run: Runner, times: Any) -> _Found:
+            run: Runner, times: Any, look: Callable[[int, int], Any] = lambda r, b: None) -> _Found:
     """The objective's search on the ranks' observations (:mod:`dptune.search.ranks`);
-    ``times``: the ranks' step times (:func:`_times`), ``None`` where none are known (FSDP)."""
+    ``times``: the ranks' step times (:func:`_times`), ``None`` where none are known (FSDP);
+    ``look(rank, batch)``: past a certified rank's cap on the allocator model (simulated
+    ranks at the reserved level), a :class:`~dptune.types.CardWindow` or ``None``."""
     n, m, batch = obs.n, obs.m, settings.batch_size
     if isinstance(settings.micro_batches, int) and batch is not None:
         batch //= settings.micro_batches      # a fixed number of micro-batches: split one
@@ -290,6 +296,18 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
             sizes = balance_ranks(obs, run, batch, rounds + 4, sizes)
             certified, why = False, RankReason.MEMORY_BALANCE
         contradiction = obs.not_monotone()
+        looked: tuple[str, ...] = ()
+        if certified and contradiction is None and why is RankReason.MEMORY_CAP \
+                and settings.budget.level is BudgetLevel.RESERVED:
+            windows = [(r, w) for r, w in enumerate(job.group.each(lambda r: look(r, sizes[r])))
+                       if w is not None]
+            falls = [window_words(r, w) for r, w in windows if w.fits is not None]
+            if falls:
+                contradiction = "on the allocator model, past the caps: " + "; ".join(falls)
+                certified = False
+            elif windows:
+                looked = ("looked past each rank's cap on the allocator model: " +
+                          "; ".join(window_words(r, w) for r, w in windows),)
         open_ = [obs.bracket(r).describe().replace("card", "rank") for r in range(n)
                  if not obs.bracket(r).closed]
         notes: tuple[str, ...] = ()
@@ -303,7 +321,7 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
                      "not prove that no larger batch fits, so the caps are not certified; "
                      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True makes the reserved figure "
                      "follow the allocated one",)
-        return _Found(sizes, certified, _speed(times, sizes, grad_bytes) + notes, (why,) * n)
+        return _Found(sizes, certified, _speed(times, sizes, grad_bytes) + looked + notes, (why,) * n)
     assert batch is not None
     if batch < m * n:
         raise UsageError(f"global_batch {batch} is too small for {n} ranks: every rank "

@@ -61,6 +61,12 @@ class SimulatedProber:
             self._memo[batch_size] = simulated_peak(self.backend, self.device, batch_size)
         return self._memo[batch_size]
 
+    def look_past(self, batch_size: int) -> Any:
+        """Past this rank's cap on the allocator model (:func:`dptune.ddp.ranks.simulated_look`)."""
+        from dptune.ddp.ranks import simulated_look
+
+        return simulated_look(self.backend, self.device, self.headroom, self._memo, batch_size)
+
     def close(self) -> None:
         self.backend.close()
 

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from dptune.backends.base import Device
+from dptune.types import CardWindow
 
-__all__ = ["RankInfo", "min_batch", "step_settings", "local_card", "simulated_peak"]
+__all__ = ["RankInfo", "min_batch", "step_settings", "local_card", "simulated_peak",
+           "simulated_look", "window_words"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,34 @@ def local_card(device: Optional[int], runtime: Any) -> int:
     import torch
 
     return torch.cuda.current_device()
+
+
+def simulated_look(backend: Any, device: Any, headroom_bytes: int, memo: dict,
+                   batch_size: int) -> Optional[CardWindow]:
+    """Past a simulated rank's cap (``batch_size`` fits, one more is over) on the allocator
+    model: one more sample at a time until the rank's allocated peak alone passes its budget
+    (:meth:`dptune.backends.simulated.SimulatedBackend.look_past`); ``None`` without an
+    allocator model (the allocated level). Ranks of one card type share ``memo``."""
+    if backend.reserved is None:
+        return None
+    key = ("look", batch_size)
+    if key not in memo:
+        w = backend.look_past([batch_size], [batch_size + 1],
+                              [device.budget_bytes(headroom_bytes)])
+        memo[key] = w.cards[0] if w.cards else None
+    return memo[key]
+
+
+def window_words(rank: int, w: CardWindow) -> str:
+    """A rank's look past its cap in words (the batch is the rank's own)."""
+    if not w.scaled:
+        return f"rank {rank}: its steps do not grow by a fixed amount per sample, not looked at"
+    if w.fits is not None:
+        return f"rank {rank} is over at batch {w.start} and fits again at batch {w.fits}"
+    if w.end is None:
+        return f"rank {rank}: over from batch {w.start} as far as looked"
+    return (f"rank {rank}: over at every batch from {w.start} to {w.end - 1}, and from {w.end} "
+            "its allocated peak alone is over")
 
 
 def simulated_peak(backend: Any, device: Any, batch_size: int) -> int:
