@@ -202,6 +202,7 @@ def measure_level(name: str, level: str, max_probes: int = 12, oracle: int = 0) 
 
     from benchmarks.certificate_answer import answer
     from dptune import search as dsearch
+    from dptune.backends.simulated.reserved import look_past_of
     from dptune.search.alike import device_keys
 
     t0 = time.perf_counter()
@@ -209,9 +210,12 @@ def measure_level(name: str, level: str, max_probes: int = 12, oracle: int = 0) 
     ans = answer(s)
     # the identical cards named as Tuner names them (dptune.search.alike.device_keys)
     alike = device_keys(s.curves.devices) if isinstance(s, LevelSurface) and s.curves else None
+    # the look past the over points Tuner gives the search on simulated cards at this level
+    look = (look_past_of(s.curves.backend, s.budgets, s.curves.level)
+            if isinstance(s, LevelSurface) and s.curves else None)
     out = dsearch.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m,
                       max_probes=max_probes, exact_on_oom=True,
-                      known=dsearch.Known(alike=alike))
+                      known=dsearch.Known(alike=alike, look_past=look))
     even = out.even.batch_size if out.even is not None else 0
     monotone = all(check_monotone_near(s, i, c) for i, c in enumerate(ans.caps, start=1)) \
         and line_monotone_near(s, ans.caps, ans.best)
@@ -225,20 +229,23 @@ def measure_level(name: str, level: str, max_probes: int = 12, oracle: int = 0) 
                 best_exact=out.best.batch_size == ans.best, even_exact=even == ans.even,
                 exact=out.best.batch_size == ans.best and even == ans.even,
                 monotone=monotone, notes=list(out.notes),
+                looked=None if out.window is None else out.window.describe(),
+                looked_closed=out.window is not None and out.window.closed,
                 sim_probes=s.curves.probes if isinstance(s, LevelSurface) and s.curves else 0,
                 seconds=time.perf_counter() - t0)
 
 
 def level_table(rows: Sequence[dict[str, Any]]) -> str:
     head = ("| case | level | B* | E | dptune (its split within budget) | even | probes | certified "
-            "| largest exact | even exact | monotone near B* | exhaustive oracle |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|")
+            "| largest exact | even exact | monotone near B* | looked past the over points | exhaustive oracle |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     body = [f"| {r['case']} | {r['level']} | {r['best']} | {r['even']} | {r['dptune']} "
             f"({'yes' if r['split_fits'] else 'NO'}) | "
             f"{r['dptune_even']}{' (open)' if r['even_open'] else ''} | {r['probes']} | "
             f"{'yes' if r['certified'] else 'no'} | {'yes' if r['best_exact'] else 'WRONG'} | "
             f"{'yes' if r['even_exact'] else 'WRONG'} | "
             f"{'yes' if r['monotone'] else 'NO'} | "
+            f"{'-' if r.get('looked') is None else 'over throughout' if r.get('looked_closed') else r['looked']} | "
             f"{'-' if r.get('oracle') is None else str(r['oracle']) + ' (batches to ' + str(r['oracle_upto']) + ')'} |"
             for r in rows]
     return "\n".join([head] + body)
