@@ -485,27 +485,35 @@ class SimulatedBackend:
         reserved level: the reserved peak + NCCL against ``budgets``): for each card ``i >=
         1`` with ``over[i]`` (the smallest chunk measured over), every chunk from there until
         the card's allocated peak alone passes its budget; for card 0 (``over[0]`` not
-        ``None``, the chunk one sample past the answer's), one more sample at a time along
-        the answer's line, the other cards as in ``split``.
+        ``None``, the chunk one sample past the answer's, or its smallest chunk where it holds
+        none), one more sample at a time along the answer's line, the other cards as in
+        ``split``.
 
         Each chunk is replayed from the card's traces at ``split`` and at the window's far
         end, each malloc drawn on the line through the two (:class:`ScaledTraces`), checked
         against a real step one sample past ``split`` (a card whose step there differs is not
         looked at: ``scaled`` false); a chunk found to fit is simulated for real before it is
-        reported. Runs up to seven simulated steps (not probes) and a replay per chunk."""
+        reported. Runs up to eight simulated steps (not probes) and a replay per chunk."""
         if self.reserved is None:
             raise InternalError("look_past needs an allocator model (reserved=)")
         cfg, nccl = self.reserved.config, self.reserved.fixed.nccl_for(len(self.devices))
         limit = self.LOOK_LIMIT
         base = [int(c) for c in split]
         n = len(base)
-        looking = ([0] if over[0] is not None else []) + \
-            [i for i in range(1, n) if over[i] is not None and base[i] > 0]
-        first = {i: int(over[i] or 0) - base[i] for i in looking}
+        looking = [i for i in range(n) if over[i] is not None]
+        # each card's steps are drawn from its chunk in the answer, or from its over point
+        # where it holds no samples there (a card with none runs no replica: no point of
+        # the line); card 0 moves along the answer's line, the others one at a time
+        root = [c if c > 0 or over[i] is None else int(over[i] or 0) for i, c in enumerate(base)]
+        first = {i: int(over[i] or 0) - root[i] for i in looking}
+        cards0 = [root[0]] + base[1:]
+        others = [base[0]] + root[1:]
 
         def moved(more: dict[int, int], card0: bool) -> list[int]:
-            """``split`` with the cards of ``more`` moved on (card 0's or the others')."""
-            return [c + (more.get(i, 0) if (i == 0) == card0 else 0) for i, c in enumerate(base)]
+            """The drawing's base with the cards of ``more`` moved on (card 0's or the
+            others')."""
+            at = cards0 if card0 else others
+            return [c + (more.get(i, 0) if (i == 0) == card0 else 0) for i, c in enumerate(at)]
 
         def steps(more: dict[int, int]) -> dict[int, tuple]:
             """Real traces of the cards of ``more`` moved on that many samples (two steps at
@@ -514,11 +522,15 @@ class SimulatedBackend:
             for card0 in (True, False):
                 part = {i: k for i, k in more.items() if (i == 0) == card0}
                 if part:
-                    traces = self._traces(moved(part, card0))
-                    out.update({i: traces[i] for i in part})
+                    split = tuple(moved(part, card0))
+                    if split not in simulated:
+                        simulated[split] = self._traces(split)
+                    out.update({i: simulated[split][i] for i in part})
             return out
 
-        at = self._traces(base)
+        simulated: dict[tuple[int, ...], list] = {}
+
+        at = steps({i: 0 for i in looking})
         plus = steps({i: 1 for i in looking})
         near = {i: sc for i in looking
                 if (sc := ScaledTraces.of(at[i], plus[i], 1)) is not None}
@@ -546,14 +558,14 @@ class SimulatedBackend:
                 del found[i]           # the drawn step was wrong there: not looked at
         out = []
         for i in looking:
-            start = base[i] + first[i]
-            batch0 = sum(base) + first[0] if i == 0 else None
+            start = root[i] + first[i]
+            batch0 = sum(base) + start - base[0] if i == 0 else None
             if i not in found:
                 out.append(CardWindow(i, start, None, scaled=False, batch_start=batch0))
                 continue
             end, fits, fits_bytes = found[i]
-            out.append(CardWindow(i, start, None if end is None else base[i] + end,
-                                  None if fits is None else base[i] + fits, fits_bytes,
+            out.append(CardWindow(i, start, None if end is None else root[i] + end,
+                                  None if fits is None else root[i] + fits, fits_bytes,
                                   batch_start=batch0))
         return WindowCheck(tuple(sorted(out, key=lambda w: w.card)), replays)
 
