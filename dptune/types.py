@@ -337,6 +337,8 @@ class CardWindow:
             return f"{where} fits again at {at}, above its over point"
         if self.end is None:
             return f"{where}: over from {self.start} samples as far as looked"
+        if self.end == self.start:
+            return f"{where}: from {self.start} samples its allocated peak alone is over"
         return f"{where}: over at every chunk from {self.start} to {self.end - 1} samples, and " \
                f"from {self.end} its allocated peak alone is over"
 

@@ -81,6 +81,8 @@ def window_words(rank: int, w: CardWindow) -> str:
         return f"rank {rank} is over at batch {w.start} and fits again at batch {w.fits}"
     if w.end is None:
         return f"rank {rank}: over from batch {w.start} as far as looked"
+    if w.end == w.start:
+        return f"rank {rank}: from batch {w.start} its allocated peak alone is over"
     return (f"rank {rank}: over at every batch from {w.start} to {w.end - 1}, and from {w.end} "
             "its allocated peak alone is over")
 

@@ -85,3 +85,17 @@ def test_a_fall_past_the_over_point_is_the_one_brute_force_finds() -> None:
     assert [w.card for w in falls] == [1, 2, 3]
     # over at the chunk the search measured over, within budget again above it
     assert all(w.fits is not None and w.fits > w.start for w in falls)
+
+
+def test_card_0_with_no_samples_is_looked_at_from_its_smallest_chunk() -> None:
+    """A decoder whose gathered logits leave card 0 nothing (its answer [0, 119, 118, 118] on
+    4 x 4 GB): card 0 has no step of its own to draw from, so its line is drawn from its
+    smallest chunk."""
+    from dptune.examples.models import TinyGPT
+
+    wl = Workload(lambda: TinyGPT(vocab_size=16000, d_model=64, n_layers=1, n_heads=2, seq_len=128),
+                  lambda n: torch.randint(0, 16000, (n, 128)), None,
+                  lambda p: torch.optim.AdamW(p, lr=1e-4))
+    be = SimulatedBackend(wl, "4x4GB", reserved=ReservedModel())
+    windows = check(be, [0, 119, 118, 118], [1, 324, 324, 324])
+    assert windows[0].card == 0 and windows[0].start == 1 and windows[0].closed
