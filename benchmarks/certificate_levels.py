@@ -202,7 +202,7 @@ def measure_level(name: str, level: str, max_probes: int = 12, oracle: int = 0) 
 
     from benchmarks.certificate_answer import answer
     from dptune import search as dsearch
-    from dptune.backends.simulated.reserved import look_past_of
+    from dptune.backends.simulated.look import look_past_of
     from dptune.search.alike import device_keys
 
     t0 = time.perf_counter()

@@ -22,7 +22,8 @@ from dptune import search
 from dptune.step.advice import unread_outputs_advice
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
 from dptune.backends.choice import BackendChoice, build_backend, choose_backend, timed
-from dptune.backends.simulated.reserved import ReservedModel, advice_lines, look_past_of
+from dptune.backends.simulated.look import look_past_of
+from dptune.backends.simulated.reserved import ReservedModel, advice_lines
 from dptune.budget import RESERVED_MODEL, BudgetLevel, at_level
 from dptune.errors import BackendUnavailableError, DptuneError, NoFeasibleSplitError, UsageError
 from dptune.result.model import AllocatorAnswer, SplitFigures, TuneResult, imbalance

@@ -309,7 +309,8 @@ class CardWindow:
     card's traces do not grow by a fixed amount per sample (checked against a third step), so
     nothing was looked at. Card 0 moves along the answer's line: its chunk and the batch one
     more sample per step, the other cards as in the answer (``batch_start``: the batch at
-    ``start``)."""
+    ``start``); where it holds no samples in the answer (``no_samples``) it keeps none as the
+    batch grows, and ``start``, ``end`` and ``fits`` are batches."""
 
     card: int
     start: int
@@ -318,6 +319,7 @@ class CardWindow:
     fits_bytes: Optional[int] = None
     scaled: bool = True
     batch_start: Optional[int] = None
+    no_samples: bool = False
 
     @property
     def closed(self) -> bool:
@@ -328,19 +330,23 @@ class CardWindow:
         return asdict(self)
 
     def describe(self) -> str:
-        where = "card 0 along the answer's line" if self.card == 0 else f"card {self.card}"
+        where = ("card 0 with no samples as the batch grows" if self.no_samples else
+                 "card 0 along the answer's line" if self.card == 0 else f"card {self.card}")
+        unit = "batch" if self.no_samples else "samples"
         if not self.scaled:
             return f"{where}: its steps do not grow by a fixed amount per sample, not looked at"
         if self.fits is not None:
-            at = (f"{self.fits} samples (batch {self.batch_start + self.fits - self.start})"
+            at = (f"batch {self.fits}" if self.no_samples else
+                  f"{self.fits} samples (batch {self.batch_start + self.fits - self.start})"
                   if self.card == 0 and self.batch_start is not None else f"{self.fits} samples")
             return f"{where} fits again at {at}, above its over point"
         if self.end is None:
-            return f"{where}: over from {self.start} samples as far as looked"
+            return f"{where}: over from {self.start} {unit} as far as looked"
         if self.end == self.start:
-            return f"{where}: from {self.start} samples its allocated peak alone is over"
-        return f"{where}: over at every chunk from {self.start} to {self.end - 1} samples, and " \
-               f"from {self.end} its allocated peak alone is over"
+            return f"{where}: from {self.start} {unit} its allocated peak alone is over"
+        what = "batch" if self.no_samples else "chunk"
+        return (f"{where}: over at every {what} from {self.start} to {self.end - 1} {unit}, and "
+                f"from {self.end} its allocated peak alone is over")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Hashable, Iterable, Optional, Sequence
 
 from dptune import search
 from dptune.backends.base import Backend, ProbeResult
-from dptune.backends.simulated.reserved import look_past_of
+from dptune.backends.simulated.look import look_past_of
 from dptune.budget import RESERVED_CERTIFICATE, RESERVED_MODEL, BudgetLevel, at_level
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.lengths.buckets import Buckets, assign, bucket_edges

@@ -318,7 +318,8 @@ def _read_looked_past(c: _Checked, n: int) -> Optional[WindowCheck]:
                                 end=x.integer("end", optional=True),
                                 fits=x.integer("fits", optional=True),
                                 fits_bytes=x.integer("fits_bytes", optional=True), scaled=scaled,
-                                batch_start=x.integer("batch_start", optional=True)))
+                                batch_start=x.integer("batch_start", optional=True),
+                                no_samples=_read_flag(x, "no_samples")))
     return WindowCheck(tuple(cards), w.integer("replays"))
 
 

@@ -215,8 +215,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     window = None
     look_past = known.look_past
     if contradiction is None and look_past is not None and not balance and found.certified:
-        c0 = found.best.chunk_sizes[0]
-        over = [c0 + 1 if c0 else obs.min_chunk] + [obs.bracket(i).hi for i in range(1, obs.n)]
+        over = [found.best.chunk_sizes[0] + 1] + [obs.bracket(i).hi for i in range(1, obs.n)]
         window = look_past(found.best.chunk_sizes, over)
         if window.falls:
             contradiction = ("on the allocator model, past the over points: " +

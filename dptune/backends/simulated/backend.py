@@ -20,8 +20,8 @@ from dptune.backends.base import Capabilities, ModelFacts, ProbeResult
 from dptune.hardware.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
 from dptune.backends.simulated.allocator import Event
 from dptune.backends.simulated.allocator_config import AllocatorConfig
-from dptune.backends.simulated.reserved import (ReservedFigures, ReservedModel, ScaledTraces, TraceRecorder,
-                                                canonical_traces, look_past, step_stats, window_end,
+from dptune.backends.simulated.look import look_past
+from dptune.backends.simulated.reserved import (ReservedFigures, ReservedModel, TraceRecorder, canonical_traces,
                                                 level_settings)
 from dptune.hardware.speeds import cluster_speeds
 from dptune.backends.simulated import sdpa as _sdpa
@@ -35,7 +35,7 @@ from dptune.backends.simulated.ledger import _Ledger
 from dptune.backends.simulated.sharing import ReplicaPlan, plan_replicas, with_card0_mirrored
 from dptune.errors import DptuneError, InternalError, UsageError, UserCodeError
 from dptune.split import validate_chunk_sizes
-from dptune.types import BackendKind, CardWindow, WindowCheck
+from dptune.types import BackendKind, WindowCheck
 from dptune.step.workload import (StepOutcome, StepRuntime, Workload, batch_to_args, gradient_checkpointing,
                              has_batchnorm, run_step)
 
@@ -481,93 +481,14 @@ class SimulatedBackend:
 
     def look_past(self, split: Sequence[int], over: Sequence[Optional[int]],
                   budgets: Sequence[int]) -> WindowCheck:
-        """Past a largest-batch certificate's over points, on the allocator model (the
-        reserved level: the reserved peak + NCCL against ``budgets``): for each card ``i >=
-        1`` with ``over[i]`` (the smallest chunk measured over), every chunk from there until
-        the card's allocated peak alone passes its budget; for card 0 (``over[0]`` not
-        ``None``, the chunk one sample past the answer's, or its smallest chunk where it holds
-        none), one more sample at a time along the answer's line, the other cards as in
-        ``split``.
-
-        Each chunk is replayed from the card's traces at ``split`` and at the window's far
-        end, each malloc drawn on the line through the two (:class:`ScaledTraces`), checked
-        against a real step one sample past ``split`` (a card whose step there differs is not
-        looked at: ``scaled`` false); a chunk found to fit is simulated for real before it is
-        reported. Runs up to eight simulated steps (not probes) and a replay per chunk."""
+        """Past a largest-batch certificate's over points on this backend's allocator model
+        (:func:`dptune.backends.simulated.look.look_past`, on this backend's own steps):
+        ``over[i]`` the smallest chunk card ``i >= 1`` was measured over at, ``over[0]`` card
+        0's chunk one sample past ``split``'s; ``budgets`` at the reserved level."""
         if self.reserved is None:
             raise InternalError("look_past needs an allocator model (reserved=)")
-        cfg, nccl = self.reserved.config, self.reserved.fixed.nccl_for(len(self.devices))
-        limit = self.LOOK_LIMIT
-        base = [int(c) for c in split]
-        n = len(base)
-        looking = [i for i in range(n) if over[i] is not None]
-        # each card's steps are drawn from its chunk in the answer, or from its over point
-        # where it holds no samples there (a card with none runs no replica: no point of
-        # the line); card 0 moves along the answer's line, the others one at a time
-        root = [c if c > 0 or over[i] is None else int(over[i] or 0) for i, c in enumerate(base)]
-        first = {i: int(over[i] or 0) - root[i] for i in looking}
-        cards0 = [root[0]] + base[1:]
-        others = [base[0]] + root[1:]
-
-        def moved(more: dict[int, int], card0: bool) -> list[int]:
-            """The drawing's base with the cards of ``more`` moved on (card 0's or the
-            others')."""
-            at = cards0 if card0 else others
-            return [c + (more.get(i, 0) if (i == 0) == card0 else 0) for i, c in enumerate(at)]
-
-        def steps(more: dict[int, int]) -> dict[int, tuple]:
-            """Real traces of the cards of ``more`` moved on that many samples (two steps at
-            most: card 0 on its line, the others together)."""
-            out: dict[int, tuple] = {}
-            for card0 in (True, False):
-                part = {i: k for i, k in more.items() if (i == 0) == card0}
-                if part:
-                    split = tuple(moved(part, card0))
-                    if split not in simulated:
-                        simulated[split] = self._traces(split)
-                    out.update({i: simulated[split][i] for i in part})
-            return out
-
-        simulated: dict[tuple[int, ...], list] = {}
-
-        at = steps({i: 0 for i in looking})
-        plus = steps({i: 1 for i in looking})
-        near = {i: sc for i in looking
-                if (sc := ScaledTraces.of(at[i], plus[i], 1)) is not None}
-        far = {i: max(first[i] + 1, window_end(sc, budgets[i], nccl, cfg, limit))
-               for i, sc in near.items()}
-        ends = steps(far)
-        scaled: dict[int, ScaledTraces] = {}
-        for i, k in far.items():
-            sc = ScaledTraces.of(at[i], ends[i], k)
-            if sc is not None and _agrees(sc, plus[i], cfg):
-                scaled[i] = sc
-        found: dict[int, tuple[Optional[int], Optional[int], Optional[int]]] = {}
-        done: dict[tuple, tuple[Optional[int], Optional[int], Optional[int], int]] = {}
-        replays = 0
-        for i, sc in scaled.items():
-            key = (sc, budgets[i], first[i])
-            if key not in done:
-                done[key] = look_past(sc, first[i], budgets[i], nccl, cfg, limit)
-                replays += done[key][3]
-            found[i] = done[key][:3]
-        # a chunk the model says fits is simulated for real before it is reported
-        fitting = {i: r[1] for i, r in found.items() if r[1] is not None}
-        for i, traces in steps(fitting).items():
-            if step_stats(traces, cfg).reserved_peak + nccl > budgets[i]:
-                del found[i]           # the drawn step was wrong there: not looked at
-        out = []
-        for i in looking:
-            start = root[i] + first[i]
-            batch0 = sum(base) + start - base[0] if i == 0 else None
-            if i not in found:
-                out.append(CardWindow(i, start, None, scaled=False, batch_start=batch0))
-                continue
-            end, fits, fits_bytes = found[i]
-            out.append(CardWindow(i, start, None if end is None else root[i] + end,
-                                  None if fits is None else root[i] + fits, fits_bytes,
-                                  batch_start=batch0))
-        return WindowCheck(tuple(sorted(out, key=lambda w: w.card)), replays)
+        return look_past(self._traces, split, over, budgets, self.reserved.config,
+                         self.reserved.fixed.nccl_for(len(self.devices)), self.LOOK_LIMIT)
 
     def _traces(self, split: Sequence[int]) -> list[tuple[tuple[Event, ...], ...]]:
         """Every card's replay traces of one simulated step of ``split`` (set-up, the step as
@@ -615,11 +536,3 @@ def estimate_memory(model: Union[nn.Module, Callable[[], nn.Module]], sample: Ca
         return backend.estimate(chunk_sizes)
     finally:
         backend.close()
-
-
-def _agrees(scaled: ScaledTraces, real: Sequence[Sequence[Event]], config: AllocatorConfig) -> bool:
-    """The real step one sample past the base replays as the drawn one: the same reserved
-    peak, the allocated peak within the drawing's margin."""
-    want, got = scaled.stats(1, config), step_stats(real, config)
-    return want.reserved_peak == got.reserved_peak and \
-        abs(want.allocated_peak - got.allocated_peak) <= scaled.margin

@@ -28,18 +28,17 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
 from dptune.backends.simulated.allocator import AllocatorConfig, AllocatorStats, Event, replay
 from dptune.backends.base import Device, ProbeResult
 from dptune.budget import DEFAULT_HEADROOM, BudgetLevel, FixedCosts, parse_level
 from dptune.errors import UsageError
-from dptune.types import WindowCheck
 from dptune.units import format_bytes
 
 __all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "level_settings", "advice_lines",
            "merge_rank_probes", "least_capacity", "canonical_traces",
-           "predict_steps", "ScaledTraces", "look_past", "window_end", "step_stats", "look_past_of"]
+           "predict_steps"]
 
 #: reserved over allocated by this share (and by at least 256 MiB) calls for the advice
 WIDE_GAP = 0.25
@@ -187,106 +186,6 @@ def least_capacity(traces: Sequence[Sequence[Event]], config: Optional[Allocator
         else:
             hi = mid
     return hi * granularity
-
-
-@dataclass(frozen=True)
-class ScaledTraces:
-    """One card's replay traces (set-up, warm-up step, measured step; ids as
-    :func:`canonical_traces` names them) at some chunk (:attr:`base`) and at ``span`` samples
-    more (:attr:`far`), and what they replay in between and beyond: each malloc's size drawn
-    on the line through the two, rounded up to the allocator's 512 bytes. Where a card's work
-    grows by a fixed amount per sample (the activations of a fixed-shape model) that is the
-    step within one 512-byte block per malloc (:attr:`margin` in all). :meth:`of` is ``None``
-    where the two steps' mallocs and frees do not pair up, or a malloc shrinks."""
-
-    base: tuple[tuple[Event, ...], ...]
-    far: tuple[tuple[Event, ...], ...]
-    span: int
-
-    @classmethod
-    def of(cls, at: Sequence[Sequence[Event]], far: Sequence[Sequence[Event]], span: int
-           ) -> Optional["ScaledTraces"]:
-        if span <= 0 or len(at) != len(far):
-            return None
-        for x, y in zip(at, far):
-            if len(x) != len(y):
-                return None
-            for e, f in zip(x, y):
-                if e.id != f.id or e.stream != f.stream or (e.delta > 0) != (f.delta > 0) \
-                        or (e.delta > 0 and f.delta < e.delta):
-                    return None
-        return cls(tuple(tuple(t) for t in at), tuple(tuple(t) for t in far), span)
-
-    @property
-    def margin(self) -> int:
-        """How far the allocated peak drawn may lie from a real step's: 512 bytes a malloc
-        that grows."""
-        return 512 * sum(1 for x, y in zip(self.base, self.far) for e, f in zip(x, y)
-                         if e.delta > 0 and f.delta != e.delta)
-
-    def at(self, more: int) -> list[list[Event]]:
-        """The traces with ``more`` samples more than :attr:`base`'s."""
-        unit = 512 * self.span
-        return [[e if e.delta <= 0 or f.delta == e.delta else
-                 Event(e.id, -(-(e.delta * self.span + (f.delta - e.delta) * more) // unit) * 512,
-                       e.stream)
-                 for e, f in zip(x, y)] for x, y in zip(self.base, self.far)]
-
-    def stats(self, more: int, config: AllocatorConfig) -> AllocatorStats:
-        """The measured step's figures with ``more`` samples more (no memory limit)."""
-        return replay(self.at(more), 1 << 62, config, measure_from=len(self.base) - 1)
-
-
-def step_stats(traces: Sequence[Sequence[Event]], config: AllocatorConfig) -> AllocatorStats:
-    """The measured (last) step's figures of ``traces`` replayed without a memory limit."""
-    return replay(traces, 1 << 62, config, measure_from=len(traces) - 1)
-
-
-def look_past(scaled: ScaledTraces, first: int, budget: int, nccl: int, config: AllocatorConfig,
-              limit: int) -> tuple[Optional[int], Optional[int], Optional[int], int]:
-    """From ``first`` samples more than ``scaled``'s base, one sample at a time: the level's
-    figure (reserved peak + ``nccl``) against ``budget``. Returns ``(end, fits, fits_bytes,
-    replays)``, in samples more than the base: ``fits`` the first within budget (the look
-    stops there), else ``end`` the first whose allocated peak + ``nccl``, less the scaling's
-    margin, is over (the sizes never shrink as the work grows, so the allocated peak never
-    falls: from there every step is over); both ``None`` where ``limit`` replays ran first."""
-    margin = scaled.margin
-    for n in range(limit):
-        k = first + n
-        s = scaled.stats(k, config)
-        if s.reserved_peak + nccl <= budget:
-            return None, k, s.reserved_peak + nccl, n + 1
-        if s.allocated_peak + nccl - margin > budget:
-            return k, None, None, n + 1
-    return None, None, None, limit
-
-
-def window_end(scaled: ScaledTraces, budget: int, nccl: int, config: AllocatorConfig,
-               limit: int) -> int:
-    """The fewest samples more than the base at which the allocated peak + ``nccl`` passes
-    ``budget`` (at most ``limit``): by doubling, then halving (the allocated peak never falls
-    as the work grows)."""
-    def over(k: int) -> bool:
-        return scaled.stats(k, config).allocated_peak + nccl > budget
-    lo, hi = 0, 1
-    while hi < limit and not over(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if over(mid) else (mid, hi)
-    return hi
-
-
-def look_past_of(backend: Any, budgets: Sequence[int], level: BudgetLevel
-                 ) -> Optional[Callable[[Sequence[int], Sequence[Optional[int]]], WindowCheck]]:
-    """The search's look past a certificate's over points (``search.Known.look_past``) where
-    ``backend`` has one: simulated cards replayed through the allocator model, budgets at the
-    reserved level (the allocated figure does not fall as the work grows); else ``None``."""
-    look = getattr(backend, "look_past", None)
-    if level is not BudgetLevel.RESERVED or look is None or getattr(backend, "reserved", None) is None:
-        return None
-    return lambda split, over: look(split, over, budgets)
 
 
 def canonical_traces(traces: Sequence[Sequence[Event]]) -> tuple[tuple[Event, ...], ...]:

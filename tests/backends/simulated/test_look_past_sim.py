@@ -87,15 +87,23 @@ def test_a_fall_past_the_over_point_is_the_one_brute_force_finds() -> None:
     assert all(w.fits is not None and w.fits > w.start for w in falls)
 
 
-def test_card_0_with_no_samples_is_looked_at_from_its_smallest_chunk() -> None:
+def test_card_0_with_no_samples_is_looked_at_as_the_batch_grows() -> None:
     """A decoder whose gathered logits leave card 0 nothing (its answer [0, 119, 118, 118] on
-    4 x 4 GB): card 0 has no step of its own to draw from, so its line is drawn from its
-    smallest chunk."""
+    4 x 4 GB): card 0 keeps no samples and what it gathers grows with the batch (the last
+    card taking the samples), each batch of its window probed for real."""
     from dptune.examples.models import TinyGPT
 
     wl = Workload(lambda: TinyGPT(vocab_size=16000, d_model=64, n_layers=1, n_heads=2, seq_len=128),
                   lambda n: torch.randint(0, 16000, (n, 128)), None,
                   lambda p: torch.optim.AdamW(p, lr=1e-4))
     be = SimulatedBackend(wl, "4x4GB", reserved=ReservedModel())
-    windows = check(be, [0, 119, 118, 118], [1, 324, 324, 324])
-    assert windows[0].card == 0 and windows[0].start == 1 and windows[0].closed
+    split = [0, 119, 118, 118]
+    budgets = [d.budget_bytes(256 * 2**20) for d in be.devices]
+    look = be.look_past(split, [1, 324, 324, 324], budgets)
+    w = look.cards[0]
+    assert w.card == 0 and w.no_samples and w.scaled and w.start == sum(split) + 1
+    assert w.end is not None and w.fits is None
+    for batch in range(w.start, w.end + 1):     # card 0 at no samples, the last card taking more
+        level, alloc = real(be, [0, 119, 118, 118 + batch - sum(split)])
+        assert level[0] > budgets[0], batch       # over throughout the window
+    assert alloc[0] > budgets[0]                  # and at its end on the allocated peak alone
