@@ -22,7 +22,8 @@ from dptune.backends.simulated.allocator import AllocatorConfig, AllocatorStats,
 from dptune.budget import BudgetLevel
 from dptune.types import CardWindow, WindowCheck
 
-__all__ = ["ScaledTraces", "step_stats", "scan", "window_end", "look_past", "look_past_of"]
+__all__ = ["ScaledTraces", "step_stats", "scan", "window_end", "chunks_for", "look_past", "look_past_of",
+           "LOOK_EVENTS", "LOOK_MAX_CHUNKS"]
 
 #: one card's replay traces (set-up, warm-up step, measured step), ids in order of first use
 Traces = Sequence[Sequence[Event]]
@@ -156,6 +157,20 @@ class _Lines:
                           batch_start=batch0, no_samples=empty)
 
 
+#: events a card's look may replay in all: a short step (a few layers) is looked at over more
+#: chunks than ``limit`` (the benchmarks' MLP: card 0's window is 15,982 chunks)
+LOOK_EVENTS = 8_000_000
+#: the most chunks a card's look replays, however short its step
+LOOK_MAX_CHUNKS = 65_536
+
+
+def chunks_for(scaled: ScaledTraces, limit: int) -> int:
+    """How many chunks a card's look may replay: ``limit``, or as many as
+    :data:`LOOK_EVENTS` events allow (at most :data:`LOOK_MAX_CHUNKS`)."""
+    events = max(1, sum(len(t) for t in scaled.base))
+    return min(LOOK_MAX_CHUNKS, max(limit, LOOK_EVENTS // events))
+
+
 def look_past(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: Sequence[int],
               over: Sequence[Optional[int]], budgets: Sequence[int], config: AllocatorConfig,
               nccl: int, limit: int) -> WindowCheck:
@@ -170,7 +185,8 @@ def look_past(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: Seq
     each malloc drawn on the line through the two (:class:`ScaledTraces`), the drawing
     checked against a real step one sample past ``split`` (a card whose step there differs is
     not looked at: ``scaled`` false); a chunk found to fit is simulated for real before it is
-    reported. Up to eight simulated steps and a replay per chunk (at most ``limit`` a card)."""
+    reported. Up to eight simulated steps and a replay per chunk: at most ``limit`` chunks a
+    card, more where its steps are short (:func:`chunks_for`)."""
     lines = _Lines(split, over)
     simulated: dict[tuple[int, ...], Sequence[Traces]] = {}
 
@@ -191,7 +207,8 @@ def look_past(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: Seq
     at = steps({i: 0 for i in lines.looking})
     plus = steps({i: 1 for i in lines.looking})
     near = {i: sc for i in lines.looking if (sc := ScaledTraces.of(at[i], plus[i], 1)) is not None}
-    far = {i: max(first[i] + 1, window_end(sc, budgets[i], nccl, config, limit))
+    reach = {i: chunks_for(sc, limit) for i, sc in near.items()}
+    far = {i: max(first[i] + 1, window_end(sc, budgets[i], nccl, config, reach[i]))
            for i, sc in near.items()}
     ends = steps(far)
     found: dict[int, tuple[Optional[int], Optional[int], Optional[int]]] = {}
@@ -203,7 +220,7 @@ def look_past(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: Seq
             continue                  # the drawing misses a real step: not looked at
         key = (sc, budgets[i], first[i])
         if key not in done:
-            done[key] = scan(sc, first[i], budgets[i], nccl, config, limit)
+            done[key] = scan(sc, first[i], budgets[i], nccl, config, reach[i])
             replays += done[key][3]
         found[i] = done[key][:3]
     # a chunk the drawing says fits is simulated for real before it is reported
