@@ -126,9 +126,11 @@ RESERVED_CERTIFICATE = ("at the reserved level this holds if the figure does not
 #: The same, where the answer's over points were looked past on the simulator's allocator
 #: model (``search.Known.look_past``) and the figure stayed over throughout.
 RESERVED_CERTIFICATE_LOOKED = ("at the reserved level the figure can fall as the batch grows "
-                               "(the caching allocator's fragmentation): past every over point "
-                               "it was looked at on the allocator model, chunk by chunk up to "
-                               "where the allocated peak alone is over, and stays over there")
+                               "(the caching allocator's fragmentation): on the allocator model "
+                               "every card stays over past its over point, chunk by chunk up to "
+                               "where its allocated peak alone is over (card 0 at the least it "
+                               "can take of each larger batch), each step drawn from simulated "
+                               "ones (exact where sizes grow linearly with the samples)")
 
 #: The level :class:`dptune.Tuner`, ``dptune search``, ``dptune plan`` (DDP and FSDP), the
 #: ``--lengths`` plans and the Hugging Face integration check by default: the one that runs

@@ -306,11 +306,12 @@ class CardWindow:
     goes below) is over, so every chunk from there is over, ``None`` where the look stopped
     first (``limit`` replays); ``fits``: the first chunk in the window whose figure is within
     budget (``None``: none), and ``fits_bytes`` its figure. ``scaled``: ``False`` where the
-    card's traces do not grow by a fixed amount per sample (checked against a third step), so
-    nothing was looked at. Card 0 moves along the answer's line: its chunk and the batch one
-    more sample per step, the other cards as in the answer (``batch_start``: the batch at
-    ``start``); where it holds no samples in the answer (``no_samples``) it keeps none as the
-    batch grows, and ``start``, ``end`` and ``fits`` are batches."""
+    card's steps drawn between two simulated ones missed a third (a size that does not grow
+    linearly with the samples), so nothing was looked at. Card 0 is looked at where the
+    certificate says it is over: at the least it can take of each larger batch, the others at
+    their caps (``batch_start``: the batch at ``start``); with no samples while the others'
+    caps hold the batch (``no_samples``: ``start``, ``end`` and ``fits`` are then batches),
+    then one more sample a step with the batch."""
 
     card: int
     start: int
@@ -331,10 +332,12 @@ class CardWindow:
 
     def describe(self) -> str:
         where = ("card 0 with no samples as the batch grows" if self.no_samples else
-                 "card 0 along the answer's line" if self.card == 0 else f"card {self.card}")
+                 "card 0 with the batch, the others at their caps" if self.card == 0
+                 else f"card {self.card}")
         unit = "batch" if self.no_samples else "samples"
         if not self.scaled:
-            return f"{where}: its steps do not grow by a fixed amount per sample, not looked at"
+            return (f"{where}: its steps drawn between two simulated ones missed a third, "
+                    "not looked at")
         if self.fits is not None:
             at = (f"batch {self.fits}" if self.no_samples else
                   f"{self.fits} samples (batch {self.batch_start + self.fits - self.start})"

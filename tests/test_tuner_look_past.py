@@ -59,7 +59,7 @@ class FallingBackend:
                            reserved_bytes=res, oom_device=over[0] if over else None)
 
     def look_past(self, split: Sequence[int], over: Sequence[Optional[int]],
-                  budgets: Sequence[int]) -> WindowCheck:
+                  budgets: Sequence[int], min_chunk: int = 1) -> WindowCheck:
         self.looks.append((tuple(split), tuple(over)))
         b, out = sum(split), []
         for i, start in enumerate(over):

@@ -65,10 +65,10 @@ def simulated_look(backend: Any, device: Any, headroom_bytes: int, memo: dict,
     allocator model (the allocated level). Ranks of one card type share ``memo``."""
     if backend.reserved is None:
         return None
-    key = ("look", batch_size)
+    budget = device.budget_bytes(headroom_bytes)
+    key = ("look", batch_size, budget)       # ranks of one card type may hold different memory
     if key not in memo:
-        w = backend.look_past([batch_size], [batch_size + 1],
-                              [device.budget_bytes(headroom_bytes)])
+        w = backend.look_past([batch_size], [batch_size + 1], [budget])
         memo[key] = w.cards[0] if w.cards else None
     return memo[key]
 
@@ -76,7 +76,8 @@ def simulated_look(backend: Any, device: Any, headroom_bytes: int, memo: dict,
 def window_words(rank: int, w: CardWindow) -> str:
     """A rank's look past its cap in words (the batch is the rank's own)."""
     if not w.scaled:
-        return f"rank {rank}: its steps do not grow by a fixed amount per sample, not looked at"
+        return (f"rank {rank}: its steps drawn between two simulated ones missed a third, "
+                "not looked at")
     if w.fits is not None:
         return f"rank {rank} is over at batch {w.start} and fits again at batch {w.fits}"
     if w.end is None:

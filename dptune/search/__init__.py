@@ -31,11 +31,12 @@ from dptune.types import Objective, WindowCheck
 
 __all__ = ["SearchOutcome", "run", "Bracket", "Observations", "Proposal", "IMPLIED", "LookPast"]
 
-#: ``look(split, over)``: past a largest-batch certificate's over points, on a model of the
-#: figure (:meth:`dptune.backends.simulated.SimulatedBackend.look_past`): ``over[i]`` the
-#: smallest chunk card ``i >= 1`` was measured over at, ``over[0]`` card 0's chunk one
-#: sample past the answer's
-LookPast = Callable[[Sequence[int], Sequence[Optional[int]]], WindowCheck]
+#: ``look(split, over, min_chunk=m)``: past a largest-batch certificate's over points, on a
+#: model of the figure (:meth:`dptune.backends.simulated.SimulatedBackend.look_past`):
+#: ``split`` the answer, ``over[i]`` the smallest chunk card ``i >= 1`` was measured over at,
+#: ``over[0]`` not ``None`` to look at card 0 (along the least it can take of every larger
+#: batch, the others at their caps ``over[i] - 1``)
+LookPast = Callable[..., WindowCheck]
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     look_past = known.look_past
     if contradiction is None and look_past is not None and not balance and found.certified:
         over = [found.best.chunk_sizes[0] + 1] + [obs.bracket(i).hi for i in range(1, obs.n)]
-        window = look_past(found.best.chunk_sizes, over)
+        window = look_past(found.best.chunk_sizes, over, min_chunk=obs.min_chunk)
         if window.falls:
             contradiction = ("on the allocator model, past the over points: " +
                              "; ".join(w.describe() for w in window.falls))

@@ -47,7 +47,7 @@ def brute_look(fall: bool):  # type: ignore[no-untyped-def]
     """Every chunk past each over point on the surface itself."""
     calls: list[tuple[tuple[int, ...], tuple[Optional[int], ...]]] = []
 
-    def look(split: Sequence[int], over: Sequence[Optional[int]]) -> WindowCheck:
+    def look(split: Sequence[int], over: Sequence[Optional[int]], min_chunk: int = 1) -> WindowCheck:
         calls.append((tuple(split), tuple(over)))
         b = sum(split)
         out = []
@@ -109,7 +109,7 @@ def test_a_window_over_throughout_keeps_the_certificate_and_says_how_far() -> No
     assert out.window is not None and out.window.closed
     note = next(n for n in out.notes if n.startswith("looked past the over points"))
     assert "card 1: " in note and "its allocated peak alone is over" in note
-    assert "card 0 along the answer's line" in note
+    assert "card 0 with the batch, the others at their caps" in note
 
 
 def test_no_look_where_the_answer_is_not_certified() -> None:

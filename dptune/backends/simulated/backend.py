@@ -480,15 +480,17 @@ class SimulatedBackend:
     LOOK_LIMIT = 2048
 
     def look_past(self, split: Sequence[int], over: Sequence[Optional[int]],
-                  budgets: Sequence[int]) -> WindowCheck:
+                  budgets: Sequence[int], min_chunk: int = 1) -> WindowCheck:
         """Past a largest-batch certificate's over points on this backend's allocator model
         (:func:`dptune.backends.simulated.look.look_past`, on this backend's own steps):
         ``over[i]`` the smallest chunk card ``i >= 1`` was measured over at, ``over[0]`` card
-        0's chunk one sample past ``split``'s; ``budgets`` at the reserved level."""
+        0 looked at where not ``None`` (along the least it can take of every larger batch);
+        ``budgets`` at the reserved level; ``min_chunk`` 2 under BatchNorm."""
         if self.reserved is None:
             raise InternalError("look_past needs an allocator model (reserved=)")
         return look_past(self._traces, split, over, budgets, self.reserved.config,
-                         self.reserved.fixed.nccl_for(len(self.devices)), self.LOOK_LIMIT)
+                         self.reserved.fixed.nccl_for(len(self.devices)), self.LOOK_LIMIT,
+                         min_chunk)
 
     def _traces(self, split: Sequence[int]) -> list[tuple[tuple[Event, ...], ...]]:
         """Every card's replay traces of one simulated step of ``split`` (set-up, the step as

@@ -48,19 +48,20 @@ class _FSDPLedger(_Ledger):
         rec = self._records.get(id(st))
         if rec is None or rec.ref() is not st:
             return
-        new = _rounded(int(st.nbytes()))
+        raw = int(st.nbytes())
+        new = _rounded(raw)
         old, delta = rec.nbytes, new - rec.nbytes
         card = rec.card
         if card == HOST or not delta:
-            rec.nbytes = new
+            rec.nbytes, rec.raw = new, raw or new
             return
         # for the allocator trace a resize is a free and a new allocation
         if self.on_event is not None and old:
-            self.on_event(card, -old, rec.seq, 0)
+            self.on_event(card, -rec.raw, rec.seq, 0)
         self._seq += 1
-        rec.nbytes, rec.seq = new, self._seq
+        rec.nbytes, rec.raw, rec.seq = new, raw or new, self._seq
         if self.on_event is not None and new:
-            self.on_event(card, new, rec.seq, self.stream)
+            self.on_event(card, rec.raw, rec.seq, self.stream)
         self.live[card] += delta
         self.by_cat[card][rec.category] += delta
         if self.live[card] > self.peak[card]:

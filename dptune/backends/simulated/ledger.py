@@ -32,10 +32,13 @@ def _rounded(nbytes: int) -> int:
 
 
 class _Record:
-    __slots__ = ("card", "nbytes", "category", "ref", "seq", "mirror", "keep")
+    __slots__ = ("card", "nbytes", "raw", "category", "ref", "seq", "mirror", "keep")
 
-    def __init__(self, card: int, nbytes: int, category: str, seq: int):
+    def __init__(self, card: int, nbytes: int, category: str, seq: int, raw: int = 0):
         self.card, self.nbytes, self.category, self.seq = card, nbytes, category, seq
+        # the storage's own size: the allocator trace gets it (the replay rounds as the
+        # allocator does), so a size that grows linearly with the batch stays linear there
+        self.raw = raw or nbytes
         self.ref: Any = None
         self.mirror: Optional[_Record] = None    # the same storage counted on card 0 too
         self.keep: Any = None                    # what lives as long as this storage
@@ -115,7 +118,7 @@ class _Ledger:
                     "values: tune on real GPUs (--devices), or give the size without reading values")
             nbytes = bound
         self._seq += 1
-        rec = _Record(card, _rounded(nbytes), category, self._seq)
+        rec = _Record(card, _rounded(nbytes), category, self._seq, raw=nbytes)
         records = self._records
 
         def release(_ref: Any, key: int = key, rec: _Record = rec) -> None:
@@ -129,13 +132,14 @@ class _Ledger:
         if card != HOST and rec.nbytes:
             self._add(rec)
             if self.mirrors(card):
-                rec.mirror = _Record(self.mirror[1], rec.nbytes, category, rec.seq)  # type: ignore[index]
+                rec.mirror = _Record(self.mirror[1], rec.nbytes, category, rec.seq,  # type: ignore[index]
+                                     raw=rec.raw)
                 self._add(rec.mirror)
 
     def _add(self, rec: _Record) -> None:
         card = rec.card
         if self.on_event is not None:
-            self.on_event(card, rec.nbytes, rec.seq, self.stream)
+            self.on_event(card, rec.raw, rec.seq, self.stream)
         self.live[card] += rec.nbytes
         self.by_cat[card][rec.category] += rec.nbytes
         if self.live[card] > self.peak[card]:
@@ -147,7 +151,7 @@ class _Ledger:
     def _free(self, rec: _Record) -> None:
         if rec.card != HOST and rec.nbytes:
             if self.on_event is not None:
-                self.on_event(rec.card, -rec.nbytes, rec.seq, 0)
+                self.on_event(rec.card, -rec.raw, rec.seq, 0)
             self.live[rec.card] -= rec.nbytes
             self.by_cat[rec.card][rec.category] -= rec.nbytes
         if rec.mirror is not None:
@@ -159,17 +163,17 @@ class _Ledger:
         :mod:`dptune.backends.simulated.scratch`; ``bound`` of them a bound, not a measurement):
         a new peak if it comes at the peak. On the card whose replica stands for card 0's
         (``mirror``), card 0 gets it too."""
-        nbytes = _rounded(nbytes)
+        raw, nbytes = nbytes, _rounded(nbytes)
         if card == HOST or nbytes <= 0:
             return
-        self._transient(card, nbytes, bound)
+        self._transient(card, nbytes, bound, raw)
         if self.mirrors(card):
-            self._transient(self.mirror[1], nbytes, bound)  # type: ignore[index]
+            self._transient(self.mirror[1], nbytes, bound, raw)  # type: ignore[index]
 
-    def _transient(self, card: int, nbytes: int, bound: int) -> None:
+    def _transient(self, card: int, nbytes: int, bound: int, raw: int) -> None:
         self._seq += 1
         if self.on_event is not None:
-            self.on_event(card, nbytes, self._seq, self.stream)
+            self.on_event(card, raw, self._seq, self.stream)
         if self.live[card] + nbytes > self.peak[card]:
             self.peak[card] = self.live[card] + nbytes
             self.peak_breakdown[card] = dict(self.by_cat[card])
@@ -177,7 +181,7 @@ class _Ledger:
             self._peak_seq[card] = self._seq
             self.peak_bound[card] = bound
         if self.on_event is not None:
-            self.on_event(card, -nbytes, self._seq, 0)
+            self.on_event(card, -raw, self._seq, 0)
 
     def retag(self, t: torch.Tensor, category: str) -> None:
         rec = self.record_of(t)

@@ -22,7 +22,8 @@ from dptune.backends.simulated.allocator import AllocatorConfig, AllocatorStats,
 from dptune.budget import BudgetLevel
 from dptune.types import CardWindow, WindowCheck
 
-__all__ = ["ScaledTraces", "step_stats", "scan", "window_end", "chunks_for", "look_past", "look_past_of",
+__all__ = ["ScaledTraces", "step_stats", "scan", "window_end", "chunks_for", "lines_of", "look_past",
+           "look_past_of",
            "LOOK_EVENTS", "LOOK_MAX_CHUNKS"]
 
 #: one card's replay traces (set-up, warm-up step, measured step), ids in order of first use
@@ -34,10 +35,12 @@ class ScaledTraces:
     """One card's replay traces (set-up, warm-up step, measured step; ids as
     :func:`canonical_traces` names them) at some chunk (:attr:`base`) and at ``span`` samples
     more (:attr:`far`), and what they replay in between and beyond: each malloc's size drawn
-    on the line through the two, rounded up to the allocator's 512 bytes. Where a card's work
-    grows by a fixed amount per sample (the activations of a fixed-shape model) that is the
-    step within one 512-byte block per malloc (:attr:`margin` in all). :meth:`of` is ``None``
-    where the two steps' mallocs and frees do not pair up, or a malloc shrinks."""
+    on the line through the two (the traces hold each storage's own size, before the
+    allocator's rounding). Where a card's work grows by a fixed amount per sample (the
+    activations of a fixed-shape model) that is the real step exactly; :attr:`margin` (a
+    512-byte block per malloc that grows) is what the end test allows a size that is not
+    quite linear (a padded one). :meth:`of` is ``None`` where the two steps' mallocs and frees
+    do not pair up, or a malloc shrinks."""
 
     base: tuple[tuple[Event, ...], ...]
     far: tuple[tuple[Event, ...], ...]
@@ -65,11 +68,11 @@ class ScaledTraces:
                          if e.delta > 0 and f.delta != e.delta)
 
     def at(self, more: int) -> list[list[Event]]:
-        """The traces with ``more`` samples more than :attr:`base`'s."""
-        unit = 512 * self.span
-        return [[e if e.delta <= 0 or f.delta == e.delta else
-                 Event(e.id, -(-(e.delta * self.span + (f.delta - e.delta) * more) // unit) * 512,
-                       e.stream)
+        """The traces with ``more`` samples more than :attr:`base`'s (each size rounded up to
+        a byte)."""
+        span = self.span
+        return [[e if f.delta == e.delta else
+                 Event(e.id, e.delta - (-(f.delta - e.delta) * more // span), e.stream)
                  for e, f in zip(x, y)] for x, y in zip(self.base, self.far)]
 
     def stats(self, more: int, config: AllocatorConfig) -> AllocatorStats:
@@ -118,43 +121,76 @@ def window_end(scaled: ScaledTraces, budget: int, nccl: int, config: AllocatorCo
     return hi
 
 
-class _Lines:
-    """How each card looked at moves: card 0 along the answer's line (its chunk and the batch
-    one more sample per step; where it holds no samples it keeps none and the last card takes
-    the batch's growth), each card ``i >= 1`` alone from its chunk in the answer (from its
-    over point where it holds none: a card with no samples runs no replica)."""
+@dataclass(frozen=True)
+class _Line:
+    """One window: card ``card``'s figure as ``mover``'s chunk grows one sample a step from
+    ``base`` (the split at the window's first step). ``label``: the window's first chunk of
+    ``card`` (its first batch where ``no_samples``); ``length``: how many steps the window has
+    before something else settles the rest (``None``: until the allocated peak alone is over)."""
 
-    def __init__(self, split: Sequence[int], over: Sequence[Optional[int]]):
-        self.base = [int(c) for c in split]
-        n = len(self.base)
-        self.looking = [i for i in range(n) if over[i] is not None]
-        self.zero0 = 0 in self.looking and self.base[0] == 0 and n > 1
-        self.root = [c if c > 0 or over[i] is None or i == 0 else int(over[i] or 0)
-                     for i, c in enumerate(self.base)]
-        self.first = {i: 1 if i == 0 else int(over[i] or 0) - self.root[i] for i in self.looking}
+    card: int
+    base: tuple[int, ...]
+    mover: int
+    label: int
+    no_samples: bool = False
+    length: Optional[int] = None
 
-    def moved(self, more: dict[int, int], card0: bool) -> tuple[int, ...]:
-        """The split of the drawing's base with the cards of ``more`` moved on that many
-        samples (card 0's move, or the others' together)."""
-        base = self.base
-        if card0:
-            k = more.get(0, 0)
-            return tuple(base[:-1] + [base[-1] + k] if self.zero0 else [base[0] + k] + base[1:])
-        return tuple([base[0]] + [c + more.get(i, 0) for i, c in enumerate(self.root) if i])
+    def at(self, k: int) -> tuple[int, ...]:
+        return tuple(c + k * (i == self.mover) for i, c in enumerate(self.base))
 
-    def window(self, i: int, found: Optional[tuple[Optional[int], Optional[int], Optional[int]]]
+    def window(self, found: Optional[tuple[Optional[int], Optional[int], Optional[int]]]
                ) -> CardWindow:
-        """Card ``i``'s window from what its scan found (``None``: not looked at)."""
-        empty = i == 0 and self.zero0          # card 0 with no samples: a window of batches
-        at0 = sum(self.base) if empty else self.root[i]
-        start = at0 + self.first[i]
-        batch0 = sum(self.base) + start - self.base[0] if i == 0 and not empty else None
+        """The card's window from what its scan found (``None``: not looked at)."""
+        batch0 = sum(self.base) if self.card == 0 and not self.no_samples else None
         if found is None:
-            return CardWindow(i, start, None, scaled=False, batch_start=batch0, no_samples=empty)
+            return CardWindow(self.card, self.label, None, scaled=False, batch_start=batch0,
+                              no_samples=self.no_samples)
         end, fits, fits_bytes = found
-        return CardWindow(i, start, None if end is None else at0 + end,
-                          None if fits is None else at0 + fits, fits_bytes,
-                          batch_start=batch0, no_samples=empty)
+        return CardWindow(self.card, self.label, None if end is None else self.label + end,
+                          None if fits is None else self.label + fits, fits_bytes,
+                          batch_start=batch0, no_samples=self.no_samples)
+
+
+def lines_of(split: Sequence[int], over: Sequence[Optional[int]], min_chunk: int = 1
+             ) -> list[_Line]:
+    """The windows a certificate rests on (:meth:`MaxBatch.infeasible`'s claim, one more
+    sample than the answer ``split``): each card ``i >= 1`` over at every chunk from
+    ``over[i]`` (the others as in the answer; its figure depends on its own chunk only); and
+    card 0 (``over[0]`` not ``None``) over at the least it can take of every larger batch,
+    the others at their caps ``over[i] - 1``: at no samples while the others' caps hold the
+    batch (the batch growing on a card below its cap, or on one without a cap), then one more
+    sample a step along with the batch (its chunk at least ``min_chunk``)."""
+    base = [int(c) for c in split]
+    others = [_Line(i, tuple(base[:i] + [int(o)] + base[i + 1:]), i, int(o))
+              for i, o in enumerate(over) if i and o is not None]
+    return (_card0_lines(base, over, min_chunk) if over[0] is not None else []) + others
+
+
+def _card0_lines(base: list[int], over: Sequence[Optional[int]], min_chunk: int) -> list[_Line]:
+    """Card 0's windows past the answer ``base`` (:func:`lines_of`)."""
+    n, batch = len(base), sum(base) + 1
+    if n == 1:
+        return [_Line(0, (batch,), 0, batch)]
+    caps = [None if o is None else int(o) - 1 for o in over[1:]]
+    room = None if None in caps else sum(c for c in caps if c is not None)
+    if room is not None and batch > room:             # card 0 takes samples at once
+        c0 = max(batch - room, min_chunk)
+        return [_Line(0, (c0, *(c for c in caps if c is not None)), 0, c0)]
+    # card 0 with no samples: the batch grows on a card without a cap, else on one below it
+    free = next((i for i in range(1, n) if caps[i - 1] is None), None)
+    mover = free if free is not None else max(range(1, n), key=lambda i: (caps[i - 1] or 0) - base[i])
+    rest, need = base[1:], batch - sum(base[1:])     # a split of ``batch`` within the caps
+    for i in sorted(range(1, n), key=lambda i: i != mover):
+        cap = caps[i - 1]
+        take = need if cap is None else min(need, max(0, cap - rest[i - 1]))
+        rest[i - 1] += take
+        need -= take
+    out = [_Line(0, (0, *rest), mover, batch, no_samples=True,
+                 length=None if room is None else room - batch + 1)]
+    if room is not None:                                # past the caps' room: samples on card 0
+        c0 = max(1, min_chunk)
+        out.append(_Line(0, (c0, *(c for c in caps if c is not None)), 0, c0))
+    return out
 
 
 #: events a card's look may replay in all: a short step (a few layers) is looked at over more
@@ -173,77 +209,93 @@ def chunks_for(scaled: ScaledTraces, limit: int) -> int:
 
 def look_past(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: Sequence[int],
               over: Sequence[Optional[int]], budgets: Sequence[int], config: AllocatorConfig,
-              nccl: int, limit: int) -> WindowCheck:
+              nccl: int, limit: int, min_chunk: int = 1) -> WindowCheck:
     """Past a largest-batch certificate's over points (the reserved level: the reserved peak
-    + ``nccl`` against ``budgets``): for each card ``i >= 1`` with ``over[i]`` (the smallest
-    chunk measured over), every chunk from there until the card's allocated peak alone passes
-    its budget; for card 0 (``over[0]`` not ``None``), one more sample at a time along the
-    answer's line, to the same end (:class:`_Lines`). ``traces_of(split)``: every card's
-    replay traces of one real simulated step.
+    + ``nccl`` against ``budgets``), along the windows the certificate rests on
+    (:func:`lines_of`), each until the card's allocated peak alone passes its budget.
+    ``traces_of(split)``: every card's replay traces of one real simulated step.
 
-    Each chunk is replayed from the card's traces at ``split`` and at the window's far end,
-    each malloc drawn on the line through the two (:class:`ScaledTraces`), the drawing
-    checked against a real step one sample past ``split`` (a card whose step there differs is
-    not looked at: ``scaled`` false); a chunk found to fit is simulated for real before it is
-    reported. Up to eight simulated steps and a replay per chunk: at most ``limit`` chunks a
-    card, more where its steps are short (:func:`chunks_for`)."""
-    lines = _Lines(split, over)
+    Each step of a window is replayed from the card's traces at the window's first step and
+    at its far end, each malloc drawn on the line through the two (:class:`ScaledTraces`),
+    the drawing checked against a real step one sample on (the same mallocs, the same
+    figures; a window whose step there differs is not looked at: ``scaled`` false); a step
+    found to fit is simulated for real before it is reported. A few simulated steps a window
+    (the cards ``i >= 1`` share theirs) and a replay per step: at most ``limit`` steps a
+    window, more where the card's steps are short (:func:`chunks_for`)."""
+    lines = lines_of(split, over, min_chunk)
     simulated: dict[tuple[int, ...], Sequence[Traces]] = {}
 
     def steps(more: dict[int, int]) -> dict[int, Traces]:
-        """Real traces of the cards of ``more`` moved on that many samples (two simulated
-        steps at most: card 0 on its line, the others together)."""
+        """Real traces of each window's card ``k`` steps on (``more``: window -> k). The
+        cards ``i >= 1`` move together in one simulated step (each card's figure depends on
+        its own chunk only); card 0's windows one step each."""
         out: dict[int, Traces] = {}
-        for card0 in (True, False):
-            part = {i: k for i, k in more.items() if (i == 0) == card0}
-            if part:
-                s = lines.moved(part, card0)
-                if s not in simulated:
-                    simulated[s] = traces_of(s)
-                out.update({i: simulated[s][i] for i in part})
+        together = [w for w in more if lines[w].card]
+        if together:
+            s = list(lines[together[0]].base)
+            for w in together:
+                s[lines[w].mover] = lines[w].label + more[w]
+            key = tuple(s)
+            if key not in simulated:
+                simulated[key] = traces_of(key)
+            out.update({w: simulated[key][lines[w].card] for w in together})
+        for w in more:
+            if not lines[w].card:
+                key = lines[w].at(more[w])
+                if key not in simulated:
+                    simulated[key] = traces_of(key)
+                out[w] = simulated[key][0]
         return out
 
-    first = lines.first
-    at = steps({i: 0 for i in lines.looking})
-    plus = steps({i: 1 for i in lines.looking})
-    near = {i: sc for i in lines.looking if (sc := ScaledTraces.of(at[i], plus[i], 1)) is not None}
-    reach = {i: chunks_for(sc, limit) for i, sc in near.items()}
-    far = {i: max(first[i] + 1, window_end(sc, budgets[i], nccl, config, reach[i]))
-           for i, sc in near.items()}
+    every = range(len(lines))
+    at = steps({w: 0 for w in every})
+    plus = steps({w: 1 for w in every})
+    near = {w: sc for w in every if (sc := ScaledTraces.of(at[w], plus[w], 1)) is not None}
+    reach = {w: min(chunks_for(sc, limit), lines[w].length or LOOK_MAX_CHUNKS)
+             for w, sc in near.items()}
+    far = {w: max(1, window_end(sc, budgets[lines[w].card], nccl, config, reach[w]))
+           for w, sc in near.items()}
     ends = steps(far)
     found: dict[int, tuple[Optional[int], Optional[int], Optional[int]]] = {}
     done: dict[tuple, tuple[Optional[int], Optional[int], Optional[int], int]] = {}
     replays = 0
-    for i, k in far.items():
-        sc = ScaledTraces.of(at[i], ends[i], k)
-        if sc is None or not _agrees(sc, plus[i], config):
+    for w, k in far.items():
+        sc = ScaledTraces.of(at[w], ends[w], k)
+        if sc is None or not _agrees(sc, plus[w], config):
             continue                  # the drawing misses a real step: not looked at
-        key = (sc, budgets[i], first[i])
+        budget = budgets[lines[w].card]
+        key = (sc, budget, reach[w])
         if key not in done:
-            done[key] = scan(sc, first[i], budgets[i], nccl, config, reach[i])
+            done[key] = scan(sc, 0, budget, nccl, config, reach[w])
             replays += done[key][3]
-        found[i] = done[key][:3]
-    # a chunk the drawing says fits is simulated for real before it is reported
-    for i, traces in steps({i: r[1] for i, r in found.items() if r[1] is not None}).items():
-        if step_stats(traces, config).reserved_peak + nccl > budgets[i]:
-            del found[i]               # the drawing was wrong there: not looked at
-    return WindowCheck(tuple(lines.window(i, found.get(i)) for i in lines.looking), replays)
+        end, fits, fits_bytes, _ = done[key]
+        if end is None and fits is None and lines[w].length is not None \
+                and reach[w] == lines[w].length:
+            end = lines[w].length     # over throughout the window's own length
+        found[w] = (end, fits, fits_bytes)
+    # a step the drawing says fits is simulated for real before it is reported
+    for w, traces in steps({w: r[1] for w, r in found.items() if r[1] is not None}).items():
+        if step_stats(traces, config).reserved_peak + nccl > budgets[lines[w].card]:
+            del found[w]               # the drawing was wrong there: not looked at
+    return WindowCheck(tuple(lines[w].window(found.get(w)) for w in every), replays)
 
 
 def _agrees(scaled: ScaledTraces, real: Traces, config: AllocatorConfig) -> bool:
-    """The real step one sample past the base replays as the drawn one: the same reserved
-    peak, the allocated peak within the drawing's margin."""
-    want, got = scaled.stats(1, config), step_stats(real, config)
-    return want.reserved_peak == got.reserved_peak and \
-        abs(want.allocated_peak - got.allocated_peak) <= scaled.margin
+    """The real step one sample past the base is the drawn one: the same mallocs (sizes
+    that grow linearly are drawn exactly), hence the same figures."""
+    drawn = scaled.at(1)
+    if any(e.delta != f.delta for x, y in zip(drawn, real) for e, f in zip(x, y) if e.delta > 0):
+        return False
+    want, got = replay(drawn, 1 << 62, config, measure_from=len(drawn) - 1), step_stats(real, config)
+    return (want.reserved_peak, want.allocated_peak) == (got.reserved_peak, got.allocated_peak)
 
 
 def look_past_of(backend: Any, budgets: Sequence[int], level: BudgetLevel
-                 ) -> Optional[Callable[[Sequence[int], Sequence[Optional[int]]], WindowCheck]]:
+                 ) -> Optional[Callable[..., WindowCheck]]:
     """The search's look past a certificate's over points (``search.Known.look_past``) where
     ``backend`` has one: simulated cards replayed through the allocator model, budgets at the
     reserved level (the allocated figure does not fall as the work grows); else ``None``."""
     look = getattr(backend, "look_past", None)
     if level is not BudgetLevel.RESERVED or look is None or getattr(backend, "reserved", None) is None:
         return None
-    return lambda split, over: look(split, over, budgets)
+    return lambda split, over, min_chunk=1: look(split, over, budgets, min_chunk)

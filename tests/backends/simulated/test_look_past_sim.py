@@ -45,28 +45,48 @@ def real(be: SimulatedBackend, split: Sequence[int]) -> tuple[tuple[int, ...], t
     return r.peak_bytes, tuple(m["allocated_bytes.all.peak"] + nccl for m in r.memory_stats)
 
 
-def brute(be: SimulatedBackend, split: Sequence[int], w: CardWindow, budget: int,
-          limit: int = 40) -> tuple[Optional[int], Optional[int]]:
-    """(first chunk within budget, first chunk whose allocated figure + NCCL is over) from
-    ``w.start`` on, each a real probe: card 0 along the answer's line, the others alone."""
-    for c in range(w.start, w.start + limit):
-        s = list(split)
-        s[w.card] = c
+def frontier(batch: int, caps: Sequence[int]) -> list[int]:
+    """A split of ``batch`` with the least on card 0 the others' caps allow (what a
+    certificate says is over for every larger batch), the others filled up to their caps."""
+    c0 = max(0, batch - sum(caps))
+    rest, need = [0] * len(caps), batch - c0
+    for i, cap in enumerate(caps):
+        rest[i] = min(cap, need)
+        need -= rest[i]
+    return [c0, *rest]
+
+
+def brute(be: SimulatedBackend, split: Sequence[int], over: Sequence[Optional[int]],
+          w: CardWindow, budget: int, limit: int = 40) -> tuple[Optional[int], Optional[int]]:
+    """(first step within budget, first whose allocated figure + NCCL is over) from
+    ``w.start`` on, each a real probe: a card ``i >= 1`` alone from its over point, the
+    others as in the answer; card 0 at the least it can take of each larger batch, the others
+    at their caps (``over - 1``): ``w.start`` a batch where it holds no samples, else its chunk."""
+    caps = [int(o) - 1 for o in over[1:] if o is not None]
+    for x in range(w.start, w.start + limit):
+        if w.card:
+            s = list(split)
+            s[w.card] = x
+        elif w.no_samples:
+            s = frontier(x, caps)
+            assert s[0] == 0, s
+        else:
+            s = [x, *caps]
         level, alloc = real(be, s)
         if level[w.card] <= budget:
-            return c, None
+            return x, None
         if alloc[w.card] > budget:
-            return None, c
-    raise AssertionError(f"no end within {limit} chunks of {w}")
+            return None, x
+    raise AssertionError(f"no end within {limit} steps of {w}")
 
 
 def check(be: SimulatedBackend, split: list[int], over: list[Optional[int]]) -> list[CardWindow]:
     budgets = [d.budget_bytes(256 * 2**20) for d in be.devices]
     look = be.look_past(split, over, budgets)
-    assert [w.card for w in look.cards] == [i for i, o in enumerate(over) if o is not None]
+    assert {w.card for w in look.cards} == {i for i, o in enumerate(over) if o is not None}
     for w in look.cards:
         assert w.scaled, w
-        fits, end = brute(be, split, w, budgets[w.card])
+        fits, end = brute(be, split, over, w, budgets[w.card])
         assert (w.fits, w.end) == (fits, end), (w, fits, end)
     return list(look.cards)
 
@@ -89,21 +109,17 @@ def test_a_fall_past_the_over_point_is_the_one_brute_force_finds() -> None:
 
 def test_card_0_with_no_samples_is_looked_at_as_the_batch_grows() -> None:
     """A decoder whose gathered logits leave card 0 nothing (its answer [0, 119, 118, 118] on
-    4 x 4 GB): card 0 keeps no samples and what it gathers grows with the batch (the last
-    card taking the samples), each batch of its window probed for real."""
+    4 x 4 GB, the others' caps 323): the certificate says card 0 is over with no samples in
+    every batch the others' caps can hold, and with one sample and more beyond; both windows
+    against real probes."""
     from dptune.examples.models import TinyGPT
 
     wl = Workload(lambda: TinyGPT(vocab_size=16000, d_model=64, n_layers=1, n_heads=2, seq_len=128),
                   lambda n: torch.randint(0, 16000, (n, 128)), None,
                   lambda p: torch.optim.AdamW(p, lr=1e-4))
     be = SimulatedBackend(wl, "4x4GB", reserved=ReservedModel())
-    split = [0, 119, 118, 118]
-    budgets = [d.budget_bytes(256 * 2**20) for d in be.devices]
-    look = be.look_past(split, [1, 324, 324, 324], budgets)
-    w = look.cards[0]
-    assert w.card == 0 and w.no_samples and w.scaled and w.start == sum(split) + 1
-    assert w.end is not None and w.fits is None
-    for batch in range(w.start, w.end + 1):     # card 0 at no samples, the last card taking more
-        level, alloc = real(be, [0, 119, 118, 118 + batch - sum(split)])
-        assert level[0] > budgets[0], batch       # over throughout the window
-    assert alloc[0] > budgets[0]                  # and at its end on the allocated peak alone
+    windows = check(be, [0, 119, 118, 118], [1, 324, 324, 324])
+    zero = [w for w in windows if w.card == 0 and w.no_samples]
+    ones = [w for w in windows if w.card == 0 and not w.no_samples]
+    assert len(zero) == 1 and zero[0].start == 356 and zero[0].closed
+    assert len(ones) == 1 and ones[0].start == 1 and ones[0].batch_start == 970 and ones[0].closed
