@@ -334,22 +334,26 @@ class CardWindow:
         where = ("card 0 with no samples as the batch grows" if self.no_samples else
                  "card 0 with the batch, the others at their caps" if self.card == 0
                  else f"card {self.card}")
-        unit = "batch" if self.no_samples else "samples"
         if not self.scaled:
             return (f"{where}: its steps drawn between two simulated ones missed a third, "
                     "not looked at")
+
+        def at(x: int) -> str:
+            if self.no_samples:
+                return f"batch {x}"
+            if self.card == 0 and self.batch_start is not None:
+                return f"{x} samples (batch {self.batch_start + x - self.start})"
+            return f"{x} samples"
         if self.fits is not None:
-            at = (f"batch {self.fits}" if self.no_samples else
-                  f"{self.fits} samples (batch {self.batch_start + self.fits - self.start})"
-                  if self.card == 0 and self.batch_start is not None else f"{self.fits} samples")
-            return f"{where} fits again at {at}, above its over point"
+            return f"{where} fits again at {at(self.fits)}, above its over point"
         if self.end is None:
-            return f"{where}: over from {self.start} {unit} as far as looked"
+            return f"{where}: over from {at(self.start)} as far as looked"
+        settled = ("card 0 must take samples, or its allocated peak alone is over"
+                   if self.no_samples else "its allocated peak alone is over")
         if self.end == self.start:
-            return f"{where}: from {self.start} {unit} its allocated peak alone is over"
-        what = "batch" if self.no_samples else "chunk"
-        return (f"{where}: over at every {what} from {self.start} to {self.end - 1} {unit}, and "
-                f"from {self.end} its allocated peak alone is over")
+            return f"{where}: from {at(self.start)} {settled}"
+        return (f"{where}: over from {at(self.start)} to {at(self.end - 1)}, and from "
+                f"{at(self.end)} {settled}")
 
 
 @dataclass(frozen=True)
