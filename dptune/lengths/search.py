@@ -132,15 +132,15 @@ def search_buckets(probe_at: Callable[[int, Sequence[int]], ProbeResult], budget
                    from_neighbour: bool = True,
                    on_bucket: Callable[[BucketSearch], None] = lambda s: None,
                    alike: Optional[Sequence[Hashable]] = None,
-                   look_past_at: Optional[Callable[[int, Sequence[int], Sequence[Optional[int]]],
+                   look_past_at: Optional[Callable[[int, Sequence[int], Sequence[Optional[int]], int],
                                                    WindowCheck]] = None) -> list[BucketSearch]:
     """The largest batch at every edge, shortest first (``probe_at(length, split)`` runs one
     step). ``from_neighbour=False`` searches every bucket on its own from ``start`` (what a
     per-bucket search such as NeMo's OOMptimizer does; the benchmark compares the two).
     ``alike``: one key per card, equal for identical cards (:func:`dptune.search.run`): their
     chunks in each bucket's answer are within one sample of each other.
-    ``look_past_at(length, split, over)``: a certified bucket's over points looked past on a
-    model of the figure (``search.Known.look_past``).
+    ``look_past_at(length, split, over, min_chunk)``: a certified bucket's over points looked
+    past on a model of the figure (``search.Known.look_past``).
     Raises :class:`NoFeasibleSplitError` naming the length at which nothing fits."""
     out: list[BucketSearch] = []
     known: list[ProbeResult] = []
@@ -154,10 +154,10 @@ def search_buckets(probe_at: Callable[[int, Sequence[int]], ProbeResult], budget
         def probe(split: Sequence[int], length: int = length) -> ProbeResult:
             return probe_at(length, split)
 
-        def look(split: Sequence[int], over: Sequence[Optional[int]],
+        def look(split: Sequence[int], over: Sequence[Optional[int]], min_chunk: int = 1,
                  length: int = length) -> WindowCheck:
             assert look_past_at is not None
-            return look_past_at(length, split, over)
+            return look_past_at(length, split, over, min_chunk)
         try:
             outcome = search.run(probe, budgets, Objective.MAX_BATCH, sum(first) if first else start,
                                  min_chunk=min_chunk, first_split=first,
@@ -304,10 +304,11 @@ def plan_lengths(model: Any, sample: Callable[[int, int], Any], lengths: Iterabl
         return r if ddp else at_level(r, backend.devices, level)
     past = None if ddp else look_past_of(backend, budgets, level)
 
-    def look_at(length: int, split: Sequence[int], over: Sequence[Optional[int]]) -> WindowCheck:
+    def look_at(length: int, split: Sequence[int], over: Sequence[Optional[int]],
+                min_chunk: int = 1) -> WindowCheck:
         assert past is not None
         ls.length = length
-        return past(split, over)
+        return past(split, over, min_chunk)
     try:
         found = search_buckets(probe_at, budgets, edges, start=batch_size,
                                min_chunk=_min_chunk(wl), max_probes=look.max_probes,

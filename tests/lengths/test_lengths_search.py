@@ -270,3 +270,16 @@ def test_the_reserved_level_notes_say_what_a_bucket_certificate_rests_on():
     assert any("max_memory_reserved" in n for n in real) and not any("one card only" in n for n in real)
     assert any(n.startswith("a bucket certified") for n in real)
     assert _level_notes(BudgetLevel.ALLOCATED, True, ()) == []
+
+
+def test_each_certified_bucket_is_looked_past_at_the_default_level():
+    """At the reserved level (the default) on simulated cards every bucket's certificate is
+    looked past on the allocator model before it is kept, and its note says how far."""
+    plan = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate="2x2GB")
+    assert plan.certified
+    for bucket in plan.buckets:
+        note = next(n for n in plan.notes if n.startswith(f"length <= {bucket.length}: looked past"))
+        assert "card 1: over from" in note and "card 0 with the batch" in note
+    plain = plan_lengths(gpt, gpt_sample, LENGTHS, [32, 64], simulate="2x2GB",
+                         budget_level="allocated")
+    assert not any("looked past" in n for n in plain.notes)
