@@ -321,6 +321,8 @@ class CardWindow:
     scaled: bool = True
     batch_start: Optional[int] = None
     no_samples: bool = False
+    #: the last chunk within budget in the window (``None``: none): the card's cap on the model
+    last_fits: Optional[int] = None
 
     @property
     def closed(self) -> bool:

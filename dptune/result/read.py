@@ -319,7 +319,8 @@ def _read_looked_past(c: _Checked, n: int) -> Optional[WindowCheck]:
                                 fits=x.integer("fits", optional=True),
                                 fits_bytes=x.integer("fits_bytes", optional=True), scaled=scaled,
                                 batch_start=x.integer("batch_start", optional=True),
-                                no_samples=_read_flag(x, "no_samples")))
+                                no_samples=_read_flag(x, "no_samples"),
+                                last_fits=x.integer("last_fits", optional=True)))
     return WindowCheck(tuple(cards), w.integer("replays"))
 
 

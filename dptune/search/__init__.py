@@ -25,6 +25,7 @@ from dptune.errors import NoFeasibleSplitError
 from dptune.search.messages import card0_holdings, fixed_costs_fill, infeasible_error
 from dptune.search.models import CardFits
 from dptune.search.observations import Bracket, Observations, Point
+from dptune.search.past_falls import brackets_of, past_the_falls
 from dptune.solve.memory import Fit
 from dptune.split import even_split
 from dptune.types import Objective, WindowCheck
@@ -74,8 +75,10 @@ class SearchOutcome:
     even_open: bool = False
     even_at_most: Optional[int] = None
     even_kept: bool = False
-    #: where the probes contradict a figure that grows with the work (fragmentation at the
-    #: reserved level: :meth:`Observations.not_monotone`), which leaves the answer uncertified
+    #: where the probes, or the look past the over points, contradict a figure that grows
+    #: with the work (fragmentation at the reserved level: :meth:`Observations.not_monotone`),
+    #: which leaves the answer uncertified unless the look proved a split past the fall
+    #: (:mod:`dptune.search.past_falls`)
     not_monotone: Optional[str] = None
     #: max_batch with a look past the over points (``run(look_past=...)``): what it found
     window: Optional[WindowCheck] = None
@@ -213,7 +216,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         raise NoFeasibleSplitError(f"no split fits: {fixed}.",
                                    shortfall_bytes=e.shortfall_bytes) from None
     contradiction = obs.not_monotone(groups)
-    window = None
+    window, past = None, None
     look_past = known.look_past
     if contradiction is None and look_past is not None and not balance and found.certified:
         over = [found.best.chunk_sizes[0] + 1] + [obs.bracket(i).hi for i in range(1, obs.n)]
@@ -221,13 +224,31 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         if window.falls:
             contradiction = ("on the allocator model, past the over points: " +
                              "; ".join(w.describe() for w in window.falls))
-    if contradiction is not None:
-        notes.append(f"the figures are not monotone ({contradiction}; the caching allocator's "
-                     "reserved peak depends on fragmentation): one more sample measured over "
-                     "does not prove that no larger batch fits, so the answer is not "
-                     "certified; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (on simulated "
-                     "cards --allocator expandable_segments:True) makes the reserved figure "
-                     "follow the allocated one")
+            past = past_the_falls(probe, obs, found.best, window, over, look_past, max_probes,
+                                  on_probe)
+            window = past.window
+            if past.raised:
+                found = found._replace(best=past.best, brackets=brackets_of(past, obs.min_chunk))
+    if past is not None and past.certified:
+        notes.append(f"the figures fall as the work grows ({contradiction}; the caching "
+                     "allocator's fragmentation), so the probes' over points proved nothing; "
+                     f"past the fall the split {list(past.best.chunk_sizes)} was measured within "
+                     "every budget, and on the allocator model every card stays over past it: "
+                     + past.window.describe() + f" ({past.window.replays} replays). The answer is "
+                     "certified on the allocator model; PYTORCH_CUDA_ALLOC_CONF="
+                     "expandable_segments:True makes the reserved figure follow the allocated "
+                     "one")
+    elif contradiction is not None:
+        raised = ("" if past is None or not past.raised else
+                  f"; past the fall, {past.raised} larger split(s) measured within every "
+                  f"budget, the answer now {list(found.best.chunk_sizes)}, and the look past it "
+                  "found " + ("; ".join(w.describe() for w in past.window.falls) or "no proof"))
+        notes.append(f"the figures are not monotone ({contradiction}{raised}; the caching "
+                     "allocator's reserved peak depends on fragmentation): one more sample "
+                     "measured over does not prove that no larger batch fits, so the answer is "
+                     "not certified; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (on "
+                     "simulated cards --allocator expandable_segments:True) makes the reserved "
+                     "figure follow the allocated one")
         found = found._replace(certified=False)
     elif window is not None:
         notes.append("looked past the over points on the allocator model: " +

@@ -6,9 +6,10 @@ is over" proves the answer only where the figure does not fall above the over po
 synthetic surface (no torch work) hides such a fall: card 1's figure is its allocated one
 plus 1 GiB of cached blocks from 420 to 439 samples, so 420 is over and 440 to 460 fit
 again. A search started at 425 measures the over point, never the fall, and certifies 419
-samples on card 1; brute force over every chunk says a larger batch fits. The look past is
-brute force on the same surface, chunk by chunk up to where the allocated figure alone is
-over (what :meth:`SimulatedBackend.look_past` does on the allocator model, tested against real
+samples on card 1; brute force over every chunk says a larger batch fits. With the look the
+search goes past the fall (:mod:`dptune.search.past_falls`) to brute force's answer. The
+look past is brute force on the same surface, chunk by chunk up to where the allocated figure
+alone is over (what :meth:`SimulatedBackend.look_past` does on the allocator model, tested against real
 steps in ``tests/backends/simulated/test_look_past_sim.py``)."""
 
 from __future__ import annotations
@@ -44,25 +45,29 @@ def probe_of(fall: bool):  # type: ignore[no-untyped-def]
 
 
 def brute_look(fall: bool):  # type: ignore[no-untyped-def]
-    """Every chunk past each over point on the surface itself."""
+    """Every step past each over point on the surface itself: card 1 from its over point (card
+    0 as in the answer), card 0 at the least it can take of each larger batch (card 1 at its
+    cap, one below its over point), each until its allocated figure alone is over."""
     calls: list[tuple[tuple[int, ...], tuple[Optional[int], ...]]] = []
+
+    def window(card: int, start: int, at) -> CardWindow:  # type: ignore[no-untyped-def]
+        x, first, last = start, None, None
+        while allocated(card, *at(x)) <= BUDGET:
+            if figure(card, *at(x), fall) <= BUDGET:
+                first = x if first is None else first
+                last = x
+            x += 1
+        return CardWindow(card, start, x, first, last_fits=last)
 
     def look(split: Sequence[int], over: Sequence[Optional[int]], min_chunk: int = 1) -> WindowCheck:
         calls.append((tuple(split), tuple(over)))
-        b = sum(split)
-        out = []
-        for i, start in enumerate(over):
-            if start is None:
-                continue
-            c, fits = start, None
-            while allocated(i, c, b + (c - split[i])) <= BUDGET:
-                if figure(i, c, b + (c - split[i]), fall) <= BUDGET:
-                    fits = c
-                    break
-                c += 1
-            out.append(CardWindow(i, start, None if fits is not None else c, fits,
-                                  batch_start=b + start - split[0] if i == 0 else None))
-        return WindowCheck(tuple(out))
+        b, cap = sum(split), int(over[1] or 0) - 1
+        c0 = b + 1 - cap
+        card0 = window(0, c0, lambda x: (x, x + cap))
+        card0 = CardWindow(0, c0, card0.end, card0.fits, last_fits=card0.last_fits,
+                           batch_start=c0 + cap)
+        return WindowCheck((card0, window(1, int(over[1] or 0),
+                                          lambda x: (x, b + x - split[1]))))
     look.calls = calls  # type: ignore[attr-defined]
     return look
 
@@ -78,9 +83,10 @@ def largest_batch(fall: bool) -> int:
     return best
 
 
-def run(fall: bool, look=None):  # type: ignore[no-untyped-def]
+def run(fall: bool, look=None, max_probes: int = 16):  # type: ignore[no-untyped-def]
     return search.run(probe_of(fall), [BUDGET, BUDGET], "max_batch", 500, compare_even=False,
-                      first_split=[75, 425], max_probes=16, known=search.Known(look_past=look))
+                      first_split=[75, 425], max_probes=max_probes,
+                      known=search.Known(look_past=look))
 
 
 def test_the_search_alone_certifies_past_a_fall_it_never_met() -> None:
@@ -89,18 +95,31 @@ def test_the_search_alone_certifies_past_a_fall_it_never_met() -> None:
     assert out.best.batch_size < largest_batch(fall=True)
 
 
-def test_a_fall_past_the_over_point_withholds_the_certificate() -> None:
+def test_past_a_fall_the_largest_batch_is_found_and_certified_on_the_model() -> None:
+    """The look finds card 1 fitting again from 440 to 460 samples: the answer with card 1 at
+    460 is probed (card 0 over at its chunk, then giving card 1 its samples), then card 0's
+    room along the larger batch: brute force's largest batch, certified by the look past it."""
     look = brute_look(fall=True)
     out = run(fall=True, look=look)
-    assert not out.certified
-    assert out.window is not None and [w.card for w in out.window.falls] == [1]
-    assert out.window.falls[0].fits == 440
+    assert out.best.batch_size == largest_batch(fall=True) == 1256
+    assert out.certified and out.window is not None and not out.window.falls
     assert out.not_monotone is not None and "card 1 fits again at 440" in out.not_monotone
-    assert any("not certified" in n for n in out.notes)
+    assert all(p <= BUDGET for p in out.best.peak_bytes)
+    assert sum(p.purpose == "past a fall" for p in out.probes) >= 2
+    note = next(n for n in out.notes if n.startswith("the figures fall as the work grows"))
+    assert "certified on the allocator model" in note
     split, over = look.calls[0]
-    assert split == out.best.chunk_sizes and over[1] == out.best.chunk_sizes[1] + 1
-    # what was measured is unchanged: the same answer as the search alone
-    assert out.best.chunk_sizes == run(fall=True).best.chunk_sizes
+    assert over[1] == 420                       # the first look: from card 1's over point
+
+
+def test_a_fall_with_no_probe_left_withholds_the_certificate() -> None:
+    look = brute_look(fall=True)
+    alone = run(fall=True)
+    out = run(fall=True, look=look, max_probes=len(alone.probes))
+    assert not out.certified and out.best.chunk_sizes == alone.best.chunk_sizes
+    assert out.window is not None and [w.card for w in out.window.falls] == [1]
+    assert out.window.falls[0].fits == 440 and out.window.falls[0].last_fits == 460
+    assert any("not certified" in n for n in out.notes)
 
 
 def test_a_window_over_throughout_keeps_the_certificate_and_says_how_far() -> None:

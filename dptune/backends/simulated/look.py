@@ -16,13 +16,13 @@ budgets are at the reserved level.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from dptune.backends.simulated.allocator import AllocatorConfig, AllocatorStats, Event, replay
 from dptune.budget import BudgetLevel
 from dptune.types import CardWindow, WindowCheck
 
-__all__ = ["ScaledTraces", "step_stats", "scan", "window_end", "chunks_for", "lines_of", "look_past",
+__all__ = ["ScaledTraces", "Scan", "step_stats", "scan", "window_end", "chunks_for", "lines_of", "look_past",
            "look_past_of",
            "LOOK_EVENTS", "LOOK_MAX_CHUNKS"]
 
@@ -85,23 +85,39 @@ def step_stats(traces: Sequence[Sequence[Event]], config: AllocatorConfig) -> Al
     return replay(traces, 1 << 62, config, measure_from=len(traces) - 1)
 
 
+class Scan(NamedTuple):
+    """What one window's replays found, in steps past the window's base: ``end`` the first
+    whose allocated peak alone is over (``None``: ``limit`` replays ran first), ``fits`` the
+    first within budget and ``fits_bytes`` its figure, ``last_fits`` the last within budget
+    before ``end`` (``None``: none)."""
+
+    end: Optional[int]
+    fits: Optional[int]
+    fits_bytes: Optional[int]
+    last_fits: Optional[int]
+    replays: int
+
+
 def scan(scaled: ScaledTraces, first: int, budget: int, nccl: int, config: AllocatorConfig,
-              limit: int) -> tuple[Optional[int], Optional[int], Optional[int], int]:
+         limit: int) -> Scan:
     """From ``first`` samples more than ``scaled``'s base, one sample at a time: the level's
-    figure (reserved peak + ``nccl``) against ``budget``. Returns ``(end, fits, fits_bytes,
-    replays)``, in samples more than the base: ``fits`` the first within budget (the look
-    stops there), else ``end`` the first whose allocated peak + ``nccl``, less the scaling's
-    margin, is over (the sizes never shrink as the work grows, so the allocated peak never
-    falls: from there every step is over); both ``None`` where ``limit`` replays ran first."""
+    figure (reserved peak + ``nccl``) against ``budget``, until the allocated peak +
+    ``nccl``, less the drawing's margin, is over (the sizes never shrink as the work grows,
+    so the allocated peak never falls: from there every step is over) or ``limit`` replays
+    ran. Every step within budget on the way is seen (``fits``: the first, ``last_fits``: the
+    last)."""
     margin = scaled.margin
+    fits = fits_bytes = last = None
     for n in range(limit):
         k = first + n
         s = scaled.stats(k, config)
-        if s.reserved_peak + nccl <= budget:
-            return None, k, s.reserved_peak + nccl, n + 1
         if s.allocated_peak + nccl - margin > budget:
-            return k, None, None, n + 1
-    return None, None, None, limit
+            return Scan(k, fits, fits_bytes, last, n + 1)
+        if s.reserved_peak + nccl <= budget:
+            if fits is None:
+                fits, fits_bytes = k, s.reserved_peak + nccl
+            last = k
+    return Scan(None, fits, fits_bytes, last, limit)
 
 
 def window_end(scaled: ScaledTraces, budget: int, nccl: int, config: AllocatorConfig,
@@ -138,17 +154,18 @@ class _Line:
     def at(self, k: int) -> tuple[int, ...]:
         return tuple(c + k * (i == self.mover) for i, c in enumerate(self.base))
 
-    def window(self, found: Optional[tuple[Optional[int], Optional[int], Optional[int]]]
-               ) -> CardWindow:
+    def window(self, found: Optional[Scan]) -> CardWindow:
         """The card's window from what its scan found (``None``: not looked at)."""
         batch0 = sum(self.base) if self.card == 0 and not self.no_samples else None
         if found is None:
             return CardWindow(self.card, self.label, None, scaled=False, batch_start=batch0,
                               no_samples=self.no_samples)
-        end, fits, fits_bytes = found
-        return CardWindow(self.card, self.label, None if end is None else self.label + end,
-                          None if fits is None else self.label + fits, fits_bytes,
-                          batch_start=batch0, no_samples=self.no_samples)
+
+        def at(k: Optional[int]) -> Optional[int]:
+            return None if k is None else self.label + k
+        return CardWindow(self.card, self.label, at(found.end), at(found.fits), found.fits_bytes,
+                          batch_start=batch0, no_samples=self.no_samples,
+                          last_fits=at(found.last_fits))
 
 
 def lines_of(split: Sequence[int], over: Sequence[Optional[int]], min_chunk: int = 1
@@ -256,8 +273,8 @@ def look_past(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: Seq
     far = {w: max(1, window_end(sc, budgets[lines[w].card], nccl, config, reach[w]))
            for w, sc in near.items()}
     ends = steps(far)
-    found: dict[int, tuple[Optional[int], Optional[int], Optional[int]]] = {}
-    done: dict[tuple, tuple[Optional[int], Optional[int], Optional[int], int]] = {}
+    found: dict[int, Scan] = {}
+    done: dict[tuple, Scan] = {}
     replays = 0
     for w, k in far.items():
         sc = ScaledTraces.of(at[w], ends[w], k)
@@ -267,16 +284,16 @@ def look_past(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: Seq
         key = (sc, budget, reach[w])
         if key not in done:
             done[key] = scan(sc, 0, budget, nccl, config, reach[w])
-            replays += done[key][3]
-        end, fits, fits_bytes, _ = done[key]
-        if end is None and fits is None and lines[w].length is not None \
-                and reach[w] == lines[w].length:
-            end = lines[w].length     # over throughout the window's own length
-        found[w] = (end, fits, fits_bytes)
-    # a step the drawing says fits is simulated for real before it is reported
-    for w, traces in steps({w: r[1] for w, r in found.items() if r[1] is not None}).items():
-        if step_stats(traces, config).reserved_peak + nccl > budgets[lines[w].card]:
-            del found[w]               # the drawing was wrong there: not looked at
+            replays += done[key].replays
+        found[w] = done[key]
+        if found[w].end is None and lines[w].length is not None and reach[w] == lines[w].length:
+            found[w] = found[w]._replace(end=lines[w].length)   # the window's own length
+    # the steps the drawing says fit are simulated for real before they are reported
+    for pick in ("fits", "last_fits"):
+        chosen = {w: getattr(r, pick) for w, r in found.items() if getattr(r, pick) is not None}
+        for w, traces in steps(chosen).items():
+            if w in found and step_stats(traces, config).reserved_peak + nccl > budgets[lines[w].card]:
+                del found[w]           # the drawing was wrong there: not looked at
     return WindowCheck(tuple(lines[w].window(found.get(w)) for w in every), replays)
 
 

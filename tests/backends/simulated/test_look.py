@@ -58,8 +58,9 @@ def test_a_fall_past_the_over_point_is_found_where_brute_force_finds_it() -> Non
     look = look_past(traces_of(calls=calls), [5, 13], [None, 14], BUDGETS, CFG, 0, 2048)
     (w,) = look.cards
     first_fit = next(c for c in range(14, 40) if fits(c))
-    assert (w.card, w.start, w.fits) == (1, 14, first_fit) == (1, 14, 20)
-    assert (5, 20) in calls                       # simulated for real before it is reported
+    last_fit = max(c for c in range(14, w.end or 0) if fits(c))
+    assert (w.card, w.start, w.fits, w.last_fits) == (1, 14, first_fit, last_fit) == (1, 14, 20, 29)
+    assert (5, 20) in calls and (5, 29) in calls  # simulated for real before they are reported
     assert look.falls == (w,) and not look.closed
 
 

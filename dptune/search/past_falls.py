@@ -1,0 +1,137 @@
+"""Past a fall: a larger answer where the look past the over points finds cards fitting again.
+
+At the reserved level a card can be over at a chunk and within budget again further on (the
+caching allocator's fragmentation). Where the look past a certificate's over points
+(``search.Known.look_past``, on the simulator's allocator model) finds that, the answer is
+not proven, and may not be the largest: :func:`past_the_falls` probes the answer with each
+card that fits again raised to the last chunk of its window within budget (its cap on the
+model: every chunk above it is over), or, where only card 0 fits again, the split of the
+larger batch its window found within budget (the others at their caps). A split measured
+within every budget becomes the answer and is looked past in turn, its raised cards from one
+sample above their caps; where no card fits again, the answer is certified on the model (a
+proof of the same form as the probes', its over points from the look instead of probes).
+Only splits measured within every budget are returned; the probes are the search's own,
+within its cap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple, Optional, Sequence
+
+from dptune.backends.base import ProbeResult
+from dptune.search.observations import Bracket, Observations
+from dptune.types import CardWindow, WindowCheck
+
+__all__ = ["Past", "past_the_falls", "ROUNDS"]
+
+#: the most raised splits probed after a look finds a fall
+ROUNDS = 3
+
+
+class Past(NamedTuple):
+    """What the rounds left: the answer (``best``, measured within every budget), the last
+    look, the over points it was taken from, and whether it proves the answer."""
+
+    best: ProbeResult
+    window: WindowCheck
+    over: tuple[Optional[int], ...]
+    certified: bool
+    raised: int = 0            # splits probed past a fall
+
+
+def _frontier(w: CardWindow, over: Sequence[Optional[int]]) -> Optional[tuple[int, ...]]:
+    """The split of card 0's window where it fits last: the others at their caps (card 0 at
+    its chunk), or with no samples on card 0, the batch spread below the caps."""
+    caps = [None if o is None else o - 1 for o in over[1:]]
+    x = w.last_fits
+    if x is None or any(c is None for c in caps):
+        return None
+    capped = [int(c) for c in caps if c is not None]
+    if not w.no_samples:
+        return (x, *capped)
+    rest, need = [0] * len(capped), x
+    for i, cap in enumerate(capped):
+        rest[i] = min(cap, need)
+        need -= rest[i]
+    return None if need else (0, *rest)
+
+
+def raised_split(best: Sequence[int], window: WindowCheck,
+                 over: Sequence[Optional[int]]) -> Optional[tuple[tuple[int, ...], list[Optional[int]]]]:
+    """The next split to probe and the over points to look past it from: every card ``i >=
+    1`` that fits again at its cap on the model (``last_fits``), the others as in ``best``;
+    else card 0's last fitting split along its window. ``None``: nothing to raise."""
+    cards = [w for w in window.falls if w.card and w.last_fits is not None]
+    if cards:
+        split, new_over = list(best), list(over)
+        for w in cards:
+            split[w.card] = int(w.last_fits or 0)
+            new_over[w.card] = split[w.card] + 1
+        return tuple(split), new_over
+    for w in window.falls:
+        if w.card == 0:
+            s = _frontier(w, over)
+            if s is not None:
+                return s, list(over)
+    return None
+
+
+def past_the_falls(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations,
+                   best: ProbeResult, window: WindowCheck, over: Sequence[Optional[int]],
+                   look: Callable[..., WindowCheck], max_probes: int,
+                   on_probe: Callable[[], None] = lambda: None) -> Past:
+    """Up to :data:`ROUNDS` raised splits, each probed (within ``max_probes`` in all) and,
+    measured within every budget, looked past in turn (see the module)."""
+    past = Past(best, window, tuple(over), False)
+
+    def measured(split: tuple[int, ...]) -> Optional[ProbeResult]:
+        r = obs.by_split.get(split)
+        if r is None:
+            if len(obs.probes) >= max_probes:
+                return None
+            r = probe(list(split))
+            if tuple(r.chunk_sizes) != split or len(r.peak_bytes) != obs.n:
+                raise RuntimeError(f"the backend returned a probe for {list(r.chunk_sizes)} "
+                                   f"with {len(r.peak_bytes)} peaks; asked for {list(split)}")
+            obs.add(dataclasses.replace(r, purpose="past a fall"))
+            on_probe()
+        return r
+    for _ in range(ROUNDS):
+        nxt = raised_split(past.best.chunk_sizes, past.window, past.over)
+        if nxt is None:
+            return past
+        split, new_over = nxt
+        r = measured(split)
+        if r is not None and not obs.within_budget(r) and _card0_only(r, obs):
+            # card 0 cannot take the larger batch at its chunk: it gives the raised cards
+            # its samples, down to the batch one larger than the answer
+            c0 = past.best.batch_size + 1 - sum(split[1:])
+            if 0 <= c0 < split[0] and (c0 == 0 or c0 >= obs.min_chunk):
+                split = (c0, *split[1:])
+                r = measured(split)
+        if r is None or not obs.within_budget(r) or r.batch_size <= past.best.batch_size:
+            return past
+        new_over[0] = split[0] + 1
+        w = look(split, new_over, min_chunk=obs.min_chunk)
+        past = Past(r, w, tuple(new_over), not w.falls, past.raised + 1)
+        if past.certified:
+            return past
+    return past
+
+
+def _card0_only(r: ProbeResult, obs: Observations) -> bool:
+    """Only card 0 is over budget in ``r`` (every other card measured within its own)."""
+    return r.peak_bytes[0] > obs.budgets[0] and all(
+        p <= b for p, b in zip(r.peak_bytes[1:], obs.budgets[1:])) and r.oom_device in (None, 0)
+
+
+def brackets_of(past: Past, min_chunk: int) -> list[Bracket]:
+    """The brackets a certificate on the model rests on: each card ``i >= 1`` from its chunk
+    in the answer to its over point (measured, or found by the look), card 0 on the batch."""
+    best = past.best
+    out = [Bracket(card=0, lo=best.batch_size, hi=best.batch_size + 1 if past.certified else None,
+                   what="batch")]
+    out += [Bracket(card=i, lo=c, hi=past.over[i], min_chunk=min_chunk)
+            for i, c in enumerate(best.chunk_sizes) if i]
+    return out
