@@ -57,12 +57,15 @@ def frontier(batch: int, caps: Sequence[int]) -> list[int]:
 
 
 def brute(be: SimulatedBackend, split: Sequence[int], over: Sequence[Optional[int]],
-          w: CardWindow, budget: int, limit: int = 40) -> tuple[Optional[int], Optional[int]]:
-    """(first step within budget, first whose allocated figure + NCCL is over) from
-    ``w.start`` on, each a real probe: a card ``i >= 1`` alone from its over point, the
-    others as in the answer; card 0 at the least it can take of each larger batch, the others
-    at their caps (``over - 1``): ``w.start`` a batch where it holds no samples, else its chunk."""
+          w: CardWindow, budget: int, limit: int = 60
+          ) -> tuple[Optional[int], Optional[int], Optional[int]]:
+    """(first step within budget, last step within budget, first step whose allocated figure
+    + NCCL is over) from ``w.start`` on, each a real probe: a card ``i >= 1`` alone from its
+    over point, the others as in the answer; card 0 at the least it can take of each larger
+    batch, the others at their caps (``over - 1``): ``w.start`` a batch where it holds no
+    samples, else its chunk."""
     caps = [int(o) - 1 for o in over[1:] if o is not None]
+    first = last = None
     for x in range(w.start, w.start + limit):
         if w.card:
             s = list(split)
@@ -73,10 +76,11 @@ def brute(be: SimulatedBackend, split: Sequence[int], over: Sequence[Optional[in
         else:
             s = [x, *caps]
         level, alloc = real(be, s)
-        if level[w.card] <= budget:
-            return x, None
         if alloc[w.card] > budget:
-            return None, x
+            return first, last, x
+        if level[w.card] <= budget:
+            first = x if first is None else first
+            last = x
     raise AssertionError(f"no end within {limit} steps of {w}")
 
 
@@ -86,8 +90,7 @@ def check(be: SimulatedBackend, split: list[int], over: list[Optional[int]]) -> 
     assert {w.card for w in look.cards} == {i for i, o in enumerate(over) if o is not None}
     for w in look.cards:
         assert w.scaled, w
-        fits, end = brute(be, split, over, w, budgets[w.card])
-        assert (w.fits, w.end) == (fits, end), (w, fits, end)
+        assert (w.fits, w.last_fits, w.end) == brute(be, split, over, w, budgets[w.card]), w
     return list(look.cards)
 
 
