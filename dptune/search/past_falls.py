@@ -8,8 +8,9 @@ card that fits again raised to the last chunk of its window within budget (its c
 model: every chunk above it is over), or, where only card 0 fits again, the split of the
 larger batch its window found within budget (the others at their caps). A split measured
 within every budget becomes the answer and is looked past in turn, its raised cards from one
-sample above their caps; where no card fits again, the answer is certified on the model (a
-proof of the same form as the probes', its over points from the look instead of probes).
+sample above their caps; where every window is looked at whole and none fits again, the
+answer is certified on the model (a proof of the same form as the probes', its over points
+from the look instead of probes).
 Only splits measured within every budget are returned; the probes are the search's own,
 within its cap.
 """
@@ -114,8 +115,10 @@ def past_the_falls(probe: Callable[[Sequence[int]], ProbeResult], obs: Observati
             return past
         new_over[0] = split[0] + 1
         w = look(split, new_over, min_chunk=obs.min_chunk)
-        past = Past(r, w, tuple(new_over), not w.falls, past.raised + 1)
-        if past.certified:
+        # a proof only where every window was looked at whole (card 0's over point past a
+        # raised split was never measured: the look is all it rests on)
+        past = Past(r, w, tuple(new_over), w.closed, past.raised + 1)
+        if past.certified or not w.falls:
             return past
     return past
 

@@ -136,3 +136,19 @@ def test_no_look_where_the_answer_is_not_certified() -> None:
     out = search.run(probe_of(True), [BUDGET, BUDGET], "max_batch", 500, compare_even=False,
                      first_split=[75, 425], max_probes=2, known=search.Known(look_past=look))
     assert not out.certified and out.window is None and look.calls == []
+
+
+def test_past_a_fall_no_proof_where_a_window_was_not_looked_at_whole() -> None:
+    """After the raise, card 0's over point is the look's alone: a window it could not look
+    at (its drawing missed a third step) leaves the larger answer uncertified."""
+    brute = brute_look(fall=True)
+
+    def look(split, over, min_chunk=1):  # type: ignore[no-untyped-def]
+        w = brute(split, over, min_chunk)
+        if len(brute.calls) == 1:
+            return w
+        return WindowCheck(tuple(CardWindow(c.card, c.start, None, scaled=False) if c.card == 0
+                                 else c for c in w.cards))
+    out = run(fall=True, look=look)
+    assert not out.certified and out.best.batch_size > run(fall=True).best.batch_size
+    assert any("not certified" in n and "larger split(s) measured" in n for n in out.notes)
