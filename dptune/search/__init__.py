@@ -25,7 +25,7 @@ from dptune.errors import NoFeasibleSplitError
 from dptune.search.messages import card0_holdings, fixed_costs_fill, infeasible_error
 from dptune.search.models import CardFits
 from dptune.search.observations import Bracket, Observations, Point
-from dptune.search.past_falls import brackets_of, past_the_falls
+from dptune.search.past_falls import Past, brackets_of, past_the_falls
 from dptune.solve.memory import Fit
 from dptune.split import even_split
 from dptune.types import Objective, WindowCheck
@@ -218,22 +218,30 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     contradiction = obs.not_monotone(groups)
     window, past = None, None
     look_past = known.look_past
-    if contradiction is None and look_past is not None and not balance and found.certified:
-        over = [found.best.chunk_sizes[0] + 1] + [obs.bracket(i).hi for i in range(1, obs.n)]
-        window = look_past(found.best.chunk_sizes, over, min_chunk=obs.min_chunk)
+    if look_past is not None and not balance and (found.certified or contradiction is not None):
+        best = found.best.chunk_sizes
+        # past the probes' over points; where they contradict each other (a fall the probes
+        # met), past the answer itself, every card from one sample above its chunk
+        over = ([best[0] + 1] + [obs.bracket(i).hi for i in range(1, obs.n)]
+                if contradiction is None else [c + 1 for c in best])
+        window = look_past(best, over, min_chunk=obs.min_chunk)
         if window.falls:
-            contradiction = ("on the allocator model, past the over points: " +
-                             "; ".join(w.describe() for w in window.falls))
+            contradiction = contradiction or ("on the allocator model, past the over points: " +
+                                              "; ".join(w.describe() for w in window.falls))
             past = past_the_falls(probe, obs, found.best, window, over, look_past, max_probes,
                                   on_probe)
             window = past.window
             if past.raised:
                 found = found._replace(best=past.best, brackets=brackets_of(past, obs.min_chunk))
+        elif contradiction is not None and window.closed:
+            past = Past(found.best, window, tuple(over), True)  # proven as it is, on the model
+            found = found._replace(brackets=brackets_of(past, obs.min_chunk))
     if past is not None and past.certified:
+        moved = (f"past the fall the split {list(past.best.chunk_sizes)} was measured within "
+                 "every budget, and" if past.raised else "yet")
         notes.append(f"the figures fall as the work grows ({contradiction}; the caching "
                      "allocator's fragmentation), so the probes' over points proved nothing; "
-                     f"past the fall the split {list(past.best.chunk_sizes)} was measured within "
-                     "every budget, and on the allocator model every card stays over past it: "
+                     f"{moved} on the allocator model every card stays over past the answer: "
                      + past.window.describe() + f" ({past.window.replays} replays). The answer is "
                      "certified on the allocator model; PYTORCH_CUDA_ALLOC_CONF="
                      "expandable_segments:True makes the reserved figure follow the allocated "
