@@ -328,10 +328,18 @@ def test_plan_at_the_reserved_level_checks_reserved_plus_nccl():
         p = sim.rank(r).probe([b])
         return p.total_bytes[0] - devices[r].context_bytes
 
-    assert plan.certified
     for r in plan.ranks:
         assert r.measured_peak_bytes == need(r.rank, r.batch_size) <= r.budget_bytes
         assert need(r.rank, r.batch_size + 1) > r.budget_bytes     # one more is over, at this level
+    # rank 0's figure falls past its cap: the look past it on the allocator model finds it, so
+    # the caps are not certified, and the oracle's own probes agree (over, then within budget)
+    assert not plan.certified
+    note = next(n for n in plan.notes if "fits again at batch" in n)
+    found = re.search(r"rank (\d+) is over at batch (\d+) and fits again at batch (\d+)", note)
+    assert found is not None
+    rank, over_at, fits_at = map(int, found.groups())
+    budget = plan.ranks[rank].budget_bytes
+    assert need(rank, over_at) > budget >= need(rank, fits_at) and fits_at > over_at
     plain = ddp.plan(net, batch, optimizer=adamw, objective="max_batch", simulate=spec,
                      headroom="256MiB", budget_level="allocated")
     assert plain.headroom_bytes == 256 * MiB
