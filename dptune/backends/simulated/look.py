@@ -18,13 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
-from dptune.backends.simulated.allocator import AllocatorConfig, AllocatorStats, Event, replay
+from dptune.backends.simulated.allocator import AllocatorConfig, AllocatorStats, Event
+from dptune.backends.simulated.reserved import step_stats
 from dptune.budget import BudgetLevel
 from dptune.types import CardWindow, WindowCheck
 
-__all__ = ["ScaledTraces", "Scan", "step_stats", "scan", "window_end", "chunks_for", "lines_of", "look_past",
-           "look_past_of",
-           "LOOK_EVENTS", "LOOK_MAX_CHUNKS"]
+__all__ = ["ScaledTraces", "Scan", "step_stats", "scan", "window_end", "chunks_for", "lines_of",
+           "look_past", "look_past_of", "LOOK_EVENTS", "LOOK_MAX_CHUNKS"]
 
 #: one card's replay traces (set-up, warm-up step, measured step), ids in order of first use
 Traces = Sequence[Sequence[Event]]
@@ -77,12 +77,7 @@ class ScaledTraces:
 
     def stats(self, more: int, config: AllocatorConfig) -> AllocatorStats:
         """The measured step's figures with ``more`` samples more (no memory limit)."""
-        return replay(self.at(more), 1 << 62, config, measure_from=len(self.base) - 1)
-
-
-def step_stats(traces: Sequence[Sequence[Event]], config: AllocatorConfig) -> AllocatorStats:
-    """The measured (last) step's figures of ``traces`` replayed without a memory limit."""
-    return replay(traces, 1 << 62, config, measure_from=len(traces) - 1)
+        return step_stats(self.at(more), config)
 
 
 class Scan(NamedTuple):
@@ -98,9 +93,9 @@ class Scan(NamedTuple):
     replays: int
 
 
-def scan(scaled: ScaledTraces, first: int, budget: int, nccl: int, config: AllocatorConfig,
+def scan(scaled: ScaledTraces, budget: int, nccl: int, config: AllocatorConfig,
          limit: int) -> Scan:
-    """From ``first`` samples more than ``scaled``'s base, one sample at a time: the level's
+    """From ``scaled``'s base, one sample at a time: the level's
     figure (reserved peak + ``nccl``) against ``budget``, until the allocated peak +
     ``nccl``, less the drawing's margin, is over (the sizes never shrink as the work grows,
     so the allocated peak never falls: from there every step is over) or ``limit`` replays
@@ -108,11 +103,10 @@ def scan(scaled: ScaledTraces, first: int, budget: int, nccl: int, config: Alloc
     last)."""
     margin = scaled.margin
     fits = fits_bytes = last = None
-    for n in range(limit):
-        k = first + n
+    for k in range(limit):
         s = scaled.stats(k, config)
         if s.allocated_peak + nccl - margin > budget:
-            return Scan(k, fits, fits_bytes, last, n + 1)
+            return Scan(k, fits, fits_bytes, last, k + 1)
         if s.reserved_peak + nccl <= budget:
             if fits is None:
                 fits, fits_bytes = k, s.reserved_peak + nccl
@@ -283,7 +277,7 @@ def look_past(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: Seq
         budget = budgets[lines[w].card]
         key = (sc, budget, reach[w])
         if key not in done:
-            done[key] = scan(sc, 0, budget, nccl, config, reach[w])
+            done[key] = scan(sc, budget, nccl, config, reach[w])
             replays += done[key].replays
         found[w] = done[key]
         if found[w].end is None and lines[w].length is not None and reach[w] == lines[w].length:
@@ -303,7 +297,7 @@ def _agrees(scaled: ScaledTraces, real: Traces, config: AllocatorConfig) -> bool
     drawn = scaled.at(1)
     if any(e.delta != f.delta for x, y in zip(drawn, real) for e, f in zip(x, y) if e.delta > 0):
         return False
-    want, got = replay(drawn, 1 << 62, config, measure_from=len(drawn) - 1), step_stats(real, config)
+    want, got = step_stats(drawn, config), step_stats(real, config)
     return (want.reserved_peak, want.allocated_peak) == (got.reserved_peak, got.allocated_peak)
 
 

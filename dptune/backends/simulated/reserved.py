@@ -38,7 +38,7 @@ from dptune.units import format_bytes
 
 __all__ = ["TraceRecorder", "ReservedModel", "ReservedFigures", "WIDE_GAP", "level_settings", "advice_lines",
            "merge_rank_probes", "least_capacity", "canonical_traces",
-           "predict_steps"]
+           "predict_steps", "step_stats", "NO_LIMIT"]
 
 #: reserved over allocated by this share (and by at least 256 MiB) calls for the advice
 WIDE_GAP = 0.25
@@ -134,7 +134,7 @@ class ReservedModel:
         def card(traces: Sequence[Sequence[Event]], cap: int, cfg: AllocatorConfig) -> AllocatorStats:
             nonlocal replays
             replays += 1
-            s = replay(traces, cap, cfg, measure_from=len(traces) - 1)
+            s = step_stats(traces, cfg, cap)
             if not s.num_ooms and not s.num_alloc_retries:
                 return s
             # past an OOM, or where the allocator had to free its cache and retry a
@@ -142,7 +142,7 @@ class ReservedModel:
             # than the step's need, and which steps retry depends on fragmentation: a larger
             # step that retries could read lower than a smaller one that runs out, so the
             # level's figure would not grow with the work); the OOM and retries kept
-            need = replay(traces, 1 << 62, cfg, measure_from=len(traces) - 1)
+            need = step_stats(traces, cfg)
             return dataclasses.replace(need, num_ooms=s.num_ooms, oom_event=s.oom_event,
                                        num_alloc_retries=s.num_alloc_retries)
 
@@ -165,6 +165,17 @@ class ReservedModel:
         return ReservedFigures(stats, total, nccl, expandable, time.perf_counter() - t0, replays)
 
 
+#: a capacity no step reaches: the replay's figures without a memory limit
+NO_LIMIT = 1 << 62
+
+
+def step_stats(traces: Sequence[Sequence[Event]], config: AllocatorConfig,
+               capacity: int = NO_LIMIT) -> AllocatorStats:
+    """The measured (last) step's figures of ``traces`` (set-up, warm-up steps, the measured
+    step) replayed through one card's allocator of ``capacity`` bytes (default: no limit)."""
+    return replay(traces, capacity, config, measure_from=len(traces) - 1)
+
+
 def least_capacity(traces: Sequence[Sequence[Event]], config: Optional[AllocatorConfig] = None,
                    granularity: int = 2 * 1024 * 1024) -> int:
     """The least memory (bytes, a multiple of ``granularity``) the allocator may reserve and
@@ -176,12 +187,12 @@ def least_capacity(traces: Sequence[Sequence[Event]], config: Optional[Allocator
     the peak without a limit, which a step that has to retry exceeds (see
     ``benchmarks.fragmentation``)."""
     cfg = config or AllocatorConfig()
-    free = replay(traces, 1 << 62, cfg, measure_from=len(traces) - 1)
+    free = step_stats(traces, cfg)
     lo = max(0, free.allocated_peak // granularity - 1)     # runs out at lo * granularity
     hi = -(-free.reserved_peak // granularity)              # runs at hi * granularity
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if replay(traces, mid * granularity, cfg, measure_from=len(traces) - 1).num_ooms:
+        if step_stats(traces, cfg, mid * granularity).num_ooms:
             lo = mid
         else:
             hi = mid
