@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Optional, Sequence
 
-__all__ = ["even_split", "scale_split", "validate_chunk_sizes", "MAX_BATCH_SIZE"]
+__all__ = ["even_split", "scale_split", "validate_chunk_sizes", "fill_within", "MAX_BATCH_SIZE"]
 
 #: The largest total batch dptune takes: far beyond any cluster's memory, well inside what a
 #: tensor's size can count (a larger one is a typo, not a workload).
@@ -66,3 +66,17 @@ def scale_split(chunk_sizes: Sequence[int], batch_size: int) -> list[int]:
     for i in order[:left]:
         out[i] += 1
     return out
+
+
+def fill_within(chunks: Sequence[int], more: int, caps: Sequence[Optional[int]],
+                order: Iterable[int]) -> tuple[list[int], int]:
+    """``chunks`` with ``more`` samples added, card by card in ``order`` (positions in
+    ``chunks``), each up to its cap (``None``: no cap); returns the chunks and the samples
+    left over where the caps could not hold them all."""
+    out = list(chunks)
+    for i in order:
+        cap = caps[i]
+        take = more if cap is None else min(more, max(0, cap - out[i]))
+        out[i] += take
+        more -= take
+    return out, more

@@ -97,3 +97,11 @@ def test_scale_split_same_size_is_identity(sizes):
 @given(sizes_st, st.integers(1, 20))
 def test_scale_split_exact_multiple(sizes, k):
     assert scale_split(sizes, k * sum(sizes)) == [k * c for c in sizes]
+
+
+def test_fill_within_adds_in_order_up_to_each_cap_and_says_what_is_left():
+    from dptune.split import fill_within
+    out, left = fill_within([5, 5, 5], 7, [6, 8, 9], [2, 0, 1])
+    assert (out, left) == ([6, 7, 9], 0)          # card 2 first (to 9), then card 0 (to 6), card 1 the rest
+    assert fill_within([0, 0], 10, [3, 4], [0, 1]) == ([3, 4], 3)     # the caps hold 7 of 10
+    assert fill_within([1, 2], 5, [None, 0], [1, 0]) == ([6, 2], 0)   # no cap takes the rest; over-cap stays

@@ -22,6 +22,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 from dptune.backends.base import ProbeResult
 from dptune.search.observations import Bracket, Observations
+from dptune.split import fill_within
 from dptune.types import CardWindow, WindowCheck
 
 __all__ = ["Past", "past_the_falls", "ROUNDS"]
@@ -51,11 +52,8 @@ def _frontier(w: CardWindow, over: Sequence[Optional[int]]) -> Optional[tuple[in
     capped = [int(c) for c in caps if c is not None]
     if not w.no_samples:
         return (x, *capped)
-    rest, need = [0] * len(capped), x
-    for i, cap in enumerate(capped):
-        rest[i] = min(cap, need)
-        need -= rest[i]
-    return None if need else (0, *rest)
+    rest, left = fill_within([0] * len(capped), x, capped, range(len(capped)))
+    return None if left else (0, *rest)
 
 
 def raised_split(best: Sequence[int], window: WindowCheck,

@@ -21,6 +21,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 from dptune.backends.simulated.allocator import AllocatorConfig, AllocatorStats, Event
 from dptune.backends.simulated.reserved import step_stats
 from dptune.budget import BudgetLevel
+from dptune.split import fill_within
 from dptune.types import CardWindow, WindowCheck
 
 __all__ = ["ScaledTraces", "Scan", "step_stats", "scan", "window_end", "chunks_for", "lines_of",
@@ -190,12 +191,9 @@ def _card0_lines(base: list[int], over: Sequence[Optional[int]], min_chunk: int)
     # card 0 with no samples: the batch grows on a card without a cap, else on one below it
     free = next((i for i in range(1, n) if caps[i - 1] is None), None)
     mover = free if free is not None else max(range(1, n), key=lambda i: (caps[i - 1] or 0) - base[i])
-    rest, need = base[1:], batch - sum(base[1:])     # a split of ``batch`` within the caps
-    for i in sorted(range(1, n), key=lambda i: i != mover):
-        cap = caps[i - 1]
-        take = need if cap is None else min(need, max(0, cap - rest[i - 1]))
-        rest[i - 1] += take
-        need -= take
+    # a split of ``batch`` within the caps, the mover's first
+    rest, _ = fill_within(base[1:], batch - sum(base[1:]), caps,
+                          sorted(range(n - 1), key=lambda i: i != mover - 1))
     out = [_Line(0, (0, *rest), mover, batch, no_samples=True,
                  length=None if room is None else room - batch + 1)]
     if room is not None:                                # past the caps' room: samples on card 0
