@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import pytest
 import torch
@@ -243,27 +243,25 @@ def test_the_benchmarks_batchnorm_cnn_on_two_24gb_cards():
                   objective="max_batch", simulate="2x24GB", verbose=False).fit()
     assert r.certified and any("certified on the allocator model" in n for n in r.notes)
     assert r.looked_past is not None and r.looked_past.closed
-    plain = Budget.at("reserved")
-    sim = SimulatedBackend(Workload(model, sample, None, config.optimizer),
-                           parse_cluster("2x24GB"), reserved=plain.reserved)
-    caps = [d.budget_bytes(plain.headroom_bytes) for d in sim.devices]
+    def cards_over(allocator: Optional[str]) -> Callable[[Sequence[int]], list[bool]]:
+        """Which cards a direct probe finds over budget, on a fresh simulated 2 x 24 GB
+        cluster at the reserved level with ``allocator`` (``None``: the default one)."""
+        budget = Budget.at("reserved", allocator=allocator)
+        sim = SimulatedBackend(Workload(model, sample, None, config.optimizer),
+                               parse_cluster("2x24GB"), reserved=budget.reserved)
+        limits = [d.budget_bytes(budget.headroom_bytes) for d in sim.devices]
 
-    def plain_over(split: Sequence[int]) -> list[bool]:
-        peaks = at_level(sim.probe(list(split)), sim.devices, BudgetLevel.RESERVED).peak_bytes
-        return [p > b for p, b in zip(peaks, caps)]
+        def over(split: Sequence[int]) -> list[bool]:
+            peaks = at_level(sim.probe(list(split)), sim.devices, BudgetLevel.RESERVED).peak_bytes
+            return [p > b for p, b in zip(peaks, limits)]
+        return over
+    plain_over = cards_over(None)
     c0, c1 = r.chunk_sizes
     assert not any(plain_over([c0, c1]))
     assert plain_over([c0, c1 + 1])[1] and plain_over([c0 + 1, c1])[0]
     alt = r.allocator_answer
     assert alt is not None and alt.certified and alt.batch_size > r.batch_size
-    budget = Budget.at("reserved", allocator="expandable_segments:True")
-    backend = SimulatedBackend(Workload(model, sample, None, config.optimizer),
-                               parse_cluster("2x24GB"), reserved=budget.reserved)
-    limits = [d.budget_bytes(budget.headroom_bytes) for d in backend.devices]
-
-    def over(split: Sequence[int]) -> list[bool]:
-        peaks = at_level(backend.probe(list(split)), backend.devices, BudgetLevel.RESERVED).peak_bytes
-        return [p > b for p, b in zip(peaks, limits)]
+    over = cards_over("expandable_segments:True")
     split = list(alt.chunk_sizes)
     assert not any(over(split))
     assert any(over([split[0] + 1, split[1]])) and any(over([split[0], split[1] + 1]))

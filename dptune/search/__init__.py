@@ -80,7 +80,8 @@ class SearchOutcome:
     #: which leaves the answer uncertified unless the look proved a split past the fall
     #: (:mod:`dptune.search.past_falls`)
     not_monotone: Optional[str] = None
-    #: max_batch with a look past the over points (``run(look_past=...)``): what it found
+    #: max_batch with a look past the over points (``Known.look_past``): what the last look
+    #: found
     window: Optional[WindowCheck] = None
 
 
@@ -180,8 +181,10 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     search whose even baseline is taken from another); ``first_split``: the first split
     probed (``max_batch``; default the even split of ``batch_size``). With
     ``known.look_past`` (``max_batch``), a certified answer's over points are looked past on
-    a model of the figure (:data:`LookPast`); where a card fits again above one, the answer
-    is not certified (``not_monotone`` says where).
+    a model of the figure (:data:`LookPast`), and an answer whose probes met a fall is looked
+    past from its own chunks; where a card fits again, the search goes past the fall
+    (:mod:`dptune.search.past_falls`) and certifies only what the look then proves
+    (``not_monotone`` says where the figure falls).
     Raises :class:`dptune.errors.NoFeasibleSplitError` when nothing fits.
     """
     # the throughput objective maps memory with the balance search, never stopping at the even
