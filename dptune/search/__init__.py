@@ -25,7 +25,7 @@ from dptune.errors import NoFeasibleSplitError
 from dptune.search.messages import card0_holdings, fixed_costs_fill, infeasible_error
 from dptune.search.models import CardFits
 from dptune.search.observations import Bracket, Observations, Point
-from dptune.search.past_falls import Past, brackets_of, past_the_falls
+from dptune.search.past_falls import KeepForFalls, Past, brackets_of, past_the_falls
 from dptune.solve.memory import Fit
 from dptune.split import even_split
 from dptune.types import Objective, WindowCheck
@@ -208,7 +208,9 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
             found = _balance_found(obs, bal, batch_size, notes)
         else:
             mb = MaxBatch(obs, batch_size, max_probes, compare_even, first_split)
-            refine(probe, mb, obs, max_probes, on_probe)
+            # with a look past the over points, probes are kept for going past a fall
+            refine(probe, mb if known.look_past is None else
+                   KeepForFalls(mb, obs, groups, max_probes), obs, max_probes, on_probe)
             refine(probe, _Settle(obs, groups), obs, max_probes, on_probe)
             found = _max_batch_found(obs, mb, batch_size, min_chunk, compare_even, notes)
     except NoFeasibleSplitError as e:
@@ -240,6 +242,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
             past = Past(found.best, window, tuple(over), True)  # proven as it is, on the model
             found = found._replace(brackets=brackets_of(past, obs.min_chunk))
     if past is not None and past.certified:
+        found = found._replace(certified=True)
         moved = (f"past the fall the split {list(past.best.chunk_sizes)} was measured within "
                  "every budget, and" if past.raised else "yet")
         notes.append(f"the figures fall as the work grows ({contradiction}; the caching "

@@ -18,17 +18,39 @@ within its cap.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from dptune.backends.base import ProbeResult
 from dptune.search.observations import Bracket, Observations
 from dptune.split import fill_within
 from dptune.types import CardWindow, WindowCheck
 
-__all__ = ["Past", "past_the_falls", "ROUNDS"]
+__all__ = ["Past", "past_the_falls", "ROUNDS", "RESERVE", "KeepForFalls"]
 
 #: the most raised splits probed after a look finds a fall
 ROUNDS = 3
+#: probes the largest-batch search leaves for going past a fall once its own probes met one
+#: (a round probes a raised split, and card 0's share of it where card 0 alone is over)
+RESERVE = 2 * ROUNDS
+
+
+class KeepForFalls:
+    """A largest-batch strategy that stops once its probes met a fall (they contradict the
+    monotone surface its brackets rest on, so its certificate cannot come) with a split
+    measured within every budget and only :data:`RESERVE` probes left: those go past the
+    fall on the model (:func:`past_the_falls`), where the look decides what its brackets no
+    longer can."""
+
+    def __init__(self, inner: Any, obs: Observations, groups: Sequence[Sequence[int]],
+                 max_probes: int):
+        self.inner, self.obs, self.groups, self.max_probes = inner, obs, groups, max_probes
+
+    def propose(self) -> Any:
+        obs = self.obs
+        if len(obs.probes) >= self.max_probes - RESERVE and obs.best_within() is not None \
+                and obs.not_monotone(self.groups) is not None:
+            return None
+        return self.inner.propose()
 
 
 class Past(NamedTuple):
