@@ -332,8 +332,11 @@ class CardWindow:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def describe(self) -> str:
-        where = ("card 0 with no samples as the batch grows" if self.no_samples else
+    def describe(self, who: Optional[str] = None) -> str:
+        """The window in words. ``who``: a DDP or FSDP2 rank's label ("rank 2"), whose
+        window runs over its own batch (a rank holds no one else's samples)."""
+        where = (who if who is not None else
+                 "card 0 with no samples as the batch grows" if self.no_samples else
                  "card 0 with the batch, the others at their caps" if self.card == 0
                  else f"card {self.card}")
         if not self.scaled:
@@ -341,13 +344,13 @@ class CardWindow:
                     "not looked at")
 
         def at(x: int) -> str:
-            if self.no_samples:
+            if self.no_samples or who is not None:
                 return f"batch {x}"
             if self.card == 0 and self.batch_start is not None:
                 return f"{x} samples (batch {self.batch_start + x - self.start})"
             return f"{x} samples"
         if self.fits is not None:
-            return f"{where} fits again at {at(self.fits)}, above its over point"
+            return f"{where} is over at {at(self.start)} and fits again at {at(self.fits)}"
         if self.end is None:
             return f"{where}: over from {at(self.start)} as far as looked"
         settled = ("card 0 must take samples, or its allocated peak alone is over"

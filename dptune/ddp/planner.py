@@ -50,7 +50,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 from dptune.budget import RESERVED_CERTIFICATE, RESERVED_MODEL, BudgetLevel, Collectives
 from dptune.ddp.group import Group, LocalGroup, TorchGroup
 from dptune.ddp.probers import Prober, SimulatedProber, local_cuda_prober
-from dptune.ddp.ranks import RankInfo, window_words
+from dptune.ddp.ranks import RankInfo
 from dptune.ddp.result import DDPPlan, RankPlan, RankReason, loss_scales
 from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.search.ranks import RankObservations, Runner, balance_ranks, bracket_ranks, cap_of
@@ -301,13 +301,13 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
                 and settings.budget.level is BudgetLevel.RESERVED:
             windows = [(r, w) for r, w in enumerate(job.group.each(lambda r: look(r, sizes[r])))
                        if w is not None]
-            falls = [window_words(r, w) for r, w in windows if w.fits is not None]
+            falls = [w.describe(f"rank {r}") for r, w in windows if w.fits is not None]
             if falls:
                 contradiction = "on the allocator model, past the caps: " + "; ".join(falls)
                 certified = False
             elif windows:
                 looked = ("looked past each rank's cap on the allocator model: " +
-                          "; ".join(window_words(r, w) for r, w in windows),)
+                          "; ".join(w.describe(f"rank {r}") for r, w in windows),)
         open_ = [obs.bracket(r).describe().replace("card", "rank") for r in range(n)
                  if not obs.bracket(r).closed]
         notes: tuple[str, ...] = ()

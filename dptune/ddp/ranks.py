@@ -9,7 +9,7 @@ from dptune.backends.base import Device
 from dptune.types import CardWindow
 
 __all__ = ["RankInfo", "min_batch", "step_settings", "local_card", "simulated_peak",
-           "simulated_look", "window_words"]
+           "simulated_look"]
 
 
 @dataclass(frozen=True)
@@ -71,21 +71,6 @@ def simulated_look(backend: Any, device: Any, headroom_bytes: int, memo: dict,
         w = backend.look_past([batch_size], [batch_size + 1], [budget])
         memo[key] = w.cards[0] if w.cards else None
     return memo[key]
-
-
-def window_words(rank: int, w: CardWindow) -> str:
-    """A rank's look past its cap in words (the batch is the rank's own)."""
-    if not w.scaled:
-        return (f"rank {rank}: its steps drawn between two simulated ones missed a third, "
-                "not looked at")
-    if w.fits is not None:
-        return f"rank {rank} is over at batch {w.start} and fits again at batch {w.fits}"
-    if w.end is None:
-        return f"rank {rank}: over from batch {w.start} as far as looked"
-    if w.end == w.start:
-        return f"rank {rank}: from batch {w.start} its allocated peak alone is over"
-    return (f"rank {rank}: over at every batch from {w.start} to {w.end - 1}, and from {w.end} "
-            "its allocated peak alone is over")
 
 
 def simulated_peak(backend: Any, device: Any, batch_size: int) -> int:

@@ -38,7 +38,7 @@ CLUSTER = "2x4GB,3GB"
 def windows(note: str) -> dict[int, tuple[int, int]]:
     """rank -> (first batch looked at, first whose allocated peak alone is over) of the note."""
     return {int(r): (int(a), int(b) + 1) for r, a, b in re.findall(
-        r"rank (\d+): over at every batch from (\d+) to (\d+)", note)}
+        r"rank (\d+): over from batch (\d+) to batch (\d+)", note)}
 
 
 @pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])

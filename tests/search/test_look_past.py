@@ -103,7 +103,7 @@ def test_past_a_fall_the_largest_batch_is_found_and_certified_on_the_model() -> 
     out = run(fall=True, look=look)
     assert out.best.batch_size == largest_batch(fall=True) == 1256
     assert out.certified and out.window is not None and not out.window.falls
-    assert out.not_monotone is not None and "card 1 fits again at 440" in out.not_monotone
+    assert out.not_monotone is not None and "card 1 is over at 420 samples and fits again at 440 samples" in out.not_monotone
     assert all(p <= BUDGET for p in out.best.peak_bytes)
     assert sum(p.purpose == "past a fall" for p in out.probes) >= 2
     note = next(n for n in out.notes if n.startswith("the figures fall as the work grows"))
