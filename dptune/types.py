@@ -349,6 +349,8 @@ class CardWindow:
             if self.card == 0 and self.batch_start is not None:
                 return f"{x} samples (batch {self.batch_start + x - self.start})"
             return f"{x} samples"
+        if self.fits is not None and self.fits == self.start:
+            return f"{where} fits at {at(self.fits)}"
         if self.fits is not None:
             return f"{where} is over at {at(self.start)} and fits again at {at(self.fits)}"
         if self.end is None:

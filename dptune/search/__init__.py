@@ -25,7 +25,7 @@ from dptune.errors import NoFeasibleSplitError
 from dptune.search.messages import card0_holdings, fixed_costs_fill, infeasible_error
 from dptune.search.models import CardFits
 from dptune.search.observations import Bracket, Observations, Point
-from dptune.search.past_falls import KeepForFalls, Past, brackets_of, past_the_falls
+from dptune.search.past_falls import RESERVE, KeepForFalls, Past, brackets_of, past_the_falls
 from dptune.solve.memory import Fit
 from dptune.split import even_split
 from dptune.types import Objective, WindowCheck
@@ -200,6 +200,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     for r in known.prior:
         obs.add_prior(r, known.prior_cards)
     notes: list[str] = []
+    keep: Optional[KeepForFalls] = None
     try:
         if balance:
             bal = Balance(obs, batch_size, max_probes, tolerance, notes,
@@ -209,8 +210,8 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         else:
             mb = MaxBatch(obs, batch_size, max_probes, compare_even, first_split)
             # with a look past the over points, probes are kept for going past a fall
-            refine(probe, mb if known.look_past is None else
-                   KeepForFalls(mb, obs, groups, max_probes), obs, max_probes, on_probe)
+            keep = KeepForFalls(mb, obs, max_probes)
+            refine(probe, mb if known.look_past is None else keep, obs, max_probes, on_probe)
             refine(probe, _Settle(obs, groups), obs, max_probes, on_probe)
             found = _max_batch_found(obs, mb, batch_size, min_chunk, compare_even, notes)
     except NoFeasibleSplitError as e:
@@ -221,35 +222,31 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         raise NoFeasibleSplitError(f"no split fits: {fixed}.",
                                    shortfall_bytes=e.shortfall_bytes) from None
     contradiction = obs.not_monotone(groups)
-    window, past = None, None
-    look_past = known.look_past
-    if look_past is not None and not balance and (found.certified or contradiction is not None):
-        best = found.best.chunk_sizes
-        # past the probes' over points; where they contradict each other (a fall the probes
-        # met), past the answer itself, every card from one sample above its chunk
-        over = ([best[0] + 1] + [obs.bracket(i).hi for i in range(1, obs.n)]
-                if contradiction is None else [c + 1 for c in best])
-        window = look_past(best, over, min_chunk=obs.min_chunk)
-        if window.falls:
-            contradiction = contradiction or ("on the allocator model, past the over points: " +
-                                              "; ".join(w.describe() for w in window.falls))
-            past = past_the_falls(probe, obs, found.best, window, over, look_past, max_probes,
-                                  on_probe)
-            window = past.window
-            if past.raised:
-                found = found._replace(best=past.best, brackets=brackets_of(past, obs.min_chunk))
-        elif contradiction is not None and window.closed:
-            past = Past(found.best, window, tuple(over), True)  # proven as it is, on the model
-            found = found._replace(brackets=brackets_of(past, obs.min_chunk))
-    if past is not None and past.certified:
+    # the search stopped with probes kept for the look, its brackets open and no fall met
+    open_ = keep is not None and keep.kept and not found.certified and contradiction is None
+    window: Optional[WindowCheck] = None
+    past: Optional[Past] = None
+    if not balance:
+        found, window, past, contradiction = _look(probe, obs, found, known.look_past, open_,
+                                                   contradiction, max_probes, on_probe)
+    moved = ("" if past is None or not past.raised else
+             f"past the fall the split {list(past.best.chunk_sizes)} was measured within "
+             "every budget, and ")
+    if past is not None and past.certified and open_:
         found = found._replace(certified=True)
-        moved = (f"past the fall the split {list(past.best.chunk_sizes)} was measured within "
-                 "every budget, and" if past.raised else "yet")
+        notes.append(f"the probes left brackets open with {RESERVE} of {max_probes} probes kept "
+                     f"for the look past the answer on the allocator model: "
+                     f"{moved.replace('past the fall ', '') or 'yet '}"
+                     "every card stays over past the answer there: " + past.window.describe()
+                     + f" ({past.window.replays} replays). The answer is certified on the "
+                     "allocator model")
+    elif past is not None and past.certified:
+        found = found._replace(certified=True)
         notes.append(f"the figures fall as the work grows ({contradiction}; the caching "
                      "allocator's fragmentation), so the probes' over points proved nothing; "
-                     f"{moved} on the allocator model every card stays over past the answer: "
-                     + past.window.describe() + f" ({past.window.replays} replays). The answer is "
-                     "certified on the allocator model; PYTORCH_CUDA_ALLOC_CONF="
+                     f"{moved or 'yet '}on the allocator model every card stays over past the "
+                     "answer: " + past.window.describe() + f" ({past.window.replays} replays). "
+                     "The answer is certified on the allocator model; PYTORCH_CUDA_ALLOC_CONF="
                      "expandable_segments:True makes the reserved figure follow the allocated "
                      "one")
     elif contradiction is not None:
@@ -264,21 +261,55 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
                      "simulated cards --allocator expandable_segments:True) makes the reserved "
                      "figure follow the allocated one")
         found = found._replace(certified=False)
+    elif not found.certified:
+        gaps = [b.describe() for b in found.brackets if not b.closed]
+        looked = ("" if window is None else
+                  "; the look past the answer on the allocator model found "
+                  + "; ".join(w.describe() for w in window.cards if not w.closed))
+        notes.append(f"not certified: {len(obs.probes)} of {max_probes} probes run and "
+                     f"{len(gaps)} bracket(s) still open ({'; '.join(gaps)}){looked}; the best "
+                     "split measured within every budget is returned")
     elif window is not None:
         notes.append("looked past the over points on the allocator model: " +
                      "; ".join(w.describe() for w in window.cards) +
                      f" ({window.replays} replays)")
-    elif not found.certified:
-        open_ = [b.describe() for b in found.brackets if not b.closed]
-        notes.append(f"not certified: {len(obs.probes)} of {max_probes} probes run and "
-                     f"{len(open_)} bracket(s) still open ({'; '.join(open_)}); the best split "
-                     "measured within every budget is returned")
     return SearchOutcome(best=found.best, even=found.even, even_split=found.even_split,
                          even_implied_by=found.even_implied_by, probes=tuple(obs.probes),
                          fits=_fits(obs, found.best.chunk_sizes), brackets=tuple(found.brackets),
                          certified=found.certified, card0_floor=found.floor, notes=tuple(notes),
                          even_open=found.even_open, even_at_most=found.even_at_most,
                          even_kept=found.even_kept, not_monotone=contradiction, window=window)
+
+
+def _look(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations, found: "_Found",
+          look_past: Optional[LookPast], open_: bool, contradiction: Optional[str],
+          max_probes: int, on_probe: Callable[[], None]
+          ) -> tuple["_Found", Optional[WindowCheck], Optional[Past], Optional[str]]:
+    """The largest batch's answer looked past on the model (``look_past``; see :func:`run`),
+    taken past a fall where a card fits again: the answer, the last look, the rounds past
+    the fall, and what contradicts the monotone surface (the probes, or the look)."""
+    window, past = None, None
+    if look_past is not None and (found.certified or contradiction is not None or open_):
+        best = found.best.chunk_sizes
+        # past the probes' over points; where they contradict each other (a fall the probes
+        # met) or are missing (brackets left open), past the answer itself, every card from
+        # one sample above its chunk
+        over = ([best[0] + 1] + [obs.bracket(i).hi for i in range(1, obs.n)]
+                if found.certified and contradiction is None else [c + 1 for c in best])
+        window = look_past(best, over, min_chunk=obs.min_chunk)
+        if window.falls:
+            if not open_:
+                contradiction = contradiction or ("on the allocator model, past the over points: "
+                                                  + "; ".join(w.describe() for w in window.falls))
+            past = past_the_falls(probe, obs, found.best, window, over, look_past, max_probes,
+                                  on_probe)
+            window = past.window
+            if past.raised:
+                found = found._replace(best=past.best, brackets=brackets_of(past, obs.min_chunk))
+        elif (contradiction is not None or open_) and window.closed:
+            past = Past(found.best, window, tuple(over), True)  # proven as it is, on the model
+            found = found._replace(brackets=brackets_of(past, obs.min_chunk))
+    return found, window, past, contradiction
 
 
 class _Settle:

@@ -29,26 +29,28 @@ __all__ = ["Past", "past_the_falls", "ROUNDS", "RESERVE", "KeepForFalls"]
 
 #: the most raised splits probed after a look finds a fall
 ROUNDS = 3
-#: probes the largest-batch search leaves for going past a fall once its own probes met one
-#: (a round probes a raised split, and card 0's share of it where card 0 alone is over)
+#: probes the largest-batch search leaves for the look past its answer and the rounds past a
+#: fall (a round probes a raised split, and card 0's share of it where card 0 alone is over)
 RESERVE = 2 * ROUNDS
 
 
 class KeepForFalls:
-    """A largest-batch strategy that stops once its probes met a fall (they contradict the
-    monotone surface its brackets rest on, so its certificate cannot come) with a split
-    measured within every budget and only :data:`RESERVE` probes left: those go past the
-    fall on the model (:func:`past_the_falls`), where the look decides what its brackets no
-    longer can."""
+    """A largest-batch strategy that stops with :data:`RESERVE` probes left once it has a
+    split measured within every budget, for the look past the answer on the model: where
+    its probes met a fall their brackets prove nothing, and where they are still open the
+    look finds each card's last chunk within budget past the answer (the whole window, not a
+    bisection of it); :func:`past_the_falls` probes the answer raised there and the look
+    certifies it, or not. Only where the search has a look (simulated cards at the reserved
+    level)."""
 
-    def __init__(self, inner: Any, obs: Observations, groups: Sequence[Sequence[int]],
-                 max_probes: int):
-        self.inner, self.obs, self.groups, self.max_probes = inner, obs, groups, max_probes
+    def __init__(self, inner: Any, obs: Observations, max_probes: int):
+        self.inner, self.obs, self.max_probes = inner, obs, max_probes
+        self.kept = False
 
     def propose(self) -> Any:
         obs = self.obs
-        if len(obs.probes) >= self.max_probes - RESERVE and obs.best_within() is not None \
-                and obs.not_monotone(self.groups) is not None:
+        if len(obs.probes) >= self.max_probes - RESERVE and obs.best_within() is not None:
+            self.kept = True
             return None
         return self.inner.propose()
 
@@ -127,8 +129,10 @@ def past_the_falls(probe: Callable[[Sequence[int]], ProbeResult], obs: Observati
         if r is not None and not obs.within_budget(r) and _card0_only(r, obs):
             # card 0 cannot take the larger batch at its chunk: it gives the raised cards
             # its samples, down to the batch one larger than the answer
-            c0 = past.best.batch_size + 1 - sum(split[1:])
-            if 0 <= c0 < split[0] and (c0 == 0 or c0 >= obs.min_chunk):
+            # (none where the raised cards alone hold more than that)
+            c0 = max(0, past.best.batch_size + 1 - sum(split[1:]))
+            c0 = obs.min_chunk if 0 < c0 < obs.min_chunk else c0
+            if c0 < split[0]:
                 split = (c0, *split[1:])
                 r = measured(split)
         if r is None or not obs.within_budget(r) or r.batch_size <= past.best.batch_size:
