@@ -234,7 +234,8 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
              "every budget, and ")
     if past is not None and past.certified and open_:
         found = found._replace(certified=True)
-        notes.append(f"the probes left brackets open with {RESERVE} of {max_probes} probes kept "
+        left = keep.left if keep is not None else RESERVE
+        notes.append(f"the probes left brackets open with {left} of {max_probes} probes kept "
                      f"for the look past the answer on the allocator model: "
                      f"{moved.replace('past the fall ', '') or 'yet '}"
                      "every card stays over past the answer there: " + past.window.describe()

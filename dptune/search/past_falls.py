@@ -45,12 +45,12 @@ class KeepForFalls:
 
     def __init__(self, inner: Any, obs: Observations, max_probes: int):
         self.inner, self.obs, self.max_probes = inner, obs, max_probes
-        self.kept = False
+        self.kept, self.left = False, 0      # stopped, with ``left`` probes kept
 
     def propose(self) -> Any:
         obs = self.obs
         if len(obs.probes) >= self.max_probes - RESERVE and obs.best_within() is not None:
-            self.kept = True
+            self.kept, self.left = True, self.max_probes - len(obs.probes)
             return None
         return self.inner.propose()
 

@@ -112,14 +112,21 @@ def test_past_a_fall_the_largest_batch_is_found_and_certified_on_the_model() -> 
     assert over[1] == 420                       # the first look: from card 1's over point
 
 
-def test_a_fall_with_no_probe_left_withholds_the_certificate() -> None:
-    look = brute_look(fall=True)
-    alone = run(fall=True)
-    out = run(fall=True, look=look, max_probes=len(alone.probes))
-    assert not out.certified and out.best.chunk_sizes == alone.best.chunk_sizes
-    assert out.window is not None and [w.card for w in out.window.falls] == [1]
-    assert out.window.falls[0].fits == 440 and out.window.falls[0].last_fits == 460
-    assert any("not certified" in n for n in out.notes)
+def test_with_too_few_probes_left_the_certificate_is_withheld() -> None:
+    """At a cap of 3 the look past the answer finds card 0 fitting on with no probe left to
+    measure it: the answer stays the best split measured, not certified, and the note says
+    what the look found; from a cap of 4 the search reaches brute force's answer, certified."""
+    short = run(fall=True, look=brute_look(fall=True), max_probes=3)
+    assert not short.certified and len(short.probes) == 3
+    assert all(p <= BUDGET for p in short.best.peak_bytes)
+    assert short.best.batch_size < largest_batch(fall=True)
+    assert short.window is not None and [w.card for w in short.window.falls] == [0]
+    note = next(n for n in short.notes if n.startswith("not certified"))
+    assert "the look past the answer on the allocator model found card 0" in note
+    for cap in (4, 8):
+        out = run(fall=True, look=brute_look(fall=True), max_probes=cap)
+        assert out.certified and out.best.batch_size == largest_batch(fall=True)
+        assert len(out.probes) <= cap
 
 
 def test_a_window_over_throughout_keeps_the_certificate_and_says_how_far() -> None:
