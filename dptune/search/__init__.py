@@ -229,6 +229,9 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     if not balance:
         found, window, past, contradiction = _look(probe, obs, found, known.look_past, open_,
                                                    contradiction, max_probes, on_probe)
+    if keep is not None and keep.kept and compare_even:
+        found = _even_after(probe, obs, keep.inner, found, batch_size, min_chunk, max_probes,
+                            on_probe, notes)
     moved = ("" if past is None or not past.raised else
              f"past the fall the split {list(past.best.chunk_sizes)} was measured within "
              "every budget, and ")
@@ -311,6 +314,33 @@ def _look(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations, foun
             past = Past(found.best, window, tuple(over), True)  # proven as it is, on the model
             found = found._replace(brackets=brackets_of(past, obs.min_chunk))
     return found, window, past, contradiction
+
+
+#: how :func:`_max_batch_found`'s note on an open even bracket begins
+_EVEN_OPEN = "the even split's largest batch was not bracketed"
+
+
+def _even_after(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations, mb: MaxBatch,
+                found: "_Found", batch_size: int, min_chunk: int, max_probes: int,
+                on_probe: Callable[[], None], notes: list[str]) -> "_Found":
+    """The probes the look left (the search stopped early for it, :class:`KeepForFalls`) go
+    to the even split's baseline, its bracket asked as the search asks it; the answer and its
+    certificate stay as the look left them, the even fields and their note are read again."""
+    even = mb.even
+    if len(obs.probes) >= max_probes or even.certified():
+        return found
+
+    class _Even:
+        def propose(self) -> Optional[Proposal]:
+            return even.step()
+    refine(probe, _Even(), obs, max_probes, on_probe)
+    fresh: list[str] = []
+    again = _max_batch_found(obs, mb, batch_size, min_chunk, True, fresh)
+    at = next((k for k, n in enumerate(notes) if n.startswith(_EVEN_OPEN)), len(notes))
+    notes[:] = notes[:at] + fresh + [n for n in notes[at:] if not n.startswith(_EVEN_OPEN)]
+    return found._replace(even=again.even, even_split=again.even_split,
+                          even_implied_by=again.even_implied_by, even_open=again.even_open,
+                          even_at_most=again.even_at_most)
 
 
 class _Settle:
