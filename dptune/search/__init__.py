@@ -229,6 +229,18 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     if not balance:
         found, window, past, contradiction = _look(probe, obs, found, known.look_past, open_,
                                                    contradiction, max_probes, on_probe)
+    if keep is not None and open_ and not (past is not None and past.certified) \
+            and len(obs.probes) < max_probes:
+        # the look could not decide (a window too long to look at whole, or too few probes
+        # to go past a fall): the search's own brackets go on with the probes left, and its
+        # certificate is looked past as any other
+        keep.kept = open_ = False
+        refine(probe, keep.inner, obs, max_probes, on_probe)
+        refine(probe, _Settle(obs, groups), obs, max_probes, on_probe)
+        found = _found_again(obs, keep.inner, batch_size, min_chunk, compare_even, notes)
+        contradiction = obs.not_monotone(groups)
+        found, window, past, contradiction = _look(probe, obs, found, known.look_past, False,
+                                                   contradiction, max_probes, on_probe)
     if keep is not None and keep.kept and compare_even:
         found = _even_after(probe, obs, keep.inner, found, batch_size, min_chunk, max_probes,
                             on_probe, notes)
@@ -320,6 +332,17 @@ def _look(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations, foun
 _EVEN_OPEN = "the even split's largest batch was not bracketed"
 
 
+def _found_again(obs: Observations, mb: MaxBatch, batch_size: int, min_chunk: int,
+                 compare_even: bool, notes: list[str]) -> "_Found":
+    """:func:`_max_batch_found` read again after more probes, its note on the even bracket
+    in ``notes`` replaced where it was."""
+    fresh: list[str] = []
+    again = _max_batch_found(obs, mb, batch_size, min_chunk, compare_even, fresh)
+    at = next((k for k, n in enumerate(notes) if n.startswith(_EVEN_OPEN)), len(notes))
+    notes[:] = notes[:at] + fresh + [n for n in notes[at:] if not n.startswith(_EVEN_OPEN)]
+    return again
+
+
 def _even_after(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations, mb: MaxBatch,
                 found: "_Found", batch_size: int, min_chunk: int, max_probes: int,
                 on_probe: Callable[[], None], notes: list[str]) -> "_Found":
@@ -334,10 +357,7 @@ def _even_after(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations
         def propose(self) -> Optional[Proposal]:
             return even.step()
     refine(probe, _Even(), obs, max_probes, on_probe)
-    fresh: list[str] = []
-    again = _max_batch_found(obs, mb, batch_size, min_chunk, True, fresh)
-    at = next((k for k, n in enumerate(notes) if n.startswith(_EVEN_OPEN)), len(notes))
-    notes[:] = notes[:at] + fresh + [n for n in notes[at:] if not n.startswith(_EVEN_OPEN)]
+    again = _found_again(obs, mb, batch_size, min_chunk, True, notes)
     return found._replace(even=again.even, even_split=again.even_split,
                           even_implied_by=again.even_implied_by, even_open=again.even_open,
                           even_at_most=again.even_at_most)
