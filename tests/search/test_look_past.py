@@ -220,3 +220,23 @@ def test_probes_that_meet_a_fall_keep_some_for_the_look_and_certify_brute_forces
         assert all(p <= BUDGET for p in looked.best.peak_bytes)
         assert looked.best.chunk_sizes[1] == 460      # past card 1's fall, its last chunk that fits
         assert any(p.purpose == "past a fall" for p in looked.probes)
+
+
+def test_where_the_look_cannot_decide_the_search_goes_on_with_its_own_probes() -> None:
+    """A look that cannot see card 0's window whole (it stops first, as the MLP's card 0 on
+    80 GB cards does): the search, stopped early for it, goes on with the probes it kept and
+    certifies with its own brackets as a search without a look does, the same answer."""
+    brute = brute_look(fall=False)
+
+    def short_look(split, over, min_chunk=1):  # type: ignore[no-untyped-def]
+        w = brute(split, over, min_chunk)
+        return WindowCheck(tuple(CardWindow(0, c.start, None, batch_start=c.batch_start)
+                                 if c.card == 0 else c for c in w.cards))
+    for cap in (5, 8, 12):            # (stopping for the look, it ended uncertified at 5-10)
+        alone = run(fall=False, max_probes=cap)
+        out = run(fall=False, look=short_look, max_probes=cap)
+        assert alone.certified and out.certified
+        assert out.best.batch_size == alone.best.batch_size == largest_batch(fall=False)
+        assert len(out.probes) <= cap
+        assert not any("kept for the look" in n for n in out.notes)
+        assert out.window is not None and not out.window.closed     # card 0 seen only so far
