@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 from dptune.budget import Collectives, FixedCosts
 from dptune.budget import at_level
-from dptune.ddp.ranks import simulated_peak
+from dptune.ddp.ranks import SimulatedRank
 from dptune.errors import UsageError
 
 __all__ = ["FSDPOptions", "default_shard", "repeated_blocks", "mixed_precision", "SimulatedFSDPProber",
@@ -106,7 +106,7 @@ class FSDPOptions:
                 f"{self.reshard_after_forward}{mp}")
 
 
-class SimulatedFSDPProber:
+class SimulatedFSDPProber(SimulatedRank):
     """Rank ``rank`` on card ``rank`` of a simulated cluster, as one FSDP2 rank of
     ``len(cluster)`` (the planner's prober interface, as ``_SimulatedProber`` for DDP).
 
@@ -156,17 +156,6 @@ class SimulatedFSDPProber:
                          budget_bytes=self.device.budget_bytes(self.headroom), ddp_bytes=0,
                         min_batch=min_batch(self.workload.model), model_name=self.name,
                         settings=step_settings(self.workload))
-
-    def probe(self, batch_size: int) -> Optional[int]:
-        if batch_size not in self._memo:
-            self._memo[batch_size] = simulated_peak(self.backend, self.device, batch_size)
-        return self._memo[batch_size]
-
-    def look_past(self, batch_size: int) -> Any:
-        """Past this rank's cap on the allocator model (:func:`dptune.ddp.ranks.simulated_look`)."""
-        from dptune.ddp.ranks import simulated_look
-
-        return simulated_look(self.backend, self.device, self.headroom, self._memo, batch_size)
 
     def close(self) -> None:
         self.backend.close()

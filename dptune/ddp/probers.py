@@ -11,7 +11,7 @@ from dptune.backends.simulated.ddp_memory import DDPOptions, bucket_bytes, param
 from dptune.budget import Collectives, FixedCosts
 from dptune.backends.simulated.reserved import ReservedModel
 from dptune.budget import BudgetLevel, at_level
-from dptune.ddp.ranks import RankInfo, local_card, min_batch, simulated_peak, step_settings
+from dptune.ddp.ranks import RankInfo, SimulatedRank, local_card, min_batch, step_settings
 from dptune.errors import BackendUnavailableError
 
 __all__ = ["Prober", "SimulatedProber", "CudaProber", "local_cuda_prober"]
@@ -25,7 +25,7 @@ class Prober(Protocol):
     def close(self) -> None: ...
 
 
-class SimulatedProber:
+class SimulatedProber(SimulatedRank):
     """Rank ``rank`` on card ``rank`` of a simulated cluster."""
 
     def __init__(self, workload: Any, cluster: Any, rank: int, options: DDPOptions,
@@ -55,17 +55,6 @@ class SimulatedProber:
                          budget_bytes=self.device.budget_bytes(self.headroom), ddp_bytes=ddp,
                          min_batch=min_batch(self.workload.model), model_name=self.name,
                          settings=step_settings(self.workload))
-
-    def probe(self, batch_size: int) -> Optional[int]:
-        if batch_size not in self._memo:
-            self._memo[batch_size] = simulated_peak(self.backend, self.device, batch_size)
-        return self._memo[batch_size]
-
-    def look_past(self, batch_size: int) -> Any:
-        """Past this rank's cap on the allocator model (:func:`dptune.ddp.ranks.simulated_look`)."""
-        from dptune.ddp.ranks import simulated_look
-
-        return simulated_look(self.backend, self.device, self.headroom, self._memo, batch_size)
 
     def close(self) -> None:
         self.backend.close()

@@ -9,7 +9,7 @@ from dptune.backends.base import Device
 from dptune.types import CardWindow
 
 __all__ = ["RankInfo", "min_batch", "step_settings", "local_card", "simulated_peak",
-           "simulated_look"]
+           "simulated_look", "SimulatedRank"]
 
 
 @dataclass(frozen=True)
@@ -81,3 +81,23 @@ def simulated_peak(backend: Any, device: Any, batch_size: int) -> int:
     from dptune.budget import BudgetLevel, at_level
 
     return int(at_level(backend.probe([batch_size]), [device], BudgetLevel.RESERVED).peak_bytes[0])
+
+
+class SimulatedRank:
+    """What a simulated rank's prober (DDP's and FSDP2's) measures the same way: its peak at
+    a batch (memoised per card type in ``_memo``) and the look past its cap. The prober sets
+    ``backend``, ``device``, ``headroom`` and ``_memo``."""
+
+    backend: Any
+    device: Any
+    headroom: int
+    _memo: dict
+
+    def probe(self, batch_size: int) -> Optional[int]:
+        if batch_size not in self._memo:
+            self._memo[batch_size] = simulated_peak(self.backend, self.device, batch_size)
+        return self._memo[batch_size]
+
+    def look_past(self, batch_size: int) -> Optional[CardWindow]:
+        """Past this rank's cap on the allocator model (:func:`simulated_look`)."""
+        return simulated_look(self.backend, self.device, self.headroom, self._memo, batch_size)
