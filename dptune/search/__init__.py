@@ -318,7 +318,7 @@ def _look(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations, foun
                 contradiction = contradiction or ("on the allocator model, past the over points: "
                                                   + "; ".join(w.describe() for w in window.falls))
             past = past_the_falls(probe, obs, found.best, window, over, look_past, max_probes,
-                                  on_probe)
+                                  on_probe, "past the answer" if open_ else "past a fall")
             window = past.window
             if past.raised:
                 found = found._replace(best=past.best, brackets=brackets_of(past, obs.min_chunk))

@@ -103,9 +103,12 @@ def raised_split(best: Sequence[int], window: WindowCheck,
 def past_the_falls(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations,
                    best: ProbeResult, window: WindowCheck, over: Sequence[Optional[int]],
                    look: Callable[..., WindowCheck], max_probes: int,
-                   on_probe: Callable[[], None] = lambda: None) -> Past:
+                   on_probe: Callable[[], None] = lambda: None,
+                   purpose: str = "past a fall") -> Past:
     """Up to :data:`ROUNDS` raised splits, each probed (within ``max_probes`` in all) and,
-    measured within every budget, looked past in turn (see the module)."""
+    measured within every budget, looked past in turn (see the module); ``purpose``: the
+    probes' (``"past the answer"`` where the search left its brackets open for the look
+    rather than met a fall)."""
     past = Past(best, window, tuple(over), False)
 
     def measured(split: tuple[int, ...]) -> Optional[ProbeResult]:
@@ -117,7 +120,7 @@ def past_the_falls(probe: Callable[[Sequence[int]], ProbeResult], obs: Observati
             if tuple(r.chunk_sizes) != split or len(r.peak_bytes) != obs.n:
                 raise RuntimeError(f"the backend returned a probe for {list(r.chunk_sizes)} "
                                    f"with {len(r.peak_bytes)} peaks; asked for {list(split)}")
-            obs.add(dataclasses.replace(r, purpose="past a fall"))
+            obs.add(dataclasses.replace(r, purpose=purpose))
             on_probe()
         return r
     for _ in range(ROUNDS):
