@@ -340,9 +340,9 @@ def level_table(rows: Sequence[dict[str, Any]], cases: Optional[Sequence[tuple[s
         open_ = (f" (open, at most {r['even_at_most'] or '?'})" if yes(r, "even_open") else "")
         # the gain as the probes prove it: a range while the even bracket is open
         at_most = int(r.get("even_at_most") or 0) if yes(r, "even_open") else even
-        gain = ("n/a" if not even else f"{best / even - 1:+.0%}" if at_most == even else
-                f"{best / at_most - 1:+.0%} to {best / even - 1:+.0%}" if at_most else
-                f"at most {best / even - 1:+.0%}")
+        low, high = (f"{best / at_most - 1:+.0%}" if at_most else None), f"{best / even - 1:+.0%}"
+        gain = ("n/a" if not even else high if low == high else
+                f"{low} to {high}" if low else f"at most {high}")
         cert = "yes" if yes(r, "max_batch_certified") else f"**no**: {r.get('max_batch_notes') or 'no note'}"
         bal = (f"failed: {r['balance_error']}" if r.get("balance_error") else
                f"{'yes' if yes(r, 'balance_certified') else '**no**: ' + (r.get('balance_notes') or 'no note')}"

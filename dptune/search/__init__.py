@@ -210,8 +210,8 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         else:
             mb = MaxBatch(obs, batch_size, max_probes, compare_even, first_split)
             # with a look past the over points, probes are kept for going past a fall
-            keep = KeepForFalls(mb, obs, max_probes)
-            refine(probe, mb if known.look_past is None else keep, obs, max_probes, on_probe)
+            keep = None if known.look_past is None else KeepForFalls(mb, obs, max_probes)
+            refine(probe, keep or mb, obs, max_probes, on_probe)
             refine(probe, _Settle(obs, groups), obs, max_probes, on_probe)
             found = _max_batch_found(obs, mb, batch_size, min_chunk, compare_even, notes)
     except NoFeasibleSplitError as e:
@@ -456,8 +456,7 @@ def _max_batch_found(obs: Observations, mb: MaxBatch, batch_size: int, min_chunk
         at_most = None if hi is None else hi - 1
         known = ", ".join([f"at least {lo}"] * (lo > 0) + [f"at most {at_most}"] *
                           (at_most is not None)) or "not known"
-        notes.append(f"the even split's largest batch was not bracketed to one sample "
-                     f"within the probes: {known}")
+        notes.append(f"{_EVEN_OPEN} to one sample within the probes: {known}")
     if even is not None and even.batch_size > best.batch_size:  # pragma: no cover - guard
         best = even
     return _Found(best, even, even_s, mb.max_certified(), mb.brackets(), False, implied_by,
