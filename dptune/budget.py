@@ -132,6 +132,13 @@ RESERVED_CERTIFICATE_LOOKED = ("at the reserved level the figure can fall as the
                                "can take of each larger batch), each step drawn from simulated "
                                "ones (exact where sizes grow linearly with the samples)")
 
+#: The same for a balance solved on the simulator's map of every chunk each card could take
+#: (``search.Known.balance_map``).
+RESERVED_BALANCE_MAPPED = ("at the reserved level the figure can fall as the work grows (the "
+                           "caching allocator's fragmentation): on the allocator model, each "
+                           "step drawn from simulated ones (exact where sizes grow linearly "
+                           "with the samples)")
+
 #: The level :class:`dptune.Tuner`, ``dptune search``, ``dptune plan`` (DDP and FSDP), the
 #: ``--lengths`` plans and the Hugging Face integration check by default: the one that runs
 #: out. ``budget_level="allocated"`` (``--budget-level allocated``) still checks the

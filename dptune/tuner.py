@@ -22,7 +22,7 @@ from dptune import search
 from dptune.step.advice import unread_outputs_advice
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
 from dptune.backends.choice import BackendChoice, build_backend, choose_backend, timed
-from dptune.backends.simulated.look import look_past_of
+from dptune.backends.simulated.look import balance_map_of, look_past_of
 from dptune.backends.simulated.reserved import ReservedModel, advice_lines
 from dptune.budget import RESERVED_MODEL, BudgetLevel, at_level
 from dptune.errors import BackendUnavailableError, DptuneError, NoFeasibleSplitError, UsageError
@@ -234,6 +234,7 @@ class Tuner:
             certified=outcome.certified, brackets=list(outcome.brackets), model=model,
             output_device=out_dev, card0_output_batch_size=card0_batch,
             allocator_answer=other, looked_past=outcome.window,
+            balance_map=outcome.mapped,
             settings=_settings(self.workload, backend))
 
     def _open_backend(self, notes: list[str]) -> Backend:
@@ -344,7 +345,9 @@ class Tuner:
             known = dataclasses.replace(extra.pop("known", search.Known()),
                                         alike=[device_keys(devices)[perm[i]] for i in range(len(perm))],
                                         look_past=None if output_device else
-                                        look_past_of(backend, budgets, level))
+                                        look_past_of(backend, budgets, level),
+                                        balance_map=None if output_device else
+                                        balance_map_of(backend, budgets, level))
             out = search.run(probe, [budgets[perm[i]] for i in range(len(perm))], objective,
                              self.batch_size, min_chunk=m, max_probes=self.settings.max_probes,
                              tolerance=self.settings.tolerance,

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from dptune.errors import UsageError
 
-__all__ = ["StepTime", "TimeSource", "Device", "ProbeResult", "CardWindow", "WindowCheck", "CATEGORIES", "Category", "Objective", "Strategy", "BackendKind",
+__all__ = ["StepTime", "TimeSource", "Device", "ProbeResult", "CardWindow", "WindowCheck", "CardCurve", "BalanceMap", "MapCheck", "CATEGORIES", "Category", "Objective", "Strategy", "BackendKind",
            "card_in_use", "within_budget", "budget_share"]
 
 
@@ -385,3 +385,62 @@ class WindowCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return {"cards": [w.to_dict() for w in self.cards], "replays": self.replays}
+
+
+@dataclass(frozen=True)
+class CardCurve:
+    """A balance map's card (:func:`dptune.backends.simulated.balance_map.balance_map`): its figure (the level's bytes: reserved peak + NCCL's buffers) at every chunk
+    from ``lo`` to ``lo + len(figures) - 1``; ``zero`` its figure with no samples where
+    ``lo`` reaches down to it (``None``: the card cannot hold no samples in a split at the
+    level). Every other chunk is over the map's level, or cannot be in a split of the batch
+    that holds every card at or below it."""
+
+    card: int
+    lo: int
+    figures: tuple[int, ...]
+    zero: Optional[int] = None
+
+    def chunks(self) -> dict[int, int]:
+        """chunk -> figure, for every chunk the curve holds."""
+        out = {self.lo + k: f for k, f in enumerate(self.figures)}
+        if self.zero is not None:
+            out[0] = self.zero
+        return out
+
+
+@dataclass(frozen=True)
+class BalanceMap:
+    """Every card's :class:`CardCurve` at ``batch`` below ``level`` (a share of each card's
+    budget), and the allocator replays it took."""
+
+    batch: int
+    level: float
+    curves: tuple[CardCurve, ...]
+    replays: int
+
+
+@dataclass(frozen=True)
+class MapCheck:
+    """A balance solved on the allocator model's map (:class:`BalanceMap`): ``bound`` the
+    largest share of the probes' answer the map was drawn below, ``least`` the least
+    largest share of any split on the map, ``level`` the least of the splits that keep alike
+    cards within one sample of each other (``least`` where none or no alike cards; the
+    answer's where certified), ``ranges`` per card the chunks drawn ``[lo, hi)`` (every
+    other chunk over ``bound``, or in no split of the batch at it), ``replays`` the
+    allocator replays it took."""
+
+    bound: float
+    least: float
+    level: float
+    ranges: tuple[tuple[int, int], ...]
+    replays: int
+
+    def describe(self) -> str:
+        spans = ", ".join(f"card {i}: {lo}-{hi - 1}" for i, (lo, hi) in enumerate(self.ranges))
+        return (f"every split of the batch holds a card at {self.least:.2%} of its budget or "
+                f"more (each card's figure at every chunk it could take in a split at most as "
+                f"high as {self.bound:.2%}: {spans}; {self.replays} replays)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bound": self.bound, "least": self.least, "level": self.level,
+                "ranges": [list(r) for r in self.ranges], "replays": self.replays}

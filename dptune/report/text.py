@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from dptune.budget import RESERVED_CERTIFICATE, RESERVED_CERTIFICATE_LOOKED
+from dptune.budget import RESERVED_BALANCE_MAPPED, RESERVED_CERTIFICATE, RESERVED_CERTIFICATE_LOOKED
 from dptune.report.levels import budget_level, has_total, level_lines, split_memory
 from dptune.report.tables import Align, markdown_table, text_table
 from dptune.types import Objective
@@ -252,6 +252,11 @@ def _certificate(result: TuneResult) -> str:
                     f"all a largest batch needs{rest}){_monotone_caveat(result)}")
         return (f"certified: no (the whole batch's bracket "
                 f"{whole[0].describe().removeprefix('whole batch ')} is still open{rest})")
+    if result.certified and result.balance_map is not None:
+        kept = (" by more than the tolerance: even split kept"
+                if list(result.chunk_sizes) == list(result.even.chunk_sizes) else "")
+        return (f"certified: yes (no split lowers the largest share{kept}; "
+                f"{RESERVED_BALANCE_MAPPED}, {result.balance_map.describe()})")
     if result.certified:
         why = ("one more sample does not fit" if result.objective == Objective.MAX_BATCH
                else "no split lowers the largest share")

@@ -26,7 +26,7 @@ from dptune.result.wrap import NOT_GIVEN, wrap_model
 from dptune.result.wrap import warn_settings as _warn_settings  # noqa: F401 (integrations.transformers)
 from dptune.search.observations import Bracket
 from dptune.solve.memory import Fit
-from dptune.types import Device, ProbeResult, WindowCheck
+from dptune.types import Device, MapCheck, ProbeResult, WindowCheck
 from dptune.step.workload import StepSettings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,6 +62,9 @@ class TuneResult:
       certificate from the probes: what a look past its over points on the allocator model
       found (:class:`~dptune.types.WindowCheck`; a card fitting again above its over point
       leaves the answer uncertified), else ``None``.
+    - ``balance_map``: ``balance`` on simulated cards at the reserved level: the balance
+      solved on the allocator model's map of every chunk each card could take
+      (:class:`~dptune.types.MapCheck`), else ``None``.
     - ``settings``: the training step the split was tuned for (mixed precision,
       accumulation, clipping, the user's step function); a split is only valid for it.
     - ``model``: the user's model wrapped in a ``BalancedDataParallel`` with this split
@@ -91,6 +94,7 @@ class TuneResult:
     card0_output_batch_size: Optional[int] = None
     allocator_answer: Optional[AllocatorAnswer] = None
     looked_past: Optional[WindowCheck] = None
+    balance_map: Optional[MapCheck] = None
     settings: StepSettings = field(default_factory=StepSettings)
     model: Optional["torch.nn.Module"] = field(default=None, repr=False, compare=False)
     #: the report file this result was read from (set by :func:`load_result`)
@@ -182,6 +186,7 @@ class TuneResult:
             allocator_answer=(None if self.allocator_answer is None
                               else self.allocator_answer.to_dict()),
             looked_past=None if self.looked_past is None else self.looked_past.to_dict(),
+            balance_map=None if self.balance_map is None else self.balance_map.to_dict(),
         )
 
     @classmethod

@@ -19,7 +19,7 @@ from dptune.errors import ReportError, UsageError
 from dptune.result.figures import AllocatorAnswer, SplitFigures
 from dptune.search.observations import Bracket
 from dptune.solve.memory import Fit
-from dptune.types import CardWindow, Device, Objective, ProbeResult, WindowCheck
+from dptune.types import CardWindow, Device, MapCheck, Objective, ProbeResult, WindowCheck
 from dptune.step.workload import StepSettings
 
 __all__ = ["REPORT_VERSION", "OBJECTIVES", "read_json", "result_fields"]
@@ -324,6 +324,20 @@ def _read_looked_past(c: _Checked, n: int) -> Optional[WindowCheck]:
     return WindowCheck(tuple(cards), w.integer("replays"))
 
 
+def _read_balance_map(c: _Checked, n: int) -> Optional[MapCheck]:
+    """None recorded (no map), or what solving the balance on it found."""
+    if c.raw("balance_map", optional=True) is None:
+        return None
+    m = _Checked(c.raw("balance_map"), "balance_map")
+    ranges = m.raw("ranges")
+    if not isinstance(ranges, list) or len(ranges) != n or not all(
+            isinstance(r, list) and len(r) == 2 and all(type(x) is int and x >= 0 for x in r)
+            and r[0] <= r[1] for r in ranges):
+        raise m.fail("ranges", f"{n} pairs [lo, hi] of chunks, lo <= hi", ranges)
+    return MapCheck(bound=m.number("bound"), least=m.number("least"), level=m.number("level"),
+                    ranges=tuple((r[0], r[1]) for r in ranges), replays=m.integer("replays"))
+
+
 def _read_brackets(c: _Checked, n: int) -> list[Bracket]:
     """None recorded, or one per card."""
     items = c.objects("brackets", n if c.raw("brackets", optional=True) else None, optional=True)
@@ -383,6 +397,7 @@ def result_fields(d: Any) -> dict[str, Any]:
         card0_output_batch_size=c.integer("card0_output_batch_size", optional=True),
         allocator_answer=_read_allocator_answer(c, n),
         looked_past=_read_looked_past(c, n),
+        balance_map=_read_balance_map(c, n),
     )
 
 

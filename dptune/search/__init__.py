@@ -26,9 +26,10 @@ from dptune.search.messages import card0_holdings, fixed_costs_fill, infeasible_
 from dptune.search.models import CardFits
 from dptune.search.observations import Bracket, Observations, Point
 from dptune.search.past_falls import RESERVE, KeepForFalls, Past, brackets_of, past_the_falls
+from dptune.solve.discrete import least_largest_share
 from dptune.solve.memory import Fit
 from dptune.split import even_split
-from dptune.types import Objective, WindowCheck
+from dptune.types import BalanceMap, MapCheck, Objective, WindowCheck
 
 __all__ = ["SearchOutcome", "run", "Bracket", "Observations", "Proposal", "IMPLIED", "LookPast"]
 
@@ -38,6 +39,11 @@ __all__ = ["SearchOutcome", "run", "Bracket", "Observations", "Proposal", "IMPLI
 #: ``over[0]`` not ``None`` to look at card 0 (along the least it can take of every larger
 #: batch, the others at their caps ``over[i] - 1``)
 LookPast = Callable[..., WindowCheck]
+#: ``map(split, share, min_chunk=m, alike=keys)``: every card's figure at every chunk of
+#: ``split``'s batch that could hold it at or below ``share`` of its budget, on a model of the
+#: figure (:meth:`dptune.backends.simulated.SimulatedBackend.balance_map`); ``None`` where
+#: the model cannot draw it
+MapBalance = Callable[..., Optional[BalanceMap]]
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,8 @@ class SearchOutcome:
     #: max_batch with a look past the over points (``Known.look_past``): what the last look
     #: found
     window: Optional[WindowCheck] = None
+    #: balance with a map of the figure (``Known.balance_map``): what solving it found
+    mapped: Optional[MapCheck] = None
 
 
 def _fits(obs: Observations, split: Sequence[int]) -> tuple[Fit, ...]:
@@ -154,13 +162,16 @@ class Known:
     :mod:`dptune.search.alike`). ``None``: no two cards are taken to be alike.
     ``look_past``: a model of the cards' figure that can look past a certificate's over
     points (:data:`LookPast`; the simulator at the reserved level, where fragmentation can
-    make the figure fall as the work grows)."""
+    make the figure fall as the work grows); ``balance_map``: the same model's map of every
+    chunk a balance's cards can take (:data:`MapBalance`), solved exactly where the probes'
+    certificate fails."""
 
     over: Sequence[ProbeResult] = ()
     prior: Sequence[ProbeResult] = ()
     prior_cards: Sequence[int] = ()
     alike: Optional[Sequence[Hashable]] = None
     look_past: Optional[LookPast] = None
+    balance_map: Optional[MapBalance] = None
 
 
 def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], objective: str,
@@ -226,9 +237,13 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     open_ = keep is not None and keep.kept and not found.certified and contradiction is None
     window: Optional[WindowCheck] = None
     past: Optional[Past] = None
+    mapped: Optional[MapCheck] = None
     if not balance:
         found, window, past, contradiction = _look(probe, obs, found, known.look_past, open_,
                                                    contradiction, max_probes, on_probe)
+    elif known.balance_map is not None and goal is Objective.BALANCE:
+        found, mapped = _on_the_map(probe, obs, bal, found, known, groups, contradiction,
+                                    max_probes, on_probe, notes)
     if keep is not None and open_ and not (past is not None and past.certified) \
             and len(obs.probes) < max_probes:
         # the look could not decide (a window too long to look at whole, or too few probes
@@ -244,12 +259,28 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     if keep is not None and keep.kept and compare_even:
         found = _even_after(probe, obs, keep.inner, found, batch_size, min_chunk, max_probes,
                             on_probe, notes)
+    found = _said(found, obs, past, window, mapped, contradiction, open_,
+                  keep.left if keep is not None else RESERVE, max_probes, notes)
+    return SearchOutcome(best=found.best, even=found.even, even_split=found.even_split,
+                         even_implied_by=found.even_implied_by, probes=tuple(obs.probes),
+                         fits=_fits(obs, found.best.chunk_sizes), brackets=tuple(found.brackets),
+                         certified=found.certified, card0_floor=found.floor, notes=tuple(notes),
+                         even_open=found.even_open, even_at_most=found.even_at_most,
+                         even_kept=found.even_kept, not_monotone=contradiction, window=window,
+                         mapped=mapped)
+
+
+def _said(found: "_Found", obs: Observations, past: Optional[Past], window: Optional[WindowCheck],
+          mapped: Optional[MapCheck], contradiction: Optional[str], open_: bool, left: int,
+          max_probes: int, notes: list[str]) -> "_Found":
+    """The answer's certificate as the looks and the map left it, said in ``notes``: what
+    the look past a fall, the look past an answer left open (``left`` probes kept for it) or
+    a balance's map proved, or why the answer is not certified."""
     moved = ("" if past is None or not past.raised else
              f"past the fall the split {list(past.best.chunk_sizes)} was measured within "
              "every budget, and ")
     if past is not None and past.certified and open_:
         found = found._replace(certified=True)
-        left = keep.left if keep is not None else RESERVE
         notes.append(f"the probes left brackets open with {left} of {max_probes} probes kept "
                      f"for the look past the answer on the allocator model: "
                      f"{moved.replace('past the fall ', '') or 'yet '}"
@@ -265,6 +296,8 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
                      "The answer is certified on the allocator model; PYTORCH_CUDA_ALLOC_CONF="
                      "expandable_segments:True makes the reserved figure follow the allocated "
                      "one")
+    elif mapped is not None:
+        pass                            # solved on the model's map: said there
     elif contradiction is not None:
         raised = ("" if past is None or not past.raised else
                   f"; past the fall, {past.raised} larger split(s) measured within every "
@@ -289,12 +322,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         notes.append("looked past the over points on the allocator model: " +
                      "; ".join(w.describe() for w in window.cards) +
                      f" ({window.replays} replays)")
-    return SearchOutcome(best=found.best, even=found.even, even_split=found.even_split,
-                         even_implied_by=found.even_implied_by, probes=tuple(obs.probes),
-                         fits=_fits(obs, found.best.chunk_sizes), brackets=tuple(found.brackets),
-                         certified=found.certified, card0_floor=found.floor, notes=tuple(notes),
-                         even_open=found.even_open, even_at_most=found.even_at_most,
-                         even_kept=found.even_kept, not_monotone=contradiction, window=window)
+    return found
 
 
 def _look(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations, found: "_Found",
@@ -326,6 +354,82 @@ def _look(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations, foun
             past = Past(found.best, window, tuple(over), True)  # proven as it is, on the model
             found = found._replace(brackets=brackets_of(past, obs.min_chunk))
     return found, window, past, contradiction
+
+
+def _on_the_map(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations, bal: Balance,
+                found: "_Found", known: Known, groups: Groups, contradiction: Optional[str],
+                max_probes: int, on_probe: Callable[[], None], notes: list[str]
+                ) -> tuple["_Found", Optional[MapCheck]]:
+    """The balance solved on the model's map (``known.balance_map``; see :func:`run`) where
+    the probes' certificate may fail: every card's figure at every chunk it can take in a split
+    at most as high as the answer's, the least largest share found exactly
+    (:func:`dptune.solve.discrete.least_largest_share`), its split probed once; certified
+    where the probe measures what the map says, or where the even split kept is within the
+    tolerance of that least share; what the map found (``None``: no map)."""
+    assert known.balance_map is not None
+    best = found.best
+    level = max(obs.shares(best))
+    mp = known.balance_map(best.chunk_sizes, level, min_chunk=obs.min_chunk, alike=known.alike)
+    if mp is None:
+        return found, None
+    m = obs.min_chunk
+    shares = [{c: f / obs.budgets[cv.card] for c, f in cv.chunks().items() if c == 0 or c >= m}
+              for cv in mp.curves]
+    together = [g for g in groups if obs.agree(g)]
+    sol = least_largest_share(shares, mp.batch, together)
+    if sol is None:
+        return found, None
+    apart = ""
+    if sol.alike and sol.level > (1 + bal.tol) * sol.least:
+        # keeping alike cards together costs more than the tolerance: the least split wins
+        sol = least_largest_share(shares, mp.batch, ())
+        assert sol is not None
+        apart = ("; alike cards are more than one sample apart there: no split that keeps "
+                 f"them within one comes within {bal.tol:.0%} of that share")
+    why = (f"the figures fall as the work grows ({contradiction}; the caching allocator's "
+           "fragmentation), so the probes' chunks at the largest share proved nothing"
+           if contradiction is not None else "the probes' certificate holds where the figures "
+           "grow with the work" if found.certified else "the probes left brackets open")
+    check = MapCheck(level, sol.least, sol.level,
+                     tuple((0 if cv.zero is not None else cv.lo, cv.lo + len(cv.figures))
+                           for cv in mp.curves), mp.replays)
+    proof = f"{why}; on the allocator model {check.describe()}"
+    # the even split's note from the probes is replaced by the map's
+    notes[:] = [n for n in notes if not n.startswith(EVEN_KEPT)]
+    even_s = tuple(even_split(best.batch_size, obs.n))
+    even = obs.by_split.get(even_s)
+    if bal.keep_even and even is not None and obs.within_budget(even) \
+            and max(obs.shares(even)) <= (1 + bal.tol) * sol.level:
+        notes.append(f"{EVEN_KEPT}: its largest share ({max(obs.shares(even)):.2%} of a budget) "
+                     f"is within {bal.tol:.0%} of the least any split of the batch reaches on "
+                     f"the allocator model, so a changed split would gain nothing worth a "
+                     f"change; certified on the allocator model ({proof})")
+        return found._replace(best=even, even=even, certified=True, even_kept=True, floor=False,
+                              brackets=bal.brackets(even, sol.level)), check
+    r = obs.by_split.get(sol.split)
+    if r is None:
+        if len(obs.probes) >= max_probes:
+            notes.append(f"{proof}; its split {list(sol.split)} was not probed ({max_probes} "
+                         "probes run), so the answer is not certified")
+            return found._replace(certified=False), check
+        r = probe(list(sol.split))
+        obs.add(replace(r, purpose="map"))
+        on_probe()
+        r = obs.by_split[sol.split]
+    top = max(obs.shares(r))
+    if not obs.within_budget(r) or top > level:
+        notes.append(f"{proof}; yet its split {list(sol.split)} measured {top:.2%}: the map "
+                     "missed the step, so the answer is not certified")
+        return found._replace(certified=False), check
+    exact = abs(top - sol.level) <= 1e-12
+    if sol.level > sol.least and not apart:
+        proof += (f"; with alike cards within one sample of each other, at {sol.level:.2%}, "
+                  f"within {bal.tol:.0%}")
+    notes.append(f"{proof}, and {list(sol.split)} reaches it{apart}: "
+                 + ("certified on the allocator model" if exact else
+                    f"measured at {top:.2%}, not what the map says, so not certified"))
+    return found._replace(best=r, certified=exact, even_kept=False, floor=False,
+                          brackets=bal.brackets(r, sol.level)), check
 
 
 #: how :func:`_max_batch_found`'s note on an open even bracket begins
@@ -400,6 +504,10 @@ class _Found(NamedTuple):
     even_kept: bool = False
 
 
+#: how :func:`_balance_found`'s note on an even split kept begins
+EVEN_KEPT = "the even split is kept"
+
+
 def _balance_found(obs: Observations, bal: Balance, batch_size: int, notes: list[str]) -> _Found:
     best = obs.best_within(batch_size)
     if best is None:
@@ -409,7 +517,7 @@ def _balance_found(obs: Observations, bal: Balance, batch_size: int, notes: list
     if kept is not None:
         even, level = kept
         top = max(obs.shares(even))
-        notes.append(f"the even split is kept: its largest share ({top:.2%} of a budget) is "
+        notes.append(f"{EVEN_KEPT}: its largest share ({top:.2%} of a budget) is "
                      f"within {bal.tol:.0%} of the lowest any split of the batch can reach "
                      f"(at least {level:.2%}, proven by the probes), so a changed split would "
                      "gain nothing worth a change")

@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Hashable, Iterator, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -20,6 +20,7 @@ from dptune.backends.base import Capabilities, ModelFacts, ProbeResult
 from dptune.hardware.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
 from dptune.backends.simulated.allocator import Event
 from dptune.backends.simulated.allocator_config import AllocatorConfig
+from dptune.backends.simulated.balance_map import balance_map
 from dptune.backends.simulated.look import look_past
 from dptune.backends.simulated.reserved import (ReservedFigures, ReservedModel, TraceRecorder, canonical_traces,
                                                 level_settings)
@@ -35,7 +36,7 @@ from dptune.backends.simulated.ledger import _Ledger
 from dptune.backends.simulated.sharing import ReplicaPlan, plan_replicas, with_card0_mirrored
 from dptune.errors import DptuneError, InternalError, UsageError, UserCodeError
 from dptune.split import validate_chunk_sizes
-from dptune.types import BackendKind, WindowCheck
+from dptune.types import BackendKind, BalanceMap, WindowCheck
 from dptune.step.workload import (StepOutcome, StepRuntime, Workload, batch_to_args, gradient_checkpointing,
                              has_batchnorm, run_step)
 
@@ -491,6 +492,18 @@ class SimulatedBackend:
         return look_past(self._traces, split, over, budgets, self.reserved.config,
                          self.reserved.fixed.nccl_for(len(self.devices)), self.LOOK_LIMIT,
                          min_chunk)
+
+    def balance_map(self, split: Sequence[int], level: float, budgets: Sequence[int],
+                    min_chunk: int = 1, alike: Optional[Sequence[Hashable]] = None
+                    ) -> Optional[BalanceMap]:
+        """Every card's figure at every chunk of ``split``'s batch that could hold it at or
+        below ``level`` of its ``budgets`` entry (the reserved level), on this backend's
+        allocator model (:func:`dptune.backends.simulated.balance_map.balance_map`, on its
+        own steps)."""
+        if self.reserved is None:
+            raise InternalError("balance_map needs an allocator model (reserved=)")
+        return balance_map(self._traces, split, budgets, level, self.reserved.config,
+                           self.reserved.fixed.nccl_for(len(self.devices)), min_chunk, alike)
 
     def _traces(self, split: Sequence[int]) -> list[tuple[tuple[Event, ...], ...]]:
         """Every card's replay traces of one simulated step of ``split`` (set-up, the step as

@@ -25,7 +25,7 @@ from dptune.split import fill_within
 from dptune.types import CardWindow, WindowCheck
 
 __all__ = ["ScaledTraces", "Scan", "step_stats", "scan", "window_end", "chunks_for", "lines_of",
-           "look_past", "look_past_of", "LOOK_EVENTS", "LOOK_MAX_CHUNKS"]
+           "look_past", "look_past_of", "balance_map_of", "LOOK_EVENTS", "LOOK_MAX_CHUNKS"]
 
 #: one card's replay traces (set-up, warm-up step, measured step), ids in order of first use
 Traces = Sequence[Sequence[Event]]
@@ -308,3 +308,14 @@ def look_past_of(backend: Any, budgets: Sequence[int], level: BudgetLevel
     if level is not BudgetLevel.RESERVED or look is None or getattr(backend, "reserved", None) is None:
         return None
     return lambda split, over, min_chunk=1: look(split, over, budgets, min_chunk)
+
+
+def balance_map_of(backend: Any, budgets: Sequence[int], level: BudgetLevel
+                   ) -> Optional[Callable[..., Any]]:
+    """The balance search's map on the model (``search.Known.balance_map``:
+    ``map(split, share, min_chunk=m, alike=keys)``) where ``backend`` has one, budgets at the
+    reserved level, as :func:`look_past_of`; else ``None``."""
+    make = getattr(backend, "balance_map", None)
+    if level is not BudgetLevel.RESERVED or make is None or getattr(backend, "reserved", None) is None:
+        return None
+    return lambda split, share, min_chunk=1, alike=None: make(split, share, budgets, min_chunk, alike)
