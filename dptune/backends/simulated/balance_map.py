@@ -31,11 +31,14 @@ from dptune.backends.simulated.allocator import AllocatorConfig
 from dptune.backends.simulated.look import LOOK_MAX_CHUNKS, ScaledTraces, Traces, _agrees, step_stats
 from dptune.types import BalanceMap, CardCurve
 
-__all__ = ["balance_map", "MAP_MAX_CHUNKS"]
+__all__ = ["balance_map", "MAP_MAX_CHUNKS", "MAP_EVENTS"]
 
 #: the most chunks a map may replay in all (every card's, alike cards once); a batch whose
 #: cards could take wider ranges is not mapped
 MAP_MAX_CHUNKS = LOOK_MAX_CHUNKS
+#: the most allocator events a map may replay in all (about 2 µs each on this project's CI
+#: machine: two minutes); fewer chunks where a step has many
+MAP_EVENTS = 64_000_000
 
 
 def _drawn(at: Callable[[int], Traces], lo: int, hi: int, config: AllocatorConfig,
@@ -111,7 +114,8 @@ def balance_map(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: S
     measured within budget whose largest share is ``level``; ``traces_of(split)`` every card's
     replay traces of one simulated step; ``alike``: one key per card, cards ``i >= 1`` with
     equal keys drawn once. ``None`` where a card's steps cannot be drawn (its mallocs do not
-    scale with the samples), or the ranges need more than ``max_chunks`` replays."""
+    scale with the samples), or the ranges need more than ``max_chunks`` replays (fewer where
+    a step has many events: :data:`MAP_EVENTS` in all)."""
     n, batch, m = len(split), sum(split), max(1, min_chunk)
     if n < 2 or any(b <= 0 for b in budgets):
         return None
@@ -122,8 +126,11 @@ def balance_map(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: S
         return next(k for k in range(1, n) if keys[k] == keys[i] and budgets[k] == budgets[i]) \
             if i else 0
     steps = _Steps(traces_of, n, batch, m)
+    drawn = sorted({card_of(i) for i in range(n)})
+    events = max(sum(len(t) for t in steps.of(i)(max(split[i], m))) for i in drawn)
+    max_chunks = min(max_chunks, MAP_EVENTS // max(1, events))
     up = {}
-    for i in sorted({card_of(i) for i in range(n)}):
+    for i in drawn:
         u = _up(steps.of(i), max(split[i], m), batch - m if i == 0 else batch, i > 0,
                 int(level * budgets[i]), config, nccl, max_chunks)
         if u is None:

@@ -65,3 +65,16 @@ def test_every_chunk_of_the_map_is_the_real_step() -> None:
         if top <= batch:
             s = (top, batch - top) if cv.card == 0 else (batch - top, top)
             assert figures(be, s)[cv.card] / budgets[cv.card] > level
+
+
+def test_a_map_too_wide_to_replay_is_not_made() -> None:
+    from dptune.backends.simulated.balance_map import balance_map
+    be = backend()
+    budgets = [d.budget_bytes(HEADROOM) for d in be.devices]
+    split = (30, 34)
+    level = max(p / b for p, b in zip(figures(be, split), budgets))
+    assert be.reserved is not None
+    nccl = be.reserved.fixed.nccl_for(2)
+    args = (be._traces, split, budgets, level, be.reserved.config, nccl)
+    assert balance_map(*args, max_chunks=3) is None
+    assert balance_map(*args) is not None
