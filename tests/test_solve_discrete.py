@@ -66,6 +66,13 @@ def test_least_largest_share_is_brute_force(seed: int) -> None:
     assert got is not None
     assert got.level == best == got.least
     assert got.split in at                      # a split that reaches it, every chunk allowed
+    # a preferred split only breaks ties: the share is the same, and where the preferred split
+    # reaches it itself, it is the one returned
+    for prefer in (rng.choice(at), next(splits(batch, n))):
+        near = least_largest_share(shares, batch, prefer=prefer)
+        assert near is not None and near.level == best and near.split in at
+        if prefer in at:
+            assert near.split == prefer
 
 
 @pytest.mark.parametrize("seed", range(40))

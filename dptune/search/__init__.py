@@ -376,13 +376,13 @@ def _on_the_map(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations
     shares = [{c: f / obs.budgets[cv.card] for c, f in cv.chunks().items() if c == 0 or c >= m}
               for cv in mp.curves]
     together = [g for g in groups if obs.agree(g)]
-    sol = least_largest_share(shares, mp.batch, together)
+    sol = least_largest_share(shares, mp.batch, together, prefer=best.chunk_sizes)
     if sol is None:
         return found, None
     apart = ""
     if sol.alike and sol.level > (1 + bal.tol) * sol.least:
         # keeping alike cards together costs more than the tolerance: the least split wins
-        sol = least_largest_share(shares, mp.batch, ())
+        sol = least_largest_share(shares, mp.batch, (), prefer=best.chunk_sizes)
         assert sol is not None
         apart = ("; alike cards are more than one sample apart there: no split that keeps "
                  f"them within one comes within {bal.tol:.0%} of that share")
@@ -407,6 +407,10 @@ def _on_the_map(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations
         return found._replace(best=even, even=even, certified=True, even_kept=True, floor=False,
                               brackets=bal.brackets(even, sol.level)), check
     r = obs.by_split.get(sol.split)
+    if level <= sol.level and (not sol.alike or all(
+            max(best.chunk_sizes[i] for i in g) - min(best.chunk_sizes[i] for i in g) <= 1
+            for g in together)):
+        r = best                        # the answer already reaches the least share
     if r is None:
         if len(obs.probes) >= max_probes:
             notes.append(f"{proof}; its split {list(sol.split)} was not probed ({max_probes} "
@@ -425,7 +429,7 @@ def _on_the_map(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations
     if sol.level > sol.least and not apart:
         proof += (f"; with alike cards within one sample of each other, at {sol.level:.2%}, "
                   f"within {bal.tol:.0%}")
-    notes.append(f"{proof}, and {list(sol.split)} reaches it{apart}: "
+    notes.append(f"{proof}, and {list(r.chunk_sizes)} reaches it{apart}: "
                  + ("certified on the allocator model" if exact else
                     f"measured at {top:.2%}, not what the map says, so not certified"))
     return found._replace(best=r, certified=exact, even_kept=False, floor=False,

@@ -51,9 +51,11 @@ def _units(shares: Sequence[Mapping[int, float]], groups: Sequence[Sequence[int]
     return units
 
 
-def _solve(units: list[tuple[list[int], dict[int, tuple[int, ...]]]], batch: int, n: int
-           ) -> Optional[tuple[int, ...]]:
-    """A split of ``batch`` taking one total of each unit; ``None``: none."""
+def _solve(units: list[tuple[list[int], dict[int, tuple[int, ...]]]], batch: int, n: int,
+           prefer: Optional[Sequence[int]] = None) -> Optional[tuple[int, ...]]:
+    """A split of ``batch`` taking one total of each unit; ``None``: none. Each unit takes,
+    of the totals that still complete the batch, the one nearest its cards' chunks in
+    ``prefer`` (the last unit first; the smallest without ``prefer``)."""
     mask = (1 << (batch + 1)) - 1
     reach = [1]
     for _, totals in units:
@@ -69,7 +71,9 @@ def _solve(units: list[tuple[list[int], dict[int, tuple[int, ...]]]], batch: int
     left = batch
     for u in range(len(units) - 1, -1, -1):
         cards, totals = units[u]
-        t = next(t for t in sorted(totals) if t <= left and (reach[u] >> (left - t)) & 1)
+        want = 0 if prefer is None else sum(prefer[k] for k in cards)
+        t = min((t for t in totals if t <= left and (reach[u] >> (left - t)) & 1),
+                key=lambda t: (abs(t - want), t))
         for k, c in zip(cards, totals[t]):
             split[k] = c
         left -= t
@@ -77,17 +81,18 @@ def _solve(units: list[tuple[list[int], dict[int, tuple[int, ...]]]], batch: int
 
 
 def _least(shares: Sequence[Mapping[int, float]], batch: int, groups: Sequence[Sequence[int]],
-           levels: Sequence[float], together: bool) -> Optional[tuple[tuple[int, ...], float]]:
+           levels: Sequence[float], together: bool, prefer: Optional[Sequence[int]] = None
+           ) -> Optional[tuple[tuple[int, ...], float]]:
     """The least of ``levels`` at which a split exists (alike cards kept ``together`` or
     not), by bisection (a split at a level is one at every higher level), and that split."""
     n = len(shares)
-    top = _solve(_units(shares, groups, levels[-1], together), batch, n) if levels else None
+    top = _solve(_units(shares, groups, levels[-1], together), batch, n, prefer) if levels else None
     if top is None:
         return None
     lo, hi, split = 0, len(levels) - 1, top
     while lo < hi:
         mid = (lo + hi) // 2
-        s = _solve(_units(shares, groups, levels[mid], together), batch, n)
+        s = _solve(_units(shares, groups, levels[mid], together), batch, n, prefer)
         if s is not None:
             hi, split = mid, s
         else:
@@ -96,17 +101,19 @@ def _least(shares: Sequence[Mapping[int, float]], batch: int, groups: Sequence[S
 
 
 def least_largest_share(shares: Sequence[Mapping[int, float]], batch: int,
-                        groups: Sequence[Sequence[int]] = ()) -> Optional[Solved]:
+                        groups: Sequence[Sequence[int]] = (),
+                        prefer: Optional[Sequence[int]] = None) -> Optional[Solved]:
     """See the module: the least largest share of the splits that keep the alike cards of
     ``groups`` within one sample of each other where any such split exists, else of any
     split (:attr:`Solved.least` either way). ``None`` where no split of ``batch`` takes
-    allowed chunks only."""
+    allowed chunks only. ``prefer``: a split the one returned keeps near, card by card,
+    among those at that share (ties broken toward it)."""
     levels = sorted({s for sh in shares for s in sh.values()})
-    free = _least(shares, batch, groups, levels, False)
+    free = _least(shares, batch, groups, levels, False, prefer)
     if free is None:
         return None
     split, least = free
-    together = _least(shares, batch, groups, [v for v in levels if v >= least], True) \
+    together = _least(shares, batch, groups, [v for v in levels if v >= least], True, prefer) \
         if groups else None
     if together is not None:
         return Solved(together[0], together[1], True, least)
