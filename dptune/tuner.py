@@ -308,6 +308,19 @@ class Tuner:
                                certified=alt.certified,   # search.run withholds it on a fall
                                probes=len(alt.probes))
 
+    def _said_mapping(self, make: Optional[Callable[..., Any]]) -> Optional[Callable[..., Any]]:
+        """The balance's map on the model, saying on the terminal that it runs (the probe bar
+        stands still meanwhile: it replays the allocator, a few simulated steps and thousands
+        of replays, no probe)."""
+        if make is None:
+            return None
+
+        def mapped(*args: Any, **kw: Any) -> Any:
+            _notice("mapping every chunk each card could take on the allocator model "
+                    "(the balance's certificate at the reserved level)", self.settings.verbose)
+            return make(*args, **kw)
+        return mapped
+
     def _search(self, backend: Backend, output_device: int = 0,
                 first: Optional[search.SearchOutcome] = None) -> search.SearchOutcome:
         """One search; with ``output_device=k`` the outputs are gathered on card k, and the
@@ -347,7 +360,8 @@ class Tuner:
                                         look_past=None if output_device else
                                         look_past_of(backend, budgets, level),
                                         balance_map=None if output_device else
-                                        balance_map_of(backend, budgets, level))
+                                        self._said_mapping(balance_map_of(backend, budgets,
+                                                                          level)))
             out = search.run(probe, [budgets[perm[i]] for i in range(len(perm))], objective,
                              self.batch_size, min_chunk=m, max_probes=self.settings.max_probes,
                              tolerance=self.settings.tolerance,
