@@ -426,13 +426,16 @@ def _on_the_map(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations
                      "missed the step, so the answer is not certified")
         return found._replace(certified=False), check
     exact = abs(top - sol.level) <= 1e-12
+    if r is not best:                   # the probes' floor, if they read one, was not one
+        notes[:] = [n for n in notes if not n.startswith(CARD0_FLOOR)]
     if sol.level > sol.least and not apart:
         proof += (f"; with alike cards within one sample of each other, at {sol.level:.2%}, "
                   f"within {bal.tol:.0%}")
     notes.append(f"{proof}, and {list(r.chunk_sizes)} reaches it{apart}: "
                  + ("certified on the allocator model" if exact else
                     f"measured at {top:.2%}, not what the map says, so not certified"))
-    return found._replace(best=r, certified=exact, even_kept=False, floor=False,
+    return found._replace(best=r, certified=exact, even_kept=False,
+                          floor=found.floor and r is best,
                           brackets=bal.brackets(r, sol.level)), check
 
 
@@ -508,6 +511,8 @@ class _Found(NamedTuple):
     even_kept: bool = False
 
 
+#: how :func:`_balance_found`'s note on card 0's floor begins
+CARD0_FLOOR = "card 0 with no samples already holds the largest share"
 #: how :func:`_balance_found`'s note on an even split kept begins
 EVEN_KEPT = "the even split is kept"
 
@@ -529,7 +534,7 @@ def _balance_found(obs: Observations, bal: Balance, batch_size: int, notes: list
                       even_kept=True)
     floor = bal.floor(best)
     if floor:
-        notes.append("card 0 with no samples already holds the largest share (its "
+        notes.append(f"{CARD0_FLOOR} (its "
                      f"{card0_holdings(obs.probes)}): no "
                      "split can do better; the imbalance is given among the cards that "
                      "hold samples")
