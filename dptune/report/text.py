@@ -253,10 +253,13 @@ def _certificate(result: TuneResult) -> str:
         return (f"certified: no (the whole batch's bracket "
                 f"{whole[0].describe().removeprefix('whole batch ')} is still open{rest})")
     if result.certified and result.balance_map is not None:
+        m = result.balance_map
         kept = (" by more than the tolerance: even split kept"
-                if list(result.chunk_sizes) == list(result.even.chunk_sizes) else "")
+                if list(result.chunk_sizes) == list(result.even.chunk_sizes) else
+                " by more than the tolerance: alike cards kept within one sample"
+                if m.level > m.least else "")
         return (f"certified: yes (no split lowers the largest share{kept}; "
-                f"{RESERVED_BALANCE_MAPPED}, {result.balance_map.describe()})")
+                f"{RESERVED_BALANCE_MAPPED}, {m.describe()})")
     if result.certified:
         why = ("one more sample does not fit" if result.objective == Objective.MAX_BATCH
                else "no split lowers the largest share")

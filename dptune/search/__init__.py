@@ -29,7 +29,7 @@ from dptune.search.past_falls import RESERVE, KeepForFalls, Past, brackets_of, p
 from dptune.solve.discrete import least_largest_share
 from dptune.solve.memory import Fit
 from dptune.split import even_split
-from dptune.types import BalanceMap, MapCheck, Objective, WindowCheck
+from dptune.types import BalanceMap, MapCheck, Objective, WindowCheck, card_in_use
 
 __all__ = ["SearchOutcome", "run", "Bracket", "Observations", "Proposal", "IMPLIED", "LookPast"]
 
@@ -373,8 +373,9 @@ def _on_the_map(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations
     if mp is None:
         return found, None
     m = obs.min_chunk
-    shares = [{c: f / obs.budgets[cv.card] for c, f in cv.chunks().items() if c == 0 or c >= m}
-              for cv in mp.curves]
+    # shares as the probes read them (a card i >= 1 with no samples holds none of the batch)
+    shares = [{c: (f / obs.budgets[cv.card] if card_in_use(cv.card, c) else 0.0)
+               for c, f in cv.chunks().items() if c == 0 or c >= m} for cv in mp.curves]
     together = [g for g in groups if obs.agree(g)]
     sol = least_largest_share(shares, mp.batch, together, prefer=best.chunk_sizes)
     if sol is None:
@@ -384,6 +385,7 @@ def _on_the_map(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations
         # keeping alike cards together costs more than the tolerance: the least split wins
         sol = least_largest_share(shares, mp.batch, (), prefer=best.chunk_sizes)
         assert sol is not None
+        sol = sol._replace(alike=False)
         apart = ("; alike cards are more than one sample apart there: no split that keeps "
                  f"them within one comes within {bal.tol:.0%} of that share")
     why = (f"the figures fall as the work grows ({contradiction}; the caching allocator's "
@@ -394,20 +396,30 @@ def _on_the_map(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations
                      tuple((0 if cv.zero is not None else cv.lo, cv.lo + len(cv.figures))
                            for cv in mp.curves), mp.replays)
     proof = f"{why}; on the allocator model {check.describe()}"
+    if sol.least > level + _SAME:
+        # the probes measured a split below the least the map allows: the map is wrong
+        notes.append(f"{proof}; yet the probes measured {list(best.chunk_sizes)} at "
+                     f"{level:.2%}, below it: the map missed a step, so the answer is not "
+                     "certified")
+        return found._replace(certified=False), check
     # the even split's note from the probes is replaced by the map's
     notes[:] = [n for n in notes if not n.startswith(EVEN_KEPT)]
+    floor_notes = [n for n in notes if n.startswith(CARD0_FLOOR)]
     even_s = tuple(even_split(best.batch_size, obs.n))
     even = obs.by_split.get(even_s)
     if bal.keep_even and even is not None and obs.within_budget(even) \
-            and max(obs.shares(even)) <= (1 + bal.tol) * sol.level:
+            and max(obs.shares(even)) <= (1 + bal.tol) * sol.least:
+        if even is not best:
+            notes[:] = [n for n in notes if n not in floor_notes]
         notes.append(f"{EVEN_KEPT}: its largest share ({max(obs.shares(even)):.2%} of a budget) "
                      f"is within {bal.tol:.0%} of the least any split of the batch reaches on "
                      f"the allocator model, so a changed split would gain nothing worth a "
                      f"change; certified on the allocator model ({proof})")
-        return found._replace(best=even, even=even, certified=True, even_kept=True, floor=False,
-                              brackets=bal.brackets(even, sol.level)), check
+        return found._replace(best=even, even=even, certified=True, even_kept=True,
+                              floor=found.floor and even is best,
+                              brackets=bal.brackets(even, sol.least)), check
     r = obs.by_split.get(sol.split)
-    if level <= sol.level and (not sol.alike or all(
+    if level <= sol.level + _SAME and (not sol.alike or all(
             max(best.chunk_sizes[i] for i in g) - min(best.chunk_sizes[i] for i in g) <= 1
             for g in together)):
         r = best                        # the answer already reaches the least share
@@ -421,13 +433,13 @@ def _on_the_map(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations
         on_probe()
         r = obs.by_split[sol.split]
     top = max(obs.shares(r))
-    if not obs.within_budget(r) or top > level:
+    if not obs.within_budget(r) or top > max(level, sol.level) + _SAME:
         notes.append(f"{proof}; yet its split {list(sol.split)} measured {top:.2%}: the map "
                      "missed the step, so the answer is not certified")
         return found._replace(certified=False), check
-    exact = abs(top - sol.level) <= 1e-12
+    exact = abs(top - sol.level) <= _SAME
     if r is not best:                   # the probes' floor, if they read one, was not one
-        notes[:] = [n for n in notes if not n.startswith(CARD0_FLOOR)]
+        notes[:] = [n for n in notes if n not in floor_notes]
     if sol.level > sol.least and not apart:
         proof += (f"; with alike cards within one sample of each other, at {sol.level:.2%}, "
                   f"within {bal.tol:.0%}")
@@ -510,6 +522,9 @@ class _Found(NamedTuple):
     even_at_most: Optional[int] = None
     even_kept: bool = False
 
+
+#: two shares this close are one (a share read from bytes over a budget, twice)
+_SAME = 1e-12
 
 #: how :func:`_balance_found`'s note on card 0's floor begins
 CARD0_FLOOR = "card 0 with no samples already holds the largest share"

@@ -144,3 +144,42 @@ def test_the_tuner_reports_the_map_and_reads_it_back() -> None:
     r = Tuner(torch.nn.Linear(4, 2), lambda n: torch.randn(n, 4), batch_size=900,
               objective="balance", backend=be, verbose=False, budget_level="allocated").fit()
     assert be.maps == [] and r.balance_map is None
+
+
+def test_a_card_with_no_samples_holds_no_share_on_the_map() -> None:
+    """A card ``i >= 1`` left without samples holds none of the batch, as the probes read it,
+    whatever its figure with none (NCCL's buffers): card 1 taking any sample costs 9 GiB, so
+    the least split puts the whole batch on card 0, and the map's figure of an idle card 1
+    (3 GiB here) must not price it out."""
+    def fig(i: int, c: int, b: int) -> int:
+        return GiB + 11 * MiB * c if i == 0 else (9 * GiB if c else 0)
+
+    def probe2(split: Sequence[int]) -> ProbeResult:
+        s = tuple(int(c) for c in split)
+        return ProbeResult(s, tuple(fig(i, c, sum(s)) for i, c in enumerate(s)))
+
+    def make(split: Sequence[int], share: float, min_chunk: int = 1,
+             alike: Optional[Sequence[object]] = None) -> BalanceMap:
+        b = sum(split)
+        curves = tuple(CardCurve(i, 1, tuple(fig(i, c, b) for c in range(1, b + 1)),
+                                 zero=fig(i, 0, b) if i == 0 else 3 * GiB) for i in range(2))
+        return BalanceMap(b, share, curves, replays=2 * b)
+    out = search.run(probe2, [BUDGET, BUDGET], "balance", 50, known=search.Known(balance_map=make))
+    assert out.certified, out.notes
+    assert list(out.best.chunk_sizes) == [50, 0]
+
+
+def test_a_map_above_what_the_probes_measured_certifies_nothing() -> None:
+    """A map that reads every card 1 GiB higher than the probes do: its least share is above
+    the probes' answer, which a probe measured, so the map is wrong and nothing is certified
+    from it (not the even split kept within the tolerance of it either)."""
+    def high(split: Sequence[int], share: float, min_chunk: int = 1,
+             alike: Optional[Sequence[object]] = None) -> BalanceMap:
+        b = sum(split)
+        curves = tuple(CardCurve(i, 1, tuple(figure(i, c, b) + GiB for c in range(1, b + 1)),
+                                 zero=figure(i, 0, b) + GiB) for i in range(len(split)))
+        return BalanceMap(b, share, curves, replays=1)
+    out = search.run(probe, [BUDGET, BUDGET], "balance", 900,
+                     known=search.Known(balance_map=high))
+    assert not out.certified and not out.even_kept
+    assert any("below it: the map missed a step" in n for n in out.notes)

@@ -125,22 +125,25 @@ def balance_map(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: S
         """The card drawn for card ``i``: itself, or the first alike card."""
         return next(k for k in range(1, n) if keys[k] == keys[i] and budgets[k] == budgets[i]) \
             if i else 0
+    if max(split[0], m) > batch - m:
+        return None                     # card 0's window cannot be drawn: no room above it
     steps = _Steps(traces_of, n, batch, m)
     drawn = sorted({card_of(i) for i in range(n)})
     events = max(sum(len(t) for t in steps.of(i)(max(split[i], m))) for i in drawn)
     max_chunks = min(max_chunks, MAP_EVENTS // max(1, events))
     up = {}
+    replays = 0
     for i in drawn:
         u = _up(steps.of(i), max(split[i], m), batch - m if i == 0 else batch, i > 0,
-                int(level * budgets[i]), config, nccl, max_chunks)
+                _at_most(level, budgets[i]), config, nccl, max_chunks - replays)
         if u is None:
             return None
         up[i] = u
+        replays += len(u[1])
     # each card's cap: its last chunk at or below the level (every chunk above it is over)
     cap = {i: max((start + k for k, f in enumerate(figs) if f / budgets[i] <= level),
                   default=start - 1) for i, (start, figs) in up.items()}
     # down: from the least chunk the others' caps leave each card to the split's chunk
-    replays = sum(len(figs) for _, figs in up.values())
     made: dict[tuple[int, int], CardCurve] = {}
     for i in range(n):
         d = card_of(i)
@@ -165,6 +168,17 @@ def balance_map(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: S
         c = made[d, lo]
         curves.append(CardCurve(i, c.lo, c.figures, c.zero))
     return BalanceMap(batch, level, tuple(curves), replays)
+
+
+def _at_most(share: float, budget: int) -> int:
+    """The most bytes at or below ``share`` of ``budget`` (``x / budget <= share``, as the
+    search compares shares; exact where ``share * budget`` rounds one short)."""
+    x = int(share * budget)
+    while (x + 1) / budget <= share:
+        x += 1
+    while x > 0 and x / budget > share:
+        x -= 1
+    return x
 
 
 def _up(at: Callable[[int], Traces], start: int, top: int, ends: bool, limit: int,
