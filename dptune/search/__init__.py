@@ -19,7 +19,7 @@ from typing import Callable, Hashable, NamedTuple, Optional, Sequence
 from dptune.backends.base import ProbeResult
 from dptune.search.alike import Groups, groups_of, spread
 from dptune.search.balance import Balance
-from dptune.search.loop import Proposal, refine
+from dptune.search.loop import Proposal, measure, refine
 from dptune.search.max_batch import MaxBatch
 from dptune.errors import NoFeasibleSplitError
 from dptune.search.messages import card0_holdings, fixed_costs_fill, infeasible_error
@@ -163,8 +163,8 @@ class Known:
     ``look_past``: a model of the cards' figure that can look past a certificate's over
     points (:data:`LookPast`; the simulator at the reserved level, where fragmentation can
     make the figure fall as the work grows); ``balance_map``: the same model's map of every
-    chunk a balance's cards can take (:data:`MapBalance`), solved exactly where the probes'
-    certificate fails."""
+    chunk a balance's cards can take (:data:`MapBalance`), solved exactly after the
+    balance's probes, whether they certified their answer or not."""
 
     over: Sequence[ProbeResult] = ()
     prior: Sequence[ProbeResult] = ()
@@ -428,10 +428,7 @@ def _on_the_map(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations
             notes.append(f"{proof}; its split {list(sol.split)} was not probed ({max_probes} "
                          "probes run), so the answer is not certified")
             return found._replace(certified=False), check
-        r = probe(list(sol.split))
-        obs.add(replace(r, purpose="map"))
-        on_probe()
-        r = obs.by_split[sol.split]
+        r = measure(probe, obs, Proposal(sol.split, "map"), on_probe)
     top = max(obs.shares(r))
     if not obs.within_budget(r) or top > max(level, sol.level) + _SAME:
         notes.append(f"{proof}; yet its split {list(sol.split)} measured {top:.2%}: the map "

@@ -81,6 +81,20 @@ def fill(total: int, caps: Sequence[int], min_chunk: int) -> Optional[list[int]]
     return out if ok and sum(out) == total else None
 
 
+def measure(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations, prop: Proposal,
+            on_probe: Callable[[], None] = lambda: None) -> ProbeResult:
+    """One probe of ``prop``'s split, checked (the split asked, a peak per card) and recorded
+    in ``obs`` with its purpose."""
+    r = probe(list(prop.split))
+    if tuple(r.chunk_sizes) != prop.split or len(r.peak_bytes) != obs.n:
+        raise RuntimeError(f"the backend returned a probe for {list(r.chunk_sizes)} with "
+                           f"{len(r.peak_bytes)} peaks; asked for {list(prop.split)}")
+    r = dataclasses.replace(r, purpose=prop.purpose)
+    obs.add(r)
+    on_probe()
+    return r
+
+
 def refine(probe: Callable[[Sequence[int]], ProbeResult], strategy: Strategy,
            obs: Observations, max_probes: int, on_probe: Callable[[], None] = lambda: None) -> None:
     """Run ``strategy`` until it is done or ``max_probes`` probes have been run in all."""
@@ -88,12 +102,7 @@ def refine(probe: Callable[[Sequence[int]], ProbeResult], strategy: Strategy,
         prop = strategy.propose()
         if prop is None or prop.split in obs.by_split:
             return
-        r = probe(list(prop.split))
-        if tuple(r.chunk_sizes) != prop.split or len(r.peak_bytes) != obs.n:
-            raise RuntimeError(f"the backend returned a probe for {list(r.chunk_sizes)} with "
-                               f"{len(r.peak_bytes)} peaks; asked for {list(prop.split)}")
-        obs.add(dataclasses.replace(r, purpose=prop.purpose))
-        on_probe()
+        measure(probe, obs, prop, on_probe)
 
 
 def raise_cards(base: Sequence[int], tests: dict[int, int], n: int,

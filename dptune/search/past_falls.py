@@ -17,10 +17,10 @@ within its cap.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from dptune.backends.base import ProbeResult
+from dptune.search.loop import Proposal, measure
 from dptune.search.observations import Bracket, Observations
 from dptune.split import fill_within
 from dptune.types import CardWindow, WindowCheck
@@ -116,12 +116,7 @@ def past_the_falls(probe: Callable[[Sequence[int]], ProbeResult], obs: Observati
         if r is None:
             if len(obs.probes) >= max_probes:
                 return None
-            r = probe(list(split))
-            if tuple(r.chunk_sizes) != split or len(r.peak_bytes) != obs.n:
-                raise RuntimeError(f"the backend returned a probe for {list(r.chunk_sizes)} "
-                                   f"with {len(r.peak_bytes)} peaks; asked for {list(split)}")
-            obs.add(dataclasses.replace(r, purpose=purpose))
-            on_probe()
+            r = measure(probe, obs, Proposal(split, purpose), on_probe)
         return r
     for _ in range(ROUNDS):
         nxt = raised_split(past.best.chunk_sizes, past.window, past.over)

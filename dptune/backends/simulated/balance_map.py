@@ -25,10 +25,12 @@ as the caller names them) are drawn once. The search solves the map exactly
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Hashable, Optional, Sequence
 
 from dptune.backends.simulated.allocator import AllocatorConfig
-from dptune.backends.simulated.look import LOOK_MAX_CHUNKS, ScaledTraces, Traces, _agrees, step_stats
+from dptune.backends.simulated.look import (LOOK_MAX_CHUNKS, ScaledTraces, Traces, agrees, step_stats,
+                                            window_end)
 from dptune.types import BalanceMap, CardCurve
 
 __all__ = ["balance_map", "MAP_MAX_CHUNKS", "MAP_EVENTS"]
@@ -42,47 +44,28 @@ MAP_EVENTS = 64_000_000
 
 
 def _drawn(at: Callable[[int], Traces], lo: int, hi: int, config: AllocatorConfig,
-           nccl: int) -> Optional[tuple[list[int], list[int]]]:
-    """The figure (reserved peak + ``nccl``) and the allocated peak + ``nccl`` less the
-    drawing's margin at every chunk from ``lo`` to ``hi`` (``at(c)``: the card's traces of a
-    simulated step at chunk ``c``), drawn between the steps at ``lo`` and ``hi`` and checked
-    against the one at ``lo + 1``; ``None`` where the drawing misses it."""
+           nccl: int) -> Optional[list[int]]:
+    """The figure (reserved peak + ``nccl``) at every chunk from ``lo`` to ``hi`` (``at(c)``:
+    the card's traces of a simulated step at chunk ``c``), drawn between the steps at ``lo``
+    and ``hi`` and checked against the one at ``lo + 1``; ``None`` where the drawing misses
+    it."""
     if hi <= lo:
-        s = step_stats(at(lo), config)
-        return [s.reserved_peak + nccl], [s.allocated_peak + nccl]
+        return [step_stats(at(lo), config).reserved_peak + nccl]
     sc = ScaledTraces.of(at(lo), at(hi), hi - lo)
-    if sc is None or not _agrees(sc, at(lo + 1), config):
+    if sc is None or not agrees(sc, at(lo + 1), config):
         return None
-    res, alloc = [], []
-    for k in range(hi - lo + 1):
-        s = sc.stats(k, config)
-        res.append(s.reserved_peak + nccl)
-        alloc.append(s.allocated_peak + nccl - sc.margin)
-    return res, alloc
+    return [sc.stats(k, config).reserved_peak + nccl for k in range(hi - lo + 1)]
 
 
 def _first_over(at: Callable[[int], Traces], start: int, top: int, limit: int,
                 config: AllocatorConfig, nccl: int) -> int:
-    """The first chunk from ``start`` (at most ``top + 1``) whose allocated peak + ``nccl``
-    alone is over ``limit`` bytes, on the steps drawn from ``start`` and ``start + 1``
-    extended (by doubling, then halving; the allocated peak never falls as the work grows)."""
-    if start + 1 > top:
-        return top + 1
-    near = ScaledTraces.of(at(start), at(start + 1), 1)
+    """The first chunk from ``start`` (at most ``top + 1``) whose allocated peak + ``nccl``,
+    less the drawing's margin, is over ``limit`` bytes, on the steps drawn from ``start`` and
+    ``start + 1`` extended (:func:`~dptune.backends.simulated.look.window_end`)."""
+    near = ScaledTraces.of(at(start), at(start + 1), 1) if start + 1 <= top else None
     if near is None:
         return top + 1
-
-    def over(k: int) -> bool:
-        s = near.stats(k, config)
-        return s.allocated_peak + nccl - near.margin > limit
-    lo, hi = 0, 1
-    while start + hi <= top and not over(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, top + 1 - start)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if over(mid) else (mid, hi)
-    return start + hi
+    return start + window_end(near, limit + near.margin, nccl, config, top + 1 - start)
 
 
 class _Steps:
@@ -145,28 +128,23 @@ def balance_map(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: S
                   default=start - 1) for i, (start, figs) in up.items()}
     # down: from the least chunk the others' caps leave each card to the split's chunk
     made: dict[tuple[int, int], CardCurve] = {}
-    for i in range(n):
-        d = card_of(i)
-        lo = max(0, batch - sum(cap[card_of(k)] for k in range(n) if k != i))
-        if (d, lo) in made:
-            continue
-        start, figs = up[d]
-        base = max(lo, m)
-        if base < start:
-            down = _drawn(steps.of(d), base, start, config, nccl) \
-                if replays + start - base <= max_chunks else None
-            if down is None:
-                return None
-            replays += len(down[0])
-            start, figs = base, tuple(down[0][:-1]) + figs
-        zero = None if lo else step_stats(steps.of(d)(0), config).reserved_peak + nccl
-        made[d, lo] = CardCurve(d, start, figs, zero)
     curves = []
     for i in range(n):
         d = card_of(i)
         lo = max(0, batch - sum(cap[card_of(k)] for k in range(n) if k != i))
-        c = made[d, lo]
-        curves.append(CardCurve(i, c.lo, c.figures, c.zero))
+        if (d, lo) not in made:
+            start, figs = up[d]
+            base = max(lo, m)
+            if base < start:
+                down = _drawn(steps.of(d), base, start, config, nccl) \
+                    if replays + start - base <= max_chunks else None
+                if down is None:
+                    return None
+                replays += len(down)
+                start, figs = base, tuple(down[:-1]) + figs
+            zero = None if lo else step_stats(steps.of(d)(0), config).reserved_peak + nccl
+            made[d, lo] = CardCurve(d, start, figs, zero)
+        curves.append(dataclasses.replace(made[d, lo], card=i))
     return BalanceMap(batch, level, tuple(curves), replays)
 
 
@@ -194,4 +172,4 @@ def _up(at: Callable[[int], Traces], start: int, top: int, ends: bool, limit: in
     if (hi > top and not ends) or hi - start > max_chunks:
         return None
     drawn = _drawn(at, start, max(start, hi - 1), config, nccl)
-    return None if drawn is None else (start, tuple(drawn[0]))
+    return None if drawn is None else (start, tuple(drawn))

@@ -25,7 +25,7 @@ from dptune.split import fill_within
 from dptune.types import CardWindow, WindowCheck
 
 __all__ = ["ScaledTraces", "Scan", "step_stats", "scan", "window_end", "chunks_for", "lines_of",
-           "look_past", "look_past_of", "balance_map_of", "LOOK_EVENTS", "LOOK_MAX_CHUNKS"]
+           "look_past", "look_past_of", "balance_map_of", "agrees", "LOOK_EVENTS", "LOOK_MAX_CHUNKS"]
 
 #: one card's replay traces (set-up, warm-up step, measured step), ids in order of first use
 Traces = Sequence[Sequence[Event]]
@@ -270,7 +270,7 @@ def look_past(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: Seq
     replays = 0
     for w, k in far.items():
         sc = ScaledTraces.of(at[w], ends[w], k)
-        if sc is None or not _agrees(sc, plus[w], config):
+        if sc is None or not agrees(sc, plus[w], config):
             continue                  # the drawing misses a real step: not looked at
         budget = budgets[lines[w].card]
         key = (sc, budget, reach[w])
@@ -289,7 +289,7 @@ def look_past(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: Seq
     return WindowCheck(tuple(lines[w].window(found.get(w)) for w in every), replays)
 
 
-def _agrees(scaled: ScaledTraces, real: Traces, config: AllocatorConfig) -> bool:
+def agrees(scaled: ScaledTraces, real: Traces, config: AllocatorConfig) -> bool:
     """The real step one sample past the base is the drawn one: the same mallocs (sizes
     that grow linearly are drawn exactly), hence the same figures."""
     drawn = scaled.at(1)
@@ -304,8 +304,8 @@ def look_past_of(backend: Any, budgets: Sequence[int], level: BudgetLevel
     """The search's look past a certificate's over points (``search.Known.look_past``) where
     ``backend`` has one: simulated cards replayed through the allocator model, budgets at the
     reserved level (the allocated figure does not fall as the work grows); else ``None``."""
-    look = getattr(backend, "look_past", None)
-    if level is not BudgetLevel.RESERVED or look is None or getattr(backend, "reserved", None) is None:
+    look = _on_the_model(backend, level, "look_past")
+    if look is None:
         return None
     return lambda split, over, min_chunk=1: look(split, over, budgets, min_chunk)
 
@@ -315,7 +315,17 @@ def balance_map_of(backend: Any, budgets: Sequence[int], level: BudgetLevel
     """The balance search's map on the model (``search.Known.balance_map``:
     ``map(split, share, min_chunk=m, alike=keys)``) where ``backend`` has one, budgets at the
     reserved level, as :func:`look_past_of`; else ``None``."""
-    make = getattr(backend, "balance_map", None)
-    if level is not BudgetLevel.RESERVED or make is None or getattr(backend, "reserved", None) is None:
+    make = _on_the_model(backend, level, "balance_map")
+    if make is None:
         return None
     return lambda split, share, min_chunk=1, alike=None: make(split, share, budgets, min_chunk, alike)
+
+
+def _on_the_model(backend: Any, level: BudgetLevel, name: str) -> Optional[Callable[..., Any]]:
+    """``backend``'s method ``name`` where it replays an allocator model (``reserved``) and
+    the budgets are at the reserved level (the allocated figure does not fall as the work
+    grows); else ``None``."""
+    method = getattr(backend, name, None)
+    if level is not BudgetLevel.RESERVED or method is None or getattr(backend, "reserved", None) is None:
+        return None
+    return method
