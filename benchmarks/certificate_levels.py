@@ -202,7 +202,7 @@ def measure_level(name: str, level: str, max_probes: int = 12, oracle: int = 0) 
 
     from benchmarks.certificate_answer import answer
     from dptune import search as dsearch
-    from dptune.backends.simulated.look import look_past_of
+    from dptune.backends.simulated.look import even_line_of, look_past_of
     from dptune.search.alike import device_keys
 
     t0 = time.perf_counter()
@@ -211,11 +211,12 @@ def measure_level(name: str, level: str, max_probes: int = 12, oracle: int = 0) 
     # the identical cards named as Tuner names them (dptune.search.alike.device_keys)
     alike = device_keys(s.curves.devices) if isinstance(s, LevelSurface) and s.curves else None
     # the look past the over points Tuner gives the search on simulated cards at this level
-    look = (look_past_of(s.curves.backend, s.budgets, s.curves.level)
-            if isinstance(s, LevelSurface) and s.curves else None)
+    model = isinstance(s, LevelSurface) and s.curves
+    look = look_past_of(s.curves.backend, s.budgets, s.curves.level) if model else None
+    line = even_line_of(s.curves.backend, s.budgets, s.curves.level) if model else None
     out = dsearch.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m,
                       max_probes=max_probes, exact_on_oom=True,
-                      known=dsearch.Known(alike=alike, look_past=look))
+                      known=dsearch.Known(alike=alike, look_past=look, even_line=line))
     even = out.even.batch_size if out.even is not None else 0
     monotone = all(check_monotone_near(s, i, c) for i, c in enumerate(ans.caps, start=1)) \
         and line_monotone_near(s, ans.caps, ans.best)

@@ -22,12 +22,13 @@ from dptune import search
 from dptune.step.advice import unread_outputs_advice
 from dptune.backends.base import Backend, ProbeResult, capabilities, model_facts
 from dptune.backends.choice import BackendChoice, build_backend, choose_backend, timed
-from dptune.backends.simulated.look import balance_map_of, look_past_of
+from dptune.backends.simulated.look import balance_map_of, even_line_of, look_past_of
 from dptune.backends.simulated.reserved import ReservedModel, advice_lines
 from dptune.budget import RESERVED_MODEL, BudgetLevel, at_level
 from dptune.errors import BackendUnavailableError, DptuneError, NoFeasibleSplitError, UsageError
 from dptune.result.model import AllocatorAnswer, SplitFigures, TuneResult, imbalance
 from dptune.search.alike import device_keys
+from dptune.search.even_baseline import ON_MODEL
 from dptune.search.messages import card0_holdings
 from dptune.search.output_card import reuse, swapped, swapped_outcome
 from dptune.search.throughput import check_global_batch
@@ -217,7 +218,8 @@ class Tuner:
         budgets = [d.budget_bytes(self.settings.budget.headroom_bytes) for d in backend.devices]
         even = dataclasses.replace(_figures(outcome.even, list(outcome.even_split), budgets),
                                    implied_by=outcome.even_implied_by,
-                                   open_bracket=outcome.even_open, at_most=outcome.even_at_most)
+                                   open_bracket=outcome.even_open, at_most=outcome.even_at_most,
+                                   on_model=outcome.even is not None and outcome.even.purpose == ON_MODEL)
         best = outcome.best
         return TuneResult(
             objective=self.objective.value, backend=str(capabilities(backend).kind),
@@ -263,6 +265,7 @@ class Tuner:
                                        even_implied_by=outcome.even_implied_by,
                                        even_open=outcome.even_open,
                                        even_at_most=outcome.even_at_most,
+                                       even_line=outcome.even_line,
                                        notes=outcome.notes + alt.notes), outcome.best.batch_size, k
         notes.append(f"gathering the outputs on card {k} fits batch "
                      f"{alt.best.batch_size}, no more than on card 0: card 0 kept")
@@ -359,6 +362,8 @@ class Tuner:
                                         alike=[device_keys(devices)[perm[i]] for i in range(len(perm))],
                                         look_past=None if output_device else
                                         look_past_of(backend, budgets, level),
+                                        even_line=None if output_device else
+                                        even_line_of(backend, budgets, level),
                                         balance_map=None if output_device else
                                         self._said_mapping(balance_map_of(backend, budgets,
                                                                           level)))

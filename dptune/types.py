@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from dptune.errors import UsageError
 
-__all__ = ["StepTime", "TimeSource", "Device", "ProbeResult", "CardWindow", "WindowCheck", "CardCurve", "BalanceMap", "MapCheck", "CATEGORIES", "Category", "Objective", "Strategy", "BackendKind",
+__all__ = ["StepTime", "TimeSource", "Device", "ProbeResult", "CardWindow", "WindowCheck", "CardCurve", "BalanceMap", "MapCheck", "EvenLine", "CATEGORIES", "Category", "Objective", "Strategy", "BackendKind",
            "card_in_use", "within_budget", "budget_share"]
 
 
@@ -444,3 +444,28 @@ class MapCheck:
     def to_dict(self) -> dict[str, Any]:
         return {"bound": self.bound, "least": self.least, "level": self.level,
                 "ranges": [list(r) for r in self.ranges], "replays": self.replays}
+
+
+@dataclass(frozen=True)
+class EvenLine:
+    """The even split's largest batch found on the simulator's allocator model past the
+    probes' last known fit ``start``: every valid even batch from ``start + 1`` to
+    ``largest`` replayed within budget, the next valid one, ``over``, over on card ``card``;
+    ``replays`` the allocator replays it took, ``steps`` the simulated steps it drew them
+    from."""
+
+    start: int
+    largest: int
+    over: int
+    card: int
+    replays: int
+    steps: int
+
+    def describe(self) -> str:
+        between = (f"every even batch from {self.start + 1} to {self.largest} within budget, "
+                   if self.largest > self.start else "")
+        return (f"{between}{self.over} over on card {self.card} ({self.replays} replays from "
+                f"{self.steps} simulated steps)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

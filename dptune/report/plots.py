@@ -246,7 +246,8 @@ def _label_peaks(result: TuneResult, ax: "Axes", ticks: list[tuple[float, str]])
     batches = (f"batch {result.batch_size}" if even.batch_size == result.batch_size
                else f"even at batch {even.batch_size}, dptune at batch {result.batch_size}")
     bound = (f"; not probed, upper bounds from probe {', '.join(f'#{k}' for k in even.implied_by)}"
-             if even.implied_by else "")
+             if even.implied_by else
+             "; its largest batch found on the allocator model, simulated" if even.on_model else "")
     level = ("; shares of budget at the reserved level (reserved + NCCL)"
              if budget_level(result) == "reserved" else "")
     ax.set_title(_wrap_title(f"{_subject(result)}: peak memory per card{level}\n"

@@ -212,6 +212,10 @@ def _footer(result: TuneResult) -> list[str]:
         lines.append(f"the even split {list(even.chunk_sizes)} was not probed itself: probe(s) "
                      f"{names} measured every card within budget with at least as many samples "
                      "(card 0: and as large a batch), so it fits; its peaks are upper bounds")
+    if even.on_model:
+        lines.append(f"the even split's largest batch, {even.batch_size}, was found on the "
+                     "allocator model past the probes' last known fit (every even batch replayed "
+                     "there, this split and the next simulated, not probed): see the notes")
     even_imb = "not measured" if even.implied_by else _ratio(even.imbalance)
     lines.append(f"imbalance (max/min share of budget): even {even_imb} "
                  f"-> dptune {_ratio(result.imbalance)}")

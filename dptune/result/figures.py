@@ -114,6 +114,10 @@ class SplitFigures:
     #: least ``batch_size`` and at most ``at_most`` (``None``: no upper bound measured)
     open_bracket: bool = False
     at_most: Optional[int] = None
+    #: max_batch on simulated cards at the reserved level: the even split's largest batch
+    #: found on the allocator model past the probes' last known fit (every even batch
+    #: replayed there; this split and the next simulated, not probed)
+    on_model: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -128,7 +132,7 @@ class SplitFigures:
                     imbalance=self.imbalance, feasible=self.feasible, oom_device=self.oom_device,
                     breakdown=list(self.breakdown) if self.breakdown is not None else None,
                     batch_size=self.batch_size, implied_by=list(self.implied_by),
-                    open_bracket=self.open_bracket, at_most=self.at_most)
+                    open_bracket=self.open_bracket, at_most=self.at_most, on_model=self.on_model)
 
 
 @dataclass(frozen=True)

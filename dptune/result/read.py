@@ -193,7 +193,8 @@ def _read_split(c: _Checked, n: int) -> SplitFigures:
                         breakdown=tuple(bd) if bd is not None else None,
                         implied_by=tuple(c.ints("implied_by", None, optional=True) or ()),
                         open_bracket=c.raw("open_bracket", optional=True) is True,
-                        at_most=c.integer("at_most", optional=True))
+                        at_most=c.integer("at_most", optional=True),
+                        on_model=c.raw("on_model", optional=True) is True)
 
 
 def _check_sum(c: _Checked, chunks: Sequence[int]) -> None:

@@ -19,6 +19,7 @@ from typing import Callable, Hashable, NamedTuple, Optional, Sequence
 from dptune.backends.base import ProbeResult
 from dptune.search.alike import Groups, groups_of, spread
 from dptune.search.balance import Balance
+from dptune.search.even_baseline import OnModel, on_the_model
 from dptune.search.loop import Proposal, measure, refine
 from dptune.search.max_batch import MaxBatch
 from dptune.errors import NoFeasibleSplitError
@@ -29,7 +30,7 @@ from dptune.search.past_falls import RESERVE, KeepForFalls, Past, brackets_of, p
 from dptune.solve.discrete import least_largest_share
 from dptune.solve.memory import Fit
 from dptune.split import even_split
-from dptune.types import BalanceMap, MapCheck, Objective, WindowCheck, card_in_use
+from dptune.types import BalanceMap, EvenLine, MapCheck, Objective, WindowCheck, card_in_use
 
 __all__ = ["SearchOutcome", "run", "Bracket", "Observations", "Proposal", "IMPLIED", "LookPast"]
 
@@ -44,6 +45,11 @@ LookPast = Callable[..., WindowCheck]
 #: figure (:meth:`dptune.backends.simulated.SimulatedBackend.balance_map`); ``None`` where
 #: the model cannot draw it
 MapBalance = Callable[..., Optional[BalanceMap]]
+#: ``line(lo, min_chunk=m)``: the even split's largest batch past ``lo`` (an even batch known
+#: to fit), every even batch replayed on a model of the figure
+#: (:meth:`dptune.backends.simulated.SimulatedBackend.even_line`); ``None`` where the model
+#: cannot draw it
+EvenLineOf = Callable[..., Optional[EvenLine]]
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,10 @@ class SearchOutcome:
     window: Optional[WindowCheck] = None
     #: balance with a map of the figure (``Known.balance_map``): what solving it found
     mapped: Optional[MapCheck] = None
+    #: max_batch with an even line on a model of the figure (``Known.even_line``): the even
+    #: split's largest batch found there where the probes left its bracket open (``even`` is
+    #: then its split at that batch, simulated beside the probes: ``even_open`` false)
+    even_line: Optional[EvenLine] = None
 
 
 def _fits(obs: Observations, split: Sequence[int]) -> tuple[Fit, ...]:
@@ -164,7 +174,9 @@ class Known:
     points (:data:`LookPast`; the simulator at the reserved level, where fragmentation can
     make the figure fall as the work grows); ``balance_map``: the same model's map of every
     chunk a balance's cards can take (:data:`MapBalance`), solved exactly after the
-    balance's probes, whether they certified their answer or not."""
+    balance's probes, whether they certified their answer or not; ``even_line``: the
+    same model's even split at every batch past the probes' last known fit (:data:`EvenLineOf`),
+    where the largest-batch search leaves the even split's bracket open."""
 
     over: Sequence[ProbeResult] = ()
     prior: Sequence[ProbeResult] = ()
@@ -172,6 +184,7 @@ class Known:
     alike: Optional[Sequence[Hashable]] = None
     look_past: Optional[LookPast] = None
     balance_map: Optional[MapBalance] = None
+    even_line: Optional[EvenLineOf] = None
 
 
 def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], objective: str,
@@ -259,6 +272,9 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
     if keep is not None and keep.kept and compare_even:
         found = _even_after(probe, obs, keep.inner, found, batch_size, min_chunk, max_probes,
                             on_probe, notes)
+    line: Optional[EvenLine] = None
+    if not balance and compare_even and known.even_line is not None:
+        found, line = _even_closed(probe, mb, found, known.even_line, notes)
     found = _said(found, obs, past, window, mapped, contradiction, open_,
                   keep.left if keep is not None else RESERVE, max_probes, notes)
     return SearchOutcome(best=found.best, even=found.even, even_split=found.even_split,
@@ -267,7 +283,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
                          certified=found.certified, card0_floor=found.floor, notes=tuple(notes),
                          even_open=found.even_open, even_at_most=found.even_at_most,
                          even_kept=found.even_kept, not_monotone=contradiction, window=window,
-                         mapped=mapped)
+                         mapped=mapped, even_line=line)
 
 
 def _said(found: "_Found", obs: Observations, past: Optional[Past], window: Optional[WindowCheck],
@@ -481,6 +497,37 @@ def _even_after(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations
     return found._replace(even=again.even, even_split=again.even_split,
                           even_implied_by=again.even_implied_by, even_open=again.even_open,
                           even_at_most=again.even_at_most)
+
+
+def _even_closed(probe: Callable[[Sequence[int]], ProbeResult], mb: MaxBatch, found: "_Found",
+                 line_of: EvenLineOf, notes: list[str]) -> tuple["_Found", Optional[EvenLine]]:
+    """The even split's largest batch on the model
+    (:func:`dptune.search.even_baseline.on_the_model`): the probes' bracket checked, or
+    closed where they left it open; the even fields and their note replaced where the model
+    moves them, or a note on why it was not taken."""
+    got = on_the_model(probe, mb.even, line_of, found.even)
+    if isinstance(got, str):
+        notes.append(f"the even split's largest batch rests on the probes: {got}")
+    if not isinstance(got, OnModel):
+        return found, None
+    line, lo = got.line, mb.even.bracket()[0]
+    if line.largest == lo and not found.even_open:
+        notes.append(f"the even split's largest batch, {lo}, checked on the allocator model: "
+                     f"{line.describe()}")
+        return found, line
+    kept = got.even is found.even
+    notes[:] = [n for n in notes if not n.startswith(_EVEN_OPEN)]
+    wrong = ("" if found.even_open else
+             f"the probes' reading, {lo} (every even batch below known to fit from probes that "
+             "loaded every card at least as much), does not hold there: the figures fall as the "
+             "work grows; ")
+    notes.append(f"the even split's largest batch, {line.largest}, found on the allocator "
+                 f"model: {wrong}{line.describe()}"
+                 + ("" if kept else f"; even({line.largest}) simulated beside the probes "
+                    "(not counted among them), within every budget, and the next over"))
+    return found._replace(even=got.even, even_split=tuple(got.even.chunk_sizes),
+                          even_implied_by=found.even_implied_by if kept else (),
+                          even_open=False, even_at_most=None), line
 
 
 class _Settle:

@@ -6,19 +6,24 @@ monotone per card, so a larger batch may fit again, and does not count). "Known"
 dominance on the monotone surface (:meth:`dptune.search.observations.Observations.fit_witness`).
 The largest-batch strategy (:class:`dptune.search.max_batch.MaxBatch`) asks these questions
 beside its own and shares its probes, its fits and its stall bookkeeping (:class:`Host`).
+Where its probes leave the bracket open and the cards are simulated at the reserved level,
+:func:`on_the_model` closes it on the allocator model (``search.Known.even_line``).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Protocol, Sequence
+import dataclasses
+from typing import Callable, NamedTuple, Optional, Protocol, Sequence, Union
 
 from dptune.search.line import largest_true
 from dptune.search.loop import Proposal, valid_split
 from dptune.search.models import MIN_SLOPE_BYTES, CardFits
 from dptune.search.observations import Observations
+from dptune.backends.base import ProbeResult
 from dptune.split import even_split
+from dptune.types import EvenLine
 
-__all__ = ["EvenBaseline", "Host", "START_PURPOSES"]
+__all__ = ["EvenBaseline", "Host", "START_PURPOSES", "ON_MODEL", "OnModel", "on_the_model"]
 
 #: The purposes of the probes that learn the surface before aiming at the answer.
 START_PURPOSES = ("even", "spread", "start", "fit")
@@ -187,3 +192,66 @@ class EvenBaseline:
                     and not obs.split_over(s):
                 return Proposal(s, "even-max")
         return None
+
+
+#: ``purpose`` of the even split at its largest batch simulated on the allocator model beside
+#: the probes (not one of them)
+ON_MODEL = "even on the allocator model"
+
+
+class OnModel(NamedTuple):
+    """The even split's largest batch closed on the model: ``even`` the split at ``E``
+    (measured, or simulated beside the probes: purpose :data:`ON_MODEL`), ``line`` what the
+    model's replays found."""
+
+    even: ProbeResult
+    line: EvenLine
+
+
+def on_the_model(probe: Callable[[Sequence[int]], ProbeResult], base: EvenBaseline,
+                 line_of: Callable[..., Optional[EvenLine]], at_lo: Optional[ProbeResult]
+                 ) -> Union[OnModel, str, None]:
+    """The even split's largest batch ``E`` on the allocator model, whether the probes
+    bracketed it or not: every even batch from the first the model draws (``n * (n - 1)``;
+    below it, the probes' reading stands) replayed until one is over (``line_of(start,
+    min_chunk=m, upto=b)``, :func:`dptune.backends.simulated.even_line.even_line`; no
+    monotone figure assumed, where the probes' bracket rests on dominance; where the model
+    cannot replay that many, an open bracket from its lower end up), then ``even(E)``
+    and the next even batch simulated for real (``probe``, not recorded: on simulated cards
+    a step, not a probe of a real card) unless a probe measured that very split. ``at_lo``:
+    the even split at the probes' lower end ``lo`` (measured, or implied by dominance).
+    ``None``: no line on the model; a reason where the model contradicts a probe or a real
+    step (the probes' reading stands)."""
+    obs = base.host.obs
+    n = obs.n
+    lo, hi = base.bracket()
+    start = max(n * (n - 1), base.start())
+    if lo < start or at_lo is None:
+        return None
+    # from the bottom (a check of the probes' reading) where the model replays that far (it
+    # must reach ``lo`` at least); else, an open bracket from ``lo`` up (its prefix read from
+    # the probes, as before)
+    line = line_of(start, min_chunk=obs.min_chunk, upto=hi if hi is not None else lo)
+    if line is None and hi != base.next_batch(lo) and lo > start:
+        line = line_of(lo, min_chunk=obs.min_chunk, upto=hi)
+    if line is None:
+        return None
+    wrong = [r.batch_size for r in obs.probes if start < r.batch_size <= line.largest
+             and tuple(r.chunk_sizes) == tuple(even_split(r.batch_size, n))
+             and not obs.within_budget(r)]
+    if wrong:
+        return (f"on the allocator model every even batch up to {line.largest} fits, but "
+                f"even({wrong[0]}) was measured over: the model's drawing is wrong there")
+
+    def simulated(b: int) -> ProbeResult:
+        s = tuple(even_split(b, n))
+        r = obs.by_split.get(s)
+        return r if r is not None else dataclasses.replace(
+            probe(s), purpose=ON_MODEL,
+            note=f"not probed: simulated beside the probes, the even split's largest batch on "
+                 f"the allocator model ({line.describe()})")
+    at = at_lo if line.largest == lo else simulated(line.largest)
+    if not obs.within_budget(at) or obs.within_budget(simulated(line.over)):
+        return (f"on the allocator model the even split's largest batch reads {line.largest}, "
+                f"but a simulated step of even({line.largest}) or even({line.over}) disagrees")
+    return OnModel(at, line)

@@ -21,6 +21,7 @@ from dptune.hardware.cluster import DEFAULT_CLUSTER, Cluster, parse_cluster
 from dptune.backends.simulated.allocator import Event
 from dptune.backends.simulated.allocator_config import AllocatorConfig
 from dptune.backends.simulated.balance_map import balance_map
+from dptune.backends.simulated.even_line import even_line
 from dptune.backends.simulated.look import look_past
 from dptune.backends.simulated.reserved import (ReservedFigures, ReservedModel, TraceRecorder, canonical_traces,
                                                 level_settings)
@@ -36,7 +37,7 @@ from dptune.backends.simulated.ledger import _Ledger
 from dptune.backends.simulated.sharing import ReplicaPlan, plan_replicas, with_card0_mirrored
 from dptune.errors import DptuneError, InternalError, UsageError, UserCodeError
 from dptune.split import validate_chunk_sizes
-from dptune.types import BackendKind, BalanceMap, WindowCheck
+from dptune.types import BackendKind, BalanceMap, EvenLine, WindowCheck
 from dptune.step.workload import (StepOutcome, StepRuntime, Workload, batch_to_args, gradient_checkpointing,
                              has_batchnorm, run_step)
 
@@ -504,6 +505,17 @@ class SimulatedBackend:
             raise InternalError("balance_map needs an allocator model (reserved=)")
         return balance_map(self._traces, split, budgets, level, self.reserved.config,
                            self.reserved.fixed.nccl_for(len(self.devices)), min_chunk, alike)
+
+    def even_line(self, lo: int, budgets: Sequence[int], min_chunk: int = 1,
+                  upto: Optional[int] = None) -> Optional[EvenLine]:
+        """The even split's largest batch past ``lo`` (an even batch known to fit) on this
+        backend's allocator model (:func:`dptune.backends.simulated.even_line.even_line`, on
+        its own steps); ``budgets`` at the reserved level; ``upto`` where the answer is
+        expected at or below."""
+        if self.reserved is None:
+            raise InternalError("even_line needs an allocator model (reserved=)")
+        return even_line(self._traces, lo, budgets, self.reserved.config,
+                         self.reserved.fixed.nccl_for(len(self.devices)), min_chunk, upto=upto)
 
     def _traces(self, split: Sequence[int]) -> list[tuple[tuple[Event, ...], ...]]:
         """Every card's replay traces of one simulated step of ``split`` (set-up, the step as

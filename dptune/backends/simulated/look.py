@@ -25,7 +25,7 @@ from dptune.split import fill_within
 from dptune.types import CardWindow, WindowCheck
 
 __all__ = ["ScaledTraces", "Scan", "step_stats", "scan", "window_end", "chunks_for", "lines_of",
-           "look_past", "look_past_of", "balance_map_of", "agrees", "LOOK_EVENTS", "LOOK_MAX_CHUNKS"]
+           "look_past", "look_past_of", "balance_map_of", "even_line_of", "agrees", "LOOK_EVENTS", "LOOK_MAX_CHUNKS"]
 
 #: one card's replay traces (set-up, warm-up step, measured step), ids in order of first use
 Traces = Sequence[Sequence[Event]]
@@ -319,6 +319,17 @@ def balance_map_of(backend: Any, budgets: Sequence[int], level: BudgetLevel
     if make is None:
         return None
     return lambda split, share, min_chunk=1, alike=None: make(split, share, budgets, min_chunk, alike)
+
+
+def even_line_of(backend: Any, budgets: Sequence[int], level: BudgetLevel
+                 ) -> Optional[Callable[..., Any]]:
+    """The largest-batch search's even line on the model (``search.Known.even_line``:
+    ``line(lo, min_chunk=m, upto=b)``) where ``backend`` has one, budgets at the reserved level, as
+    :func:`look_past_of`; else ``None``."""
+    line = _on_the_model(backend, level, "even_line")
+    if line is None:
+        return None
+    return lambda lo, min_chunk=1, upto=None: line(lo, budgets, min_chunk, upto)
 
 
 def _on_the_model(backend: Any, level: BudgetLevel, name: str) -> Optional[Callable[..., Any]]:
