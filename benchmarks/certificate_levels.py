@@ -192,6 +192,29 @@ def oracle_answer(s: Surface, upto: int) -> int:
     return largest_batch(s.f, s.g, s.budgets, upto, s.m)
 
 
+def known_of(s: Surface) -> Any:
+    """What :class:`dptune.tuner.Tuner` tells the search of these cards
+    (``dptune.search.Known``): the identical cards (:func:`dptune.search.alike.device_keys`)
+    and, on simulated cards at the reserved level, the look past the over points and the even
+    line on the allocator model; nothing of a synthetic surface."""
+    from dptune import search as dsearch
+    from dptune.backends.simulated.look import even_line_of, look_past_of
+    from dptune.search.alike import device_keys
+
+    if not (isinstance(s, LevelSurface) and s.curves):
+        return dsearch.Known()
+    cv = s.curves
+    return dsearch.Known(alike=device_keys(cv.devices),
+                         look_past=look_past_of(cv.backend, s.budgets, cv.level),
+                         even_line=even_line_of(cv.backend, s.budgets, cv.level))
+
+
+def beyond(s: Surface, best: int, split: Sequence[int]) -> bool:
+    """dptune's split measured within budget at a batch above the bisection's ``best``: the
+    reference is wrong there (the surface is not monotone), not the answer."""
+    return sum(split) > best and not any(s.over(split))
+
+
 def measure_level(name: str, level: str, max_probes: int = 12, oracle: int = 0) -> dict[str, Any]:
     """dptune's largest batch on one model case at ``level`` against the exhaustive answer;
     ``monotone``: the scans around every cap and along card 0's line agree with the
@@ -202,21 +225,12 @@ def measure_level(name: str, level: str, max_probes: int = 12, oracle: int = 0) 
 
     from benchmarks.certificate_answer import answer
     from dptune import search as dsearch
-    from dptune.backends.simulated.look import even_line_of, look_past_of
-    from dptune.search.alike import device_keys
 
     t0 = time.perf_counter()
     s = level_surface(name, level)
     ans = answer(s)
-    # the identical cards named as Tuner names them (dptune.search.alike.device_keys)
-    alike = device_keys(s.curves.devices) if isinstance(s, LevelSurface) and s.curves else None
-    # the look past the over points Tuner gives the search on simulated cards at this level
-    model = isinstance(s, LevelSurface) and s.curves
-    look = look_past_of(s.curves.backend, s.budgets, s.curves.level) if model else None
-    line = even_line_of(s.curves.backend, s.budgets, s.curves.level) if model else None
     out = dsearch.run(s.probe, s.budgets, "max_batch", s.hint, min_chunk=s.m,
-                      max_probes=max_probes, exact_on_oom=True,
-                      known=dsearch.Known(alike=alike, look_past=look, even_line=line))
+                      max_probes=max_probes, exact_on_oom=True, known=known_of(s))
     even = out.even.batch_size if out.even is not None else 0
     monotone = all(check_monotone_near(s, i, c) for i, c in enumerate(ans.caps, start=1)) \
         and line_monotone_near(s, ans.caps, ans.best)
@@ -230,7 +244,7 @@ def measure_level(name: str, level: str, max_probes: int = 12, oracle: int = 0) 
                 best_exact=out.best.batch_size == ans.best, even_exact=even == ans.even,
                 # a larger batch measured within budget disproves the bisection's B* (the
                 # surface is not monotone there): the reference is wrong, not the answer
-                beyond=out.best.batch_size > ans.best and not any(s.over(split)),
+                beyond=beyond(s, ans.best, split),
                 exact=out.best.batch_size == ans.best and even == ans.even,
                 monotone=monotone, notes=list(out.notes),
                 looked=None if out.window is None else out.window.describe(),

@@ -46,3 +46,16 @@ def test_even_answer_skips_batchnorm_batches_and_the_torch_chunk_dips():
                 last = b
             b += 1
         assert ans.even == last and sum(ans.even_next) == b
+
+
+def test_the_model_cases_are_searched_with_what_the_tuner_gives():
+    """At the reserved level the certificate benchmarks search simulated cards with the look
+    past the over points and the even line on the allocator model, as the tuner does; at the
+    allocated level with neither (the figure does not fall there); alike cards named as the
+    tuner names them."""
+    from benchmarks.certificate_levels import known_of, level_surface
+
+    k = known_of(level_surface("causal-lm/long", "reserved"))
+    assert k.look_past is not None and k.even_line is not None and k.alike is not None
+    k = known_of(level_surface("causal-lm/long", "allocated"))
+    assert k.look_past is None and k.even_line is None and k.alike is not None
