@@ -311,16 +311,18 @@ class Tuner:
                                certified=alt.certified,   # search.run withholds it on a fall
                                probes=len(alt.probes))
 
-    def _said_mapping(self, make: Optional[Callable[..., Any]]) -> Optional[Callable[..., Any]]:
-        """The balance's map on the model, saying on the terminal that it runs (the probe bar
-        stands still meanwhile: it replays the allocator, a few simulated steps and thousands
-        of replays, no probe)."""
+    def _said_mapping(self, make: Optional[Callable[..., Any]],
+                      what: str = "mapping every chunk each card could take on the allocator "
+                                  "model (the balance's certificate at the reserved level)"
+                      ) -> Optional[Callable[..., Any]]:
+        """The balance's map (or the even line) on the model, saying ``what`` on the terminal
+        as it starts (the probe bar stands still meanwhile: it replays the allocator, a few
+        simulated steps and thousands of replays, no probe)."""
         if make is None:
             return None
 
         def mapped(*args: Any, **kw: Any) -> Any:
-            _notice("mapping every chunk each card could take on the allocator model "
-                    "(the balance's certificate at the reserved level)", self.settings.verbose)
+            _notice(what, self.settings.verbose)
             return make(*args, **kw)
         return mapped
 
@@ -363,7 +365,8 @@ class Tuner:
                                         look_past=None if output_device else
                                         look_past_of(backend, budgets, level),
                                         even_line=None if output_device else
-                                        even_line_of(backend, budgets, level),
+                                        self._said_mapping(even_line_of(backend, budgets, level),
+                                                           _READING_EVEN),
                                         balance_map=None if output_device else
                                         self._said_mapping(balance_map_of(backend, budgets,
                                                                           level)))
@@ -482,6 +485,11 @@ def _settings(workload: Workload, backend: Backend) -> Any:
     if isinstance(ckpt, bool) and ckpt != settings.gradient_checkpointing:
         settings = dataclasses.replace(settings, gradient_checkpointing=ckpt)
     return settings
+
+
+#: what the terminal says as the even line on the model starts
+_READING_EVEN = ("reading the even split's largest batch on the allocator model (every even "
+                 "batch replayed until one is over)")
 
 
 def _figures(r: Optional[ProbeResult], split: list[int], budgets: list[int]) -> SplitFigures:
