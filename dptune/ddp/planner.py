@@ -56,7 +56,7 @@ from dptune.errors import NoFeasibleSplitError, UsageError
 from dptune.search.ranks import RankObservations, Runner, balance_ranks, bracket_ranks, cap_of
 from dptune.backends.simulated.ddp_memory import DDPOptions
 from dptune.settings import Budget, Settings, sort_keywords
-from dptune.types import BackendKind, Objective, Strategy
+from dptune.types import BackendKind, CardWindow, Objective, Strategy
 from dptune.units import format_bytes
 
 __all__ = ["plan", "OBJECTIVES"]
@@ -301,9 +301,13 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
                 and settings.budget.level is BudgetLevel.RESERVED:
             windows = [(r, w) for r, w in enumerate(job.group.each(lambda r: look(r, sizes[r])))
                        if w is not None]
-            falls = [w.describe(f"rank {r}") for r, w in windows if w.fits is not None]
-            if falls:
-                contradiction = "on the allocator model, past the caps: " + "; ".join(falls)
+            falls = [(r, w) for r, w in windows if w.fits is not None]
+            past = _past_the_falls(obs, run, sizes, falls, rounds) if falls else None
+            if past is not None:
+                sizes, looked = past
+            elif falls:
+                contradiction = "on the allocator model, past the caps: " + "; ".join(
+                    w.describe(f"rank {r}") for r, w in falls)
                 certified = False
             elif windows:
                 looked = ("looked past each rank's cap on the allocator model: " +
@@ -409,6 +413,35 @@ def _first_rounds(obs: RankObservations, infos: Sequence[RankInfo], run: Runner,
             + "or leave that card out of the job.",
             shortfall_bytes=short or None)
     run([max(m + 1, b) for b in second])
+
+
+def _past_the_falls(obs: RankObservations, run: Callable[[Sequence[Optional[int]]], None],
+                    sizes: Sequence[int], falls: Sequence[tuple[int, CardWindow]], rounds: int
+                    ) -> Optional[tuple[list[int], tuple[str, ...]]]:
+    """Past the falls the look found above the ranks' caps: each such rank raised to the last
+    batch of its window within budget on the model (``last_fits``; every batch above it over
+    there, up to where its allocated peak alone is over), the raised ranks probed in one round
+    (the others sit it out). Where every raised rank is measured within budget: the sizes and
+    the note of a plan certified on the allocator model; ``None`` where a window was not
+    looked at whole, no round is left, or a raised rank is over (the caps stay uncertified)."""
+    up = {r: w.last_fits for r, w in falls
+          if w.scaled and w.end is not None and w.last_fits is not None}
+    if len(up) < len(falls) or obs.rounds >= rounds:
+        return None
+    before = len(obs.probes)
+    run([up.get(r) for r in range(obs.n)])
+    got = {p.rank: p for p in obs.probes[before:]}
+    if not all(r in got and got[r].fits for r in up):
+        return None
+    said = "; ".join(f"rank {r}: over at batch {w.start}, within budget again from batch "
+                     f"{w.fits} to batch {up[r]} (measured), over from batch {up[r] + 1} to "
+                     f"batch {int(w.end or 0) - 1}, and from batch {w.end} its allocated peak "
+                     "alone is over" for r, w in falls)
+    return ([up.get(r, b) for r, b in enumerate(sizes)],
+            ("past the caps the ranks' figures fall as the batch grows (the caching allocator's "
+             f"fragmentation); on the allocator model: {said}. The raised caps are certified on "
+             "the allocator model; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True makes the "
+             "reserved figure follow the allocated one",))
 
 
 def _the_plan(settings: Settings, job: _Job, obs: RankObservations, infos: Sequence[RankInfo],

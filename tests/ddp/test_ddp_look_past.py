@@ -89,3 +89,41 @@ def test_no_look_at_the_allocated_level() -> None:
     plan = ddp.plan(net, vectors, optimizer=adamw, objective="max_batch", simulate=CLUSTER,
                     budget_level="allocated")
     assert plan.certified and not any("looked past" in n for n in plan.notes)
+
+
+def test_a_rank_that_fits_again_above_its_cap_is_taken_past_the_fall(monkeypatch) -> None:
+    """The look (here a stand-in) finds each rank within budget again from its cap + 3 to its
+    cap + 5, over from there to its window's end; each rank raised to cap + 5 is probed in one
+    round (here measured within budget) and the plan is certified on the model there."""
+    plain = ddp.plan(net, vectors, optimizer=adamw, objective="max_batch", simulate=CLUSTER)
+    raised: set[tuple[int, int]] = set()
+    real_probe = SimulatedProber.probe
+
+    def fits_again(self, b: int) -> CardWindow:  # type: ignore[no-untyped-def]
+        raised.add((self.device.index, b + 5))
+        return CardWindow(0, b + 1, b + 9, fits=b + 3, fits_bytes=1, last_fits=b + 5)
+
+    def probe(self, b: int):  # type: ignore[no-untyped-def]
+        if (self.device.index, b) in raised:
+            return self.device.budget_bytes(self.headroom) - 1
+        return real_probe(self, b)
+    monkeypatch.setattr(SimulatedProber, "look_past", fits_again)
+    monkeypatch.setattr(SimulatedProber, "probe", probe)
+    plan = ddp.plan(net, vectors, optimizer=adamw, objective="max_batch", simulate=CLUSTER)
+    assert plan.certified and plan.rounds == plain.rounds + 1
+    assert list(plan.batch_sizes) == [b + 5 for b in plain.batch_sizes]
+    assert [r.max_batch_size for r in plan.ranks] == list(plan.batch_sizes)
+    note = next(n for n in plan.notes if n.startswith("past the caps the ranks' figures fall"))
+    assert "certified on the allocator model" in note
+    for r, b in enumerate(plain.batch_sizes):
+        assert f"rank {r}: over at batch {b + 1}, within budget again from batch {b + 3} to " \
+               f"batch {b + 5} (measured)" in note
+
+
+def test_a_raised_rank_measured_over_leaves_the_plan_uncertified(monkeypatch) -> None:
+    def fits_again(self, b: int) -> CardWindow:  # type: ignore[no-untyped-def]
+        return CardWindow(0, b + 1, b + 9, fits=b + 3, fits_bytes=1, last_fits=b + 5)
+    monkeypatch.setattr(SimulatedProber, "look_past", fits_again)
+    plan = ddp.plan(net, vectors, optimizer=adamw, objective="max_batch", simulate=CLUSTER)
+    assert not plan.certified
+    assert any("fits again" in n and "not certified" in n for n in plan.notes)
