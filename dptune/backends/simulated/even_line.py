@@ -64,7 +64,9 @@ def even_line(traces_of: Callable[[Sequence[int]], Sequence[Traces]], lo: int,
             simulated[b] = traces_of(tuple(even_split(b, n)))
         return simulated[b]
 
-    first = {r: (lo + r) // n + 1 for r in range(n)}     # the first c with n*c - r > lo
+    # each residue's line from the first c with n*c - r > lo whose last chunk, c - r, a card
+    # can run (under BatchNorm a chunk of 1 is no step: those batches are skipped below)
+    first = {r: max((lo + r) // n + 1, r + m) for r in range(n)}
     events = max(1, max(sum(len(t) for t in card) for card in sim(n * first[0])))
     most = min(EVEN_MAX_BATCHES, max_events // (events * n))
     if upto is not None and upto - lo >= most:

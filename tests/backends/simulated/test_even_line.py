@@ -74,3 +74,32 @@ def test_no_line_where_it_cannot_be_drawn() -> None:
     # no batch over within the events allowed
     assert even_line(be._traces, LO, [10**15] * 3, be.reserved.config,
                      be.reserved.fixed.nccl_for(3), max_events=10**6) is None
+
+
+def test_under_batchnorm_no_chunk_of_one_is_simulated_and_the_line_is_the_real_steps() -> None:
+    """A small BatchNorm CNN on three cards from the first batch the line draws (6; the
+    figures flat on 2 MB segments, card 0's rising by one near batch 69): batches
+    whose last card would get 1 sample (7: (3, 3, 1)) are no step DataParallel can run, skipped,
+    and never simulated."""
+    from dptune.examples.models import SmallResNet
+
+    model = SmallResNet(widths=(8, 16), blocks=1, num_classes=10, image_size=32)
+    be = SimulatedBackend(Workload(model, model.sample, None,
+                                   lambda p: torch.optim.AdamW(p, lr=1e-4)),
+                          "3x2GB", reserved=ReservedModel())
+    asked: list[tuple[int, ...]] = []
+    traces = be._traces
+
+    def traces_of(split):  # type: ignore[no-untyped-def]
+        asked.append(tuple(split))
+        return traces(split)
+    be._traces = traces_of  # type: ignore[method-assign]
+    lo, top = 6, 80
+    real = {b: at_level(be.probe(even_split(b, 3)), be.devices, BudgetLevel.RESERVED).peak_bytes
+            for b in range(lo, top) if 1 not in even_split(b, 3)}
+    # card 0 over where its figure first rises by a segment (near batch 69)
+    budgets = [min(r[0] for r in real.values())] + [10**12] * 2
+    want = next(b for b in sorted(real) if b > lo and real[b][0] > budgets[0])
+    line = be.even_line(lo, budgets, min_chunk=2)
+    assert line is not None and (line.largest, line.over) == (max(b for b in real if b < want), want)
+    assert asked and all(1 not in s for s in asked)
