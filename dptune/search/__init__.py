@@ -45,8 +45,9 @@ LookPast = Callable[..., WindowCheck]
 #: figure (:meth:`dptune.backends.simulated.SimulatedBackend.balance_map`); ``None`` where
 #: the model cannot draw it
 MapBalance = Callable[..., Optional[BalanceMap]]
-#: ``line(lo, min_chunk=m)``: the even split's largest batch past ``lo`` (an even batch known
-#: to fit), every even batch replayed on a model of the figure
+#: ``line(lo, min_chunk=m, upto=b)``: the even split's largest batch past ``lo`` (an even batch
+#: known to fit; ``upto``: where the answer is expected at most), every even batch replayed on
+#: a model of the figure
 #: (:meth:`dptune.backends.simulated.SimulatedBackend.even_line`); ``None`` where the model
 #: cannot draw it
 EvenLineOf = Callable[..., Optional[EvenLine]]
@@ -98,8 +99,9 @@ class SearchOutcome:
     #: balance with a map of the figure (``Known.balance_map``): what solving it found
     mapped: Optional[MapCheck] = None
     #: max_batch with an even line on a model of the figure (``Known.even_line``): the even
-    #: split's largest batch found there where the probes left its bracket open (``even`` is
-    #: then its split at that batch, simulated beside the probes: ``even_open`` false)
+    #: split's largest batch read there, which checked the probes' reading or replaced it
+    #: (``even`` is then its split at that batch, simulated beside the probes unless a probe
+    #: measured it; ``even_open`` false); ``None`` where the model drew none
     even_line: Optional[EvenLine] = None
 
 
@@ -175,8 +177,9 @@ class Known:
     make the figure fall as the work grows); ``balance_map``: the same model's map of every
     chunk a balance's cards can take (:data:`MapBalance`), solved exactly after the
     balance's probes, whether they certified their answer or not; ``even_line``: the
-    same model's even split at every batch past the probes' last known fit (:data:`EvenLineOf`),
-    where the largest-batch search leaves the even split's bracket open."""
+    same model's even split at every batch (:data:`EvenLineOf`), which checks the
+    largest-batch search's even baseline, or closes its bracket where the probes left it
+    open."""
 
     over: Sequence[ProbeResult] = ()
     prior: Sequence[ProbeResult] = ()

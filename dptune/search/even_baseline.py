@@ -6,8 +6,9 @@ monotone per card, so a larger batch may fit again, and does not count). "Known"
 dominance on the monotone surface (:meth:`dptune.search.observations.Observations.fit_witness`).
 The largest-batch strategy (:class:`dptune.search.max_batch.MaxBatch`) asks these questions
 beside its own and shares its probes, its fits and its stall bookkeeping (:class:`Host`).
-Where its probes leave the bracket open and the cards are simulated at the reserved level,
-:func:`on_the_model` closes it on the allocator model (``search.Known.even_line``).
+On simulated cards at the reserved level, where dominance proves nothing (a figure can fall
+as the work grows), :func:`on_the_model` reads ``E`` on the allocator model
+(``search.Known.even_line``): the probes' reading checked, or its bracket closed.
 """
 
 from __future__ import annotations
