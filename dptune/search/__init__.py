@@ -508,12 +508,15 @@ def _even_closed(probe: Callable[[Sequence[int]], ProbeResult], mb: MaxBatch, fo
     (:func:`dptune.search.even_baseline.on_the_model`): the probes' bracket checked, or
     closed where they left it open; the even fields and their note replaced where the model
     moves them, or a note on why it was not taken."""
-    got = on_the_model(probe, mb.even, line_of, found.even)
+    even = found.even
+    hi = (None if found.even_at_most is None else found.even_at_most + 1) if found.even_open \
+        else None if even is None else mb.even.next_batch(even.batch_size)
+    got = on_the_model(probe, mb.even, line_of, even, hi)
     if isinstance(got, str):
         notes.append(f"the even split's largest batch rests on the probes: {got}")
-    if not isinstance(got, OnModel):
+    if not isinstance(got, OnModel) or even is None:
         return found, None
-    line, lo = got.line, mb.even.bracket()[0]
+    line, lo = got.line, even.batch_size
     if line.largest == lo and not found.even_open:
         notes.append(f"the even split's largest batch, {lo}, checked on the allocator model: "
                      f"{line.describe()}")

@@ -210,8 +210,8 @@ class OnModel(NamedTuple):
 
 
 def on_the_model(probe: Callable[[Sequence[int]], ProbeResult], base: EvenBaseline,
-                 line_of: Callable[..., Optional[EvenLine]], at_lo: Optional[ProbeResult]
-                 ) -> Union[OnModel, str, None]:
+                 line_of: Callable[..., Optional[EvenLine]], at_lo: Optional[ProbeResult],
+                 hi: Optional[int]) -> Union[OnModel, str, None]:
     """The even split's largest batch ``E`` on the allocator model, whether the probes
     bracketed it or not: every even batch from the first the model draws (``n * (n - 1)``;
     below it, the probes' reading stands) replayed until one is over (``line_of(start,
@@ -220,15 +220,17 @@ def on_the_model(probe: Callable[[Sequence[int]], ProbeResult], base: EvenBaseli
     cannot replay that many, an open bracket from its lower end up), then ``even(E)``
     and the next even batch simulated for real (``probe``, not recorded: on simulated cards
     a step, not a probe of a real card) unless a probe measured that very split. ``at_lo``:
-    the even split at the probes' lower end ``lo`` (measured, or implied by dominance).
-    ``None``: no line on the model; a reason where the model contradicts a probe or a real
-    step (the probes' reading stands)."""
+    the even split at the lower end ``lo`` of the probes' reading the search reports
+    (measured, or implied by dominance), ``hi`` its upper end (``lo``'s next even batch where
+    closed; ``None``: open above): later probes (past a fall) may read the bracket otherwise
+    by dominance, which is what the line checks. ``None``: no line on the model; a reason
+    where the model contradicts a probe or a real step (the probes' reading stands)."""
     obs = base.host.obs
     n = obs.n
-    lo, hi = base.bracket()
     start = max(n * (n - 1), base.start())
-    if lo < start or at_lo is None:
+    if at_lo is None or at_lo.batch_size < start:
         return None
+    lo = at_lo.batch_size
     # from the bottom (a check of the probes' reading) where the model replays that far (it
     # must reach ``lo`` at least); else, an open bracket from ``lo`` up (its prefix read from
     # the probes, as before)

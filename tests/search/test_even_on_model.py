@@ -159,3 +159,28 @@ def test_no_model_no_change() -> None:
     alone = run(fall=True)
     out = run(True, lambda lo, min_chunk=1, upto=None: None)
     assert out.even == alone.even and out.notes == alone.notes
+
+
+def test_the_reading_checked_is_the_one_reported_not_a_later_one() -> None:
+    """Probes run after the search read its even bracket (past a fall) can move it by
+    dominance (here a probe at (460, 460, 460) makes every even batch to 1,380 'known' to
+    fit); the line checks the reading the outcome reports (its lower end 1,326, open above),
+    and finds ``E`` from there."""
+    from dptune.search.even_baseline import on_the_model
+    from dptune.search.max_batch import MaxBatch
+    from dptune.search.observations import Observations
+
+    alone = run(fall=False, hint=300, max_probes=3)
+    assert alone.even is not None and alone.even_open
+    obs = Observations([BUDGET] * N, exact_on_oom=True)
+    for r in alone.probes:
+        obs.add(r)
+    later = probe_of(False)((460, 460, 460))
+    obs.add(later)
+    mb = MaxBatch(obs, 300, 12)
+    assert mb.even.bracket()[0] > alone.even.batch_size         # the later reading
+    line = brute_line(fall=False, reach=100)
+    got = on_the_model(probe_of(False), mb.even, line, alone.even, None)
+    assert line.calls == [N * (N - 1), alone.even.batch_size]
+    assert got is not None and not isinstance(got, str)
+    assert got.line.start == alone.even.batch_size and got.line.largest == brute_even(False)
