@@ -464,8 +464,8 @@ class EvenLine:
     def describe(self) -> str:
         between = (f"every even batch from {self.start + 1} to {self.largest} within budget, "
                    if self.largest > self.start else "")
-        return (f"{between}{self.over} over on card {self.card} ({self.replays} replays from "
-                f"{self.steps} simulated steps)")
+        return (f"{between}the even batch {self.over} over on card {self.card} ({self.replays} "
+                f"replays from {self.steps} simulated steps)")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
