@@ -28,7 +28,6 @@ from dptune.budget import RESERVED_MODEL, BudgetLevel, at_level
 from dptune.errors import BackendUnavailableError, DptuneError, NoFeasibleSplitError, UsageError
 from dptune.result.model import AllocatorAnswer, SplitFigures, TuneResult, imbalance
 from dptune.search.alike import device_keys
-from dptune.search.even_baseline import ON_MODEL
 from dptune.search.messages import card0_holdings
 from dptune.search.output_card import reuse, swapped, swapped_outcome
 from dptune.search.throughput import check_global_batch
@@ -219,7 +218,7 @@ class Tuner:
         even = dataclasses.replace(_figures(outcome.even, list(outcome.even_split), budgets),
                                    implied_by=outcome.even_implied_by,
                                    open_bracket=outcome.even_open, at_most=outcome.even_at_most,
-                                   on_model=outcome.even is not None and outcome.even.purpose == ON_MODEL)
+                                   on_model=outcome.even_on_model)
         best = outcome.best
         return TuneResult(
             objective=self.objective.value, backend=str(capabilities(backend).kind),
@@ -266,6 +265,7 @@ class Tuner:
                                        even_open=outcome.even_open,
                                        even_at_most=outcome.even_at_most,
                                        even_line=outcome.even_line,
+                                       even_on_model=outcome.even_on_model,
                                        notes=outcome.notes + alt.notes), outcome.best.batch_size, k
         notes.append(f"gathering the outputs on card {k} fits batch "
                      f"{alt.best.batch_size}, no more than on card 0: card 0 kept")
@@ -298,7 +298,8 @@ class Tuner:
                 self.settings.verbose)
         try:
             with switch(config):
-                alt = self._search(backend, output_device=output_device)
+                # advice: its batch and certificate, not its even baseline (no even line)
+                alt = self._search(backend, output_device=output_device, even_line=False)
         except NoFeasibleSplitError as e:     # the answer above stands; the advice has none
             notes.append(f"with {config.to_conf()} no split was found within every budget: {e}")
             return None
@@ -327,7 +328,8 @@ class Tuner:
         return mapped
 
     def _search(self, backend: Backend, output_device: int = 0,
-                first: Optional[search.SearchOutcome] = None) -> search.SearchOutcome:
+                first: Optional[search.SearchOutcome] = None,
+                even_line: bool = True) -> search.SearchOutcome:
         """One search; with ``output_device=k`` the outputs are gathered on card k, and the
         search sees the cards with 0 and k swapped (its card 0 is the one that gathers).
         ``first`` (max_batch): the search gathering on card 0, whose even baseline is kept
@@ -364,7 +366,7 @@ class Tuner:
                                         alike=[device_keys(devices)[perm[i]] for i in range(len(perm))],
                                         look_past=None if output_device else
                                         look_past_of(backend, budgets, level),
-                                        even_line=None if output_device else
+                                        even_line=None if output_device or not even_line else
                                         self._said_mapping(even_line_of(backend, budgets, level),
                                                            _READING_EVEN),
                                         balance_map=None if output_device else

@@ -89,6 +89,9 @@ class _Found:
     why: tuple[str, ...] = ()
     reasons: tuple[RankReason, ...] = ()     # per rank, in short
     micro_batches: int = 1                    # the global batch as that many micro-batches
+    #: max_batch: each rank's cap before any was raised past a fall (where a user raising the
+    #: ranks' equal batch until one fails stops); ``None``: the caps measured
+    first_caps: Optional[tuple[int, ...]] = None
 
 
 def plan(model: Any, sample: Callable[[int], Any], loss_fn: Optional[Callable[..., Any]] = None,
@@ -297,21 +300,23 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
             certified, why = False, RankReason.MEMORY_BALANCE
         contradiction = obs.not_monotone()
         looked: tuple[str, ...] = ()
+        first_caps: Optional[tuple[int, ...]] = None
         if certified and contradiction is None and why is RankReason.MEMORY_CAP \
                 and settings.budget.level is BudgetLevel.RESERVED:
             windows = [(r, w) for r, w in enumerate(job.group.each(lambda r: look(r, sizes[r])))
                        if w is not None]
             falls = [(r, w) for r, w in windows if w.fits is not None]
-            past = _past_the_falls(obs, run, sizes, falls, rounds) if falls else None
-            if past is not None:
-                sizes, looked = past
-            elif falls:
-                contradiction = "on the allocator model, past the caps: " + "; ".join(
-                    w.describe(f"rank {r}") for r, w in falls)
-                certified = False
-            elif windows:
-                looked = ("looked past each rank's cap on the allocator model: " +
-                          "; ".join(w.describe(f"rank {r}") for r, w in windows),)
+            if falls:
+                first_caps = tuple(sizes)
+                sizes, looked, missed = _past_the_falls(obs, run, sizes, falls, rounds)
+                over = [(r, w) for r, w in falls if r in missed]
+                looked += _looked(w for w in windows if w[1].fits is None)
+                if over:
+                    contradiction = "on the allocator model, past the caps: " + "; ".join(
+                        w.describe(f"rank {r}") for r, w in over)
+                    certified = False
+            else:
+                looked = _looked(windows)
         open_ = [obs.bracket(r).describe().replace("card", "rank") for r in range(n)
                  if not obs.bracket(r).closed]
         notes: tuple[str, ...] = ()
@@ -325,7 +330,8 @@ def _search(settings: Settings, job: _Job, obs: RankObservations, infos: Sequenc
                      "not prove that no larger batch fits, so the caps are not certified; "
                      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True makes the reserved figure "
                      "follow the allocated one",)
-        return _Found(sizes, certified, _speed(times, sizes, grad_bytes) + looked + notes, (why,) * n)
+        return _Found(sizes, certified, _speed(times, sizes, grad_bytes) + looked + notes, (why,) * n,
+                      first_caps=first_caps if first_caps != tuple(sizes) else None)
     assert batch is not None
     if batch < m * n:
         raise UsageError(f"global_batch {batch} is too small for {n} ranks: every rank "
@@ -417,31 +423,42 @@ def _first_rounds(obs: RankObservations, infos: Sequence[RankInfo], run: Runner,
 
 def _past_the_falls(obs: RankObservations, run: Callable[[Sequence[Optional[int]]], None],
                     sizes: Sequence[int], falls: Sequence[tuple[int, CardWindow]], rounds: int
-                    ) -> Optional[tuple[list[int], tuple[str, ...]]]:
+                    ) -> tuple[list[int], tuple[str, ...], set[int]]:
     """Past the falls the look found above the ranks' caps: each such rank raised to the last
     batch of its window within budget on the model (``last_fits``; every batch above it over
     there, up to where its allocated peak alone is over), the raised ranks probed in one round
-    (the others sit it out). Where every raised rank is measured within budget: the sizes and
-    the note of a plan certified on the allocator model; ``None`` where a window was not
-    looked at whole, no round is left, or a raised rank is over (the caps stay uncertified)."""
-    up = {r: w.last_fits for r, w in falls
+    (the others sit it out). Returns the sizes (a raised rank measured within budget takes its
+    raised batch, certified on the allocator model), the note on those, and the ranks left
+    uncertified (a window not looked at whole, no round left, or measured over)."""
+    up = {r: int(w.last_fits) for r, w in falls
           if w.scaled and w.end is not None and w.last_fits is not None}
-    if len(up) < len(falls) or obs.rounds >= rounds:
-        return None
+    if not up or obs.rounds >= rounds:
+        return list(sizes), (), {r for r, _ in falls}
     before = len(obs.probes)
     run([up.get(r) for r in range(obs.n)])
     got = {p.rank: p for p in obs.probes[before:]}
-    if not all(r in got and got[r].fits for r in up):
-        return None
-    said = "; ".join(f"rank {r}: over at batch {w.start}, within budget again from batch "
-                     f"{w.fits} to batch {up[r]} (measured), over from batch {up[r] + 1} to "
-                     f"batch {int(w.end or 0) - 1}, and from batch {w.end} its allocated peak "
-                     "alone is over" for r, w in falls)
-    return ([up.get(r, b) for r, b in enumerate(sizes)],
-            ("past the caps the ranks' figures fall as the batch grows (the caching allocator's "
-             f"fragmentation); on the allocator model: {said}. The raised caps are certified on "
-             "the allocator model; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True makes the "
-             "reserved figure follow the allocated one",))
+    raised = {r: b for r, b in up.items() if r in got and got[r].fits}
+
+    def words(r: int, w: CardWindow) -> str:
+        b = raised[r]
+        over = (f"over from batch {b + 1} to batch {int(w.end or 0) - 1}, and from batch "
+                if b + 1 < int(w.end or 0) else "from batch ")
+        return (f"rank {r}: over at batch {w.start}, within budget again at batch {w.fits} and "
+                f"last at batch {b} (measured), {over}{w.end} its allocated peak alone is over")
+    said = "; ".join(words(r, w) for r, w in falls if r in raised)
+    note = () if not raised else (
+        "past the caps the ranks' figures fall as the batch grows (the caching allocator's "
+        f"fragmentation); on the allocator model: {said}. The raised caps are certified on the "
+        "allocator model; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True makes the reserved "
+        "figure follow the allocated one",)
+    return ([raised.get(r, b) for r, b in enumerate(sizes)], note,
+            {r for r, _ in falls if r not in raised})
+
+
+def _looked(windows: Any) -> tuple[str, ...]:
+    """The note on the ranks looked past and over throughout (none: no note)."""
+    said = "; ".join(w.describe(f"rank {r}") for r, w in windows)
+    return (f"looked past each rank's cap on the allocator model: {said}",) if said else ()
 
 
 def _the_plan(settings: Settings, job: _Job, obs: RankObservations, infos: Sequence[RankInfo],
@@ -458,8 +475,10 @@ def _the_plan(settings: Settings, job: _Job, obs: RankObservations, infos: Seque
             measured_peak_bytes=None if meas is None else meas.peak_bytes, ddp_bytes=info.ddp_bytes,
             fit=fit, max_batch_size=obs.lo(r) if objective is Objective.MAX_BATCH else None,
             reason=found.reasons[r] if found.reasons else None))
-    even = (obs.n * min(obs.lo(r) for r in range(obs.n)) if objective is Objective.MAX_BATCH
-            else None)
+    # equal local batches: a rank raised past a fall is over between its first cap and the
+    # batch it fits again at, so the equal batch stops at the caps before any was raised
+    caps = found.first_caps or tuple(obs.lo(r) for r in range(obs.n))
+    even = obs.n * min(caps) if objective is Objective.MAX_BATCH else None
     return DDPPlan(
         ranks=tuple(ranks), objective=objective.value, backend=job.backend.value,
         cluster=(job.cluster.describe() if job.cluster is not None else

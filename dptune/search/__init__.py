@@ -19,7 +19,7 @@ from typing import Callable, Hashable, NamedTuple, Optional, Sequence
 from dptune.backends.base import ProbeResult
 from dptune.search.alike import Groups, groups_of, spread
 from dptune.search.balance import Balance
-from dptune.search.even_baseline import OnModel, on_the_model
+from dptune.search.even_baseline import ON_MODEL, OnModel, on_the_model
 from dptune.search.loop import Proposal, measure, refine
 from dptune.search.max_batch import MaxBatch
 from dptune.errors import NoFeasibleSplitError
@@ -103,6 +103,8 @@ class SearchOutcome:
     #: (``even`` is then its split at that batch, simulated beside the probes unless a probe
     #: measured it; ``even_open`` false); ``None`` where the model drew none
     even_line: Optional[EvenLine] = None
+    #: ``even`` is at the batch the model found, not the probes' reading (``even_line``)
+    even_on_model: bool = False
 
 
 def _fits(obs: Observations, split: Sequence[int]) -> tuple[Fit, ...]:
@@ -276,8 +278,9 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
         found = _even_after(probe, obs, keep.inner, found, batch_size, min_chunk, max_probes,
                             on_probe, notes)
     line: Optional[EvenLine] = None
+    even_on_model = False
     if not balance and compare_even and known.even_line is not None:
-        found, line = _even_closed(probe, mb, found, known.even_line, notes)
+        found, line, even_on_model = _even_closed(probe, mb, found, known.even_line, notes)
     found = _said(found, obs, past, window, mapped, contradiction, open_,
                   keep.left if keep is not None else RESERVE, max_probes, notes)
     return SearchOutcome(best=found.best, even=found.even, even_split=found.even_split,
@@ -286,7 +289,7 @@ def run(probe: Callable[[Sequence[int]], ProbeResult], budgets: Sequence[int], o
                          certified=found.certified, card0_floor=found.floor, notes=tuple(notes),
                          even_open=found.even_open, even_at_most=found.even_at_most,
                          even_kept=found.even_kept, not_monotone=contradiction, window=window,
-                         mapped=mapped, even_line=line)
+                         mapped=mapped, even_line=line, even_on_model=even_on_model)
 
 
 def _said(found: "_Found", obs: Observations, past: Optional[Past], window: Optional[WindowCheck],
@@ -503,11 +506,14 @@ def _even_after(probe: Callable[[Sequence[int]], ProbeResult], obs: Observations
 
 
 def _even_closed(probe: Callable[[Sequence[int]], ProbeResult], mb: MaxBatch, found: "_Found",
-                 line_of: EvenLineOf, notes: list[str]) -> tuple["_Found", Optional[EvenLine]]:
+                 line_of: EvenLineOf, notes: list[str]
+                 ) -> tuple["_Found", Optional[EvenLine], bool]:
     """The even split's largest batch on the model
-    (:func:`dptune.search.even_baseline.on_the_model`): the probes' bracket checked, or
-    closed where they left it open; the even fields and their note replaced where the model
-    moves them, or a note on why it was not taken."""
+    (:func:`dptune.search.even_baseline.on_the_model`): the probes' reading checked, or
+    replaced (closed where they left it open, moved where the model and the real steps
+    disprove it); the even fields and their note replaced where the model moves them, or a
+    note on why it was not taken. Returns the found, the line, and whether ``E`` is now the
+    model's."""
     even = found.even
     hi = (None if found.even_at_most is None else found.even_at_most + 1) if found.even_open \
         else None if even is None else mb.even.next_batch(even.batch_size)
@@ -515,25 +521,36 @@ def _even_closed(probe: Callable[[Sequence[int]], ProbeResult], mb: MaxBatch, fo
     if isinstance(got, str):
         notes.append(f"the even split's largest batch rests on the probes: {got}")
     if not isinstance(got, OnModel) or even is None:
-        return found, None
+        return found, None, False
     line, lo = got.line, even.batch_size
+    stepped = ("simulated beside the probes (not counted among them)"
+               if got.even.purpose == ON_MODEL else "measured by a probe")
+    below = ("" if line.start < lo else
+             f"; up to {lo}, the probes' reading (the model replays no further down)")
     if line.largest == lo and not found.even_open:
         notes.append(f"the even split's largest batch, {lo}, checked on the allocator model: "
-                     f"{line.describe()}")
-        return found, line
-    kept = got.even is found.even
+                     f"{line.describe()}{below}; even({lo}) {stepped}, within every budget, "
+                     "and the next over")
+        return found, line, False
     notes[:] = [n for n in notes if not n.startswith(_EVEN_OPEN)]
     wrong = ("" if found.even_open else
-             f"the probes' reading, {lo} (every even batch below known to fit from probes that "
-             "loaded every card at least as much), does not hold there: the figures fall as the "
+             f"the probes' reading, {lo} (every even batch up to it known to fit from probes "
+             "that loaded every card at least as much), does not hold there: the figures fall "
+             "as the work grows; " if line.largest < lo else
+             f"the probes' reading, {lo} (the next even batch known over from a probe that "
+             "loaded every card at most as much), does not hold there: the figures fall as the "
              "work grows; ")
     notes.append(f"the even split's largest batch, {line.largest}, found on the allocator "
-                 f"model: {wrong}{line.describe()}"
-                 + ("" if kept else f"; even({line.largest}) simulated beside the probes "
-                    "(not counted among them), within every budget, and the next over"))
-    return found._replace(even=got.even, even_split=tuple(got.even.chunk_sizes),
-                          even_implied_by=found.even_implied_by if kept else (),
-                          even_open=False, even_at_most=None), line
+                 f"model: {wrong}{line.describe()}{below}; even({line.largest}) {stepped}, "
+                 "within every budget, and the next over")
+    found = found._replace(even=got.even, even_split=tuple(got.even.chunk_sizes),
+                           even_implied_by=(), even_open=False, even_at_most=None)
+    if got.even.batch_size > found.best.batch_size:
+        # the even split fits a larger batch than the search's answer: that is the answer
+        notes.append(f"the even split of {got.even.batch_size} fits a larger batch than the "
+                     f"search's answer ({found.best.batch_size}): it is returned, uncertified")
+        found = found._replace(best=got.even, certified=False)
+    return found, line, True
 
 
 class _Settle:

@@ -213,8 +213,8 @@ def on_the_model(probe: Callable[[Sequence[int]], ProbeResult], base: EvenBaseli
                  line_of: Callable[..., Optional[EvenLine]], at_lo: Optional[ProbeResult],
                  hi: Optional[int]) -> Union[OnModel, str, None]:
     """The even split's largest batch ``E`` on the allocator model, whether the probes
-    bracketed it or not: every even batch from the first the model draws (``n * (n - 1)``;
-    below it, the probes' reading stands) replayed until one is over (``line_of(start,
+    bracketed it or not: every even batch above the first the model draws (``n * (n - 1)``;
+    up to it, the probes' reading stands) replayed until one is over (``line_of(start,
     min_chunk=m, upto=b)``, :func:`dptune.backends.simulated.even_line.even_line`; no
     monotone figure assumed, where the probes' bracket rests on dominance; where the model
     cannot replay that many, an open bracket from its lower end up), then ``even(E)``
@@ -253,7 +253,7 @@ def on_the_model(probe: Callable[[Sequence[int]], ProbeResult], base: EvenBaseli
             probe(s), purpose=ON_MODEL,
             note=f"not probed: simulated beside the probes, the even split's largest batch on "
                  f"the allocator model ({line.describe()})")
-    at = at_lo if line.largest == lo else simulated(line.largest)
+    at = simulated(line.largest)       # never the dominance bound: a step (or the probe's)
     if not obs.within_budget(at) or obs.within_budget(simulated(line.over)):
         return (f"on the allocator model the even split's largest batch reads {line.largest}, "
                 f"but a simulated step of even({line.largest}) or even({line.over}) disagrees")

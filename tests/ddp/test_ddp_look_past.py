@@ -113,11 +113,37 @@ def test_a_rank_that_fits_again_above_its_cap_is_taken_past_the_fall(monkeypatch
     assert plan.certified and plan.rounds == plain.rounds + 1
     assert list(plan.batch_sizes) == [b + 5 for b in plain.batch_sizes]
     assert [r.max_batch_size for r in plan.ranks] == list(plan.batch_sizes)
+    # equal local batches stop where the first rank fails: at the caps before the raise
+    assert plan.even_batch_size == plain.even_batch_size == 3 * min(plain.batch_sizes)
     note = next(n for n in plan.notes if n.startswith("past the caps the ranks' figures fall"))
     assert "certified on the allocator model" in note
     for r, b in enumerate(plain.batch_sizes):
-        assert f"rank {r}: over at batch {b + 1}, within budget again from batch {b + 3} to " \
-               f"batch {b + 5} (measured)" in note
+        assert f"rank {r}: over at batch {b + 1}, within budget again at batch {b + 3} and " \
+               f"last at batch {b + 5} (measured)" in note
+
+
+def test_a_raised_rank_measured_over_keeps_its_cap_and_the_others_keep_theirs(monkeypatch) -> None:
+    """Only the 3 GB card's rank fits at its raised batch: it takes it, the 4 GB ranks keep
+    their caps (their raised probes over), and the plan is not certified."""
+    plain = ddp.plan(net, vectors, optimizer=adamw, objective="max_batch", simulate=CLUSTER)
+    real_probe = SimulatedProber.probe
+
+    def fits_again(self, b: int) -> CardWindow:  # type: ignore[no-untyped-def]
+        return CardWindow(0, b + 1, b + 9, fits=b + 3, fits_bytes=1, last_fits=b + 5)
+
+    def probe(self, b: int):  # type: ignore[no-untyped-def]
+        if self.device.index == 2 and b == plain.batch_sizes[2] + 5:
+            return self.device.budget_bytes(self.headroom) - 1
+        return real_probe(self, b)
+    monkeypatch.setattr(SimulatedProber, "look_past", fits_again)
+    monkeypatch.setattr(SimulatedProber, "probe", probe)
+    plan = ddp.plan(net, vectors, optimizer=adamw, objective="max_batch", simulate=CLUSTER)
+    assert not plan.certified
+    assert list(plan.batch_sizes) == [*plain.batch_sizes[:2], plain.batch_sizes[2] + 5]
+    assert [r.max_batch_size for r in plan.ranks] == list(plan.batch_sizes)
+    assert any("rank 2: over at batch" in n and "certified on the allocator model" in n
+               for n in plan.notes)
+    assert any("rank 0 is over at batch" in n and "not certified" in n for n in plan.notes)
 
 
 def test_a_raised_rank_measured_over_leaves_the_plan_uncertified(monkeypatch) -> None:
