@@ -331,15 +331,22 @@ def test_plan_at_the_reserved_level_checks_reserved_plus_nccl():
     for r in plan.ranks:
         assert r.measured_peak_bytes == need(r.rank, r.batch_size) <= r.budget_bytes
         assert need(r.rank, r.batch_size + 1) > r.budget_bytes     # one more is over, at this level
-    # rank 0's figure falls past its cap: the look past it on the allocator model finds it, so
-    # the caps are not certified, and the oracle's own probes agree (over, then within budget)
-    assert not plan.certified
-    note = next(n for n in plan.notes if "fits again at batch" in n)
-    found = re.search(r"rank (\d+) is over at batch (\d+) and fits again at batch (\d+)", note)
+    # rank 0's figure falls past its first cap: the look past it on the allocator model finds it
+    # within budget again, the planner raises it to the last batch of that window within budget
+    # (measured, and one more over: above), certified on the model; the oracle's own probes
+    # agree (over at the first cap + 1, within budget again further on)
+    assert plan.certified
+    note = next(n for n in plan.notes if n.startswith("past the caps the ranks' figures fall"))
+    found = re.search(r"rank (\d+): over at batch (\d+), within budget again at batch (\d+) "
+                      r"and last at batch (\d+) \(measured\)", note)
     assert found is not None
-    rank, over_at, fits_at = map(int, found.groups())
+    rank, over_at, fits_at, last = map(int, found.groups())
     budget = plan.ranks[rank].budget_bytes
-    assert need(rank, over_at) > budget >= need(rank, fits_at) and fits_at > over_at
+    assert need(rank, over_at) > budget >= need(rank, fits_at) and last >= fits_at > over_at
+    assert plan.ranks[rank].batch_size == last and "certified on the allocator model" in note
+    # equal local batches stop at the first cap
+    assert plan.even_batch_size == 2 * min(over_at - 1, *(r.batch_size for r in plan.ranks
+                                                           if r.rank != rank))
     plain = ddp.plan(net, batch, optimizer=adamw, objective="max_batch", simulate=spec,
                      headroom="256MiB", budget_level="allocated")
     assert plain.headroom_bytes == 256 * MiB
