@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional, Sequence
 
-__all__ = ["even_split", "scale_split", "validate_chunk_sizes", "fill_within", "MAX_BATCH_SIZE"]
+__all__ = ["even_split", "valid_split", "scale_split", "validate_chunk_sizes", "fill_within", "MAX_BATCH_SIZE"]
 
 #: The largest total batch dptune takes: far beyond any cluster's memory, well inside what a
 #: tensor's size can count (a larger one is a typo, not a workload).
@@ -80,3 +80,9 @@ def fill_within(chunks: Sequence[int], more: int, caps: Sequence[Optional[int]],
         out[i] += take
         more -= take
     return out, more
+
+
+def valid_split(split: Sequence[int], min_chunk: int) -> bool:
+    """Non-negative chunks, at least one sample, none between 1 and ``min_chunk - 1`` (under
+    BatchNorm a card cannot run a single sample)."""
+    return sum(split) > 0 and all(c == 0 or c >= min_chunk for c in split) and min(split) >= 0

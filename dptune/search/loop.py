@@ -14,7 +14,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 from dptune.backends.base import ProbeResult
 from dptune.search.observations import Observations
-from dptune.split import even_split
+from dptune.split import even_split, valid_split
 
 __all__ = ["Proposal", "Strategy", "refine", "valid_split", "even_at_most", "fill", "raise_cards"]
 
@@ -31,10 +31,6 @@ class Strategy(Protocol):
     def propose(self) -> Optional[Proposal]:
         ...
 
-
-def valid_split(split: Sequence[int], min_chunk: int) -> bool:
-    """Non-negative chunks, at least one sample, none between 1 and ``min_chunk - 1``."""
-    return sum(split) > 0 and all(c == 0 or c >= min_chunk for c in split) and min(split) >= 0
 
 
 def even_at_most(batch: int, n: int, min_chunk: int) -> Optional[tuple[int, ...]]:

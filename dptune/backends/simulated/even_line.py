@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 
 from dptune.backends.simulated.allocator import AllocatorConfig
 from dptune.backends.simulated.look import ScaledTraces, Traces, agrees, window_end
-from dptune.split import even_split
+from dptune.split import even_split, valid_split
 from dptune.types import EvenLine
 
 __all__ = ["even_line", "EVEN_MAX_CARDS", "EVEN_EVENTS", "EVEN_MAX_BATCHES"]
@@ -35,10 +35,6 @@ EVEN_MAX_CARDS = 8
 EVEN_EVENTS = 32_000_000
 #: the most batches replayed past the last known fit, however short the step
 EVEN_MAX_BATCHES = 65_536
-
-
-def _valid(split: Sequence[int], m: int) -> bool:
-    return all(c == 0 or c >= m for c in split)
 
 
 def even_line(traces_of: Callable[[Sequence[int]], Sequence[Traces]], lo: int,
@@ -88,7 +84,7 @@ def even_line(traces_of: Callable[[Sequence[int]], Sequence[Traces]], lo: int,
     replays, last, b = 0, lo, lo
     while b - lo < most:
         b += 1
-        if not _valid(even_split(b, n), m):
+        if not valid_split(even_split(b, n), m):
             continue
         r = -b % n
         k = (b + r) // n - first[r]
