@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional, Sequence
 
-__all__ = ["even_split", "valid_split", "scale_split", "validate_chunk_sizes", "fill_within", "MAX_BATCH_SIZE"]
+__all__ = ["even_split", "valid_split", "scale_split", "validate_chunk_sizes", "fill_within", "spread_within", "MAX_BATCH_SIZE"]
 
 #: The largest total batch dptune takes: far beyond any cluster's memory, well inside what a
 #: tensor's size can count (a larger one is a typo, not a workload).
@@ -80,6 +80,26 @@ def fill_within(chunks: Sequence[int], more: int, caps: Sequence[Optional[int]],
         out[i] += take
         more -= take
     return out, more
+
+
+def spread_within(chunks: Sequence[int], more: int, caps: Sequence[int]) -> Optional[list[int]]:
+    """The total of ``chunks`` plus ``more`` spread over the same cards as evenly as their
+    ``caps`` allow (water-filling: every card at the same level or at its cap, the
+    lower-numbered ones taking the odd samples); ``None`` where the caps cannot hold it."""
+    total = sum(chunks) + more
+    if more < 0 or total > sum(caps):
+        return None
+    lo, hi = 0, max(caps, default=0)          # the least level L with sum(min(c, L)) >= total
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if sum(min(c, mid) for c in caps) < total else (lo, mid)
+    out = [min(c, max(lo - 1, 0)) for c in caps]
+    left = total - sum(out)
+    for i, c in enumerate(caps):
+        if left and out[i] < c:
+            out[i] += 1
+            left -= 1
+    return out
 
 
 def valid_split(split: Sequence[int], min_chunk: int) -> bool:

@@ -22,7 +22,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 from dptune.backends.base import ProbeResult
 from dptune.search.loop import Proposal, measure
 from dptune.search.observations import Bracket, Observations
-from dptune.split import fill_within
+from dptune.split import fill_within, spread_within, valid_split
 from dptune.types import CardWindow, WindowCheck
 
 __all__ = ["Past", "past_the_falls", "ROUNDS", "RESERVE", "KeepForFalls"]
@@ -118,13 +118,24 @@ def past_the_falls(probe: Callable[[Sequence[int]], ProbeResult], obs: Observati
                 return None
             r = measure(probe, obs, Proposal(split, purpose), on_probe)
         return r
+    # once a raised split is over on card 0 alone with no samples on it, the whole batch (the
+    # outputs gathered onto card 0) is the limit: card 0's window alone decides from there
+    alone = [None] * (obs.n - 1)
     for _ in range(ROUNDS):
-        nxt = raised_split(past.best.chunk_sizes, past.window, past.over)
-        if nxt is None:
-            return past
-        split, new_over = nxt
-        r = measured(split)
-        if r is not None and not obs.within_budget(r) and _card0_only(r, obs):
+        bound = past.over[0] is not None and list(past.over[1:]) == alone
+        if bound:
+            split = _card0_frontier(past.window, obs, past.best, None)
+            if split is None:
+                return past
+            new_over: list[Optional[int]] = [None, *alone]
+            r = measured(split)
+        else:
+            nxt = raised_split(past.best.chunk_sizes, past.window, past.over)
+            if nxt is None:
+                return past
+            split, new_over = nxt
+            r = measured(split)
+        if r is not None and not bound and not obs.within_budget(r) and _card0_only(r, obs):
             # card 0 cannot take the larger batch at its chunk: it gives the raised cards
             # its samples, down to the batch one larger than the answer
             # (none where the raised cards alone hold more than that)
@@ -132,6 +143,16 @@ def past_the_falls(probe: Callable[[Sequence[int]], ProbeResult], obs: Observati
             c0 = obs.min_chunk if 0 < c0 < obs.min_chunk else c0
             if c0 < split[0]:
                 split = (c0, *split[1:])
+                r = measured(split)
+            if r is not None and split[0] == 0 and not obs.within_budget(r) and _card0_only(r, obs):
+                # with no samples on it card 0 is still over: the whole batch is its limit,
+                # which the raised cards passed; the last batch it fits on the model
+                w0 = look(past.best.chunk_sizes, [past.best.chunk_sizes[0] + 1, *alone],
+                          min_chunk=obs.min_chunk)
+                front = _card0_frontier(w0, obs, past.best, split[1:])
+                if front is None:
+                    return past
+                split, new_over = front, [None, *alone]
                 r = measured(split)
         if r is None or not obs.within_budget(r) or r.batch_size <= past.best.batch_size:
             return past
@@ -143,6 +164,26 @@ def past_the_falls(probe: Callable[[Sequence[int]], ProbeResult], obs: Observati
         if past.certified or not w.falls:
             return past
     return past
+
+
+def _card0_frontier(window: WindowCheck, obs: Observations, best: ProbeResult,
+                    caps: Optional[Sequence[int]]) -> Optional[tuple[int, ...]]:
+    """Card 0 is the limit with no samples on it (the outputs of the whole batch gathered
+    onto it): its window on the model past the answer ``best`` with no samples (``window``,
+    looked at with no other card capped) gives the last batch it fits before its allocated
+    peak alone is over; that batch split with card 0 at none and the other cards from their
+    chunks in ``best`` up, the samples spread evenly, each at most at its ``caps`` entry
+    (``None``: no caps). ``None``: the model finds no larger batch, or the caps cannot hold it."""
+    card0 = next((c for c in window.cards if c.card == 0 and c.no_samples), None)
+    if card0 is None or card0.last_fits is None or card0.last_fits <= best.batch_size:
+        return None
+    base = [int(c) for c in best.chunk_sizes[1:]]
+    more = card0.last_fits - sum(base)
+    top = [b + more for b in base] if caps is None else [max(int(c), b) for c, b in zip(caps, base)]
+    spread = spread_within(base, more, top)
+    if spread is None or not valid_split((0, *spread), obs.min_chunk):
+        return None
+    return (0, *spread)
 
 
 def _card0_only(r: ProbeResult, obs: Observations) -> bool:
