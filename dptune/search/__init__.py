@@ -19,7 +19,7 @@ from typing import Callable, Hashable, NamedTuple, Optional, Sequence
 from dptune.backends.base import ProbeResult
 from dptune.search.alike import Groups, groups_of, spread
 from dptune.search.balance import Balance
-from dptune.search.even_baseline import ON_MODEL, OnModel, on_the_model
+from dptune.search.even_baseline import ON_MODEL, ModelDisagrees, OnModel, on_the_model
 from dptune.search.loop import Proposal, measure, refine
 from dptune.search.max_batch import MaxBatch
 from dptune.errors import NoFeasibleSplitError
@@ -518,8 +518,8 @@ def _even_closed(probe: Callable[[Sequence[int]], ProbeResult], mb: MaxBatch, fo
     hi = (None if found.even_at_most is None else found.even_at_most + 1) if found.even_open \
         else None if even is None else mb.even.next_batch(even.batch_size)
     got = on_the_model(probe, mb.even, line_of, even, hi)
-    if isinstance(got, str):
-        notes.append(f"the even split's largest batch rests on the probes: {got}")
+    if isinstance(got, ModelDisagrees):
+        notes.append(f"the even split's largest batch rests on the probes: {got.reason}")
     if not isinstance(got, OnModel) or even is None:
         return found, None, False
     line, lo = got.line, even.batch_size

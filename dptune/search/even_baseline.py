@@ -24,7 +24,7 @@ from dptune.backends.base import ProbeResult
 from dptune.split import even_split
 from dptune.types import EvenLine
 
-__all__ = ["EvenBaseline", "Host", "START_PURPOSES", "ON_MODEL", "OnModel", "on_the_model"]
+__all__ = ["EvenBaseline", "Host", "START_PURPOSES", "ON_MODEL", "OnModel", "ModelDisagrees", "on_the_model"]
 
 #: The purposes of the probes that learn the surface before aiming at the answer.
 START_PURPOSES = ("even", "spread", "start", "fit")
@@ -209,9 +209,16 @@ class OnModel(NamedTuple):
     line: EvenLine
 
 
+class ModelDisagrees(NamedTuple):
+    """The even line on the model not taken: a probe of an even split, or a simulated step
+    beside the probes, contradicts it (``reason`` says which); the probes' reading stands."""
+
+    reason: str
+
+
 def on_the_model(probe: Callable[[Sequence[int]], ProbeResult], base: EvenBaseline,
                  line_of: Callable[..., Optional[EvenLine]], at_lo: Optional[ProbeResult],
-                 hi: Optional[int]) -> Union[OnModel, str, None]:
+                 hi: Optional[int]) -> Union[OnModel, ModelDisagrees, None]:
     """The even split's largest batch ``E`` on the allocator model, whether the probes
     bracketed it or not: every even batch above the first the model draws (``n * (n - 1)``;
     up to it, the probes' reading stands) replayed until one is over (``line_of(start,
@@ -223,8 +230,8 @@ def on_the_model(probe: Callable[[Sequence[int]], ProbeResult], base: EvenBaseli
     the even split at the lower end ``lo`` of the probes' reading the search reports
     (measured, or implied by dominance), ``hi`` its upper end (``lo``'s next even batch where
     closed; ``None``: open above): later probes (past a fall) may read the bracket otherwise
-    by dominance, which is what the line checks. ``None``: no line on the model; a reason
-    where the model contradicts a probe or a real step (the probes' reading stands)."""
+    by dominance, which is what the line checks. ``None``: no line on the model;
+    :class:`ModelDisagrees` where the model contradicts a probe or a real step."""
     obs = base.host.obs
     n = obs.n
     start = max(n * (n - 1), base.start())
@@ -243,8 +250,9 @@ def on_the_model(probe: Callable[[Sequence[int]], ProbeResult], base: EvenBaseli
              and tuple(r.chunk_sizes) == tuple(even_split(r.batch_size, n))
              and not obs.within_budget(r)]
     if wrong:
-        return (f"on the allocator model every even batch up to {line.largest} fits, but "
-                f"even({wrong[0]}) was measured over: the model's drawing is wrong there")
+        return ModelDisagrees(f"on the allocator model every even batch up to {line.largest} "
+                              f"fits, but even({wrong[0]}) was measured over: the model's "
+                              "drawing is wrong there")
 
     def simulated(b: int) -> ProbeResult:
         s = tuple(even_split(b, n))
@@ -255,6 +263,7 @@ def on_the_model(probe: Callable[[Sequence[int]], ProbeResult], base: EvenBaseli
                  f"the allocator model ({line.describe()})")
     at = simulated(line.largest)       # never the dominance bound: a step (or the probe's)
     if not obs.within_budget(at) or obs.within_budget(simulated(line.over)):
-        return (f"on the allocator model the even split's largest batch reads {line.largest}, "
-                f"but a simulated step of even({line.largest}) or even({line.over}) disagrees")
+        return ModelDisagrees(f"on the allocator model the even split's largest batch reads "
+                              f"{line.largest}, but a simulated step of even({line.largest}) or "
+                              f"even({line.over}) disagrees")
     return OnModel(at, line)

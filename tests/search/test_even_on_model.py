@@ -166,7 +166,7 @@ def test_the_reading_checked_is_the_one_reported_not_a_later_one() -> None:
     dominance (here a probe at (460, 460, 460) makes every even batch to 1,380 'known' to
     fit); the line checks the reading the outcome reports (its lower end 1,326, open above),
     and finds ``E`` from there."""
-    from dptune.search.even_baseline import on_the_model
+    from dptune.search.even_baseline import OnModel, on_the_model
     from dptune.search.max_batch import MaxBatch
     from dptune.search.observations import Observations
 
@@ -182,5 +182,5 @@ def test_the_reading_checked_is_the_one_reported_not_a_later_one() -> None:
     line = brute_line(fall=False, reach=100)
     got = on_the_model(probe_of(False), mb.even, line, alone.even, None)
     assert line.calls == [N * (N - 1), alone.even.batch_size]
-    assert got is not None and not isinstance(got, str)
+    assert isinstance(got, OnModel)
     assert got.line.start == alone.even.batch_size and got.line.largest == brute_even(False)
