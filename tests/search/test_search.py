@@ -430,6 +430,21 @@ def test_staircases_end_within_max_probes_with_a_verified_split(seed, objective)
         assert any("not certified" in note for note in out.notes)
 
 
+@pytest.mark.parametrize("seed", [14, 25, 30])
+def test_real_cards_do_not_creep_down_a_card_that_runs_out_of_memory_again(seed):
+    """Real-card semantics: an out-of-memory probe records the failing card's figure only as
+    a lower bound (its total), and a line lifted through it puts the cap just below it again.
+    On these staircases a card ran out of memory a few percent lower probe after probe (seed
+    0: 395, 376, 358 samples) and the search ended uncertified at 16 probes; after a second bound in a row the next chunk goes
+    twice that last move down (at most to the bracket's middle): certified at the brute-force
+    answer within the same probes."""
+    shape = staircase(seed)
+    out, be = run(shape, "max_batch", 64, real=True, max_probes=16)
+    assert len(be.calls) <= 16
+    measured_within(shape, out)
+    assert out.certified and out.best.batch_size == best_batch(shape), out.notes
+
+
 # ---- balance ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", TYPICAL + HARD, ids=lambda s: s.name)
