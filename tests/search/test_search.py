@@ -445,6 +445,21 @@ def test_real_cards_do_not_creep_down_a_card_that_runs_out_of_memory_again(seed)
     assert out.certified and out.best.batch_size == best_batch(shape), out.notes
 
 
+@pytest.mark.parametrize("seed", [11, 16, 58])
+def test_real_cards_do_not_step_far_past_what_was_measured(seed):
+    """Real-card semantics on staircases whose first figures are mostly the replica: a
+    secant from chunks of about 20 samples stepped 64-fold (to 1,408 samples, then card 0
+    to 124,740), each probe ran out of memory and taught one card a bound, and the search
+    ended at the even split's batch, uncertified after 16 probes. On real cards a secant
+    steps at most 8-fold past the largest chunk measured: certified at the brute-force
+    answer."""
+    shape = staircase(seed)
+    out, be = run(shape, "max_batch", 64, real=True, max_probes=16)
+    assert len(be.calls) <= 16
+    measured_within(shape, out)
+    assert out.certified and out.best.batch_size == best_batch(shape), out.notes
+
+
 # ---- balance ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", TYPICAL + HARD, ids=lambda s: s.name)
