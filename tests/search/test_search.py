@@ -460,6 +460,20 @@ def test_real_cards_do_not_step_far_past_what_was_measured(seed):
     assert out.certified and out.best.batch_size == best_batch(shape), out.notes
 
 
+@pytest.mark.parametrize("seed", [7, 17, 19])
+def test_real_cards_do_not_creep_down_card_0s_batch(seed):
+    """Real-card semantics: card 0 ran out of memory at batches a few percent apart, probe
+    after probe (seed 7: card 0 at 343, 322, 302 samples, then at 252, 236, 221), each
+    recording a bound, and the search ended uncertified at 16 probes. As for the other
+    cards, a second bound in a row sends card 0's batch twice that move down (at most to the
+    bracket's middle): certified at the brute-force answer."""
+    shape = staircase(seed)
+    out, be = run(shape, "max_batch", 64, real=True, max_probes=16)
+    assert len(be.calls) <= 16
+    measured_within(shape, out)
+    assert out.certified and out.best.batch_size == best_batch(shape), out.notes
+
+
 # ---- balance ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", TYPICAL + HARD, ids=lambda s: s.name)
