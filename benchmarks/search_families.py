@@ -23,7 +23,7 @@ alike 34 certified (29 before), 22 even brackets open, 442 probes; fine 31 certi
 before), 473 probes; mixed clusters the same; staircases 61, 1,037 probes.
 After the real-card bound step (``MaxBatch._bound_step``): staircases 64 certified, 65 exact,
 1,032 probes; the other families the same.
-With the real-card growth cap (``REAL_GROWTH``) and card 0's bound step: staircases 75
+With the real-card growth cap (``REAL_GROWTH``) and card 0's bound step: staircases 74
 certified and exact, 1,007 probes; the other families the same.
 """
 

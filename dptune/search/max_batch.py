@@ -221,24 +221,27 @@ class MaxBatch:
         after another one on it at a larger chunk: each records only a lower bound of the
         card's figure (its total), and a line lifted through it (:meth:`CardFits._lifted`)
         puts the cap just below it again, a few percent a probe down a step whose figure is
-        not known. Twice that last move down from ``hi``, at most to the bracket's middle
-        (``None`` elsewhere); card 0 (``i = 0``) along ``line``, ``hi`` a batch (its chunk
-        follows the batch one for one there). Card 0's rule, at :data:`REAL_GROWTH`, one run
-        each: real-card staircases (150 seeds) certified 129 against 115, 2,070 probes
-        against 2,079; the tests' typical and hard shapes 43 of 47 either way, 329 probes
-        against 332. ``python -m benchmarks.search_families``' monotone staircases,
-        150 seeds under both semantics, 2026-11-30: certified 248 of 300 and 3,982 probes,
-        against 239 and 3,993 without it (every real-card case; the simulator's unchanged)."""
-        bounds = sorted((o for o in self.obs.points[i]
-                         if o.over and not o.exact and o.probe >= 0 and o.chunk > 0),
-                        key=lambda o: o.probe)
-        if len(bounds) < 2 or bounds[-2].chunk <= bounds[-1].chunk:
+        not known. Twice that last move down from ``hi``, at most to the bracket's middle;
+        card 0 (``i = 0``) along ``line``, ``hi`` a batch (its chunk follows the batch one
+        for one there). Only where the card's latest point is that second bound and the move
+        is less than half the bracket left (a halving is no creep); ``None`` elsewhere.
+        Measured 2026-11-30, one run each, real-card semantics: the monotone staircases of
+        ``python -m benchmarks.search_families`` (150 seeds, 16 probes) certified 115 with
+        the rule on cards ``i >= 1`` (the growth cap on), 129 with card 0's as well
+        (2,079 and 2,065 probes); the tests' typical and hard shapes 43 of 47 either way
+        (332 and 329 probes)."""
+        seen = sorted((o for o in self.obs.points[i] if o.probe >= 0 and o.chunk > 0),
+                      key=lambda o: o.probe)
+        bounds = [o for o in seen if o.over and not o.exact]
+        # the card's latest point is the second bound in a row, a short move below the first
+        if len(bounds) < 2 or seen[-1] is not bounds[-1]:
             return None
+        move = bounds[-2].chunk - bounds[-1].chunk
         end = bounds[-1].chunk if line is None else \
             max(bounds[-1].batch, first_over(line, bounds[-1].chunk, bounds[-1].batch))
-        if end != hi:
+        if move <= 0 or end != hi or 2 * move >= hi - lo:
             return None
-        return max((lo + hi) // 2, hi - 2 * (bounds[-2].chunk - bounds[-1].chunk))
+        return max((lo + hi) // 2, hi - 2 * move)
 
     def _growth(self) -> int:
         """How far a secant may step up past what was measured: :data:`GROWTH`, or

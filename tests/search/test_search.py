@@ -430,7 +430,7 @@ def test_staircases_end_within_max_probes_with_a_verified_split(seed, objective)
         assert any("not certified" in note for note in out.notes)
 
 
-@pytest.mark.parametrize("seed", [14, 25, 30])
+@pytest.mark.parametrize("seed", [0, 14, 25])
 def test_real_cards_do_not_creep_down_a_card_that_runs_out_of_memory_again(seed):
     """Real-card semantics: an out-of-memory probe records the failing card's figure only as
     a lower bound (its total), and a line lifted through it puts the cap just below it again.
