@@ -95,14 +95,29 @@ class Scan(NamedTuple):
 
 
 def scan(scaled: ScaledTraces, budget: int, nccl: int, config: AllocatorConfig,
-         limit: int) -> Scan:
+         limit: int, top: Optional[int] = None) -> Scan:
     """From ``scaled``'s base, one sample at a time: the level's
     figure (reserved peak + ``nccl``) against ``budget``, until the allocated peak +
     ``nccl``, less the drawing's margin, is over (the sizes never shrink as the work grows,
     so the allocated peak never falls: from there every step is over) or ``limit`` replays
     ran. Every step within budget on the way is seen (``fits``: the first, ``last_fits``: the
-    last)."""
+    last).
+
+    ``top``: the window's end (the first step whose allocated peak alone is over, further
+    than ``limit``) where its base fits (an answer left open: the card within budget far
+    below where it runs out). Then from the top down, one sample at a time, to the last step
+    within budget (at most ``limit`` replays): every step above it is over, which is all the
+    window's certificate and the next raise need (``fits`` is the base); where none fits
+    within ``limit`` replays from the top, the scan from the base as above."""
     margin = scaled.margin
+    if top is not None and top > limit:
+        first = scaled.stats(0, config).reserved_peak + nccl
+        if first <= budget:
+            for j, k in enumerate(range(top - 1, 0, -1)):
+                if j >= limit:
+                    break
+                if scaled.stats(k, config).reserved_peak + nccl <= budget:
+                    return Scan(top, 0, first, k, j + 2)
     fits = fits_bytes = last = None
     for k in range(limit):
         s = scaled.stats(k, config)
@@ -207,6 +222,8 @@ def _card0_lines(base: list[int], over: Sequence[Optional[int]], min_chunk: int)
 LOOK_EVENTS = 8_000_000
 #: the most chunks a card's look replays, however short its step
 LOOK_MAX_CHUNKS = 65_536
+#: how far a window whose base fits is drawn (its end found by halving on the allocated peak)
+LOOK_FAR = 1 << 30
 
 
 def chunks_for(scaled: ScaledTraces, limit: int) -> int:
@@ -262,7 +279,12 @@ def look_past(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: Seq
     near = {w: sc for w in every if (sc := ScaledTraces.of(at[w], plus[w], 1)) is not None}
     reach = {w: min(chunks_for(sc, limit), lines[w].length or LOOK_MAX_CHUNKS)
              for w, sc in near.items()}
-    far = {w: max(1, window_end(sc, budgets[lines[w].card], nccl, config, reach[w]))
+    # a window whose base fits (an answer left open) is drawn to its end however far, and
+    # looked at from the top down (:func:`scan`'s ``top``)
+    top = {w: min(LOOK_FAR, lines[w].length or LOOK_FAR) for w, sc in near.items()
+           if sc.stats(0, config).reserved_peak + nccl <= budgets[lines[w].card]}
+    far = {w: max(1, window_end(sc, budgets[lines[w].card] + sc.margin, nccl, config, top[w])
+                  if w in top else window_end(sc, budgets[lines[w].card], nccl, config, reach[w]))
            for w, sc in near.items()}
     ends = steps(far)
     found: dict[int, Scan] = {}
@@ -273,9 +295,11 @@ def look_past(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: Seq
         if sc is None or not agrees(sc, plus[w], config):
             continue                  # the drawing misses a real step: not looked at
         budget = budgets[lines[w].card]
-        key = (sc, budget, reach[w])
+        high = far[w] if w in top and far[w] > reach[w] and _over_at(sc, far[w], budget, nccl, config) \
+            else None
+        key = (sc, budget, reach[w], high)
         if key not in done:
-            done[key] = scan(sc, budget, nccl, config, reach[w])
+            done[key] = scan(sc, budget, nccl, config, reach[w], high)
             replays += done[key].replays
         found[w] = done[key]
         if found[w].end is None and lines[w].length is not None and reach[w] == lines[w].length:
@@ -287,6 +311,12 @@ def look_past(traces_of: Callable[[Sequence[int]], Sequence[Traces]], split: Seq
             if w in found and step_stats(traces, config).reserved_peak + nccl > budgets[lines[w].card]:
                 del found[w]           # the drawing was wrong there: not looked at
     return WindowCheck(tuple(lines[w].window(found.get(w)) for w in every), replays)
+
+
+def _over_at(scaled: ScaledTraces, k: int, budget: int, nccl: int, config: AllocatorConfig) -> bool:
+    """The allocated peak + ``nccl``, less the drawing's margin, over ``budget`` ``k`` samples
+    on (every step from there is over: the allocated peak never falls as the work grows)."""
+    return scaled.stats(k, config).allocated_peak + nccl - scaled.margin > budget
 
 
 def agrees(scaled: ScaledTraces, real: Traces, config: AllocatorConfig) -> bool:
