@@ -94,3 +94,20 @@ def test_card_0s_windows_follow_the_least_it_can_take_of_every_larger_batch() ->
     lines = lines_of([10, 5, 5], [11, None, 8])
     assert [(w.card, w.no_samples, w.length) for w in lines] == [(0, True, None), (2, False, None)]
     assert lines[0].mover == 1
+
+
+def test_a_window_that_fits_at_its_base_is_looked_at_from_the_top(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An answer left open: card 1's window from 21 samples fits at its base. With the look's
+    replays cut to 3 a window (a long window against ``LOOK_MAX_CHUNKS``), a scan from the base
+    would stop at 23 and report that as the last chunk within budget; drawn to its end and
+    scanned from the top down, the window gives brute force's last fit (29) and its end."""
+    import dptune.backends.simulated.look as L
+    monkeypatch.setattr(L, "LOOK_MAX_CHUNKS", 3)
+    look = look_past(traces_of(), [5, 20], [None, 21], BUDGETS, CFG, 0, 3)
+    (w,) = look.cards
+    end = next(c for c in range(21, 60) if step_stats(card1(c), CFG).allocated_peak > BUDGETS[1])
+    assert w.fits == 21 and w.last_fits == max(c for c in range(21, end) if fits(c)) == 29
+    assert end <= (w.end or 0) <= end + 1
+    # a window over at its base is scanned from the base, as before: cut at the replays
+    over = look_past(traces_of(), [5, 13], [None, 14], BUDGETS, CFG, 0, 3)
+    assert over.cards[0].end is None
