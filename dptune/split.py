@@ -82,12 +82,11 @@ def fill_within(chunks: Sequence[int], more: int, caps: Sequence[Optional[int]],
     return out, more
 
 
-def spread_within(chunks: Sequence[int], more: int, caps: Sequence[int]) -> Optional[list[int]]:
-    """The total of ``chunks`` plus ``more`` spread over the same cards as evenly as their
-    ``caps`` allow (water-filling: every card at the same level or at its cap, the
-    lower-numbered ones taking the odd samples); ``None`` where the caps cannot hold it."""
-    total = sum(chunks) + more
-    if more < 0 or total > sum(caps):
+def spread_within(total: int, caps: Sequence[int]) -> Optional[list[int]]:
+    """``total`` samples spread over the cards of ``caps`` as evenly as the caps allow
+    (water-filling: every card at the same level or at its cap, the lower-numbered ones
+    taking the odd samples); ``None`` where the caps cannot hold them."""
+    if total < 0 or total > sum(caps):
         return None
     lo, hi = 0, max(caps, default=0)          # the least level L with sum(min(c, L)) >= total
     while lo < hi:

@@ -120,21 +120,19 @@ def past_the_falls(probe: Callable[[Sequence[int]], ProbeResult], obs: Observati
         return r
     # once a raised split is over on card 0 alone with no samples on it, the whole batch (the
     # outputs gathered onto card 0) is the limit: card 0's window alone decides from there
-    alone = [None] * (obs.n - 1)
+    alone: list[Optional[int]] = [None] * (obs.n - 1)
     for _ in range(ROUNDS):
         bound = past.over[0] is not None and list(past.over[1:]) == alone
+        nxt: Optional[tuple[tuple[int, ...], list[Optional[int]]]]
         if bound:
-            split = _card0_frontier(past.window, obs, past.best, None)
-            if split is None:
-                return past
-            new_over: list[Optional[int]] = [None, *alone]
-            r = measured(split)
+            front = _card0_frontier(past.window, obs, past.best, None)
+            nxt = None if front is None else (front, [None, *alone])
         else:
             nxt = raised_split(past.best.chunk_sizes, past.window, past.over)
-            if nxt is None:
-                return past
-            split, new_over = nxt
-            r = measured(split)
+        if nxt is None:
+            return past
+        split, new_over = nxt
+        r = measured(split)
         if r is not None and not bound and not obs.within_budget(r) and _card0_only(r, obs):
             # card 0 cannot take the larger batch at its chunk: it gives the raised cards
             # its samples, down to the batch one larger than the answer
@@ -180,7 +178,7 @@ def _card0_frontier(window: WindowCheck, obs: Observations, best: ProbeResult,
     base = [int(c) for c in best.chunk_sizes[1:]]
     more = card0.last_fits - sum(base)
     top = [b + more for b in base] if caps is None else [max(int(c), b) for c, b in zip(caps, base)]
-    spread = spread_within(base, more, top)
+    spread = spread_within(card0.last_fits, top)
     if spread is None or not valid_split((0, *spread), obs.min_chunk):
         return None
     return (0, *spread)

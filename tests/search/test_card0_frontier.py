@@ -105,7 +105,7 @@ def test_spread_within_against_brute_force() -> None:
     for chunks in itertools.product(range(3), repeat=3):
         for caps in itertools.product(range(5), repeat=3):
             for more in range(7):
-                got = spread_within(chunks, more, caps)
+                got = spread_within(sum(chunks) + more, caps)
                 total = sum(chunks) + more
                 if total > sum(caps):
                     assert got is None
