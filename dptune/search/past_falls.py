@@ -171,7 +171,9 @@ def _card0_frontier(window: WindowCheck, obs: Observations, best: ProbeResult,
     looked at with no other card capped) gives the last batch it fits before its allocated
     peak alone is over; that batch split with card 0 at none and the other cards from their
     chunks in ``best`` up, the samples spread evenly, each at most at its ``caps`` entry
-    (``None``: no caps). ``None``: the model finds no larger batch, or the caps cannot hold it."""
+    (``None``: at most its chunk in ``best`` plus every sample added, which binds only on a
+    very uneven ``best``). ``None``: the model finds no larger batch, or the caps cannot hold
+    it."""
     card0 = next((c for c in window.cards if c.card == 0 and c.no_samples), None)
     if card0 is None or card0.last_fits is None or card0.last_fits <= best.batch_size:
         return None
